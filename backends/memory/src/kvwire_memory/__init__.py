@@ -1,0 +1,1 @@
+"""kvwire-memory: an in-memory blob store backend."""

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Create or refresh the repo's virtual environment (.venv) with everything the demo and the tests
+# need: the Debian libraries Mooncake links against, torch 2.13.0 (the CPU wheel on this disk),
+# the core in editable mode, and every in-repo plugin and example plugin. Idempotent: when no
+# pyproject.toml and not this script changed since the last run, it does nothing.
+set -euo pipefail
+top="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$top"
+venv="$top/.venv"
+py="${PYTHON:-python3}"
+
+say() { printf '[bootstrap] %s\n' "$*" >&2; }
+
+# 1. Debian libraries for Mooncake's shared objects (libibverbs, librdmacm, libnuma).
+need_apt=()
+for pkg in libibverbs1 librdmacm1 libnuma1; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need_apt+=("$pkg")
+done
+if ((${#need_apt[@]})); then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    say "installing ${need_apt[*]} (apt-get)"
+    apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+  else
+    say "WARNING: ${need_apt[*]} missing and not root: the Mooncake backend will report its library as unavailable"
+  fi
+fi
+
+# 2. The virtual environment and what goes into it.
+shopt -s nullglob
+projects=()
+for p in backends/*/ examples/*/; do
+  if [ -f "$p/pyproject.toml" ]; then projects+=("$p"); fi
+done
+stamp_src="$(cat scripts/bootstrap.sh pyproject.toml "${projects[@]/%//pyproject.toml}" | sha256sum | cut -d' ' -f1)"
+if [ -x "$venv/bin/python" ] && [ -f "$venv/.kvwire-stamp" ] && [ "$(cat "$venv/.kvwire-stamp")" = "$stamp_src" ]; then
+  exit 0
+fi
+[ -x "$venv/bin/python" ] || { say "creating $venv"; "$py" -m venv "$venv"; }
+pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
+# torch first and pinned: a looser request later is then already satisfied, never upgraded.
+"${pip[@]}" "torch==2.13.0"
+mooncake_extra=cpu
+command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && mooncake_extra=cuda
+args=(-e ".[testing,bench]")
+for p in "${projects[@]}"; do
+  case "$p" in
+    backends/mooncake/) args+=(-e "${p}[${mooncake_extra}]") ;;
+    *) args+=(-e "$p") ;;
+  esac
+done
+say "installing ${args[*]}"
+"${pip[@]}" "${args[@]}" "torch==2.13.0"
+echo "$stamp_src" > "$venv/.kvwire-stamp"

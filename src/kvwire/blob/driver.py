@@ -1,0 +1,100 @@
+"""The store-driver boundary: what a blob backend needs from a store of named, immutable objects.
+
+A driver moves whole objects between the store and memory the caller names by address. It
+answers every key with a :class:`KeyStatus`; it raises only for a broken call (bad arguments),
+never for a store fault, which is a ``FAILED`` status with a reason."""
+
+from __future__ import annotations
+
+import abc
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kvwire.contract import MemoryKind, SlotRegion
+
+__all__ = ["KeyStatus", "BatchResult", "StoreDriver"]
+
+
+class KeyStatus(enum.IntEnum):
+    """Per-key answer of a driver call."""
+
+    OK = 0             #: put stored a new object; get read it whole; remove removed it
+    ALREADY_THERE = 1  #: put found an object under this key and kept its bytes unchanged
+    DECLINED = 2       #: put refused for space; not a fault, the object is simply not stored
+    MISSING = 3        #: get or remove found no object under this key: a miss
+    BUSY = 4           #: remove refused for now (the store still leases the object)
+    FAILED = 5         #: a fault; the batch result's reason says why
+
+
+@dataclass(frozen=True, slots=True)
+class BatchResult:
+    """One status per key (uint8 :class:`KeyStatus` codes, read-only) and a reason for each key
+    whose status is ``FAILED`` or ``DECLINED`` (index -> text)."""
+
+    status: np.ndarray
+    reasons: Mapping[int, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        status = np.array(self.status, dtype=np.uint8, copy=True)
+        if status.ndim != 1:
+            raise ValueError(f"BatchResult.status must be one-dimensional, got shape {status.shape}")
+        if status.size and status.max() > max(KeyStatus):
+            raise ValueError(f"BatchResult.status holds an unknown code {int(status.max())}")
+        status.setflags(write=False)
+        object.__setattr__(self, "status", status)
+        object.__setattr__(self, "reasons", dict(self.reasons))
+
+    @classmethod
+    def uniform(cls, n: int, status: KeyStatus, reason: str | None = None) -> BatchResult:
+        """Every key answered alike, e.g. every key ``FAILED`` because the store is unreachable."""
+        reasons = {i: reason for i in range(n)} if reason is not None else {}
+        return cls(np.full(n, int(status), dtype=np.uint8), reasons)
+
+    def where(self, status: KeyStatus) -> np.ndarray:
+        """A bool mask of the keys answered ``status``."""
+        return self.status == int(status)
+
+    def first_reason(self) -> str | None:
+        """The reason of the lowest-indexed key that has one."""
+        return self.reasons[min(self.reasons)] if self.reasons else None
+
+
+class StoreDriver(abc.ABC):
+    """A store of named, immutable objects, reached in batches.
+
+    Visibility is atomic per key: no reader sees a half-written object, and a put under an
+    existing key never changes that object's bytes. Calls may come from several backend worker
+    threads at once; a driver that cannot take that serializes them itself."""
+
+    #: The memory kinds whose addresses ``put`` may read and ``get_into`` may write.
+    memory_kinds: frozenset[MemoryKind] = frozenset({MemoryKind.HOST})
+
+    def register(self, regions: Sequence[SlotRegion]) -> None:
+        """Make these spans usable as sources and destinations (zero-copy stores register them
+        with their client). Raises ``RuntimeError`` naming the region if the store refuses."""
+
+    def unregister(self, regions: Sequence[SlotRegion]) -> None:
+        """Undo :meth:`register` for these spans. Never raises for a span already gone."""
+
+    @abc.abstractmethod
+    def put(self, keys: Sequence[str], addresses: np.ndarray, sizes: np.ndarray) -> BatchResult:
+        """Store ``sizes[i]`` bytes read at ``addresses[i]`` as the object ``keys[i]``."""
+
+    @abc.abstractmethod
+    def get_into(self, keys: Sequence[str], addresses: np.ndarray, sizes: np.ndarray) -> BatchResult:
+        """Read object ``keys[i]`` into ``sizes[i]`` bytes at ``addresses[i]``. ``OK`` only when
+        the whole object, of exactly that size, was written there."""
+
+    @abc.abstractmethod
+    def exists(self, keys: Sequence[str]) -> np.ndarray:
+        """A bool array: which keys name a stored object now."""
+
+    @abc.abstractmethod
+    def remove(self, keys: Sequence[str]) -> BatchResult:
+        """Remove objects: ``OK``, ``MISSING``, ``BUSY`` or ``FAILED`` per key."""
+
+    def close(self) -> None:
+        """Release the store connection. Idempotent."""

@@ -1,0 +1,99 @@
+"""How an attempt ended (A5) and the delivery masks it carries (A6, A7)."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["Outcome", "OutcomeStatus"]
+
+
+class OutcomeStatus(enum.Enum):
+    DELIVERED = "delivered"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+def _keep_or_copy(mask: object, index: int) -> np.ndarray:
+    dtype = getattr(mask, "dtype", None)
+    if dtype is None:
+        raise TypeError(f"delivery mask {index} must be a bool numpy array, got {type(mask).__name__}")
+    if np.dtype(dtype) != np.bool_:
+        raise TypeError(f"delivery mask {index} must have dtype bool, got {dtype}")
+    if type(mask) is np.ndarray and not mask.flags.writeable:
+        if mask.ndim != 1:
+            raise ValueError(f"delivery mask {index} must be one-dimensional, got shape {mask.shape}")
+        return mask
+    # A writable mask may change under us; a subclass (masked array) may answer all() for
+    # only some rows. Either way: a plain, private, read-only copy.
+    plain = np.array(mask, dtype=bool, copy=True, subok=False)
+    if plain.ndim != 1:
+        raise ValueError(f"delivery mask {index} must be one-dimensional, got shape {plain.shape}")
+    plain.setflags(write=False)
+    return plain
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Outcome:
+    """How an attempt ended: ``DELIVERED``, ``FAILED`` (with a reason) or ``CANCELLED``
+    (locally, or by the peer), and one read-only bool delivery mask per view group.
+
+    For a fetch, a true bit means the row's bytes arrived whole and equal the source's; for a
+    publish, that the other end now holds the row. A row the source simply does not hold is a
+    miss: a false bit in a ``DELIVERED`` outcome, never a failure."""
+
+    status: OutcomeStatus
+    masks: tuple[np.ndarray, ...]
+    reason: str | None = None
+    by_peer: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.status, OutcomeStatus):
+            raise TypeError(f"Outcome.status must be an OutcomeStatus, got {self.status!r}")
+        if isinstance(self.masks, np.ndarray):
+            raise TypeError("Outcome.masks is a sequence of masks, one per view group")
+        object.__setattr__(self, "masks", tuple(_keep_or_copy(m, i) for i, m in enumerate(self.masks)))
+        if self.status is OutcomeStatus.FAILED and not self.reason:
+            raise ValueError("a FAILED Outcome must say why (reason)")
+        if self.status is OutcomeStatus.DELIVERED and self.reason is not None:
+            raise ValueError("a DELIVERED Outcome carries no failure reason")
+        if self.by_peer and self.status is not OutcomeStatus.CANCELLED:
+            raise ValueError("only a CANCELLED Outcome can be cancelled by the peer")
+
+    @classmethod
+    def delivered(cls, masks: Iterable[np.ndarray]) -> Outcome:
+        return cls(OutcomeStatus.DELIVERED, tuple(masks))
+
+    @classmethod
+    def failed(cls, reason: str, masks: Iterable[np.ndarray]) -> Outcome:
+        return cls(OutcomeStatus.FAILED, tuple(masks), reason)
+
+    @classmethod
+    def cancelled(cls, masks: Iterable[np.ndarray], *, by_peer: bool = False, reason: str | None = None) -> Outcome:
+        return cls(OutcomeStatus.CANCELLED, tuple(masks), reason, by_peer)
+
+    @property
+    def is_delivered(self) -> bool:
+        return self.status is OutcomeStatus.DELIVERED
+
+    @property
+    def is_failed(self) -> bool:
+        return self.status is OutcomeStatus.FAILED
+
+    @property
+    def is_cancelled(self) -> bool:
+        return self.status is OutcomeStatus.CANCELLED
+
+    @property
+    def rows_delivered(self) -> int:
+        """How many rows carry a true bit, over all groups."""
+        return int(sum(int(np.count_nonzero(m)) for m in self.masks))
+
+    def __repr__(self) -> str:
+        total = sum(m.size for m in self.masks)
+        why = f", reason={self.reason!r}" if self.reason else ""
+        peer = ", by_peer=True" if self.by_peer else ""
+        return f"Outcome({self.status.value}, {self.rows_delivered}/{total} rows{why}{peer})"

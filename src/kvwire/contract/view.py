@@ -1,0 +1,198 @@
+"""What a lease lends: a :class:`View` of :class:`LayerGroupRows` (V1-V4)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from kvwire.contract.memory import SlotRegion
+
+__all__ = ["CacheKind", "TokenRange", "LayerGroupRows", "View", "frozen_array"]
+
+#: Content names are fixed-width byte strings; this bounds the width a view may carry.
+MAX_NAME_BYTES = 64
+
+
+def frozen_array(value: Any, dtype: Any, what: str, ndim: int) -> np.ndarray:
+    """A read-only copy of ``value`` as a plain ndarray of ``dtype`` and ``ndim`` dimensions.
+
+    Always a copy, so no one who held the input can change the snapshot afterwards (V2)."""
+    try:
+        array = np.array(value, dtype=dtype, copy=True)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise TypeError(f"{what} must be convertible to {np.dtype(dtype)}: {exc}") from None
+    if array.ndim != ndim:
+        raise ValueError(f"{what} must have {ndim} dimension(s), got shape {array.shape}")
+    array.setflags(write=False)
+    return array
+
+
+class CacheKind(enum.Enum):
+    """``PAGED``: block rows whose token end is an upper bound (any prefix is valid).
+    ``STATE``: one slot standing for the whole request, whose end is an exact checkpoint."""
+
+    PAGED = "paged"
+    STATE = "state"
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class TokenRange:
+    """Tokens ``[start, end)``; both non-negative and ``start <= end``."""
+
+    start: int
+    end: int
+
+    def __post_init__(self) -> None:
+        for field in ("start", "end"):
+            value = getattr(self, field)
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
+                raise TypeError(f"TokenRange.{field} must be an int, got {type(value).__name__}")
+            object.__setattr__(self, field, int(value))
+        if self.start < 0:
+            raise ValueError(f"TokenRange.start must be >= 0, got {self.start}")
+        if self.end < self.start:
+            raise ValueError(f"TokenRange is half-open [start, end): end {self.end} < start {self.start}")
+
+    def __len__(self) -> int:
+        return self.end - self.start
+
+    def __contains__(self, token: object) -> bool:
+        return isinstance(token, (int, np.integer)) and self.start <= int(token) < self.end
+
+
+@dataclass(frozen=True, slots=True)
+class LayerGroupRows:
+    """The rows one layer group lends: slot indices into ``region``, optionally a fixed-width
+    content name per row (``names``, shape ``(rows, width)`` uint8), and the tokens they cover.
+
+    Every array is a read-only copy taken at construction (V2)."""
+
+    group_id: int
+    kind: CacheKind
+    region: SlotRegion
+    slots: np.ndarray
+    tokens: TokenRange
+    names: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.group_id, (int, np.integer)) or isinstance(self.group_id, bool):
+            raise TypeError(f"LayerGroupRows.group_id must be an int, got {self.group_id!r}")
+        object.__setattr__(self, "group_id", int(self.group_id))
+        if self.group_id < 0:
+            raise ValueError(f"LayerGroupRows.group_id must be >= 0, got {self.group_id}")
+        if not isinstance(self.kind, CacheKind):
+            raise TypeError(f"LayerGroupRows.kind must be a CacheKind, got {self.kind!r}")
+        if not isinstance(self.region, SlotRegion):
+            raise TypeError(f"LayerGroupRows.region must be a SlotRegion, got {type(self.region).__name__}")
+        if not isinstance(self.tokens, TokenRange):
+            raise TypeError(f"LayerGroupRows.tokens must be a TokenRange, got {self.tokens!r}")
+        slots = self.slots
+        if isinstance(slots, np.ndarray) and slots.dtype.kind not in "iu":
+            raise TypeError(f"group {self.group_id}: slots must be integers, got dtype {slots.dtype}")
+        slots = frozen_array(slots, np.int64, f"group {self.group_id} slots", 1)
+        if slots.size and (slots.min() < 0 or slots.max() >= self.region.slot_count):
+            raise ValueError(
+                f"group {self.group_id}: slot indices must lie in [0, {self.region.slot_count}) "
+                f"of region {self.region.region_id}; got [{slots.min()}, {slots.max()}]"
+            )
+        object.__setattr__(self, "slots", slots)
+        if self.kind is CacheKind.STATE and slots.size != 1:
+            raise ValueError(
+                f"group {self.group_id}: a STATE group lends exactly one slot, got {slots.size}"
+            )
+        if self.names is not None:
+            names = self.names
+            if isinstance(names, (list, tuple)) and names and isinstance(names[0], bytes):
+                widths = {len(n) for n in names}
+                if len(widths) != 1:
+                    raise ValueError(f"group {self.group_id}: names must share one width, got {sorted(widths)}")
+                names = np.frombuffer(b"".join(names), dtype=np.uint8).reshape(len(names), -1)
+            names = frozen_array(names, np.uint8, f"group {self.group_id} names", 2)
+            if names.shape[0] != slots.size:
+                raise ValueError(
+                    f"group {self.group_id}: {names.shape[0]} names for {slots.size} rows; give one per row"
+                )
+            if not 1 <= names.shape[1] <= MAX_NAME_BYTES:
+                raise ValueError(
+                    f"group {self.group_id}: name width must be 1..{MAX_NAME_BYTES} bytes, got {names.shape[1]}"
+                )
+            object.__setattr__(self, "names", names)
+
+    @property
+    def rows(self) -> int:
+        """How many rows the group lends."""
+        return int(self.slots.size)
+
+    def addresses(self) -> np.ndarray:
+        """The start address of each row (uint64), in row order."""
+        return self.region.addresses(self.slots)
+
+    def name(self, row: int) -> bytes:
+        """The content name of ``row`` as bytes; raises if the group carries no names."""
+        if self.names is None:
+            raise ValueError(f"group {self.group_id} carries no content names")
+        return self.names[row].tobytes()
+
+
+@dataclass(frozen=True, slots=True)
+class View:
+    """An immutable snapshot of what a lease lends: one :class:`LayerGroupRows` per layer group,
+    in order. It stays valid after the lease is returned; the lease bounds only the protection
+    of the payload (V2)."""
+
+    groups: tuple[LayerGroupRows, ...]
+
+    def __post_init__(self) -> None:
+        groups = tuple(self.groups)
+        for group in groups:
+            if not isinstance(group, LayerGroupRows):
+                raise TypeError(f"View.groups holds LayerGroupRows, got {type(group).__name__}")
+        ids = [g.group_id for g in groups]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"View group ids must be unique, got {ids}")
+        object.__setattr__(self, "groups", groups)
+
+    def row_masks(self) -> tuple[np.ndarray, ...]:
+        """New, writable, all-false bool arrays, one per group, on every call (V3)."""
+        return tuple(np.zeros(g.rows, dtype=bool) for g in self.groups)
+
+    @property
+    def rows(self) -> int:
+        """How many rows the view lends across all groups."""
+        return sum(g.rows for g in self.groups)
+
+    def regions(self) -> tuple[SlotRegion, ...]:
+        """The distinct regions the view's rows lie in, in first-seen order."""
+        seen: dict[int, SlotRegion] = {}
+        for g in self.groups:
+            seen.setdefault(id(g.region), g.region)
+        return tuple(seen.values())
+
+    def overlapping_rows(self) -> tuple[tuple[int, int], tuple[int, int]] | None:
+        """Two ``(group index, row)`` pairs whose memory overlaps, or ``None`` if every row's
+        memory is disjoint from every other's (V4). Vectorized: one sort over all rows."""
+        if self.rows < 2:
+            return None
+        starts, ends, kinds, where = [], [], [], []
+        for gi, g in enumerate(self.groups):
+            s = g.addresses().astype(np.uint64)
+            starts.append(s)
+            ends.append(s + np.uint64(g.region.slot_bytes))
+            dom = hash((g.region.memory_kind, g.region.device))
+            kinds.append(np.full(g.rows, dom, dtype=np.int64))
+            where.append(np.stack([np.full(g.rows, gi), np.arange(g.rows)], axis=1))
+        start = np.concatenate(starts)
+        end = np.concatenate(ends)
+        dom_all = np.concatenate(kinds)
+        loc = np.concatenate(where)
+        order = np.lexsort((start, dom_all))
+        s, e, d = start[order], end[order], dom_all[order]
+        clash = (d[1:] == d[:-1]) & (s[1:] < e[:-1])
+        if not clash.any():
+            return None
+        i = int(np.argmax(clash))
+        a, b = loc[order[i]], loc[order[i + 1]]
+        return (int(a[0]), int(a[1])), (int(b[0]), int(b[1]))

@@ -1,0 +1,111 @@
+"""What a backend plugin's entry point names: a :class:`Plugin` with declared options."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvwire.contract import Backend, Capabilities
+
+__all__ = ["Option", "Plugin", "ConfigError"]
+
+_TYPES: dict[type, str] = {bool: "bool", int: "int", float: "float", str: "str"}
+
+
+class ConfigError(ValueError):
+    """Configuration names an unknown backend or key, or a value of the wrong type or range.
+    The message names the key and the allowed values."""
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """One documented option of a backend: its type, default, and allowed values or range."""
+
+    name: str
+    type: type
+    default: Any
+    help: str
+    choices: tuple[Any, ...] | None = None
+    minimum: float | None = None
+    maximum: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.type not in _TYPES:
+            raise TypeError(f"Option {self.name!r}: type must be one of {sorted(_TYPES.values())}")
+
+    def describe(self) -> str:
+        allowed = ""
+        if self.choices is not None:
+            allowed = " one of " + ", ".join(repr(c) for c in self.choices)
+        elif self.minimum is not None or self.maximum is not None:
+            lo = "" if self.minimum is None else f">= {self.minimum:g}"
+            hi = "" if self.maximum is None else f"<= {self.maximum:g}"
+            allowed = " " + " and ".join(x for x in (lo, hi) if x)
+        return f"{self.name} ({_TYPES[self.type]}{allowed}, default {self.default!r})"
+
+    def coerce(self, value: Any, backend: str) -> Any:
+        """``value`` as this option's type, from a TOML value or an environment string."""
+        where = f"option {self.name!r} of backend {backend!r}"
+        if isinstance(value, str) and self.type is not str:
+            text = value.strip()
+            try:
+                if self.type is bool:
+                    lowered = text.lower()
+                    if lowered not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+                        raise ValueError(text)
+                    value = lowered in ("1", "true", "yes", "on")
+                elif self.type is int:
+                    value = int(text.replace("_", ""), 0)
+                else:
+                    value = float(text)
+            except ValueError:
+                raise ConfigError(f"{where}: {value!r} is not a {_TYPES[self.type]}; expected {self.describe()}") from None
+        if self.type is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, self.type) or (self.type is int and isinstance(value, bool)):
+            raise ConfigError(f"{where}: {value!r} is a {type(value).__name__}; expected {self.describe()}")
+        if self.choices is not None and value not in self.choices:
+            raise ConfigError(f"{where}: {value!r} is not allowed; expected {self.describe()}")
+        if self.minimum is not None and value < self.minimum:
+            raise ConfigError(f"{where}: {value!r} is too small; expected {self.describe()}")
+        if self.maximum is not None and value > self.maximum:
+            raise ConfigError(f"{where}: {value!r} is too large; expected {self.describe()}")
+        return value
+
+
+@dataclass(frozen=True, slots=True)
+class Plugin:
+    """What the entry point ``kvwire.backends:NAME`` names.
+
+    ``create(options)`` builds a backend from validated options. ``capabilities`` is what every
+    backend it builds declares. ``check()``, if given, reports why the plugin's own library cannot
+    load (or ``None``), without raising, so a plugin with a missing library is still listed."""
+
+    name: str
+    contract_version: tuple[int, int]
+    capabilities: Capabilities
+    create: Callable[[Mapping[str, Any]], Backend]
+    options: tuple[Option, ...] = ()
+    summary: str = ""
+    check: Callable[[], str | None] | None = None
+    install_hint: str = ""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def option(self, name: str) -> Option:
+        for opt in self.options:
+            if opt.name == name:
+                return opt
+        allowed = ", ".join(o.name for o in self.options) or "none"
+        raise ConfigError(f"backend {self.name!r} has no option {name!r}; its options are: {allowed}")
+
+    def resolve(self, options: Mapping[str, Any]) -> dict[str, Any]:
+        """Every option's value: the defaults, overridden by ``options``, each validated."""
+        resolved = {o.name: o.default for o in self.options}
+        for key, value in options.items():
+            resolved[key] = self.option(key).coerce(value, self.name)
+        return resolved
+
+    def build(self, options: Mapping[str, Any] | None = None) -> Backend:
+        """A backend built from ``options`` after validation."""
+        return self.create(self.resolve(options or {}))
