@@ -1,0 +1,67 @@
+"""The optional protocol ``serve-pulls`` (:data:`~kvwire.contract.capabilities.SERVE_PULLS`):
+a peer backend that lets other ends pull blocks by name from this end's reuse tree (N2).
+
+A backend that declares it also implements :class:`ServesPulls`. The flow on the serving end:
+the holder calls ``serve(wake)`` once; the backend calls ``wake`` after new requests are visible
+through ``incoming()`` (W1); for each request the holder looks the names up in its reuse tree,
+pins the longest held prefix under a lease, and answers with ``publish(view, request.ticket,
+wake)``, where the view holds, for each requested group in order, the rows of that prefix (zero
+rows when nothing is held); it releases the lease once that attempt quiesces. Or it refuses with
+``decline(request, reason)``. The requesting end's fetch marks the rows that were served: a
+partial prefix is a delivered attempt, a decline a failed one."""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvwire.contract.backend import WakeFn
+from kvwire.contract.hint import Hint
+from kvwire.contract.view import frozen_array
+
+__all__ = ["PullRequest", "ServesPulls"]
+
+
+@dataclass(frozen=True, slots=True)
+class PullRequest:
+    """Another end asks for blocks by name. ``names`` (shape ``(n, width)``, read-only uint8) are
+    in prefix order and stand for the same blocks in every group of ``groups``; ``slot_bytes``
+    is the row size the requester expects per group. Answer with ``ticket`` as the hint."""
+
+    ticket: Hint
+    groups: tuple[int, ...]
+    slot_bytes: tuple[int, ...]
+    names: np.ndarray
+    peer: str = ""
+
+    def __post_init__(self) -> None:
+        if self.ticket.kind != "ticket":
+            raise ValueError(f"a PullRequest's ticket is a Hint of kind 'ticket', got {self.ticket.kind!r}")
+        object.__setattr__(self, "groups", tuple(int(g) for g in self.groups))
+        object.__setattr__(self, "slot_bytes", tuple(int(s) for s in self.slot_bytes))
+        if len(self.groups) != len(self.slot_bytes):
+            raise ValueError("a PullRequest gives one slot size per group")
+        object.__setattr__(self, "names", frozen_array(self.names, np.uint8, "PullRequest names", 2))
+
+    @property
+    def blocks(self) -> int:
+        return int(self.names.shape[0])
+
+
+class ServesPulls(abc.ABC):
+    """What a backend that declares ``serve-pulls`` offers besides :class:`Backend`."""
+
+    @abc.abstractmethod
+    def serve(self, wake: WakeFn) -> None:
+        """Start answering pulls; ``wake`` is called after new requests are visible. Until
+        this is called, pulls from other ends are declined as 'not serving'."""
+
+    @abc.abstractmethod
+    def incoming(self) -> tuple[PullRequest, ...]:
+        """Requests that arrived since the last call, each returned once. Never blocks."""
+
+    @abc.abstractmethod
+    def decline(self, request: PullRequest, reason: str) -> None:
+        """Refuse ``request``; the requester's fetch fails with ``reason``. Never blocks."""
