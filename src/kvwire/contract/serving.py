@@ -54,6 +54,11 @@ class ServesPulls(abc.ABC):
     """What a backend that declares ``serve-pulls`` offers besides :class:`Backend`."""
 
     @abc.abstractmethod
+    def address(self) -> bytes:
+        """What another end needs to reach this one (opaque, at most 4 KiB). A requester's fetch
+        names it in its hint: ``Hint.of("peer", address=...)``."""
+
+    @abc.abstractmethod
     def serve(self, wake: WakeFn) -> None:
         """Start answering pulls; ``wake`` is called after new requests are visible. Until
         this is called, pulls from other ends are declined as 'not serving'."""
