@@ -1,0 +1,296 @@
+"""Contract rules that can be checked on the types alone: M1-M2, V1-V3, A5-A6, H1, B4."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import kvwire.contract as c
+from kvwire.contract import (
+    CONTRACT_VERSION,
+    CacheKind,
+    Capabilities,
+    Hint,
+    InvalidSubmission,
+    LayerGroupRows,
+    MemoryKind,
+    Outcome,
+    SlotRegion,
+    SubmissionRejected,
+    TokenRange,
+    View,
+)
+from kvwire.contract.capabilities import OtherEnd
+from kvwire.contract.errors import SubmissionError
+
+REGION = SlotRegion(0, 4096, 64, 16, MemoryKind.HOST)
+
+
+def group(slots, gid=0, names=None, kind=CacheKind.PAGED, region=REGION):
+    return LayerGroupRows(gid, kind, region, slots, TokenRange(0, 16 * max(1, len(slots))), names)
+
+
+def test_exports_exactly_the_contract_names():
+    assert set(c.__all__) == {
+        "Backend", "Capabilities", "Attempt", "Outcome", "View", "LayerGroupRows", "SlotRegion",
+        "MemoryKind", "Hint", "WakeFn", "InvalidSubmission", "SubmissionRejected", "TokenRange",
+        "CacheKind", "CONTRACT_VERSION",
+    }
+    assert CONTRACT_VERSION[0] == 1
+
+
+def test_contract_imports_no_torch_nor_other_kvwire_parts():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, kvwire.contract, kvwire.contract.serving;"
+        "bad=[m for m in sys.modules if m.startswith(('torch','kvwire.lender','kvwire.runtime','kvwire.registry','kvwire_'))];"
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# --- M1, M2: memory ---------------------------------------------------------------------------
+
+def test_M1_device_region_names_its_device_and_host_none():
+    with pytest.raises(ValueError, match="device index"):
+        SlotRegion(1, 4096, 64, 4, MemoryKind.DEVICE)
+    with pytest.raises(ValueError, match="names no device"):
+        SlotRegion(1, 4096, 64, 4, MemoryKind.HOST, device=0)
+    assert SlotRegion(1, 4096, 64, 4, MemoryKind.DEVICE, device=2).device == 2
+
+
+@pytest.mark.parametrize("field,value,msg", [
+    ("base", 0, "base"), ("slot_bytes", 0, "slot_bytes"), ("slot_count", -1, "slot_count"), ("region_id", -3, "region_id"),
+])
+def test_M2_region_rejects_bad_geometry_naming_the_field(field, value, msg):
+    args = dict(region_id=0, base=4096, slot_bytes=64, slot_count=4, memory_kind=MemoryKind.HOST)
+    args[field] = value
+    with pytest.raises(ValueError, match=msg):
+        SlotRegion(**args)
+
+
+@given(a=st.integers(1, 10_000), an=st.integers(1, 500), b=st.integers(1, 10_000), bn=st.integers(1, 500))
+def test_M2_overlap_is_byte_exact(a, an, b, bn):
+    ra = SlotRegion(0, a, 1, an, MemoryKind.HOST)
+    rb = SlotRegion(1, b, 1, bn, MemoryKind.HOST)
+    shared = set(range(a, a + an)) & set(range(b, b + bn))
+    assert ra.overlaps(rb) == bool(shared) == rb.overlaps(ra)
+    rd = SlotRegion(2, b, 1, bn, MemoryKind.DEVICE, device=0)
+    assert not ra.overlaps(rd)
+
+
+# --- V1, V2, V3: views ------------------------------------------------------------------------
+
+def test_V1_state_group_lends_exactly_one_slot():
+    with pytest.raises(ValueError, match="exactly one slot"):
+        group([1, 2], kind=CacheKind.STATE)
+    assert group([3], kind=CacheKind.STATE).rows == 1
+
+
+def test_V1_slots_must_lie_in_region_and_be_integers():
+    with pytest.raises(ValueError, match=r"\[0, 16\)"):
+        group([0, 16])
+    with pytest.raises(TypeError, match="integers"):
+        group(np.array([0.5, 1.0]))
+
+
+def test_V1_names_one_per_row_fixed_width():
+    with pytest.raises(ValueError, match="one per row"):
+        group([0, 1], names=np.zeros((3, 32), np.uint8))
+    with pytest.raises(ValueError, match="one width"):
+        group([0, 1], names=[b"a" * 32, b"b" * 31])
+    g = group([0, 1], names=[b"a" * 32, b"b" * 32])
+    assert g.name(1) == b"b" * 32
+
+
+@given(slots=st.lists(st.integers(0, 15), max_size=16))
+def test_V2_view_is_an_immutable_snapshot(slots):
+    src = np.array(slots, dtype=np.int64)
+    names = np.arange(len(slots) * 8, dtype=np.uint8).reshape(len(slots), 8) if slots else None
+    g = group(src, names=names)
+    view = View((g,))
+    src[:] = 0  # the giver changes its arrays afterwards...
+    if names is not None:
+        names[:] = 0
+    assert list(view.groups[0].slots) == slots  # ...the view does not change
+    assert not view.groups[0].slots.flags.writeable
+    with pytest.raises(ValueError):
+        view.groups[0].slots[...] = 1
+    if names is not None:
+        assert not view.groups[0].names.flags.writeable
+        assert view.groups[0].names.sum() == np.arange(len(slots) * 8, dtype=np.uint8).sum()
+    with pytest.raises(AttributeError):
+        view.groups = ()  # type: ignore[misc]
+
+
+@given(counts=st.lists(st.integers(0, 8), min_size=1, max_size=4))
+def test_V3_row_masks_new_writable_all_false_every_call(counts):
+    view = View(tuple(group(list(range(n)), gid=i) for i, n in enumerate(counts)))
+    first, second = view.row_masks(), view.row_masks()
+    assert [m.size for m in first] == counts
+    for a, b in zip(first, second, strict=True):
+        assert a.dtype == np.bool_ and a.flags.writeable and not a.any()
+        assert not np.shares_memory(a, b)
+        a[:] = True
+    assert not any(m.any() for m in view.row_masks())
+
+
+def test_V_unique_group_ids():
+    with pytest.raises(ValueError, match="unique"):
+        View((group([0]), group([1])))
+
+
+@given(rows=st.lists(st.tuples(st.integers(0, 1), st.integers(0, 15)), max_size=12))
+def test_V4_overlap_detection_matches_brute_force(rows):
+    wide = SlotRegion(1, 4096 + 32, 64, 16, MemoryKind.HOST)  # shifted by half a slot: overlaps REGION
+    regions = (REGION, wide)
+    by_region: dict[int, list[int]] = {0: [], 1: []}
+    for r, s in rows:
+        by_region[r].append(s)
+    view = View(tuple(group(by_region[r], gid=r, region=regions[r]) for r in (0, 1)))
+    spans = [(regions[r].base + s * 64, regions[r].base + s * 64 + 64) for r in (0, 1) for s in by_region[r]]
+    brute = any(
+        a[0] < b[1] and b[0] < a[1] for i, a in enumerate(spans) for b in spans[i + 1:]
+    )
+    assert (view.overlapping_rows() is not None) == brute
+
+
+# --- TokenRange --------------------------------------------------------------------------------
+
+@given(a=st.integers(-5, 50), b=st.integers(-5, 50))
+def test_token_range_half_open_non_negative(a, b):
+    if a < 0 or b < a:
+        with pytest.raises(ValueError):
+            TokenRange(a, b)
+    else:
+        r = TokenRange(a, b)
+        assert len(r) == b - a
+        assert (a in r) == (b > a) and (b not in r)
+
+
+# --- A5, A6: outcomes and masks ---------------------------------------------------------------
+
+def test_A6_non_bool_masks_raise_type_error():
+    for bad in (np.zeros(3, np.uint8), np.zeros(3, np.int64), np.zeros(3, np.float32)):
+        bad.setflags(write=False)
+        with pytest.raises(TypeError, match="bool"):
+            Outcome.delivered([bad])
+    with pytest.raises(TypeError):
+        Outcome.delivered([[True, False]])
+
+
+def test_A6_read_only_exact_ndarray_is_kept_writable_is_copied():
+    kept = np.array([True, False, True])
+    kept.setflags(write=False)
+    writable = np.array([True, True])
+    out = Outcome.delivered([kept, writable])
+    assert out.masks[0] is kept
+    assert out.masks[1] is not writable and not np.shares_memory(out.masks[1], writable)
+    writable[:] = False
+    assert out.masks[1].all() and not out.masks[1].flags.writeable
+
+
+def test_A6_masked_array_is_copied_into_a_plain_array():
+    m = np.ma.masked_array(np.array([True, False]), mask=[False, True])
+    m.setflags(write=False)
+    out = Outcome.delivered([m])
+    assert type(out.masks[0]) is np.ndarray
+    assert list(out.masks[0]) == [True, False]  # all() no longer skips the masked row
+    assert not out.masks[0].all()
+
+
+def test_A5_outcome_states_and_reasons():
+    m = np.zeros(2, bool)
+    assert Outcome.delivered([m]).is_delivered
+    with pytest.raises(ValueError, match="why"):
+        Outcome.failed("", [m])
+    f = Outcome.failed("store unreachable", [m])
+    assert f.is_failed and f.reason == "store unreachable"
+    assert Outcome.cancelled([m], by_peer=True).by_peer
+    with pytest.raises(ValueError):
+        Outcome(Outcome.delivered([m]).status, (m,), by_peer=True)
+
+
+# --- H1: hints --------------------------------------------------------------------------------
+
+hint_values = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**63), 2**63 - 1),
+    st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=40), st.binary(max_size=64),
+)
+hint_keys = st.from_regex(r"[a-z][a-z0-9_]{0,10}", fullmatch=True)
+
+
+@given(kind=hint_keys, fields=st.dictionaries(hint_keys, hint_values, max_size=8),
+       timeout=st.one_of(st.none(), st.floats(0.001, 1e6)))
+def test_H1_hint_round_trips_through_bytes(kind, fields, timeout):
+    hint = Hint(kind, tuple(fields.items()), timeout)
+    again = Hint.from_bytes(hint.to_bytes())
+    assert again == hint
+    for k, v in fields.items():
+        assert again[k] == v and type(again[k]) is type(v)
+
+
+@settings(max_examples=300)
+@given(data=st.binary(max_size=200))
+def test_H1_garbage_bytes_give_a_clear_value_error(data):
+    try:
+        Hint.from_bytes(data)
+    except ValueError as exc:
+        assert str(exc)
+    # anything else (or a crash) fails the test
+
+
+@given(hint=st.builds(Hint.of, st.just("store"), namespace=st.text(max_size=10)), cut=st.integers(0, 30))
+def test_H1_truncated_or_extended_encoding_is_refused(hint, cut):
+    raw = hint.to_bytes()
+    if cut < len(raw):
+        with pytest.raises(ValueError):
+            Hint.from_bytes(raw[:cut])
+    with pytest.raises(ValueError, match="trailing"):
+        Hint.from_bytes(raw + b"\x00")
+
+
+def test_H1_hint_is_immutable_and_bounded():
+    h = Hint.of("store", namespace="a")
+    with pytest.raises(AttributeError):
+        h.kind = "peer"  # type: ignore[misc]
+    with pytest.raises(ValueError, match="at most"):
+        Hint.of("store", blob=b"x" * (70 * 1024))
+    with pytest.raises(TypeError, match="must be None"):
+        Hint.of("store", obj=[1, 2])  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="version"):
+        Hint.from_bytes(b"KVWH\x09")
+
+
+# --- B4: capabilities -------------------------------------------------------------------------
+
+def caps(**over):
+    args = dict(contract_version=CONTRACT_VERSION, fetch=True, publish=True,
+                memory_kinds=frozenset({MemoryKind.HOST}), other_end=OtherEnd.STORE,
+                content_addressed=True, max_in_flight=8, cancellation=True)
+    args.update(over)
+    return Capabilities(**args)
+
+
+def test_B4_capabilities_are_frozen_validated_data():
+    cap = caps()
+    with pytest.raises(AttributeError):
+        cap.fetch = False  # type: ignore[misc]
+    assert hash(cap) == hash(caps())
+    with pytest.raises(ValueError, match="fetch, publish"):
+        caps(fetch=False, publish=False)
+    with pytest.raises(ValueError, match="max_in_flight"):
+        caps(max_in_flight=0)
+    with pytest.raises(ValueError, match="memory_kinds"):
+        caps(memory_kinds=frozenset())
+    assert "store fetch+publish [host]" in cap.summary()
+
+
+def test_errors_form_a_closed_hierarchy():
+    assert issubclass(InvalidSubmission, SubmissionError)
+    assert issubclass(SubmissionRejected, SubmissionError)
+    assert not issubclass(InvalidSubmission, SubmissionRejected)
