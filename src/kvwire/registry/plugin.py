@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,6 +91,7 @@ class Plugin:
     summary: str = ""
     check: Callable[[], str | None] | None = None
     install_hint: str = ""
+    local_services: Callable[[Mapping[str, Any]], AbstractContextManager[Mapping[str, Any]]] | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def option(self, name: str) -> Option:
