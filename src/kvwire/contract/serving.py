@@ -28,13 +28,16 @@ __all__ = ["PullRequest", "ServesPulls"]
 class PullRequest:
     """Another end asks for blocks by name. ``names`` (shape ``(n, width)``, read-only uint8) are
     in prefix order and stand for the same blocks in every group of ``groups``; ``slot_bytes``
-    is the row size the requester expects per group. Answer with ``ticket`` as the hint."""
+    is the row size the requester expects per group. Answer with ``ticket`` as the hint.
+    ``credentials`` carries, unread by the backend, the bytes of the requester's hint field
+    ``credentials`` (the holders' authentication); ``peer`` says who asks, as the backend knows it."""
 
     ticket: Hint
     groups: tuple[int, ...]
     slot_bytes: tuple[int, ...]
     names: np.ndarray
     peer: str = ""
+    credentials: bytes = b""
 
     def __post_init__(self) -> None:
         if self.ticket.kind != "ticket":
