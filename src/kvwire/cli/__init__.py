@@ -50,12 +50,49 @@ def _cmd_backends(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _config(args: argparse.Namespace):
+    from kvwire.registry import load_config
+
+    return load_config(args.config, backend=args.backend)
+
+
+def _cmd_demo(args: argparse.Namespace, console: Console) -> int:
+    import json
+
+    from kvwire.cli.demo import render, run_demo
+
+    config = _config(args)
+    report = run_demo(config, tokens=args.tokens, layers=args.layers, console=console)
+    render(report, console)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(report.as_dict(), fh, indent=2)
+    return 0 if report.ok else 1
+
+
+def _cmd_doctor(args: argparse.Namespace, console: Console) -> int:
+    from kvwire.cli.doctor import diagnose, render
+
+    return render(diagnose(), console)
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", metavar="NAME", help="backend to use (default: KVWIRE_BACKEND, the config file, or 'memory')")
+    p.add_argument("--config", metavar="FILE", help="TOML config file (default: KVWIRE_CONFIG)")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kvwire", description="Move LLM KV-cache blocks between workers and stores.")
     parser.add_argument("--version", action="version", version=f"kvwire {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="more detail (tracebacks of broken plugins)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.add_parser("backends", help="list installed backends, their capabilities, and broken ones with the reason")
+    sub.add_parser("doctor", help="check plugins, their libraries, loopback ports and the GPU, with fixes")
+    demo = sub.add_parser("demo", help="two workers: prefill on one, move its blocks to the other, decode there")
+    _add_config_args(demo)
+    demo.add_argument("--tokens", type=int, default=2048, help="prompt length in tokens (default 2048)")
+    demo.add_argument("--layers", type=int, default=8, help="model layers (default 8, two per layer group)")
+    demo.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     args = parser.parse_args(argv)
     console = Console()
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s",
@@ -63,13 +100,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    handlers = {"backends": _cmd_backends}
+    handlers = {"backends": _cmd_backends, "demo": _cmd_demo, "doctor": _cmd_doctor}
     try:
         return handlers[args.command](args, console)
     except Exception as exc:
         from kvwire.registry import ConfigError
 
-        if isinstance(exc, ConfigError):
+        from kvwire.registry import PluginError
+        from kvwire.runtime.state import StateError
+
+        if isinstance(exc, (ConfigError, PluginError, StateError)):
             Console(stderr=True).print(f"kvwire: error: {exc}", highlight=False, soft_wrap=True)
             return 2
         raise

@@ -1,0 +1,97 @@
+"""``kvwire doctor``: what a user checks when something is wrong, each problem with its fix."""
+
+from __future__ import annotations
+
+import ctypes.util
+import socket
+import sys
+from dataclasses import dataclass
+
+from rich.console import Console
+from rich.table import Table
+
+__all__ = ["Finding", "diagnose", "render"]
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    check: str
+    ok: bool
+    detail: str
+    fix: str = ""
+    essential: bool = True
+
+
+def _torch() -> list[Finding]:
+    try:
+        import torch
+    except Exception as exc:  # noqa: BLE001 - report whatever broke the import
+        return [Finding("torch", False, f"cannot import: {exc}", "pip install torch==2.13.0")]
+    found = [Finding("torch", True, f"{torch.__version__}")]
+    if torch.cuda.is_available():
+        names = ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
+        found.append(Finding("GPU", True, f"{torch.cuda.device_count()} CUDA device(s): {names}", essential=False))
+    else:
+        found.append(Finding("GPU", True, "none: DEVICE pools and GPU tests are unavailable (host memory only)", essential=False))
+    return found
+
+
+def _libraries() -> list[Finding]:
+    found = []
+    for lib, pkg in (("ibverbs", "libibverbs1"), ("rdmacm", "librdmacm1"), ("numa", "libnuma1")):
+        path = ctypes.util.find_library(lib)
+        found.append(Finding(f"lib{lib}", path is not None, path or "not found",
+                             f"apt-get install -y {pkg} (Mooncake's shared objects link against it)", essential=False))
+    return found
+
+
+def _ports() -> list[Finding]:
+    try:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        return [Finding("loopback ports", True, f"can bind 127.0.0.1 (got port {port})")]
+    except OSError as exc:
+        return [Finding("loopback ports", False, f"cannot bind 127.0.0.1: {exc}",
+                        "free a port or check the network namespace; servers and peers listen on loopback")]
+
+
+def _plugins() -> list[Finding]:
+    from kvwire.registry import survey
+
+    rows = survey()
+    if not rows:
+        return [Finding("backends", False, "no backend is installed", "pip install -e backends/memory")]
+    found = []
+    for row in rows:
+        label = f"backend {row.entry.name}"
+        if row.problem:
+            fix = row.plugin.install_hint if row.plugin and row.plugin.install_hint else f"pip install --force-reinstall {row.entry.distribution}"
+            found.append(Finding(label, False, row.problem, fix, essential=row.entry.name == "memory"))
+        else:
+            found.append(Finding(label, True, f"{row.entry.distribution} {row.entry.version}: "
+                                 f"{row.plugin.capabilities.summary() if row.plugin else ''}"))
+    return found
+
+
+def diagnose() -> list[Finding]:
+    found = [Finding("python", sys.version_info >= (3, 11), sys.version.split()[0], "use Python 3.11 or newer")]
+    for part in (_torch, _libraries, _ports, _plugins):
+        found.extend(part())
+    return found
+
+
+def render(findings: list[Finding], console: Console) -> int:
+    table = Table(title="kvwire doctor")
+    for col in ("check", "status", "detail", "fix"):
+        table.add_column(col, overflow="fold")
+    for f in findings:
+        status = "[green]ok[/]" if f.ok else ("[red]problem[/]" if f.essential else "[yellow]warning[/]")
+        table.add_row(f.check, status, f.detail, "" if f.ok else f.fix)
+    console.print(table)
+    bad = [f for f in findings if not f.ok and f.essential]
+    if bad:
+        console.print(f"[red]{len(bad)} problem(s)[/]: fix them in the order listed.")
+        return 1
+    console.print("[green]nothing essential is wrong.[/]")
+    return 0

@@ -1,0 +1,36 @@
+"""The events a worker announces, as pluggy hook specifications (project name ``kvwire``)."""
+
+from __future__ import annotations
+
+import pluggy
+
+hookspec = pluggy.HookspecMarker("kvwire")
+hookimpl = pluggy.HookimplMarker("kvwire")
+
+__all__ = ["hookspec", "hookimpl", "ObserverSpec"]
+
+
+class ObserverSpec:
+    """What an observer may implement; each hook is optional and must not block."""
+
+    @hookspec
+    def kvwire_transfer(self, worker: str, backend: str, direction: str, rows: int, delivered: int,
+                        nbytes: int, seconds: float, status: str, reason: str | None) -> None:
+        """A fetch or publish attempt settled: ``rows`` submitted, ``delivered`` of them arrived
+        (or are held by the store), ``nbytes`` moved, ``status`` the outcome's."""
+
+    @hookspec
+    def kvwire_refused(self, worker: str, backend: str, direction: str, reason: str) -> None:
+        """A submission was refused (``SubmissionRejected`` or ``InvalidSubmission``)."""
+
+    @hookspec
+    def kvwire_pull_served(self, worker: str, backend: str, peer: str, requested: int, served: int) -> None:
+        """This worker answered a pull: ``served`` of the ``requested`` blocks were held."""
+
+    @hookspec
+    def kvwire_pull_declined(self, worker: str, backend: str, peer: str, reason: str) -> None:
+        """This worker refused a pull (authentication, allowlist, layout)."""
+
+    @hookspec
+    def kvwire_blocks(self, worker: str, stored: int, evicted: int, pinned: int) -> None:
+        """The reuse tree changed: blocks newly stored, evicted since the last event, pinned now."""
