@@ -1,0 +1,160 @@
+"""A :class:`Lease`: the lender's promise over exactly one :class:`~kvwire.contract.View`.
+
+Until :meth:`Lease.release`, the rows the view locates stay allocated and pinned (never evicted,
+never lent for writing to anyone else). The view itself is an immutable snapshot that outlives
+the lease (V2). The delivery masks are taken once; release happens once, on every path."""
+
+from __future__ import annotations
+
+import enum
+import threading
+import time
+from collections.abc import Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from kvwire.contract import View
+from kvwire.lender.errors import LeaseError
+
+if TYPE_CHECKING:
+    from kvwire.lender.lender import Lender
+    from kvwire.lender.request import Request
+
+__all__ = ["Lease", "LeaseKind"]
+
+
+class LeaseKind(enum.Enum):
+    READ = "read"      # a request's committed rows, to publish
+    WRITE = "write"    # a request's rows to fill, by a fetch
+    NAMES = "names"    # rows found by name in the reuse tree, to serve a request-free pull
+
+
+class Lease:
+    """Made only by a :class:`~kvwire.lender.Lender`. Usable as a context manager: leaving the
+    ``with`` block releases it, also when the block raises."""
+
+    __slots__ = (
+        "_lender", "kind", "view", "found", "request", "_block_slots", "_block_index", "_paged_pos", "_state",
+        "_stage_rows", "_event", "_masks", "_released", "_lock", "staged",
+    )
+
+    def __init__(self, lender: Lender, kind: LeaseKind, view: View, *, found: int, request: Request | None,
+                 block_slots: np.ndarray, block_index: np.ndarray | None, paged_pos: tuple[int, ...],
+                 state: tuple[tuple[int, int, int], ...], stage_rows: np.ndarray | None, event: Any) -> None:
+        self._lender = lender
+        self.kind = kind
+        self.view = view
+        #: Rows of each PAGED group: for a NAMES lease, how many leading names the tree held.
+        self.found = found
+        self.request = request
+        self._block_slots = block_slots
+        self._block_index = block_index
+        self._paged_pos = paged_pos  # view group index of each PAGED group, in layout order
+        self._state = state  # (view group index, group id, state slot) per STATE row
+        self._stage_rows = stage_rows
+        self.staged = stage_rows is not None
+        self._event = event
+        self._masks: tuple[np.ndarray, ...] | None = None
+        self._released = False
+        self._lock = threading.Lock()
+
+    # -- readiness ---------------------------------------------------------------------------
+
+    def ready(self) -> bool:
+        """True once every copy into the view's rows has completed (the staging copy of a read
+        lease, or on CUDA the work queued on the pool before the lease was lent)."""
+        event = self._event
+        return event is None or bool(event.query())
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        """Waits until :meth:`ready` or ``timeout`` seconds pass; returns :meth:`ready`."""
+        if self.ready():
+            return True
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pause = 50e-6
+        while not self.ready():
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            time.sleep(pause)
+            pause = min(pause * 2, 2e-3)
+        return True
+
+    # -- delivery ----------------------------------------------------------------------------
+
+    @property
+    def masks(self) -> tuple[np.ndarray, ...] | None:
+        """The delivery masks given to :meth:`mark_arrived`, or ``None`` before."""
+        return self._masks
+
+    @property
+    def marked(self) -> bool:
+        return self._masks is not None
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    def mark_arrived(self, masks: Sequence[np.ndarray]) -> int:
+        """Takes the delivery masks, one bool array per view group, once. For a WRITE lease the
+        rows whose bit is true become valid rows of the request (staged rows are copied into the
+        pool, only those, A7); for a READ or NAMES lease the masks are only recorded. Returns the
+        number of rows marked true."""
+        checked = self._check_masks(masks)
+        with self._lock:
+            if self._released:
+                raise LeaseError("mark_arrived after release: the rows are no longer the lease's; mark first")
+            if self._masks is not None:
+                raise LeaseError("mark_arrived was already called on this lease; masks are taken once")
+            self._masks = checked
+            if self.kind is LeaseKind.WRITE:
+                self._lender._settle_write(self, checked)
+        return int(sum(int(np.count_nonzero(m)) for m in checked))
+
+    def _check_masks(self, masks: Sequence[np.ndarray]) -> tuple[np.ndarray, ...]:
+        if isinstance(masks, np.ndarray) or not isinstance(masks, Sequence):
+            raise TypeError("masks is a sequence of bool arrays, one per view group (e.g. outcome.masks)")
+        groups = self.view.groups
+        if len(masks) != len(groups):
+            raise ValueError(f"expected {len(groups)} mask(s), one per view group, got {len(masks)}")
+        out = []
+        for i, (mask, group) in enumerate(zip(masks, groups, strict=True)):
+            dtype = getattr(mask, "dtype", None)
+            if dtype is None:
+                raise TypeError(f"mask {i} (group {group.group_id}) must be a bool numpy array, got {type(mask).__name__}")
+            if np.dtype(dtype) != np.bool_:
+                raise TypeError(f"mask {i} (group {group.group_id}) must have dtype bool, got {dtype}")
+            plain = np.array(mask, dtype=bool, copy=True, subok=False)
+            if plain.shape != (group.rows,):
+                raise ValueError(
+                    f"mask {i} (group {group.group_id}) must have shape ({group.rows},), got {plain.shape}"
+                )
+            plain.setflags(write=False)
+            out.append(plain)
+        return tuple(out)
+
+    # -- release -----------------------------------------------------------------------------
+
+    def release(self) -> None:
+        """Returns the lease's pins and staging rows; idempotent. After it, the view's rows are
+        no longer protected (the view itself stays readable)."""
+        with self._lock:
+            if self._released:
+                return
+            self._released = True
+            if self._event is not None and self._stage_rows is not None:
+                # A staging copy may still be writing the rows about to be given back.
+                self._event.synchronize()
+            self._lender._return(self)
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        state = "released" if self._released else ("marked" if self._masks is not None else "open")
+        return f"Lease({self.kind.value}, {state}, rows={self.view.rows}, staged={self.staged})"

@@ -1,0 +1,538 @@
+"""The :class:`Lender`: owns a paged KV cache, names its whole blocks, keeps them in a reuse tree,
+and lends rows through leases. It never calls a backend.
+
+One lock guards all bookkeeping, so the runtime thread and a serving thread may call it at once;
+copies between pools and staging run outside the lock, on rows their lease pins."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import threading
+from typing import Any
+
+import numpy as np
+import torch
+
+from kvwire.contract import CacheKind, LayerGroupRows, MemoryKind, SlotRegion, TokenRange, View
+from kvwire.lender.errors import CacheFull, LeaseError
+from kvwire.lender.layout import CacheLayout, Scope
+from kvwire.lender.lease import Lease, LeaseKind
+from kvwire.lender.names import chain_names, name_keys, names_array, state_name, token_array
+from kvwire.lender.request import Request
+from kvwire.lender.staging import StagingArea
+from kvwire.lender.tree import ReuseTree
+
+__all__ = ["Lender"]
+
+log = logging.getLogger(__name__)
+
+#: How many blocks ``probe`` names between two looks at the tree: it stops hashing at a miss,
+#: and never holds the lock while hashing.
+_PROBE_CHUNK = 256
+
+
+def _resolve_device(device: str | torch.device) -> torch.device:
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {dev} asked for, but torch sees no CUDA device")
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+    elif dev.type != "cpu":
+        raise ValueError(f"a lender's pools live on 'cpu' or a 'cuda' device, got {dev}")
+    return dev
+
+
+class Lender:
+    """A KV cache of one pool per layer group (``pool(group_id)``: ``[slots, *slot_shape]``, on
+    ``device``), lent through leases.
+
+    Promises: a pinned block is never evicted; a block's bytes change only through its owner
+    request's model writes or a write lease's marked rows; every pin taken is returned by
+    ``close_request`` or ``Lease.release``, so ``pins()`` is 0 when nothing is open or lent."""
+
+    def __init__(self, layout: CacheLayout, scope: Scope, *, device: str | torch.device = "cpu",
+                 staging_slots: int = 0, region_id_base: int = 0) -> None:
+        if not isinstance(layout, CacheLayout):
+            raise TypeError(f"layout must be a CacheLayout, got {type(layout).__name__}")
+        if not isinstance(scope, Scope):
+            raise TypeError(f"scope must be a Scope, got {type(scope).__name__}")
+        if staging_slots < 0:
+            raise ValueError(f"staging_slots must be >= 0, got {staging_slots}")
+        if region_id_base < 0:
+            raise ValueError(f"region_id_base must be >= 0, got {region_id_base}")
+        self.layout = layout
+        self.scope = scope
+        self.device = _resolve_device(device)
+        self.scope_digest = scope.digest(layout)
+        self._bt = layout.block_tokens
+        self._lock = threading.Lock()
+        self._on_cuda = self.device.type == "cuda"
+
+        self._pools: list[torch.Tensor] = []
+        regions: list[SlotRegion] = []
+        kind = MemoryKind.DEVICE if self._on_cuda else MemoryKind.HOST
+        index = self.device.index if self._on_cuda else None
+        for i, g in enumerate(layout.groups):
+            slots = layout.num_blocks if g.kind is CacheKind.PAGED else layout.num_state_slots
+            pool = torch.zeros((slots, *g.slot_shape), dtype=g.dtype, device=self.device)
+            self._pools.append(pool)
+            regions.append(SlotRegion(region_id_base + i, pool.data_ptr(), g.slot_bytes, slots, kind, index))
+        self._pool_regions = tuple(regions)
+        self._group_pos = {g.group_id: i for i, g in enumerate(layout.groups)}
+        self._paged = [i for i, g in enumerate(layout.groups) if g.kind is CacheKind.PAGED]
+        self._state = [i for i, g in enumerate(layout.groups) if g.kind is CacheKind.STATE]
+
+        self._staging = (
+            StagingArea(layout, staging_slots, self.device, region_id_base + len(layout.groups))
+            if staging_slots else None
+        )
+        self._tree = ReuseTree(layout.num_blocks)
+        self._state_refs = np.zeros(layout.num_state_slots, dtype=np.int64)
+        self._ids = itertools.count()
+        self._open_requests: dict[int, Request] = {}
+        self._leases_open = 0
+        self._leases_lent = 0
+        self._rows_marked = 0
+        self._probes = 0
+
+    # -- memory ------------------------------------------------------------------------------
+
+    def regions(self) -> tuple[SlotRegion, ...]:
+        """One region per pool, in layout order, then one HOST staging region per group (when
+        ``staging_slots > 0``). They stay valid for the lender's life."""
+        staged = self._staging.regions if self._staging is not None else ()
+        return self._pool_regions + staged
+
+    def pool(self, group_id: int) -> torch.Tensor:
+        """The group's pool, ``[slots, *slot_shape]``, contiguous: the model reads and writes a
+        request's pages here (block ``i`` at ``block_table[i]``, state at ``state_slots``)."""
+        try:
+            return self._pools[self._group_pos[group_id]]
+        except KeyError:
+            raise KeyError(f"no layer group {group_id}; the layout has {list(self._group_pos)}") from None
+
+    def staging(self, group_id: int) -> torch.Tensor:
+        """The group's staging rows (host memory); raises if the lender has none."""
+        if self._staging is None:
+            raise LeaseError("this lender has no staging slots (build it with staging_slots > 0)")
+        return self._staging.tensors[self._group_pos[group_id]]
+
+    # -- names -------------------------------------------------------------------------------
+
+    def names(self, tokens: object) -> np.ndarray:
+        """``(whole_blocks, 32)`` uint8: the chained names of ``tokens``' whole blocks in this
+        lender's scope (an incomplete last block has none)."""
+        return names_array(chain_names(token_array(tokens), self._bt, self.scope_digest))
+
+    def probe(self, tokens: object) -> int:
+        """How many leading whole blocks of ``tokens`` the reuse tree holds now; pins nothing.
+        Hashing stops shortly after the first miss."""
+        toks = token_array(tokens)
+        whole = toks.size // self._bt
+        parent = self.scope_digest
+        held = 0
+        with self._lock:
+            self._probes += 1
+        for first in range(0, whole, _PROBE_CHUNK):
+            keys = chain_names(toks, self._bt, parent, first, _PROBE_CHUNK)
+            with self._lock:
+                count = self._tree.holds(keys)
+            held += count
+            if count < len(keys):
+                break
+            parent = keys[-1]
+        return held
+
+    def probe_names(self, names: np.ndarray) -> int:
+        """How many leading ``names`` (``(n, 32)`` uint8) the reuse tree holds now; pins nothing."""
+        keys = name_keys(names)
+        with self._lock:
+            self._probes += 1
+            return self._tree.holds(keys)
+
+    # -- requests ----------------------------------------------------------------------------
+
+    def open_request(self, tokens: object, *, max_new_tokens: int = 0) -> Request:
+        """Opens a request for the prompt ``tokens`` with room for ``max_new_tokens`` more.
+
+        Reuses the longest prefix the tree holds (pinning those blocks for the request), up to
+        the last whole block before the prompt's last token, so the model always computes at
+        least one token and never writes a shared block. A layout with STATE groups reuses
+        nothing locally (the tree holds no state). Allocates the rest (evicting idle blocks LRU),
+        or raises :class:`CacheFull` having changed nothing."""
+        toks = token_array(tokens)
+        if toks.size == 0:
+            raise ValueError("a request needs at least one prompt token")
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        keys = chain_names(toks, self._bt, self.scope_digest)
+        capacity = toks.size + max_new_tokens
+        blocks = math.ceil(capacity / self._bt) if self._paged else 0
+        reusable = 0 if self._state or not self._paged else (toks.size - 1) // self._bt
+        with self._lock:
+            shared = self._tree.lookup(keys[:reusable])
+            state_slot = -1
+            if self._state:
+                free_state = np.flatnonzero(self._state_refs == 0)
+                if free_state.size == 0:
+                    raise CacheFull(
+                        f"all {self.layout.num_state_slots} state slots are held by open requests or leases"
+                    )
+                state_slot = int(free_state[0])
+            fresh = self._tree.allocate(blocks - shared.size, keep=shared)  # may raise, nothing done
+            self._tree.pin(shared)
+            if state_slot >= 0:
+                self._state_refs[state_slot] += 1
+            table = np.concatenate([shared, fresh]).astype(np.int64)
+            request = Request(
+                next(self._ids), toks, capacity, self._bt, table,
+                {self.layout.groups[i].group_id: state_slot for i in self._state},
+                keys, names_array(keys), len(self._paged), int(shared.size),
+            )
+            self._open_requests[request.request_id] = request
+        log.debug("opened %r", request)
+        return request
+
+    def extend(self, request: Request, tokens: object) -> None:
+        """Appends generated ``tokens`` to the request (within its ``max_new_tokens`` room) and
+        names any block they complete, so ``commit`` can put those blocks in the tree."""
+        new = token_array(tokens)
+        with self._lock:
+            self._check_open(request)
+            end = request._length + new.size
+            if end > request._token_buf.size:
+                raise ValueError(
+                    f"request {request.request_id} has room for {request._token_buf.size} tokens; "
+                    f"extending by {new.size} would make {end} (open it with a larger max_new_tokens)"
+                )
+            request._token_buf[request._length:end] = new
+            request._length = end
+            known = len(request._keys)
+            parent = request._keys[-1] if known else self.scope_digest
+            more = chain_names(request._token_buf[:end], self._bt, parent, known)
+            if more:
+                request._keys.extend(more)
+                request._names = np.concatenate([request._names, names_array(more)])
+
+    def commit(self, request: Request, upto_tokens: int, *, state_tokens: int | None = None) -> None:
+        """Declares the request's pages written for tokens ``[0, upto_tokens)`` (the model calls
+        it after prefill): those whole blocks become valid, are named, and enter the reuse tree
+        (fetched blocks included). A block whose name the tree already holds under another slot
+        is not inserted again; the request pins the tree's block instead while it is open.
+        STATE groups' checkpoint becomes ``state_tokens`` (default ``upto_tokens``): the token at
+        which the model wrote the state."""
+        with self._lock:
+            self._check_open(request)
+            if not 0 <= upto_tokens <= request._length:
+                raise ValueError(
+                    f"upto_tokens must lie in [0, {request._length}] for request {request.request_id}, got {upto_tokens}"
+                )
+            stop = upto_tokens // self._bt
+            start = request._committed
+            if stop > start and request._writing[start:stop].any():
+                busy = start + int(np.argmax(request._writing[start:stop]))
+                raise LeaseError(
+                    f"block {busy} of request {request.request_id} is lent for writing; release the write lease before commit"
+                )
+            checkpoint = upto_tokens if state_tokens is None else state_tokens
+            if self._state:
+                if request._state_writing:
+                    raise LeaseError(f"the state of request {request.request_id} is lent for writing; release first")
+                if not 0 <= checkpoint <= request._length:
+                    raise ValueError(f"state_tokens must lie in [0, {request._length}], got {checkpoint}")
+            request._valid[:, :stop] = True
+            tree = self._tree
+            table = request._block_table
+            keys = request._keys
+            for i in range(start, stop):
+                held = tree.index.get(keys[i])
+                slot = int(table[i])
+                if held is None:
+                    parent = tree.index.get(keys[i - 1], -1) if i else -1
+                    tree.insert(slot, keys[i], i, parent)
+                elif held != slot:
+                    tree.pin(np.array([held], dtype=np.int64))
+                    request._extra_pins.append(held)
+            request._committed = max(start, stop)
+            request._computed = max(request._computed, upto_tokens)
+            for i in self._state:
+                request._checkpoints[self.layout.groups[i].group_id] = checkpoint
+
+    def close_request(self, request: Request) -> None:
+        """Drops the request's pins; idempotent. Its committed blocks stay in the tree (evictable
+        once no lease pins them); the others are free once no lease pins them."""
+        with self._lock:
+            if request._closed:
+                return
+            request._closed = True
+            self._open_requests.pop(request.request_id, None)
+            self._tree.unpin(request._block_table)
+            if request._extra_pins:
+                self._tree.unpin(np.array(request._extra_pins, dtype=np.int64))
+                request._extra_pins.clear()
+            for slot in set(request._state_slots.values()):
+                self._state_refs[slot] -= 1
+        log.debug("closed %r", request)
+
+    def resume_bounds(self, request: Request) -> int:
+        """The token from which the request may resume: the first block any PAGED group lacks
+        stops it (a block counts when committed or marked arrived whole); a STATE group counts
+        only at its exact checkpoint, which must not pass the paged bound (else 0)."""
+        with self._lock:
+            length = request._length
+            if self._paged:
+                whole = length // self._bt
+                complete = request._valid[:, :whole].all(axis=0)
+                gap = int(np.argmin(complete)) if not complete.all() else whole
+                bound = gap * self._bt
+                if gap >= request._computed // self._bt:
+                    bound = max(bound, min(request._computed, length))
+            else:
+                bound = length
+            if not self._state:
+                return bound
+            points = set(request._checkpoints.values())
+            if len(points) != 1:
+                return 0
+            (point,) = points
+            if point is None or point > bound:
+                return 0
+            return point
+
+    # -- leases ------------------------------------------------------------------------------
+
+    def lend_read(self, request: Request, *, staging: bool = False) -> Lease:
+        """A lease over the request's committed whole blocks (and each STATE group's slot at its
+        checkpoint), to publish. Rows carry names. With ``staging`` the view's rows are host
+        staging rows, filled from the pool before the lease is ready."""
+        with self._lock:
+            self._check_open(request)
+            count = request._committed
+            slots = request._block_table[:count]
+            names = request._names[:count]
+            state_rows = []
+            for i in self._state:
+                gid = self.layout.groups[i].group_id
+                point = request._checkpoints[gid]
+                if point:
+                    parent = request._keys[point // self._bt - 1] if point >= self._bt else self.scope_digest
+                    name = state_name(request._token_buf, self._bt, point, gid, parent)
+                    state_rows.append((i, gid, request._state_slots[gid], point, name))
+            stage = self._take_staging(staging, count, bool(state_rows))
+            self._tree.pin(slots)
+            for *_, slot, _, _ in state_rows:
+                self._state_refs[slot] += 1
+            self._leases_open += 1
+        return self._make_lease(LeaseKind.READ, request, slots, None, names, TokenRange(0, count * self._bt),
+                                state_rows, stage, copy_in=True)
+
+    def lend_write(self, request: Request, *, first_block: int | None = None, staging: bool = False) -> Lease:
+        """A lease over the request's blocks ``first_block`` (default: the first not valid in
+        every PAGED group) up to the prompt's last whole block, plus each STATE group's slot at
+        that block's end, for a fetch. Rows carry names. Committed blocks are never lent for
+        writing, nor rows another write lease holds."""
+        with self._lock:
+            self._check_open(request)
+            end = request.prompt_tokens // self._bt
+            committed = request._committed
+            if first_block is None:
+                complete = request._valid[:, :end].all(axis=0)
+                first_block = int(np.argmin(complete)) if not complete.all() else end
+            if not committed <= first_block <= end:
+                raise ValueError(
+                    f"first_block must lie in [{committed}, {end}] for request {request.request_id} "
+                    f"(blocks before {committed} are committed and shared; the prompt has {end} whole blocks), got {first_block}"
+                )
+            if request._writing[first_block:end].any():
+                busy = first_block + int(np.argmax(request._writing[first_block:end]))
+                raise LeaseError(f"block {busy} of request {request.request_id} is already lent for writing")
+            state_rows = []
+            point = end * self._bt
+            if self._state and point > 0:
+                if request._state_writing:
+                    raise LeaseError(f"the state of request {request.request_id} is already lent for writing")
+                parent = request._keys[end - 1]
+                for i in self._state:
+                    gid = self.layout.groups[i].group_id
+                    if request._checkpoints[gid] != point:
+                        name = state_name(request._token_buf, self._bt, point, gid, parent)
+                        state_rows.append((i, gid, request._state_slots[gid], point, name))
+            index = np.arange(first_block, end, dtype=np.int64)
+            slots = request._block_table[first_block:end]
+            stage = self._take_staging(staging, index.size, bool(state_rows))
+            self._tree.pin(slots)
+            request._writing[first_block:end] = True
+            if state_rows:
+                request._state_writing = True
+            for *_, slot, _, _ in state_rows:
+                self._state_refs[slot] += 1
+            self._leases_open += 1
+        return self._make_lease(LeaseKind.WRITE, request, slots, index, request._names[first_block:end],
+                                TokenRange(first_block * self._bt, end * self._bt), state_rows, stage,
+                                copy_in=False)
+
+    def lend_names(self, names: np.ndarray, *, staging: bool = False) -> Lease:
+        """For serving a request-free pull (N2): looks ``names`` (``(n, 32)`` uint8) up in the
+        tree, O(1) each, and pins the longest held leading run for the lease; a miss part way
+        pins nothing past it. ``lease.found`` is that run's length (possibly 0); the view holds
+        only those rows, of the PAGED groups."""
+        keys = name_keys(names)
+        with self._lock:
+            slots = self._tree.lookup(keys)
+            stage = self._take_staging(staging, slots.size, False)
+            self._tree.pin(slots)
+            start = int(self._tree.position[slots[0]]) if slots.size else 0
+            self._leases_open += 1
+        found = names_array(keys[: slots.size]) if slots.size else np.zeros((0, 32), dtype=np.uint8)
+        tokens = TokenRange(start * self._bt, (start + slots.size) * self._bt)
+        return self._make_lease(LeaseKind.NAMES, None, slots, None, found, tokens, [], stage, copy_in=True)
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _check_open(self, request: Request) -> None:
+        if not isinstance(request, Request):
+            raise TypeError(f"expected a Request from open_request, got {type(request).__name__}")
+        if request._closed:
+            raise LeaseError(f"request {request.request_id} is closed")
+        if self._open_requests.get(request.request_id) is not request:
+            raise LeaseError(f"request {request.request_id} was not opened by this lender")
+
+    def _take_staging(self, staging: bool, paged_rows: int, state_row: bool) -> np.ndarray | None:
+        if not staging:
+            return None
+        if self._staging is None:
+            raise LeaseError("staging=True, but this lender has no staging slots (build it with staging_slots > 0)")
+        return self._staging.take(paged_rows + int(state_row))
+
+    def _make_lease(self, kind: LeaseKind, request: Request | None, slots: np.ndarray, index: np.ndarray | None,
+                    names: np.ndarray, tokens: TokenRange, state_rows: list[Any], stage: np.ndarray | None,
+                    *, copy_in: bool) -> Lease:
+        """Builds the view, groups in layout order (and, for a staged read, starts the pool ->
+        staging copy); on any failure gives back everything the caller took, so no pin or
+        staging row is lost."""
+        by_group = {row[0]: row for row in state_rows}
+        n = int(slots.size)
+        paged_pos: list[int] = []
+        state: list[tuple[int, int, int]] = []
+        for i in range(len(self.layout.groups)):
+            if i in by_group:
+                state.append((len(paged_pos) + len(state), by_group[i][1], by_group[i][2]))
+            elif self.layout.groups[i].kind is CacheKind.PAGED:
+                paged_pos.append(len(paged_pos) + len(state))
+        lease = Lease(self, kind, View(()), found=n, request=request, block_slots=slots, block_index=index,
+                      paged_pos=tuple(paged_pos), state=tuple(state), stage_rows=stage, event=None)
+        try:
+            staging = self._staging
+            stage_paged = stage[:n] if stage is not None else slots
+            stage_state = int(stage[n]) if stage is not None and state_rows else -1
+            rows: list[LayerGroupRows] = []
+            for i, g in enumerate(self.layout.groups):
+                region = self._pool_regions[i] if stage is None else staging.regions[i]  # type: ignore[union-attr]
+                if i in by_group:
+                    _, gid, slot, point, name = by_group[i]
+                    row = np.array([slot if stage is None else stage_state], dtype=np.int64)
+                    rows.append(LayerGroupRows(gid, CacheKind.STATE, region, row, TokenRange(0, point),
+                                               np.frombuffer(name, dtype=np.uint8).reshape(1, -1)))
+                elif g.kind is CacheKind.PAGED:
+                    rows.append(LayerGroupRows(g.group_id, CacheKind.PAGED, region, stage_paged, tokens, names))
+            lease.view = View(tuple(rows))
+            event = None
+            if copy_in and stage is not None:
+                assert staging is not None
+                groups = list(self._paged) + [r[0] for r in state_rows]
+                sources = [slots] * len(self._paged) + [np.array([r[2]], dtype=np.int64) for r in state_rows]
+                targets = [stage[:n]] * len(self._paged) + [stage[n:n + 1]] * len(state_rows)
+                event = staging.copy_in(self._pools, groups, sources, targets)
+            elif self._on_cuda:
+                # The backend must not touch the rows before work already queued on them ends.
+                event = torch.cuda.Event()
+                event.record(torch.cuda.current_stream(self.device))
+            lease._event = event
+        except BaseException:
+            lease.release()
+            raise
+        with self._lock:
+            self._leases_lent += 1
+        return lease
+
+    def _settle_write(self, lease: Lease, masks: tuple[np.ndarray, ...]) -> None:
+        """Makes a write lease's marked rows valid rows of its request; for a staged lease copies
+        only those rows into the pool first. The lease's lock is held; the lender's is not."""
+        request = lease.request
+        assert request is not None and lease._block_index is not None
+        n = lease.found
+        paged_masks = [masks[k] for k in lease._paged_pos]
+        if lease._stage_rows is not None and self._staging is not None:
+            groups, slots, rows = [], [], []
+            for k, i in enumerate(self._paged):
+                hit = paged_masks[k]
+                groups.append(i)
+                slots.append(lease._block_slots[hit])
+                rows.append(lease._stage_rows[:n][hit])
+            for k, gid, slot in lease._state:
+                if masks[k][0]:
+                    groups.append(self._group_pos[gid])
+                    slots.append(np.array([slot], dtype=np.int64))
+                    rows.append(lease._stage_rows[n:n + 1])
+            self._staging.copy_out(self._pools, groups, slots, rows)
+        with self._lock:
+            for k, hit in enumerate(paged_masks):
+                request._valid[k, lease._block_index[hit]] = True
+            for k, gid, _ in lease._state:
+                if masks[k][0]:
+                    request._checkpoints[gid] = lease.view.groups[k].tokens.end
+            self._rows_marked += int(sum(int(np.count_nonzero(m)) for m in masks))
+
+    def _return(self, lease: Lease) -> None:
+        """Gives back a lease's pins, staging rows and write claims. The lease's lock is held."""
+        with self._lock:
+            self._tree.unpin(lease._block_slots)
+            for _, _, slot in lease._state:
+                self._state_refs[slot] -= 1
+            if lease._stage_rows is not None and self._staging is not None:
+                self._staging.give(lease._stage_rows)
+            request = lease.request
+            if lease.kind is LeaseKind.WRITE and request is not None and lease._block_index is not None:
+                request._writing[lease._block_index] = False
+                if lease._state:
+                    request._state_writing = False
+            self._leases_open -= 1
+
+    # -- accounting --------------------------------------------------------------------------
+
+    def pins(self) -> int:
+        """Outstanding pins on block and state slots, by open requests and unreleased leases."""
+        with self._lock:
+            return int(self._tree.refs.sum()) + int(self._state_refs.sum())
+
+    def stats(self) -> dict[str, int]:
+        """A snapshot of counters, for metrics and tests."""
+        with self._lock:
+            tree = self._tree
+            pinned = tree.refs > 0
+            return {
+                "blocks_total": tree.num_blocks,
+                "blocks_free": int(np.count_nonzero(~pinned & ~tree.in_tree)),
+                "blocks_committed": int(np.count_nonzero(tree.in_tree)),
+                "blocks_pinned": int(np.count_nonzero(pinned)),
+                "blocks_evictable": int(np.count_nonzero(~pinned & tree.in_tree)),
+                "evictions": tree.evictions,
+                "lookups": tree.lookups,
+                "lookup_blocks": tree.lookup_blocks,
+                "lookup_hits": tree.lookup_hits,
+                "probes": self._probes,
+                "state_slots_free": int(np.count_nonzero(self._state_refs == 0)),
+                "staging_slots_free": self._staging.available() if self._staging is not None else 0,
+                "requests_open": len(self._open_requests),
+                "leases_open": self._leases_open,
+                "leases_lent": self._leases_lent,
+                "rows_marked": self._rows_marked,
+                "pins": int(tree.refs.sum()) + int(self._state_refs.sum()),
+            }
+
+    def __repr__(self) -> str:
+        return (f"Lender({self.scope.model_id!r}, device={self.device}, blocks={self.layout.num_blocks}, "
+                f"block_tokens={self._bt}, groups={len(self.layout.groups)})")
