@@ -1,1 +1,64 @@
-"""kvwire-memory: an in-memory blob store backend."""
+"""kvwire-memory: an in-memory blob store backend, the embedded default.
+
+It is also the template a plugin author copies: a store plugin supplies a
+:class:`~kvwire.blob.StoreDriver` (here :class:`MemoryDriver`), builds a
+:class:`~kvwire.blob.BlobBackend` on it, and names a :class:`~kvwire.registry.Plugin` with
+its options in the entry point ``kvwire.backends``.
+
+The store lives in this process only. Backends created in the same process with the same
+``store`` name share one store, so two workers in one process can publish and fetch through it;
+a backend in another process never sees it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kvwire.blob import BlobBackend, blob_capabilities, check_namespace
+from kvwire.contract import CONTRACT_VERSION
+from kvwire.registry import ConfigError, Option, Plugin
+from kvwire_memory.driver import MemoryDriver
+from kvwire_memory.store import MemoryStore, forget_store, named_store
+
+__all__ = ["plugin", "OPTIONS", "create", "MemoryDriver", "MemoryStore", "named_store", "forget_store"]
+
+OPTIONS: tuple[Option, ...] = (
+    Option("capacity_bytes", int, 1 << 30, "the most object bytes the store holds", minimum=1),
+    Option("eviction", bool, True,
+           "when full, evict least-recently-used objects; when off, a put that does not fit is declined"),
+    Option("timeout_s", float, 30.0, "each attempt's deadline unless its hint gives one", minimum=0.001),
+    Option("max_in_flight", int, 64, "attempts in flight before submissions are rejected", minimum=1,
+           maximum=1 << 16),
+    Option("namespace", str, "default", "key namespace when a hint names none (letters, digits, ._:@+=-/)"),
+    Option("store", str, "default",
+           "the in-process store to use: backends of this process naming the same store share it"),
+)
+
+
+def create(options: Mapping[str, Any]) -> BlobBackend:
+    """A backend on the process's store named ``options["store"]``, from validated options."""
+    try:
+        namespace = check_namespace(options["namespace"])
+    except ValueError as exc:
+        raise ConfigError(f"option 'namespace' of backend 'memory': {exc}") from None
+    try:
+        store = named_store(options["store"], capacity_bytes=options["capacity_bytes"], eviction=options["eviction"])
+    except ValueError as exc:
+        raise ConfigError(f"option 'store' of backend 'memory': {exc}") from None
+    return BlobBackend(
+        MemoryDriver(store),
+        namespace=namespace,
+        timeout_s=options["timeout_s"],
+        max_in_flight=options["max_in_flight"],
+        owns_driver=True,
+    )
+
+
+plugin = Plugin(
+    name="memory",
+    contract_version=CONTRACT_VERSION,
+    capabilities=blob_capabilities(MemoryDriver.memory_kinds, max_in_flight=64),
+    create=create,
+    options=OPTIONS,
+    summary="in-process blob store (the embedded default; shared by store name within one process)",
+)

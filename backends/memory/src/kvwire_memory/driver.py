@@ -1,0 +1,169 @@
+"""The in-memory store driver: a :class:`~kvwire.blob.StoreDriver` over a :class:`MemoryStore`.
+
+A put copies a row's bytes out of host memory into a new immutable ``bytes`` object and adds it
+to the store in one step; a get copies an object's bytes into host memory. The driver checks
+that every address lies in a region registered with it, so a wrong address is a ``ValueError``
+rather than a write to memory nobody lent."""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections import Counter
+from collections.abc import Sequence
+
+import numpy as np
+
+from kvwire.blob import BatchResult, KeyStatus, StoreDriver
+from kvwire.contract import MemoryKind, SlotRegion
+from kvwire_memory.store import MemoryStore
+
+__all__ = ["MemoryDriver"]
+
+_OK, _THERE, _DECLINED, _MISSING, _FAILED = (
+    int(s) for s in (KeyStatus.OK, KeyStatus.ALREADY_THERE, KeyStatus.DECLINED, KeyStatus.MISSING, KeyStatus.FAILED))
+_INT_MAX = 2**31 - 1
+
+
+def _read(address: int, size: int) -> bytes:
+    if size <= _INT_MAX:
+        return ctypes.string_at(address, size)
+    return (ctypes.c_char * size).from_address(address).raw
+
+
+class MemoryDriver(StoreDriver):
+    """Reaches host memory only. Calls may come from several threads at once."""
+
+    memory_kinds = frozenset({MemoryKind.HOST})
+
+    def __init__(self, store: MemoryStore) -> None:
+        self.store = store
+        self._lock = threading.Lock()
+        self._spans: Counter[tuple[int, int]] = Counter()
+        # Disjoint, sorted [start, end) spans, replaced whole on every change so calls read
+        # them without the lock.
+        self._starts = np.zeros(0, dtype=np.uint64)
+        self._ends = np.zeros(0, dtype=np.uint64)
+        self._closed = False
+
+    # -- regions -------------------------------------------------------------------------------
+
+    def register(self, regions: Sequence[SlotRegion]) -> None:
+        for region in regions:
+            if region.memory_kind is not MemoryKind.HOST:
+                raise RuntimeError(
+                    f"region {region.region_id} lies in {region.memory_kind.value} memory; the "
+                    "in-memory store reaches host memory only")
+        with self._lock:
+            self._spans.update((r.base, r.end) for r in regions)
+            self._rebuild()
+
+    def unregister(self, regions: Sequence[SlotRegion]) -> None:
+        with self._lock:
+            for region in regions:
+                span = (region.base, region.end)
+                if self._spans[span] > 1:
+                    self._spans[span] -= 1
+                else:
+                    self._spans.pop(span, None)
+            self._rebuild()
+
+    def _rebuild(self) -> None:
+        starts: list[int] = []
+        ends: list[int] = []
+        for start, end in sorted(self._spans):
+            if ends and start <= ends[-1]:
+                ends[-1] = max(ends[-1], end)
+            else:
+                starts.append(start)
+                ends.append(end)
+        self._starts = np.array(starts, dtype=np.uint64)
+        self._ends = np.array(ends, dtype=np.uint64)
+
+    @property
+    def registered_bytes(self) -> int:
+        """How many bytes of memory are registered now (0 once every registration is closed)."""
+        return int((self._ends - self._starts).sum())
+
+    def _check(self, op: str, keys: Sequence[str], addresses: np.ndarray, sizes: np.ndarray) -> tuple[list[int], list[int]]:
+        addresses = np.asarray(addresses, dtype=np.uint64)
+        sizes = np.asarray(sizes, dtype=np.uint64)
+        if not (len(keys) == addresses.size == sizes.size) or addresses.ndim != 1 or sizes.ndim != 1:
+            raise ValueError(
+                f"{op}: {len(keys)} keys, {addresses.size} addresses and {sizes.size} sizes; give one of each per key")
+        starts, ends = self._starts, self._ends
+        if starts.size:
+            span = np.searchsorted(starts, addresses, side="right").astype(np.int64) - 1
+            inside = (span >= 0) & (addresses + sizes <= ends[np.maximum(span, 0)])
+        else:
+            inside = np.zeros(addresses.size, dtype=bool)
+        if not inside.all():
+            i = int(np.argmin(inside))
+            raise ValueError(
+                f"{op}: key {keys[i]!r} names {int(sizes[i])} bytes at {int(addresses[i]):#x}, which "
+                "lie in no region registered with this driver; register the region first")
+        return addresses.tolist(), sizes.tolist()
+
+    # -- objects -------------------------------------------------------------------------------
+
+    def put(self, keys: Sequence[str], addresses: np.ndarray, sizes: np.ndarray) -> BatchResult:
+        where, lengths = self._check("put", keys, addresses, sizes)
+        if self._closed:
+            return BatchResult.uniform(len(keys), KeyStatus.FAILED, "the in-memory driver is closed")
+        store = self.store
+        status = [_OK] * len(keys)
+        reasons: dict[int, str] = {}
+        for i, (key, address, size) in enumerate(zip(keys, where, lengths, strict=True)):
+            if store.holds(key):  # skip the copy: the first bytes stay
+                status[i] = _THERE
+                continue
+            stored, there = store.insert(key, _read(address, size))
+            if there:
+                status[i] = _THERE
+            elif not stored:
+                status[i] = _DECLINED
+                reasons[i] = self._no_space(size)
+        return BatchResult(np.array(status, dtype=np.uint8), reasons)
+
+    def _no_space(self, size: int) -> str:
+        store = self.store
+        if size > store.capacity_bytes:
+            return f"an object of {size} bytes exceeds the in-memory store's capacity of {store.capacity_bytes} bytes"
+        return (f"the in-memory store is full ({store.used_bytes} of {store.capacity_bytes} bytes used, "
+                f"eviction off); {size} bytes do not fit")
+
+    def get_into(self, keys: Sequence[str], addresses: np.ndarray, sizes: np.ndarray) -> BatchResult:
+        where, lengths = self._check("get_into", keys, addresses, sizes)
+        if self._closed:
+            return BatchResult.uniform(len(keys), KeyStatus.FAILED, "the in-memory driver is closed")
+        store = self.store
+        status = [_OK] * len(keys)
+        reasons: dict[int, str] = {}
+        for i, (key, address, size) in enumerate(zip(keys, where, lengths, strict=True)):
+            data = store.lookup(key)
+            if data is None:
+                status[i] = _MISSING
+            elif len(data) != size:
+                status[i] = _FAILED
+                reasons[i] = f"object {key!r} holds {len(data)} bytes, the destination {size}"
+            else:
+                ctypes.memmove(address, data, size)
+        return BatchResult(np.array(status, dtype=np.uint8), reasons)
+
+    def exists(self, keys: Sequence[str]) -> np.ndarray:
+        store = self.store
+        return np.fromiter((key in store for key in keys), dtype=bool, count=len(keys))
+
+    def remove(self, keys: Sequence[str]) -> BatchResult:
+        if self._closed:
+            return BatchResult.uniform(len(keys), KeyStatus.FAILED, "the in-memory driver is closed")
+        discard = self.store.discard
+        status = np.array([_OK if discard(key) else _MISSING for key in keys], dtype=np.uint8)
+        return BatchResult(status)
+
+    def close(self) -> None:
+        """Stop answering (later calls fail); the store and its objects stay for other drivers."""
+        self._closed = True
+
+    def __repr__(self) -> str:
+        return f"MemoryDriver({self.store!r})"

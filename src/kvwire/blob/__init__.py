@@ -1,0 +1,22 @@
+"""The blob backend family: moving rows to and from a store of named, immutable objects.
+
+:class:`BlobBackend` keeps the whole contract once; a store plugin supplies only a
+:class:`StoreDriver` (the in-memory store, Mooncake, ...) and declares
+:func:`blob_capabilities`."""
+
+from kvwire.blob.backend import STORE_HINT_KIND, BlobBackend, BlobRegistration, blob_capabilities
+from kvwire.blob.driver import BatchResult, KeyStatus, StoreDriver
+from kvwire.blob.keys import KEY_PREFIX, check_namespace, store_keys
+
+__all__ = [
+    "BlobBackend",
+    "BlobRegistration",
+    "blob_capabilities",
+    "STORE_HINT_KIND",
+    "StoreDriver",
+    "KeyStatus",
+    "BatchResult",
+    "KEY_PREFIX",
+    "check_namespace",
+    "store_keys",
+]

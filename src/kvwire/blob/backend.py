@@ -1,0 +1,642 @@
+"""The blob backend: moves rows to and from a store of named, immutable objects through a
+:class:`~kvwire.blob.driver.StoreDriver`. Written once, under every store plugin.
+
+How it keeps the contract:
+
+- **Progress (A3).** ``workers`` threads take chunks from one queue and call the driver; a
+  deadline thread concludes attempts whose deadline passed. Nobody needs to poll.
+- **Chunks.** A submission's rows are cut into chunks of about ``chunk_bytes`` (the rows whose
+  bytes start within one ``chunk_bytes`` window, so at most ``chunk_bytes`` plus one row). One
+  chunk is one driver call. Cancellation and the deadline are checked between chunks; a chunk
+  already inside the driver runs to its end.
+- **Masks (A5, A7).** A fetched row's bit is true when the driver answered ``OK``; ``MISSING``
+  is a miss (false bit, still delivered). A published row's bit is true when the store holds it
+  (``OK`` or ``ALREADY_THERE``); ``DECLINED`` (no space) is a false bit, not a fault. Any other
+  answer, or a driver that raises, is a fault: the attempt fails with the first faulty row's
+  reason, and the remaining chunks still run, so the masks say exactly which rows moved.
+- **Deadline and grace (A8).** Each attempt's deadline is ``hint.timeout_s`` or the backend's
+  ``timeout_s``. At the deadline the attempt concludes ``FAILED`` with a reason that says the
+  deadline passed, even while a worker is inside a driver call. It quiesces as soon as the
+  driver calls in flight for it return: the grace is one driver call per worker, which for the
+  in-memory driver is the time to copy one chunk and for a networked driver is bounded by that
+  driver's own request timeout.
+- **Waking (W1).** ``wake`` is called after the outcome or the quiescence it reports is set, from
+  a worker thread, the deadline thread, or the holder's own thread inside ``cancel()``.
+- **Keys.** Rows are addressed by content name: ``kvw1/{namespace}/g{group_id}/{name.hex()}``
+  (:func:`~kvwire.blob.keys.store_keys`). A hint of kind ``"store"`` may carry ``namespace``.
+
+The backend does not own its driver unless built with ``owns_driver=True``; then :meth:`close`
+closes it."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+import math
+import queue
+import threading
+import time
+import weakref
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from kvwire.blob.driver import BatchResult, KeyStatus, StoreDriver
+from kvwire.blob.keys import check_namespace, store_keys
+from kvwire.contract import (
+    CONTRACT_VERSION,
+    Capabilities,
+    Hint,
+    InvalidSubmission,
+    MemoryKind,
+    Outcome,
+    SlotRegion,
+    SubmissionRejected,
+    View,
+    WakeFn,
+)
+from kvwire.contract.backend import Attempt, Backend, Registration
+from kvwire.contract.capabilities import OtherEnd
+
+__all__ = ["BlobBackend", "BlobRegistration", "STORE_HINT_KIND", "blob_capabilities"]
+
+log = logging.getLogger(__name__)
+
+#: The hint kind a blob backend takes. Its one optional field is ``namespace``.
+STORE_HINT_KIND = "store"
+_HINT_FIELDS = ("namespace",)
+
+_PUT = "publish"
+_GET = "fetch"
+_OK, _THERE, _DECLINED, _MISSING = (int(s) for s in (KeyStatus.OK, KeyStatus.ALREADY_THERE,
+                                                     KeyStatus.DECLINED, KeyStatus.MISSING))
+_backend_ids = itertools.count(1)
+_registration_ids = itertools.count(1)
+
+
+def blob_capabilities(memory_kinds: Iterable[MemoryKind], max_in_flight: int) -> Capabilities:
+    """What every blob backend declares: a store at the other end, fetch and publish by content
+    name, cancellation, and the driver's memory kinds. Plugins use it for their static
+    declaration so it equals what their backends return."""
+    return Capabilities(
+        contract_version=CONTRACT_VERSION,
+        fetch=True,
+        publish=True,
+        memory_kinds=frozenset(memory_kinds),
+        other_end=OtherEnd.STORE,
+        content_addressed=True,
+        max_in_flight=max_in_flight,
+        cancellation=True,
+    )
+
+
+class _Core:
+    """The state a backend shares with its attempts, registrations and threads, all guarded by
+    ``cond``. Threads hold only this, so a backend dropped without ``shutdown()`` can still be
+    collected (its finalizer stops them)."""
+
+    def __init__(self, driver: StoreDriver, max_in_flight: int) -> None:
+        self.driver = driver
+        self.max_in_flight = max_in_flight
+        self.cond = threading.Condition(threading.Lock())
+        self.queue: queue.SimpleQueue[tuple[_BlobAttempt, int, int] | None] = queue.SimpleQueue()
+        #: Attempts not yet both concluded and quiesced (an ordered set).
+        self.active: dict[_BlobAttempt, None] = {}
+        self.closed = False
+        self.stopping = False
+        self.watch_until = math.inf
+        self.threads: list[threading.Thread] = []
+        self.registered: dict[int, tuple[SlotRegion, ...]] = {}
+        self.region_token: dict[SlotRegion, int] = {}
+
+    def stop(self) -> None:
+        """Tell the threads to exit once the chunks queued before now are done. Idempotent."""
+        with self.cond:
+            if self.stopping:
+                return
+            self.closed = True
+            self.stopping = True
+            self.cond.notify_all()
+        for _ in self.threads:
+            self.queue.put(None)
+
+
+class BlobRegistration(Registration):
+    """Regions registered with a blob backend (and its driver) in one batch."""
+
+    def __init__(self, core: _Core, token: int, regions: tuple[SlotRegion, ...]) -> None:
+        self._core = core
+        self._token = token
+        self._regions = regions
+
+    @property
+    def regions(self) -> tuple[SlotRegion, ...]:
+        return self._regions
+
+    @property
+    def closed(self) -> bool:
+        """Whether this registration no longer covers its regions."""
+        return self._token not in self._core.registered
+
+    def close(self) -> None:
+        """Unregister this batch from the backend and its driver. Idempotent; another
+        registration of the same spans, made later, stays."""
+        _unregister(self._core, self._token)
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "open"
+        return f"BlobRegistration({len(self._regions)} regions, {state})"
+
+
+def _unregister(core: _Core, token: int) -> None:
+    with core.cond:
+        regions = core.registered.pop(token, None)
+        if regions is None:
+            return
+        for region in regions:
+            if core.region_token.get(region) == token:
+                del core.region_token[region]
+    core.driver.unregister(regions)
+
+
+class _BlobAttempt(Attempt):
+    """One fetch or publish. Workers fill ``_delivered`` chunk by chunk; the outcome's masks are
+    cut from it once, when the attempt concludes, and never written again."""
+
+    def __init__(self, core: _Core, op: str, view: View, wake: WakeFn, keys: list[str],
+                 addresses: np.ndarray, sizes: np.ndarray, offsets: np.ndarray, chunks: int,
+                 timeout_s: float) -> None:
+        self._core = core
+        self._op = op
+        self._view = view
+        self._wake = wake
+        self._keys = keys
+        self._addresses = addresses
+        self._sizes = sizes
+        self._offsets = offsets
+        self._delivered = np.zeros(len(keys), dtype=bool)
+        self._fault: tuple[int, str] | None = None
+        self._timeout_s = timeout_s
+        self._deadline = time.monotonic() + timeout_s
+        self._remaining = chunks
+        self._running = 0
+        self._outcome: Outcome | None = None
+        self._quiesced = False
+
+    # -- the holder's side (A1, A2, A4) -----------------------------------------------------
+
+    def poll(self) -> Outcome | None:
+        return self._outcome
+
+    def quiesced(self) -> bool:
+        return self._quiesced
+
+    def cancel(self) -> None:
+        with self._core.cond:
+            if self._outcome is not None:
+                return
+            self._conclude_locked(Outcome.cancelled(self._masks_locked(), reason="cancelled by the holder"))
+        self._notify()
+
+    def __repr__(self) -> str:
+        state = repr(self._outcome) if self._outcome is not None else "in flight"
+        return (f"<blob {self._op} of {len(self._keys)} rows: {state}"
+                f"{', quiesced' if self._quiesced else ''}>")
+
+    # -- the backend's side (all *_locked methods run under core.cond) ----------------------
+
+    def _masks_locked(self) -> tuple[np.ndarray, ...]:
+        masks = self._view.row_masks()
+        for i, mask in enumerate(masks):
+            mask[:] = self._delivered[self._offsets[i]:self._offsets[i + 1]]
+            mask.setflags(write=False)
+        return masks
+
+    def _conclude_locked(self, outcome: Outcome) -> None:
+        self._outcome = outcome
+        if self._running == 0:
+            # No chunk is inside the driver and none will start: memory access has ended.
+            self._quiesce_locked()
+
+    def _quiesce_locked(self) -> None:
+        self._quiesced = True
+        self._core.active.pop(self, None)
+        self._core.cond.notify_all()
+
+    def _expire_locked(self) -> None:
+        self._conclude_locked(Outcome.failed(
+            f"deadline passed: the {self._op} did not conclude within {self._timeout_s:g} s",
+            self._masks_locked(),
+        ))
+
+    def _notify(self) -> None:
+        try:
+            self._wake()
+        except Exception:  # a broken wake must not stop the workers
+            log.exception("the wake callback of %r raised; ignored", self)
+
+    def _begin_chunk(self) -> bool:
+        """Whether a worker may run the next chunk; concludes the attempt if its deadline passed."""
+        expired = False
+        with self._core.cond:
+            if self._outcome is None and time.monotonic() >= self._deadline:
+                self._expire_locked()
+                expired = True
+            if self._outcome is not None:
+                self._remaining -= 1
+                go = False
+            else:
+                self._running += 1
+                go = True
+        if expired:
+            self._notify()
+        return go
+
+    def _end_chunk(self, lo: int, hi: int, result: BatchResult) -> None:
+        changed = False
+        with self._core.cond:
+            self._running -= 1
+            self._remaining -= 1
+            if self._outcome is None:
+                self._record_locked(lo, hi, result)
+                if self._remaining == 0:
+                    masks = self._masks_locked()
+                    if self._fault is None:
+                        self._conclude_locked(Outcome.delivered(masks))
+                    else:
+                        self._conclude_locked(Outcome.failed(self._fault[1], masks))
+                    changed = True
+            elif self._running == 0 and not self._quiesced:
+                self._quiesce_locked()
+                changed = True
+        if changed:
+            self._notify()
+
+    def _record_locked(self, lo: int, hi: int, result: BatchResult) -> None:
+        status = result.status
+        if status.shape != (hi - lo,):
+            self._fault_at(lo, f"the store driver answered {status.size} statuses for {hi - lo} keys")
+            return
+        if self._op == _PUT:
+            ok = (status == _OK) | (status == _THERE)
+            fine = ok | (status == _DECLINED)
+        else:
+            ok = status == _OK
+            fine = ok | (status == _MISSING)
+        self._delivered[lo:hi] = ok
+        bad = np.flatnonzero(~fine)
+        if bad.size:
+            i = int(bad[0])
+            why = result.reasons.get(i) or f"the store answered {KeyStatus(int(status[i])).name}"
+            self._fault_at(lo + i, f"{self._op} of {self._keys[lo + i]!r} failed: {why}")
+
+    def _fault_at(self, row: int, reason: str) -> None:
+        # The lowest faulty row's reason wins, so the reason does not depend on chunk order.
+        if self._fault is None or row < self._fault[0]:
+            self._fault = (row, reason)
+
+
+_NO_KEYS = BatchResult(np.zeros(0, dtype=np.uint8))
+
+
+def _serve(core: _Core) -> None:
+    """A worker: run chunks until told to stop."""
+    driver = core.driver
+    while True:
+        item = core.queue.get()
+        if item is None:
+            return
+        attempt, lo, hi = item
+        if not attempt._begin_chunk():
+            continue
+        result = _NO_KEYS
+        if hi > lo:
+            call = driver.put if attempt._op == _PUT else driver.get_into
+            try:
+                result = call(attempt._keys[lo:hi], attempt._addresses[lo:hi], attempt._sizes[lo:hi])
+                if not isinstance(result, BatchResult):
+                    raise TypeError(f"returned {type(result).__name__}, not a BatchResult")
+            except Exception as exc:
+                log.warning("store driver %s raised during a %s: %s", type(driver).__name__, attempt._op, exc)
+                result = BatchResult.uniform(
+                    hi - lo, KeyStatus.FAILED, f"the store driver raised {type(exc).__name__}: {exc}")
+        try:
+            attempt._end_chunk(lo, hi, result)
+        except Exception:  # never lose a worker; the attempt will still hit its deadline
+            log.exception("recording a chunk of %r failed", attempt)
+
+
+def _watch(core: _Core) -> None:
+    """The deadline thread: conclude attempts whose deadline passed, even while every worker is
+    stuck inside the driver (A8)."""
+    with core.cond:
+        while not core.stopping:
+            now = time.monotonic()
+            expired: list[_BlobAttempt] = []
+            nearest = math.inf
+            for attempt in core.active:
+                if attempt._outcome is None:
+                    if attempt._deadline <= now:
+                        expired.append(attempt)
+                    else:
+                        nearest = min(nearest, attempt._deadline)
+            core.watch_until = nearest
+            if not expired:
+                core.cond.wait(None if nearest == math.inf else nearest - now)
+                continue
+            for attempt in expired:
+                attempt._expire_locked()
+            core.cond.release()
+            try:
+                for attempt in expired:
+                    attempt._notify()
+            finally:
+                core.cond.acquire()
+
+
+class BlobBackend(Backend):
+    """A backend whose other end is a store of named, immutable objects reached through
+    ``driver``. Rows are addressed by content name in ``namespace`` (a store hint may name
+    another). At most ``max_in_flight`` attempts are neither concluded nor quiesced at once;
+    each has ``timeout_s`` (or the hint's) to conclude. ``workers`` threads move chunks of about
+    ``chunk_bytes``. ``owns_driver``: whether :meth:`close` also closes the driver."""
+
+    def __init__(
+        self,
+        driver: StoreDriver,
+        *,
+        namespace: str = "default",
+        timeout_s: float = 30.0,
+        max_in_flight: int = 64,
+        workers: int = 2,
+        chunk_bytes: int = 64 << 20,
+        owns_driver: bool = False,
+    ) -> None:
+        if not isinstance(driver, StoreDriver):
+            raise TypeError(f"driver must be a kvwire.blob.StoreDriver, got {type(driver).__name__}")
+        self._namespace = check_namespace(namespace)
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not (
+                math.isfinite(timeout_s) and timeout_s > 0):
+            raise ValueError(f"timeout_s must be a finite number of seconds > 0, got {timeout_s!r}")
+        for label, value in (("max_in_flight", max_in_flight), ("workers", workers), ("chunk_bytes", chunk_bytes)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{label} must be an int >= 1, got {value!r}")
+        self._timeout_s = float(timeout_s)
+        self._chunk_bytes = chunk_bytes
+        self._owns_driver = owns_driver
+        self._capabilities = blob_capabilities(driver.memory_kinds, max_in_flight)
+        self._id = next(_backend_ids)
+        self._core = core = _Core(driver, max_in_flight)
+        names = [f"kvwire-blob{self._id}-worker{i}" for i in range(workers)]
+        core.threads = [threading.Thread(target=_serve, args=(core,), name=n, daemon=True) for n in names]
+        core.threads.append(threading.Thread(target=_watch, args=(core,), name=f"kvwire-blob{self._id}-deadline",
+                                             daemon=True))
+        for thread in core.threads:
+            thread.start()
+        self._finalizer = weakref.finalize(self, core.stop)
+        self._driver_closed = False
+
+    # -- declared ----------------------------------------------------------------------------
+
+    @property
+    def driver(self) -> StoreDriver:
+        return self._core.driver
+
+    @property
+    def namespace(self) -> str:
+        """The namespace used when a hint names none."""
+        return self._namespace
+
+    def capabilities(self) -> Capabilities:
+        return self._capabilities
+
+    # -- regions (M3, M4) ---------------------------------------------------------------------
+
+    def register_regions(self, regions: Sequence[SlotRegion]) -> BlobRegistration:
+        """Register a batch with the backend and its driver. Refuses the whole batch with
+        ``InvalidSubmission`` for a memory kind the driver cannot reach or an overlap (within the
+        batch or with a registered region); a driver refusal (``RuntimeError``) also registers
+        nothing."""
+        batch = tuple(regions)
+        for region in batch:
+            if not isinstance(region, SlotRegion):
+                raise InvalidSubmission(f"register_regions takes SlotRegions, got {type(region).__name__}")
+            if region.memory_kind not in self._capabilities.memory_kinds:
+                raise InvalidSubmission(
+                    f"region {region.region_id} lies in {region.memory_kind.value} memory, which this "
+                    f"store driver cannot reach (it reaches: {_kinds(self._capabilities.memory_kinds)})")
+        for i, a in enumerate(batch):
+            for b in batch[i + 1:]:
+                if a.overlaps(b):
+                    raise InvalidSubmission(
+                        f"regions {a.region_id} and {b.region_id} of the batch overlap; nothing was registered")
+        core = self._core
+        with core.cond:
+            if core.closed:
+                raise SubmissionRejected("this blob backend is shut down; it registers no regions")
+            live = [r for regs in core.registered.values() for r in regs]
+        for a in batch:
+            for b in live:
+                if a.overlaps(b):
+                    raise InvalidSubmission(
+                        f"region {a.region_id} overlaps region {b.region_id}, which is already "
+                        "registered; nothing was registered")
+        core.driver.register(batch)
+        token = next(_registration_ids)
+        with core.cond:
+            core.registered[token] = batch
+            for region in batch:
+                core.region_token[region] = token
+        return BlobRegistration(core, token, batch)
+
+    def _is_registered(self, region: SlotRegion) -> bool:
+        core = self._core
+        if region in core.region_token:
+            return True
+        return any(
+            r.memory_kind is region.memory_kind and r.device == region.device
+            and r.base <= region.base and region.end <= r.end
+            for regs in core.registered.values() for r in regs
+        )
+
+    # -- submissions (S1-S5) ------------------------------------------------------------------
+
+    def fetch(self, view: View, hint: Hint, wake: WakeFn) -> Attempt:
+        """Read the rows' objects from the store into their memory. A missing object is a miss
+        (false bit); the attempt still delivers."""
+        return self._submit(_GET, view, hint, wake)
+
+    def publish(self, view: View, hint: Hint, wake: WakeFn) -> Attempt:
+        """Store each row's bytes under its name. An existing object keeps its bytes and counts
+        as held; a store without space declines the row (false bit), which is no fault."""
+        return self._submit(_PUT, view, hint, wake)
+
+    def _submit(self, op: str, view: View, hint: Hint, wake: WakeFn) -> Attempt:
+        core = self._core
+        if core.closed:
+            raise SubmissionRejected(f"this blob backend is shut down; it takes no {op}")
+        if not isinstance(view, View):
+            raise InvalidSubmission(f"a {op} takes a kvwire View, got {type(view).__name__}")
+        if not callable(wake):
+            raise InvalidSubmission(f"wake must be callable, got {type(wake).__name__}")
+        namespace = self._namespace_of(hint)
+        timeout_s = self._timeout_s if hint.timeout_s is None else hint.timeout_s
+        keys: list[str] = []
+        addresses, sizes = [], []
+        offsets = np.zeros(len(view.groups) + 1, dtype=np.int64)
+        for i, group in enumerate(view.groups):
+            region = group.region
+            offsets[i + 1] = offsets[i] + group.rows
+            if group.rows == 0:
+                continue
+            if region.memory_kind not in self._capabilities.memory_kinds:
+                raise InvalidSubmission(
+                    f"group {group.group_id} lies in {region.memory_kind.value} memory, which this store "
+                    f"driver cannot reach (it reaches: {_kinds(self._capabilities.memory_kinds)})")
+            if not self._is_registered(region):
+                raise InvalidSubmission(
+                    f"group {group.group_id} has rows in region {region.region_id} "
+                    f"(base {region.base:#x}), which is not registered with this backend")
+            if group.names is None:
+                raise InvalidSubmission(
+                    f"group {group.group_id} carries no content names; a blob backend addresses rows by name")
+            keys += store_keys(namespace, group.group_id, group.names)
+            addresses.append(group.addresses())
+            sizes.append(np.full(group.rows, region.slot_bytes, dtype=np.uint64))
+        if op == _GET:
+            clash = view.overlapping_rows()
+            if clash is not None:
+                (ga, ra), (gb, rb) = clash
+                raise InvalidSubmission(
+                    f"fetch rows overlap: row {ra} of group {view.groups[ga].group_id} and row {rb} of "
+                    f"group {view.groups[gb].group_id} locate the same memory (V4)")
+        flat_addresses = np.concatenate(addresses) if addresses else np.zeros(0, dtype=np.uint64)
+        flat_sizes = np.concatenate(sizes) if sizes else np.zeros(0, dtype=np.uint64)
+        bounds = self._chunk_bounds(flat_sizes)
+        with core.cond:
+            if core.closed:
+                raise SubmissionRejected(f"this blob backend is shut down; it takes no {op}")
+            if len(core.active) >= core.max_in_flight:
+                raise SubmissionRejected(
+                    f"the blob backend's queue is full ({core.max_in_flight} attempts in flight); "
+                    "retry once one has concluded and quiesced")
+            attempt = _BlobAttempt(core, op, view, wake, keys, flat_addresses, flat_sizes, offsets,
+                                   len(bounds) - 1, timeout_s)
+            core.active[attempt] = None
+            if attempt._deadline < core.watch_until:
+                core.watch_until = attempt._deadline
+                core.cond.notify_all()
+        put = core.queue.put
+        for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
+            put((attempt, lo, hi))
+        return attempt
+
+    def _namespace_of(self, hint: Hint) -> str:
+        if not isinstance(hint, Hint):
+            raise InvalidSubmission(f"the hint must be a kvwire Hint, got {type(hint).__name__}")
+        if hint.kind != STORE_HINT_KIND:
+            raise InvalidSubmission(
+                f"a blob backend takes a hint of kind {STORE_HINT_KIND!r}, got kind {hint.kind!r}")
+        if not hint.fields:
+            return self._namespace
+        unknown = [k for k, _ in hint.fields if k not in _HINT_FIELDS]
+        if unknown:
+            raise InvalidSubmission(
+                f"store hint field(s) {', '.join(map(repr, unknown))} are not understood; a store "
+                f"hint may carry: {', '.join(_HINT_FIELDS)}")
+        namespace = hint.get("namespace")
+        if namespace is None:
+            return self._namespace
+        try:
+            return check_namespace(namespace)
+        except ValueError as exc:
+            raise InvalidSubmission(f"store hint field 'namespace': {exc}") from None
+
+    def _chunk_bounds(self, sizes: np.ndarray) -> np.ndarray:
+        """Row indices where chunks start, plus the end: a row belongs to the chunk of the
+        ``chunk_bytes`` window its first byte falls in. Zero rows make one empty chunk, so even
+        an empty submission concludes on a worker and wakes the holder."""
+        n = sizes.size
+        if n == 0:
+            return np.array([0, 0], dtype=np.int64)
+        starts = np.cumsum(sizes, dtype=np.int64) - sizes.astype(np.int64)
+        window = starts // self._chunk_bytes
+        cuts = np.flatnonzero(window[1:] != window[:-1]) + 1
+        return np.concatenate(([0], cuts, [n])).astype(np.int64)
+
+    # -- lifecycle (B3) ------------------------------------------------------------------------
+
+    def shutdown(self) -> frozenset[Attempt]:
+        """Stop taking submissions, cancel every attempt not yet concluded, and return those
+        whose memory access has not ended (a worker is still inside the driver for them). Once
+        that set is empty the worker threads are stopped and joined. Idempotent."""
+        core = self._core
+        cancelled = []
+        with core.cond:
+            core.closed = True
+            for attempt in list(core.active):
+                if attempt._outcome is None:
+                    attempt._conclude_locked(
+                        Outcome.cancelled(attempt._masks_locked(), reason="the backend shut down"))
+                    cancelled.append(attempt)
+            pending = frozenset(a for a in core.active if not a._quiesced)
+        for attempt in cancelled:
+            attempt._notify()
+        if not pending:
+            self._stop_threads()
+        return pending  # type: ignore[return-value]
+
+    def _stop_threads(self) -> None:
+        core = self._core
+        core.stop()
+        me = threading.current_thread()
+        for thread in core.threads:
+            if thread is not me and thread.is_alive():
+                thread.join(timeout=10.0)
+                if thread.is_alive():
+                    log.warning("blob backend thread %s did not stop within 10 s", thread.name)
+
+    def close(self, timeout_s: float | None = 10.0) -> None:
+        """Shut down, wait up to ``timeout_s`` (``None``: forever) until every attempt has
+        quiesced, close the registrations still open, and close the driver if this backend owns
+        it. Raises ``TimeoutError``, leaving registrations and driver open, if an attempt has not
+        quiesced by then. Idempotent."""
+        core = self._core
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            pending = self.shutdown()
+            if not pending:
+                break
+            with core.cond:
+                left = None if deadline is None else deadline - time.monotonic()
+                if (left is not None and left <= 0) or not core.cond.wait_for(
+                        functools.partial(_all_quiesced, pending), timeout=left):
+                    raise TimeoutError(
+                        f"{len(pending)} blob attempt(s) still inside the store driver after "
+                        f"{timeout_s} s; their memory may still be in use")
+        with core.cond:
+            tokens = list(core.registered)
+        for token in tokens:
+            _unregister(core, token)
+        if self._owns_driver and not self._driver_closed:
+            self._driver_closed = True
+            core.driver.close()
+
+    def __enter__(self) -> BlobBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"BlobBackend({type(self._core.driver).__name__}, namespace={self._namespace!r}, "
+                f"{len(self._core.active)} in flight{', shut down' if self._core.closed else ''})")
+
+
+def _all_quiesced(attempts: frozenset[Attempt]) -> bool:
+    return all(a.quiesced() for a in attempts)
+
+
+def _kinds(kinds: frozenset[MemoryKind]) -> str:
+    return ", ".join(sorted(k.value for k in kinds))

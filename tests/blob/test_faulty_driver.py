@@ -1,0 +1,130 @@
+"""FaultyDriver: each fault record does what it says, on the call it names, and nothing else."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+from blobkit import Slab
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kvwire_memory import MemoryDriver, MemoryStore
+
+from kvwire.blob import KeyStatus
+from kvwire.testing.faults import Block, Decline, Evict, FailCall, FailKeys, FaultyDriver, Slow
+
+
+def batch(slab: Slab, n: int, prefix: str = "k"):  # type: ignore[no-untyped-def]
+    keys = [f"{prefix}{i}" for i in range(n)]
+    return keys, slab.region.addresses(np.arange(n)), np.full(n, slab.region.slot_bytes, dtype=np.uint64)
+
+
+@pytest.fixture
+def slab(driver) -> Slab:  # type: ignore[no-untyped-def]
+    s = Slab.make(16, 32, seed=1)
+    driver.register([s.region])
+    return s
+
+
+def test_fail_call_hits_only_the_numbered_call_of_its_operation(driver, slab, store):
+    faulty = FaultyDriver(driver, [FailCall("put", call=2, reason="nope")])
+    keys, addrs, sizes = batch(slab, 4)
+    assert faulty.put(keys[:2], addrs[:2], sizes[:2]).where(KeyStatus.OK).all()
+    second = faulty.put(keys[2:], addrs[2:], sizes[2:])
+    assert second.where(KeyStatus.FAILED).all() and second.first_reason() == "nope"
+    assert sorted(store.keys()) == ["k0", "k1"]  # the failed call never reached the store
+    assert faulty.get_into(keys[:2], slab.region.addresses(np.array([8, 9])), sizes[:2]).where(KeyStatus.OK).all()
+    assert faulty.calls == {"put": 2, "get": 1, "exists": 0, "remove": 0}
+
+
+def test_fail_call_can_raise_like_a_broken_driver(driver, slab):
+    faulty = FaultyDriver(driver, [FailCall("get", call=None, reason="wire cut", raises=True)])
+    keys, addrs, sizes = batch(slab, 2)
+    with pytest.raises(RuntimeError, match="wire cut"):
+        faulty.get_into(keys, addrs, sizes)
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 16), start=st.integers(0, 16), width=st.integers(0, 16) | st.none(),
+       kind=st.sampled_from(["fail", "decline"]))
+def test_keyed_faults_hit_exactly_their_slice_and_the_rest_reaches_the_store(n, start, width, kind):
+    store = MemoryStore(1 << 20)
+    driver = MemoryDriver(store)
+    slab = Slab.make(16, 32, seed=n)
+    driver.register([slab.region])
+    stop = None if width is None else start + width
+    fault = FailKeys("put", start=start, stop=stop) if kind == "fail" else Decline(start=start, stop=stop)
+    keys, addrs, sizes = batch(slab, n)
+    result = FaultyDriver(driver, [fault]).put(keys, addrs, sizes)
+    hit = np.zeros(n, dtype=bool)
+    hit[start:stop] = True
+    code = KeyStatus.FAILED if kind == "fail" else KeyStatus.DECLINED
+    np.testing.assert_array_equal(result.where(code), hit)
+    np.testing.assert_array_equal(result.where(KeyStatus.OK), ~hit)
+    assert sorted(store.keys()) == sorted(k for k, h in zip(keys, hit, strict=True) if not h)
+    assert set(result.reasons) == set(np.flatnonzero(hit).tolist())
+
+
+def test_evict_removes_objects_behind_the_callers_back(driver, slab, store):
+    keys, addrs, sizes = batch(slab, 4)
+    driver.put(keys, addrs, sizes)
+    faulty = FaultyDriver(driver, [Evict("get", call=1, start=1, stop=3)])
+    got = faulty.get_into(keys, addrs, sizes)
+    np.testing.assert_array_equal(got.status, [KeyStatus.OK, KeyStatus.MISSING, KeyStatus.MISSING, KeyStatus.OK])
+    assert sorted(store.keys()) == ["k0", "k3"]
+
+
+def test_block_holds_a_call_inside_the_driver_until_released(driver, slab, store):
+    gate = Block("put", call=1)
+    faulty = FaultyDriver(driver, [gate])
+    keys, addrs, sizes = batch(slab, 2)
+    results = []
+    caller = threading.Thread(target=lambda: results.append(faulty.put(keys, addrs, sizes)))
+    caller.start()
+    assert faulty.wait_blocked(1)
+    assert faulty.blocked == 1 and len(store) == 0 and not results
+    gate.release.set()
+    caller.join(timeout=5.0)
+    assert results and results[0].where(KeyStatus.OK).all() and faulty.blocked == 0
+    assert not faulty.wait_blocked(1, timeout_s=0.01)
+
+
+def test_close_releases_every_block(driver):
+    gate = Block("get", call=None)
+    FaultyDriver(driver, [gate]).close()
+    assert gate.release.is_set()
+
+
+def test_slow_delays_the_call(driver, slab):
+    faulty = FaultyDriver(driver, [Slow("put", call=None, delay_s=0.05)])
+    keys, addrs, sizes = batch(slab, 1)
+    started = time.perf_counter()
+    faulty.put(keys, addrs, sizes)
+    assert time.perf_counter() - started >= 0.05
+
+
+def test_exists_and_remove_take_faults_too(driver, slab, store):
+    keys, addrs, sizes = batch(slab, 3)
+    driver.put(keys, addrs, sizes)
+    faulty = FaultyDriver(driver, [FailKeys("exists", start=2), FailCall("remove", call=1)])
+    np.testing.assert_array_equal(faulty.exists(keys), [True, True, False])
+    assert faulty.remove(keys).where(KeyStatus.FAILED).all()
+    assert len(store) == 3
+    assert faulty.remove(keys).where(KeyStatus.OK).all()
+
+
+def test_fault_records_are_plain_comparable_data_and_checked():
+    assert FailKeys("get", call=2, start=1) == FailKeys("get", call=2, start=1)
+    assert Block("put") == Block("put")  # the release event is not part of the record's value
+    with pytest.raises(ValueError, match="op must be one of"):
+        FailCall("get_into")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="counts calls from 1"):
+        FailCall("put", call=0)
+    with pytest.raises(ValueError, match="start <= stop"):
+        FailKeys("put", start=3, stop=1)
+    with pytest.raises(ValueError, match="delay_s"):
+        Slow(delay_s=-1.0)
+    with pytest.raises(TypeError, match="not a fault record"):
+        FaultyDriver(MemoryDriver(MemoryStore(10)), ["fail"])  # type: ignore[list-item]

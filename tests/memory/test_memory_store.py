@@ -1,0 +1,124 @@
+"""The in-memory store and its driver: capacity, LRU eviction, whole objects, checked addresses."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from kvwire_memory import MemoryDriver, MemoryStore, forget_store, named_store
+
+from kvwire.blob import KeyStatus
+from kvwire.contract import MemoryKind, SlotRegion
+
+
+def slab(rows: int, size: int, seed: int | None = None) -> tuple[np.ndarray, SlotRegion]:
+    array = (np.zeros((rows, size), dtype=np.uint8) if seed is None
+             else np.random.default_rng(seed).integers(0, 256, (rows, size), dtype=np.uint8))
+    return array, SlotRegion(0, array.ctypes.data, size, rows, MemoryKind.HOST)
+
+
+def addrs(region: SlotRegion, slots) -> tuple[np.ndarray, np.ndarray]:  # type: ignore[no-untyped-def]
+    slots = np.asarray(slots)
+    return region.addresses(slots), np.full(slots.size, region.slot_bytes, dtype=np.uint64)
+
+
+def test_capacity_counts_object_bytes_and_lru_evicts_the_least_recently_used():
+    store = MemoryStore(300)
+    assert store.insert("a", b"x" * 100) == (True, False)
+    assert store.insert("b", b"y" * 100) == (True, False)
+    assert store.insert("c", b"z" * 100) == (True, False)
+    assert store.lookup("a") == b"x" * 100  # a is now the most recently used
+    assert store.insert("d", b"w" * 100) == (True, False)
+    assert store.keys() == ["c", "a", "d"] and store.used_bytes == 300 and store.evicted == 1
+    assert store.insert("a", b"other") == (False, True)
+    assert store.lookup("a") == b"x" * 100
+    assert store.insert("huge", b"h" * 301) == (False, False)  # never fits, even with eviction
+
+
+def test_without_eviction_a_full_store_declines_and_keeps_what_it_has():
+    store = MemoryStore(200, eviction=False)
+    store.insert("a", b"1" * 150)
+    assert store.insert("b", b"2" * 100) == (False, False)
+    assert store.keys() == ["a"] and store.used_bytes == 150
+    assert store.discard("a") and not store.discard("a") and store.used_bytes == 0
+
+
+def test_named_stores_are_shared_per_name():
+    a = named_store("test-store-shared", capacity_bytes=10, eviction=True)
+    try:
+        assert named_store("test-store-shared", capacity_bytes=10, eviction=True) is a
+        with pytest.raises(ValueError, match="capacity_bytes=10"):
+            named_store("test-store-shared", capacity_bytes=11, eviction=True)
+    finally:
+        forget_store("test-store-shared")
+    assert named_store("test-store-shared", capacity_bytes=11, eviction=True) is not a
+    forget_store("test-store-shared")
+
+
+def test_driver_round_trip_and_statuses():
+    driver = MemoryDriver(MemoryStore(1 << 20))
+    src, rs = slab(4, 64, seed=1)
+    dst, rd = slab(4, 64)
+    driver.register([rs])
+    driver.register([rd])
+    keys = ["k0", "k1", "k2", "k3"]
+    assert driver.put(keys[:3], *addrs(rs, [0, 1, 2])).where(KeyStatus.OK).all()
+    assert driver.put(keys[:1], *addrs(rs, [3])).where(KeyStatus.ALREADY_THERE).all()
+    got = driver.get_into(keys, *addrs(rd, [0, 1, 2, 3]))
+    np.testing.assert_array_equal(got.status, [KeyStatus.OK] * 3 + [KeyStatus.MISSING])
+    np.testing.assert_array_equal(dst[:3], src[:3])
+    np.testing.assert_array_equal(driver.exists(keys), [True, True, True, False])
+    np.testing.assert_array_equal(driver.remove(["k0", "k3"]).status, [KeyStatus.OK, KeyStatus.MISSING])
+
+
+def test_an_object_of_another_size_is_a_fault_not_a_partial_copy():
+    driver = MemoryDriver(MemoryStore(1 << 20))
+    small, rs = slab(1, 32, seed=2)
+    big, rb = slab(1, 64)
+    driver.register([rs, rb])
+    driver.put(["k"], *addrs(rs, [0]))
+    got = driver.get_into(["k"], *addrs(rb, [0]))
+    assert got.where(KeyStatus.FAILED).all() and "32 bytes" in got.first_reason()
+    assert not big.any()
+
+
+def test_addresses_outside_registered_regions_are_refused_before_any_copy():
+    store = MemoryStore(1 << 20)
+    driver = MemoryDriver(store)
+    src, region = slab(2, 64, seed=3)
+    with pytest.raises(ValueError, match="no region registered"):
+        driver.put(["k"], *addrs(region, [0]))
+    driver.register([region])
+    address, size = addrs(region, [1])
+    with pytest.raises(ValueError, match="no region registered"):
+        driver.put(["k"], address + np.uint64(1), size)  # runs one byte past the region
+    driver.unregister([region])
+    with pytest.raises(ValueError, match="no region registered"):
+        driver.get_into(["k"], *addrs(region, [0]))
+    assert len(store) == 0
+    with pytest.raises(RuntimeError, match="host memory only"):
+        driver.register([SlotRegion(1, 1 << 40, 64, 1, MemoryKind.DEVICE, device=0)])
+
+
+def test_racing_puts_of_one_name_store_one_whole_object():
+    store = MemoryStore(1 << 24)
+    driver = MemoryDriver(store)
+    sources = [np.full((1, 1 << 16), i, dtype=np.uint8) for i in range(8)]
+    regions = [SlotRegion(i, s.ctypes.data, s.shape[1], 1, MemoryKind.HOST) for i, s in enumerate(sources)]
+    driver.register(regions)
+    answers: list[int] = []
+    barrier = threading.Barrier(len(regions))
+
+    def put(region: SlotRegion) -> None:
+        barrier.wait()
+        answers.append(int(driver.put(["same"], *addrs(region, [0])).status[0]))
+
+    threads = [threading.Thread(target=put, args=(r,)) for r in regions]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=5.0)
+    assert sorted(answers) == [KeyStatus.OK] + [KeyStatus.ALREADY_THERE] * 7
+    data = store.lookup("same")
+    assert data is not None and len(set(data)) == 1  # one writer's bytes, whole
