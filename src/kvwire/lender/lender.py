@@ -352,14 +352,14 @@ class Lender:
             state_rows = []
             point = end * self._bt
             if self._state and point > 0:
-                if request._state_writing:
-                    raise LeaseError(f"the state of request {request.request_id} is already lent for writing")
                 parent = request._keys[end - 1]
                 for i in self._state:
                     gid = self.layout.groups[i].group_id
                     if request._checkpoints[gid] != point:
                         name = state_name(request._token_buf, self._bt, point, gid, parent)
                         state_rows.append((i, gid, request._state_slots[gid], point, name))
+                if state_rows and request._state_writing:
+                    raise LeaseError(f"the state of request {request.request_id} is already lent for writing")
             index = np.arange(first_block, end, dtype=np.int64)
             slots = request._block_table[first_block:end]
             stage = self._take_staging(staging, index.size, bool(state_rows))
