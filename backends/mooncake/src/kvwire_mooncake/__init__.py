@@ -1,0 +1,80 @@
+"""kvwire-mooncake: the Mooncake Store backend.
+
+A :class:`~kvwire.blob.BlobBackend` over :class:`~kvwire_mooncake.driver.MooncakeDriver`. The
+entry point ``kvwire.backends: mooncake`` names :data:`plugin`; importing this package does not
+import ``mooncake``, so the plugin is listed, with the reason, where its library cannot load."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from kvwire.blob import BlobBackend, blob_capabilities
+from kvwire.blob.keys import check_namespace
+from kvwire.contract import CONTRACT_VERSION, Backend, MemoryKind
+from kvwire.registry import ConfigError, Plugin
+from kvwire_mooncake.library import INSTALL_HINT, problem
+from kvwire_mooncake.options import OPTIONS, ClientSettings
+
+__all__ = ["plugin", "create", "local_services", "MEMORY_KINDS"]
+__version__ = "0.1.0"
+
+log = logging.getLogger(__name__)
+
+#: Host memory: the non-CUDA build moves it over TCP (or RDMA).
+MEMORY_KINDS = frozenset({MemoryKind.HOST})
+
+
+def create(options: Mapping[str, Any]) -> Backend:
+    """A backend from resolved options: one Mooncake client (and a private master when no
+    master is configured), shut down with the backend."""
+    from kvwire_mooncake.driver import MooncakeDriver
+
+    try:
+        check_namespace(options["namespace"])
+    except ValueError as exc:
+        raise ConfigError(f"option 'namespace' of backend 'mooncake': {exc}") from None
+    settings = ClientSettings.from_options(options)
+    driver = MooncakeDriver.connect(settings)
+    try:
+        return BlobBackend(
+            driver,
+            namespace=options["namespace"],
+            timeout_s=options["timeout_s"],
+            max_in_flight=options["max_in_flight"],
+            workers=options["workers"],
+            chunk_bytes=options["chunk_bytes"],
+            owns_driver=True,
+        )
+    except BaseException:
+        driver.close()
+        raise
+
+
+@contextlib.contextmanager
+def local_services(options: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
+    """For demos and tests: when no master is configured (option or ``$MOONCAKE_MASTER``),
+    start one on free loopback ports for the block and yield ``{"master": address}``, so every
+    backend built inside shares it; otherwise yield nothing to change."""
+    from kvwire_mooncake.master import MasterProcess
+
+    if ClientSettings.from_options(options).master:
+        yield {}
+        return
+    with MasterProcess() as master:
+        yield {"master": master.address}
+
+
+plugin = Plugin(
+    name="mooncake",
+    contract_version=CONTRACT_VERSION,
+    capabilities=blob_capabilities(MEMORY_KINDS, next(o.default for o in OPTIONS if o.name == "max_in_flight")),
+    create=create,
+    options=OPTIONS,
+    summary="Mooncake Store: a distributed KV store; rows move zero-copy from registered memory",
+    check=problem,
+    install_hint=INSTALL_HINT,
+    local_services=local_services,
+)

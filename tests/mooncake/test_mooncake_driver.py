@@ -1,0 +1,272 @@
+"""The Mooncake store driver against a real master: round trips through registered memory, and
+the status every Mooncake answer becomes."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import pytest
+from kvwire_mooncake.driver import MooncakeDriver, MooncakeSetupError
+from kvwire_mooncake.master import MasterProcess, free_port
+from kvwire_mooncake.options import ClientSettings
+from mooncake_support import DEAD_MASTER_BOUND_S, Rows, wait_for
+
+from kvwire.blob.driver import BatchResult, KeyStatus
+from kvwire.contract import MemoryKind, SlotRegion
+
+pytestmark = pytest.mark.usefixtures("mooncake_ready")
+
+ROW = 64 << 10
+
+
+def statuses(result: BatchResult) -> list[KeyStatus]:
+    return [KeyStatus(int(s)) for s in result.status]
+
+
+def test_rows_round_trip_through_registered_memory(driver: MooncakeDriver, rows_factory: Callable[..., Rows],
+                                                   keys: Callable[[int], list[str]]) -> None:
+    src, dst = rows_factory(driver, ROW, 8), rows_factory(driver, ROW, 8)
+    expected = src.fill_random(1)
+    names = keys(8)
+
+    stored = driver.put(names, src.addresses(), src.sizes())
+    assert statuses(stored) == [KeyStatus.OK] * 8 and not stored.reasons
+    assert driver.exists(names).all()
+    got = driver.get_into(names, dst.addresses(), dst.sizes())
+    assert statuses(got) == [KeyStatus.OK] * 8
+    assert np.array_equal(dst.array, expected)
+
+
+def test_rows_stored_by_one_client_are_read_by_another(
+        driver: MooncakeDriver, other_driver: MooncakeDriver, rows_factory: Callable[..., Rows],
+        keys: Callable[[int], list[str]]) -> None:
+    src, dst = rows_factory(driver, ROW, 4), rows_factory(other_driver, ROW, 4)
+    expected = src.fill_random(2)
+    names = keys(4)
+    assert statuses(driver.put(names, src.addresses(), src.sizes())) == [KeyStatus.OK] * 4
+    # Read back in another order into other slots: each row lands where it is asked to.
+    order = np.array([2, 0, 3, 1])
+    got = other_driver.get_into([names[i] for i in order], dst.addresses(), dst.sizes())
+    assert statuses(got) == [KeyStatus.OK] * 4
+    assert np.array_equal(dst.array, expected[order])
+
+
+def test_a_missing_object_is_a_miss_not_a_failure(driver: MooncakeDriver, rows_factory: Callable[..., Rows],
+                                                  keys: Callable[[int], list[str]]) -> None:
+    dst = rows_factory(driver, ROW, 3)
+    names = keys(3)
+    got = driver.get_into(names, dst.addresses(), dst.sizes())
+    assert statuses(got) == [KeyStatus.MISSING] * 3 and not got.reasons
+    assert not driver.exists(names).any()
+    assert statuses(driver.remove(names)) == [KeyStatus.MISSING] * 3
+
+
+def test_a_second_put_keeps_the_first_object_and_says_already_there(
+        driver: MooncakeDriver, rows_factory: Callable[..., Rows], keys: Callable[[int], list[str]]) -> None:
+    first, second, dst = (rows_factory(driver, ROW, 2) for _ in range(3))
+    kept = first.fill_random(3)
+    second.fill_random(4)
+    old, new = keys(2)
+    assert statuses(driver.put([old], first.addresses([0]), first.sizes(1))) == [KeyStatus.OK]
+
+    again = driver.put([old, new], second.addresses(), second.sizes())
+
+    assert statuses(again) == [KeyStatus.ALREADY_THERE, KeyStatus.OK]
+    assert statuses(driver.get_into([old], dst.addresses([0]), dst.sizes(1))) == [KeyStatus.OK]
+    assert np.array_equal(dst.array[0], kept[0])
+
+
+def test_a_removed_object_is_gone(driver: MooncakeDriver, rows_factory: Callable[..., Rows],
+                                  keys: Callable[[int], list[str]]) -> None:
+    src, dst = rows_factory(driver, ROW, 2), rows_factory(driver, ROW, 2)
+    src.fill_random(5)
+    names = keys(2)
+    driver.put(names, src.addresses(), src.sizes())
+    # The master leases what was just written for 100 ms (BUSY) and then lets it go.
+    removed = wait_for(lambda: (r := driver.remove(names[:1])).status[0] != KeyStatus.BUSY and r, 5.0,
+                       "the object's lease to expire")
+    assert statuses(removed) == [KeyStatus.OK]
+    assert driver.exists(names).tolist() == [False, True]
+    got = driver.get_into(names, dst.addresses(), dst.sizes())
+    assert statuses(got) == [KeyStatus.MISSING, KeyStatus.OK]
+
+
+def test_a_get_into_a_row_of_another_size_fails_as_a_size_mismatch(
+        driver: MooncakeDriver, rows_factory: Callable[..., Rows], keys: Callable[[int], list[str]]) -> None:
+    src = rows_factory(driver, ROW, 1)
+    bigger, smaller = rows_factory(driver, 2 * ROW, 1), rows_factory(driver, ROW // 2, 1)
+    src.fill_random(6)
+    (name,) = keys(1)
+    driver.put([name], src.addresses(), src.sizes())
+
+    into_bigger = driver.get_into([name], bigger.addresses(), bigger.sizes())
+    into_smaller = driver.get_into([name], smaller.addresses(), smaller.sizes())
+
+    for result, row in ((into_bigger, 2 * ROW), (into_smaller, ROW // 2)):
+        assert statuses(result) == [KeyStatus.FAILED]
+        reason = result.reasons[0]
+        assert "size mismatch" in reason and str(ROW) in reason and str(row) in reason
+    assert "-600" in into_smaller.reasons[0]
+
+
+def test_an_overlapping_registration_is_refused_and_leaves_nothing_registered(
+        driver: MooncakeDriver, rows_factory: Callable[..., Rows]) -> None:
+    held = rows_factory(driver, ROW, 2)
+    fresh = Rows(ROW, 2)
+    clash = SlotRegion(held.region.region_id + 10_000, held.region.base, ROW, 1, MemoryKind.HOST)
+    with pytest.raises(RuntimeError, match=f"region {clash.region_id}"):
+        driver.register([fresh.region, clash])
+    # Nothing of the refused batch stayed: the first region registers again cleanly.
+    driver.register([fresh.region])
+    driver.unregister([fresh.region])
+
+
+def test_setup_against_an_absent_master_fails_in_seconds(mooncake_ready: None) -> None:
+    address = f"127.0.0.1:{free_port()}"
+    began = time.monotonic()
+    with pytest.raises(MooncakeSetupError, match=address.replace(".", r"\.")):
+        MooncakeDriver.connect(ClientSettings(master=address, segment_bytes=0, setup_retries=1))
+    assert time.monotonic() - began < 10
+
+
+# -- a store with little space and long leases -----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tight(mooncake_ready: None) -> Iterator[MooncakeDriver]:
+    """The only client of its master, contributing the smallest segment Mooncake takes (16 MiB);
+    objects stay leased for 10 s, so nothing can be evicted to make space."""
+    with MasterProcess(lease_ttl_ms=10_000) as master:
+        d = MooncakeDriver.connect(ClientSettings(master=master.address, segment_bytes=16 << 20, setup_retries=1))
+        yield d
+        d.close()
+
+
+def test_a_store_without_space_declines_puts(tight: MooncakeDriver, rows_factory: Callable[..., Rows],
+                                             keys: Callable[[int], list[str]]) -> None:
+    src = rows_factory(tight, 1 << 20, 24)
+    expected = src.fill_random(7)
+    names = keys(24)
+    try:
+        stored = tight.put(names, src.addresses(), src.sizes())
+        ok, declined = stored.where(KeyStatus.OK), stored.where(KeyStatus.DECLINED)
+        assert ok.any() and declined.any()
+        assert (ok | declined).all(), stored.reasons
+        assert all("-200" in stored.reasons[i] and "NO_AVAILABLE_HANDLE" in stored.reasons[i]
+                   for i in np.flatnonzero(declined))
+        dst = rows_factory(tight, 1 << 20, int(ok.sum()))
+        kept = [n for n, good in zip(names, ok, strict=True) if good]
+        assert statuses(tight.get_into(kept, dst.addresses(), dst.sizes())) == [KeyStatus.OK] * len(kept)
+        assert np.array_equal(dst.array, expected[ok])
+    finally:
+        tight.client.remove_all(True)
+
+
+def test_removing_a_leased_object_is_busy(tight: MooncakeDriver, rows_factory: Callable[..., Rows],
+                                          keys: Callable[[int], list[str]]) -> None:
+    src = rows_factory(tight, ROW, 1)
+    names = keys(1)
+    assert statuses(tight.put(names, src.addresses(), src.sizes())) == [KeyStatus.OK]
+    # A read leases the object for the master's lease TTL (here 10 s).
+    assert statuses(tight.get_into(names, src.addresses(), src.sizes())) == [KeyStatus.OK]
+    removed = tight.remove(names)
+    assert statuses(removed) == [KeyStatus.BUSY]
+    assert "-706" in removed.reasons[0] and "OBJECT_HAS_LEASE" in removed.reasons[0]
+    assert tight.exists(names).all()
+    tight.client.remove_all(True)
+
+
+# -- a master that dies or hangs -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fragile(mooncake_ready: None) -> Iterator[tuple[MasterProcess, MooncakeDriver]]:
+    master = MasterProcess().start()
+    d = MooncakeDriver.connect(ClientSettings(master=master.address, segment_bytes=16 << 20, setup_retries=1))
+    try:
+        yield master, d
+    finally:
+        # A client whose master is gone takes ~11 s to close: bring the master back first.
+        if not master.running():
+            master.start()
+        wait_for(lambda: d.client.health_check() == 0, 10.0, "the client to reconnect")
+        d.close()
+        master.stop()
+
+
+@pytest.fixture
+def doomed(fragile: tuple[MasterProcess, MooncakeDriver]) -> tuple[MasterProcess, MooncakeDriver]:
+    """The fragile master, running and reachable by its client at the start of the test."""
+    master, d = fragile
+    if not master.running():
+        master.start()
+    wait_for(lambda: d.client.health_check() == 0, 10.0, "the client to reconnect to the master")
+    return master, d
+
+
+def test_calls_against_a_killed_master_fail_within_the_bound(
+        doomed: tuple[MasterProcess, MooncakeDriver], rows_factory: Callable[..., Rows],
+        keys: Callable[[int], list[str]]) -> None:
+    master, d = doomed
+    rows = rows_factory(d, ROW, 2)
+    names = keys(2)
+    master.kill()
+    calls = {
+        "put": lambda: d.put(names, rows.addresses(), rows.sizes()),
+        "get": lambda: d.get_into(names, rows.addresses(), rows.sizes()),
+        "remove": lambda: d.remove(names),
+    }
+    for op, call in calls.items():
+        began = time.monotonic()
+        result = call()
+        took = time.monotonic() - began
+        assert statuses(result) == [KeyStatus.FAILED] * 2, op
+        assert "-900" in result.reasons[0] and "RPC_FAIL" in result.reasons[0], (op, result.reasons[0])
+        assert took < DEAD_MASTER_BOUND_S, (op, took)
+    assert not d.exists(names).any()
+    # Once the client has noticed, calls fail at once instead of waiting for a connect timeout.
+    wait_for(lambda: d.client.health_check() == 2, 10.0, "the client to notice the dead master")
+    began = time.monotonic()
+    assert statuses(d.get_into(names, rows.addresses(), rows.sizes())) == [KeyStatus.FAILED] * 2
+    assert time.monotonic() - began < 0.5
+
+
+def test_a_call_in_flight_when_the_master_dies_fails(
+        doomed: tuple[MasterProcess, MooncakeDriver], rows_factory: Callable[..., Rows],
+        keys: Callable[[int], list[str]]) -> None:
+    master, d = doomed
+    rows = rows_factory(d, ROW, 2)
+    names = keys(2)
+    answers: list[BatchResult] = []
+    master.freeze()  # the call will wait for an answer that never comes...
+    caller = threading.Thread(target=lambda: answers.append(d.get_into(names, rows.addresses(), rows.sizes())))
+    caller.start()
+    wait_for(lambda: d.in_progress == 1, 5.0, "the get to be inside the Mooncake client")
+    began = time.monotonic()
+    master.kill()  # ...until the master dies under it
+    caller.join(DEAD_MASTER_BOUND_S)
+    assert not caller.is_alive(), "the call did not return after the master died"
+    assert time.monotonic() - began < DEAD_MASTER_BOUND_S
+    (result,) = answers
+    assert statuses(result) == [KeyStatus.FAILED] * 2
+    assert "-900" in result.reasons[0] or "-901" in result.reasons[0], result.reasons[0]
+
+
+def test_a_call_to_a_hung_master_fails_after_the_rpc_timeout(
+        doomed: tuple[MasterProcess, MooncakeDriver], rows_factory: Callable[..., Rows],
+        keys: Callable[[int], list[str]]) -> None:
+    master, d = doomed
+    rows = rows_factory(d, ROW, 1)
+    master.freeze()
+    try:
+        began = time.monotonic()
+        result = d.get_into(keys(1), rows.addresses(), rows.sizes())
+        took = time.monotonic() - began
+    finally:
+        master.kill()
+    assert statuses(result) == [KeyStatus.FAILED]
+    assert "-901" in result.reasons[0] and "RPC_TIMEOUT" in result.reasons[0], result.reasons[0]
+    assert took < 3.0 + 1.5  # MC_RPC_TIMEOUT_MS=3000, set by conftest
