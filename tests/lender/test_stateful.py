@@ -125,6 +125,11 @@ class LenderMachine(RuleBasedStateMachine):
             )
             for lm in self.writing(m)
         )
+        moves = any(c != upto for c in m.checkpoints.values())
+        busy = busy or moves and any(
+            lm.owner is m and lm.lease.kind is LeaseKind.READ and not lm.lease.staged and lm.lease._state
+            for lm in self.leases
+        )
         if busy:
             try:
                 self.lender.commit(request, upto)
@@ -181,16 +186,21 @@ class LenderMachine(RuleBasedStateMachine):
             spec = self.lender.layout.group(group.group_id)
             assert torch.equal(self.location(lease, k)[int(group.slots[row])], page(key, spec)), \
                 f"{lease} group {group.group_id} row {row} does not hold what its name promises"
-            if not lease.staged:
-                continue
-            pool_slot = int(lease._block_slots[row]) if group.kind is CacheKind.PAGED else lease._state[0][2]
-            assert torch.equal(self.lender.pool(group.group_id)[pool_slot], page(key, spec))
+            if lease.staged and group.kind is CacheKind.PAGED:  # a staged state is a snapshot; the model may move on
+                pool_slot = int(lease._block_slots[row])
+                assert torch.equal(self.lender.pool(group.group_id)[pool_slot], page(key, spec))
 
     @precondition(lambda self: self.open_requests())
     @rule(data=st.data(), staging=st.booleans())
     def lend_read(self, data: st.DataObject, staging: bool) -> None:
         m = data.draw(st.sampled_from(self.open_requests()))
         rows = m.request.committed_blocks + int(any(m.checkpoints.values()))
+        if any(m.checkpoints.values()) and any(lm.lease._state for lm in self.writing(m)):
+            try:
+                self.lender.lend_read(m.request, staging=staging)
+            except LeaseError:
+                return
+            raise AssertionError("lending a state for reading while it is lent for writing must be refused")
         if staging and rows > self.staging_free():
             try:
                 self.lender.lend_read(m.request, staging=True)
@@ -220,6 +230,9 @@ class LenderMachine(RuleBasedStateMachine):
                 or (wants_state and any(g.kind is CacheKind.STATE for g in lm.lease.view.groups))
             )
             for lm in self.writing(m)
+        ) or wants_state and any(
+            lm.owner is m and lm.lease.kind is LeaseKind.READ and not lm.lease.staged and lm.lease._state
+            for lm in self.leases
         )
         if clash:
             try:

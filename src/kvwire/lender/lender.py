@@ -223,7 +223,8 @@ class Lender:
         (fetched blocks included). A block whose name the tree already holds under another slot
         is not inserted again; the request pins the tree's block instead while it is open.
         STATE groups' checkpoint becomes ``state_tokens`` (default ``upto_tokens``): the token at
-        which the model wrote the state."""
+        which the model wrote the state. The model must not write a state slot that an unstaged
+        read lease lends; a commit that would move such a state raises :class:`LeaseError`."""
         with self._lock:
             self._check_open(request)
             if not 0 <= upto_tokens <= request._length:
@@ -241,6 +242,12 @@ class Lender:
             if self._state:
                 if request._state_writing:
                     raise LeaseError(f"the state of request {request.request_id} is lent for writing; release first")
+                moves = any(c != checkpoint for c in request._checkpoints.values())
+                if moves and request._state_reading:
+                    raise LeaseError(
+                        f"the state of request {request.request_id} is lent for reading in place; release that "
+                        "lease (or lend it staged, which reads a copy) before the state moves"
+                    )
                 if not 0 <= checkpoint <= request._length:
                     raise ValueError(f"state_tokens must lie in [0, {request._length}], got {checkpoint}")
             request._valid[:, :stop] = True
@@ -321,10 +328,16 @@ class Lender:
                     parent = request._keys[point // self._bt - 1] if point >= self._bt else self.scope_digest
                     name = state_name(request._token_buf, self._bt, point, gid, parent)
                     state_rows.append((i, gid, request._state_slots[gid], point, name))
+            if state_rows and request._state_writing:
+                raise LeaseError(
+                    f"the state of request {request.request_id} is lent for writing; mark and release that lease first"
+                )
             stage = self._take_staging(staging, count, bool(state_rows))
             self._tree.pin(slots)
             for *_, slot, _, _ in state_rows:
                 self._state_refs[slot] += 1
+            if state_rows and not staging:
+                request._state_reading += 1
             self._leases_open += 1
         return self._make_lease(LeaseKind.READ, request, slots, None, names, TokenRange(0, count * self._bt),
                                 state_rows, stage, copy_in=True)
@@ -360,6 +373,10 @@ class Lender:
                         state_rows.append((i, gid, request._state_slots[gid], point, name))
                 if state_rows and request._state_writing:
                     raise LeaseError(f"the state of request {request.request_id} is already lent for writing")
+                if state_rows and request._state_reading:
+                    raise LeaseError(
+                        f"the state of request {request.request_id} is lent for reading in place; release that lease first"
+                    )
             index = np.arange(first_block, end, dtype=np.int64)
             slots = request._block_table[first_block:end]
             stage = self._take_staging(staging, index.size, bool(state_rows))
@@ -499,6 +516,8 @@ class Lender:
                 request._writing[lease._block_index] = False
                 if lease._state:
                     request._state_writing = False
+            elif lease.kind is LeaseKind.READ and request is not None and lease._state and not lease.staged:
+                request._state_reading -= 1
             self._leases_open -= 1
 
     # -- accounting --------------------------------------------------------------------------

@@ -31,7 +31,7 @@ class Request:
 
     __slots__ = (
         "request_id", "prompt_tokens", "cached_tokens", "_block_table", "_state_slots",
-        "_token_buf", "_length", "_keys", "_names", "_valid", "_writing", "_state_writing",
+        "_token_buf", "_length", "_keys", "_names", "_valid", "_writing", "_state_writing", "_state_reading",
         "_committed", "_computed", "_checkpoints", "_extra_pins", "_closed",
     )
 
@@ -54,6 +54,7 @@ class Request:
         self._valid[:, :cached_blocks] = True
         self._writing = np.zeros(blocks, dtype=bool)
         self._state_writing = False
+        self._state_reading = 0  # unstaged read leases that lend the state slots in place
         self._committed = cached_blocks
         self._computed = self.cached_tokens
         self._checkpoints: dict[int, int | None] = {gid: None for gid in state_slots}
