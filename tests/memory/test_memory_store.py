@@ -25,23 +25,36 @@ def addrs(region: SlotRegion, slots) -> tuple[np.ndarray, np.ndarray]:  # type: 
 
 def test_capacity_counts_object_bytes_and_lru_evicts_the_least_recently_used():
     store = MemoryStore(300)
-    assert store.insert("a", b"x" * 100) == (True, False)
-    assert store.insert("b", b"y" * 100) == (True, False)
-    assert store.insert("c", b"z" * 100) == (True, False)
+    assert store.insert("a", b"x" * 100) is KeyStatus.OK
+    assert store.insert("b", b"y" * 100) is KeyStatus.OK
+    assert store.insert("c", b"z" * 100) is KeyStatus.OK
     assert store.lookup("a") == b"x" * 100  # a is now the most recently used
-    assert store.insert("d", b"w" * 100) == (True, False)
+    assert store.insert("d", b"w" * 100) is KeyStatus.OK
     assert store.keys() == ["c", "a", "d"] and store.used_bytes == 300 and store.evicted == 1
-    assert store.insert("a", b"other") == (False, True)
+    assert store.insert("a", b"other") is KeyStatus.ALREADY_THERE
     assert store.lookup("a") == b"x" * 100
-    assert store.insert("huge", b"h" * 301) == (False, False)  # never fits, even with eviction
+    assert store.insert("huge", b"h" * 301) is KeyStatus.DECLINED  # never fits, even with eviction
 
 
 def test_without_eviction_a_full_store_declines_and_keeps_what_it_has():
     store = MemoryStore(200, eviction=False)
     store.insert("a", b"1" * 150)
-    assert store.insert("b", b"2" * 100) == (False, False)
+    assert store.insert("b", b"2" * 100) is KeyStatus.DECLINED
     assert store.keys() == ["a"] and store.used_bytes == 150
     assert store.discard("a") and not store.discard("a") and store.used_bytes == 0
+
+
+def test_removed_objects_memory_is_reused_and_never_while_a_reader_copies():
+    store = MemoryStore(1000)
+    store.insert("a", b"1" * 100)
+    store.discard("a")
+    store.insert("b", b"2" * 100)  # takes a's memory
+    assert store.lookup("b") == b"2" * 100
+    # Objects plus kept memory never exceed the capacity.
+    for i in range(30):
+        store.insert(f"k{i}", bytes([i]) * 90)
+    assert store.used_bytes + store._spare_bytes <= 1000
+    assert all(store.lookup(k) == bytes([int(k[1:])]) * 90 for k in store.keys() if k.startswith("k"))
 
 
 def test_named_stores_are_shared_per_name():
@@ -122,3 +135,35 @@ def test_racing_puts_of_one_name_store_one_whole_object():
     assert sorted(answers) == [KeyStatus.OK] + [KeyStatus.ALREADY_THERE] * 7
     data = store.lookup("same")
     assert data is not None and len(set(data)) == 1  # one writer's bytes, whole
+
+
+def test_readers_never_see_a_torn_object_while_memory_is_reused():
+    """Readers copy while a writer keeps removing and storing same-sized objects (whose memory
+    the store reuses): every read is one object's bytes, whole, or a miss."""
+    size, rounds = 1 << 20, 300
+    store = MemoryStore(4 * size)
+    fills = [np.full(size, i, dtype=np.uint8) for i in range(8)]
+    torn: list[str] = []
+    done = threading.Event()
+
+    def write() -> None:
+        for i in range(rounds):
+            fill = fills[i % len(fills)]
+            store.write_from("hot", fill.ctypes.data, size)
+            store.write_from(f"cold{i}", fill.ctypes.data, size)  # churn: eviction hands memory back
+            store.discard("hot")
+        done.set()
+
+    def read() -> None:
+        out = np.empty(size, dtype=np.uint8)
+        while not done.is_set():
+            status, _ = store.read_into("hot", out.ctypes.data, size)
+            if status is KeyStatus.OK and (out != out[0]).any():
+                torn.append(f"mixed bytes {np.unique(out)[:4]}")
+
+    threads = [threading.Thread(target=write), threading.Thread(target=read)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30.0)
+    assert not torn

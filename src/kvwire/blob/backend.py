@@ -165,7 +165,7 @@ class _BlobAttempt(Attempt):
     cut from it once, when the attempt concludes, and never written again."""
 
     def __init__(self, core: _Core, op: str, view: View, wake: WakeFn, keys: list[str],
-                 addresses: np.ndarray, sizes: np.ndarray, offsets: np.ndarray, chunks: int,
+                 addresses: np.ndarray, sizes: np.ndarray, offsets: list[int], chunks: int,
                  timeout_s: float) -> None:
         self._core = core
         self._op = op
@@ -484,12 +484,15 @@ class BlobBackend(Backend):
         timeout_s = self._timeout_s if hint.timeout_s is None else hint.timeout_s
         keys: list[str] = []
         addresses, sizes = [], []
-        offsets = np.zeros(len(view.groups) + 1, dtype=np.int64)
-        for i, group in enumerate(view.groups):
+        offsets = [0]
+        total_bytes = 0
+        for group in view.groups:
             region = group.region
-            offsets[i + 1] = offsets[i] + group.rows
-            if group.rows == 0:
+            rows = group.rows
+            offsets.append(offsets[-1] + rows)
+            if rows == 0:
                 continue
+            total_bytes += rows * region.slot_bytes
             if region.memory_kind not in self._capabilities.memory_kinds:
                 raise InvalidSubmission(
                     f"group {group.group_id} lies in {region.memory_kind.value} memory, which this store "
@@ -503,7 +506,7 @@ class BlobBackend(Backend):
                     f"group {group.group_id} carries no content names; a blob backend addresses rows by name")
             keys += store_keys(namespace, group.group_id, group.names)
             addresses.append(group.addresses())
-            sizes.append(np.full(group.rows, region.slot_bytes, dtype=np.uint64))
+            sizes.append(np.full(rows, region.slot_bytes, dtype=np.uint64))
         if op == _GET:
             clash = view.overlapping_rows()
             if clash is not None:
@@ -511,9 +514,16 @@ class BlobBackend(Backend):
                 raise InvalidSubmission(
                     f"fetch rows overlap: row {ra} of group {view.groups[ga].group_id} and row {rb} of "
                     f"group {view.groups[gb].group_id} locate the same memory (V4)")
-        flat_addresses = np.concatenate(addresses) if addresses else np.zeros(0, dtype=np.uint64)
-        flat_sizes = np.concatenate(sizes) if sizes else np.zeros(0, dtype=np.uint64)
-        bounds = self._chunk_bounds(flat_sizes)
+        if len(addresses) == 1:
+            flat_addresses, flat_sizes = addresses[0], sizes[0]
+        elif addresses:
+            flat_addresses, flat_sizes = np.concatenate(addresses), np.concatenate(sizes)
+        else:
+            flat_addresses = flat_sizes = np.zeros(0, dtype=np.uint64)
+        if total_bytes <= self._chunk_bytes:
+            bounds = [0, len(keys)]  # one chunk; an empty submission still concludes on a worker
+        else:
+            bounds = self._chunk_bounds(flat_sizes).tolist()
         with core.cond:
             if core.closed:
                 raise SubmissionRejected(f"this blob backend is shut down; it takes no {op}")
@@ -528,7 +538,7 @@ class BlobBackend(Backend):
                 core.watch_until = attempt._deadline
                 core.cond.notify_all()
         put = core.queue.put
-        for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
+        for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
             put((attempt, lo, hi))
         return attempt
 
@@ -555,11 +565,8 @@ class BlobBackend(Backend):
 
     def _chunk_bounds(self, sizes: np.ndarray) -> np.ndarray:
         """Row indices where chunks start, plus the end: a row belongs to the chunk of the
-        ``chunk_bytes`` window its first byte falls in. Zero rows make one empty chunk, so even
-        an empty submission concludes on a worker and wakes the holder."""
+        ``chunk_bytes`` window its first byte falls in."""
         n = sizes.size
-        if n == 0:
-            return np.array([0, 0], dtype=np.int64)
         starts = np.cumsum(sizes, dtype=np.int64) - sizes.astype(np.int64)
         window = starts // self._chunk_bytes
         cuts = np.flatnonzero(window[1:] != window[:-1]) + 1

@@ -16,7 +16,8 @@ __all__ = ["KEY_PREFIX", "check_namespace", "store_keys"]
 KEY_PREFIX = "kvw1"
 
 _NAMESPACE = re.compile(r"^[A-Za-z0-9._:@+=-][A-Za-z0-9._:@+=/-]{0,127}$")
-_HEX_DIGITS = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
+#: Byte value -> its two lowercase hex digits, as two uint8 (one table lookup per name byte).
+_HEX_PAIRS = np.frombuffer(b"".join(f"{b:02x}".encode() for b in range(256)), dtype=np.uint8).reshape(256, 2)
 
 
 def check_namespace(namespace: object) -> str:
@@ -45,8 +46,6 @@ def store_keys(namespace: str, group_id: int, names: np.ndarray) -> list[str]:
         return []
     buf = np.empty((rows, length), dtype=np.uint8)
     buf[:, : len(prefix)] = np.frombuffer(prefix, dtype=np.uint8)
-    digits = buf[:, len(prefix):]
-    digits[:, 0::2] = _HEX_DIGITS[names >> 4]
-    digits[:, 1::2] = _HEX_DIGITS[names & 0x0F]
+    buf[:, len(prefix):] = _HEX_PAIRS[names].reshape(rows, 2 * width)
     # Each row is one fixed-width ASCII string; numpy turns them into str objects in C.
     return buf.view(f"S{length}").ravel().astype(f"U{length}").tolist()  # type: ignore[no-any-return]

@@ -1,13 +1,12 @@
 """The in-memory store driver: a :class:`~kvwire.blob.StoreDriver` over a :class:`MemoryStore`.
 
-A put copies a row's bytes out of host memory into a new immutable ``bytes`` object and adds it
-to the store in one step; a get copies an object's bytes into host memory. The driver checks
-that every address lies in a region registered with it, so a wrong address is a ``ValueError``
-rather than a write to memory nobody lent."""
+A put copies each row's bytes from host memory into the store as a new object; a get copies an
+object's bytes into host memory. The driver checks that every address lies in a region
+registered with it, so a wrong address is a ``ValueError`` rather than a write to memory nobody
+lent."""
 
 from __future__ import annotations
 
-import ctypes
 import threading
 from collections import Counter
 from collections.abc import Sequence
@@ -19,17 +18,6 @@ from kvwire.contract import MemoryKind, SlotRegion
 from kvwire_memory.store import MemoryStore
 
 __all__ = ["MemoryDriver"]
-
-_OK, _THERE, _DECLINED, _MISSING, _FAILED = (
-    int(s) for s in (KeyStatus.OK, KeyStatus.ALREADY_THERE, KeyStatus.DECLINED, KeyStatus.MISSING, KeyStatus.FAILED))
-_INT_MAX = 2**31 - 1
-
-
-def _read(address: int, size: int) -> bytes:
-    if size <= _INT_MAX:
-        return ctypes.string_at(address, size)
-    return (ctypes.c_char * size).from_address(address).raw
-
 
 class MemoryDriver(StoreDriver):
     """Reaches host memory only. Calls may come from several threads at once."""
@@ -110,19 +98,11 @@ class MemoryDriver(StoreDriver):
         where, lengths = self._check("put", keys, addresses, sizes)
         if self._closed:
             return BatchResult.uniform(len(keys), KeyStatus.FAILED, "the in-memory driver is closed")
-        store = self.store
-        status = [_OK] * len(keys)
+        write = self.store.write_from
+        status = [write(key, address, size) for key, address, size in zip(keys, where, lengths, strict=True)]
         reasons: dict[int, str] = {}
-        for i, (key, address, size) in enumerate(zip(keys, where, lengths, strict=True)):
-            if store.holds(key):  # skip the copy: the first bytes stay
-                status[i] = _THERE
-                continue
-            stored, there = store.insert(key, _read(address, size))
-            if there:
-                status[i] = _THERE
-            elif not stored:
-                status[i] = _DECLINED
-                reasons[i] = self._no_space(size)
+        if KeyStatus.DECLINED in status:
+            reasons = {i: self._no_space(lengths[i]) for i, s in enumerate(status) if s is KeyStatus.DECLINED}
         return BatchResult(np.array(status, dtype=np.uint8), reasons)
 
     def _no_space(self, size: int) -> str:
@@ -136,19 +116,10 @@ class MemoryDriver(StoreDriver):
         where, lengths = self._check("get_into", keys, addresses, sizes)
         if self._closed:
             return BatchResult.uniform(len(keys), KeyStatus.FAILED, "the in-memory driver is closed")
-        store = self.store
-        status = [_OK] * len(keys)
-        reasons: dict[int, str] = {}
-        for i, (key, address, size) in enumerate(zip(keys, where, lengths, strict=True)):
-            data = store.lookup(key)
-            if data is None:
-                status[i] = _MISSING
-            elif len(data) != size:
-                status[i] = _FAILED
-                reasons[i] = f"object {key!r} holds {len(data)} bytes, the destination {size}"
-            else:
-                ctypes.memmove(address, data, size)
-        return BatchResult(np.array(status, dtype=np.uint8), reasons)
+        read = self.store.read_into
+        answers = [read(key, address, size) for key, address, size in zip(keys, where, lengths, strict=True)]
+        reasons = {i: why for i, (_, why) in enumerate(answers) if why is not None}
+        return BatchResult(np.array([code for code, _ in answers], dtype=np.uint8), reasons)
 
     def exists(self, keys: Sequence[str]) -> np.ndarray:
         store = self.store
@@ -158,8 +129,8 @@ class MemoryDriver(StoreDriver):
         if self._closed:
             return BatchResult.uniform(len(keys), KeyStatus.FAILED, "the in-memory driver is closed")
         discard = self.store.discard
-        status = np.array([_OK if discard(key) else _MISSING for key in keys], dtype=np.uint8)
-        return BatchResult(status)
+        ok, missing = int(KeyStatus.OK), int(KeyStatus.MISSING)
+        return BatchResult(np.array([ok if discard(key) else missing for key in keys], dtype=np.uint8))
 
     def close(self) -> None:
         """Stop answering (later calls fail); the store and its objects stay for other drivers."""

@@ -1,0 +1,220 @@
+"""In-memory blob backend: round-trip throughput and per-submission overhead.
+
+    .venv/bin/python bench/bench_memory.py [--quick]
+
+Throughput: one worker publishes ~64 MiB of rows (row size 64 KiB ... 16 MiB) through the
+``memory`` plugin, another fetches them into other memory; time = publish + fetch, each from
+submission until quiesced. The store is at capacity, so each publish evicts the previous run's
+objects and reuses their memory (the steady state of a full store). The baseline moves the same
+bytes with plain numpy in the same run: one np.copyto into a staging slab (what a publish does)
+and one back (what a fetch does). Runs alternate between the two; each figure is the median.
+The goal is >= 0.8x of the baseline for rows >= 1 MiB.
+
+Overhead: one-row submissions of 4 KiB, sequentially (submit, wait for the wake, next) and
+pipelined (a window of submissions in flight), against the bare driver call."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import threading
+import time
+import uuid
+
+import numpy as np
+from kvwire_memory import MemoryDriver, MemoryStore, forget_store, named_store
+
+from kvwire.blob import BlobBackend
+from kvwire.contract import Attempt, CacheKind, Hint, LayerGroupRows, MemoryKind, SlotRegion, TokenRange, View
+from kvwire.registry import load
+
+KIB, MIB = 1 << 10, 1 << 20
+HINT = Hint.of("store")
+
+
+class Waiter:
+    """A wake function the bench can block on."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+
+    def __call__(self) -> None:
+        self.event.set()
+
+    def settle(self, attempt: Attempt) -> None:
+        while not (attempt.poll() is not None and attempt.quiesced()):
+            if not self.event.wait(30.0):
+                raise TimeoutError(f"{attempt!r} did not settle in 30 s")
+            self.event.clear()
+        outcome = attempt.poll()
+        assert outcome is not None and outcome.is_delivered and outcome.rows_delivered == outcome.masks[0].size, outcome
+
+
+def region_of(array: np.ndarray, region_id: int) -> SlotRegion:
+    return SlotRegion(region_id, array.ctypes.data, array.shape[1], array.shape[0], MemoryKind.HOST)
+
+
+def view_of(region: SlotRegion, rows: int, salt: int) -> View:
+    ids = np.arange(rows, dtype=np.uint64) + np.uint64(salt) * np.uint64(1 << 32)
+    names = np.zeros((rows, 16), dtype=np.uint8)
+    names[:, :8] = ids.astype("<u8").view(np.uint8).reshape(rows, 8)
+    group = LayerGroupRows(0, CacheKind.PAGED, region, np.arange(rows), TokenRange(0, 16 * rows), names)
+    return View((group,))
+
+
+def throughput(row_bytes: int, total_bytes: int, runs: int) -> tuple[float, float, float]:
+    """GiB/s of payload through the backend's round trip and through the numpy baseline, and
+    the publish share of the backend's time. Runs alternate between the two, after one warm-up
+    each, so a busy machine slows both alike."""
+    rows = max(2, total_bytes // row_bytes)
+    src = np.random.default_rng(row_bytes).integers(0, 256, (rows, row_bytes), dtype=np.uint8)
+    dst = np.zeros_like(src)
+    staging = np.empty_like(src)
+    store_name = f"bench-{uuid.uuid4().hex[:8]}"
+    capacity = rows * row_bytes
+    options = {"store": store_name, "capacity_bytes": capacity, "eviction": True}
+    plugin = load("memory")
+    writer, reader = plugin.build(options), plugin.build(options)
+    assert isinstance(writer, BlobBackend) and isinstance(reader, BlobBackend)
+    src_region, dst_region = region_of(src, 0), region_of(dst, 1)
+    writer.register_regions([src_region])
+    reader.register_regions([dst_region])
+    store = named_store(store_name, capacity_bytes=capacity, eviction=True)
+    waiter = Waiter()
+    salt = iter(range(1, 1 << 30))
+
+    def backend() -> float:
+        s = next(salt)  # fresh names: every publish really stores (the store evicts the last run's)
+        started = time.perf_counter()
+        waiter.settle(writer.publish(view_of(src_region, rows, s), HINT, waiter))
+        middle = time.perf_counter()
+        waiter.settle(reader.fetch(view_of(dst_region, rows, s), HINT, waiter))
+        return middle - started
+
+    def baseline() -> None:
+        np.copyto(staging, src)  # what a publish moves
+        np.copyto(dst, staging)  # what a fetch moves
+
+    backend_times, baseline_times, shares = [], [], []
+    for run in range(runs + 1):
+        dst[:] = 0
+        started = time.perf_counter()
+        publish_s = backend()
+        elapsed = time.perf_counter() - started
+        assert np.array_equal(dst, src)
+        dst[:] = 0
+        started = time.perf_counter()
+        baseline()
+        baseline_s = time.perf_counter() - started
+        if run:  # the first run of each warms up
+            backend_times.append(elapsed)
+            baseline_times.append(baseline_s)
+            shares.append(publish_s / elapsed)
+    writer.close()
+    reader.close()
+    store.clear()
+    forget_store(store_name)
+    gib = rows * row_bytes / (1 << 30)
+    return gib / statistics.median(backend_times), gib / statistics.median(baseline_times), statistics.median(shares)
+
+
+def overhead(submissions: int, runs: int) -> dict[str, float]:
+    """Microseconds per one-row 4 KiB submission."""
+    row = 4 * KIB
+    src = np.random.default_rng(0).integers(0, 256, (1, row), dtype=np.uint8)
+    dst = np.zeros_like(src)
+    store = MemoryStore(1 << 30)
+    backend = BlobBackend(MemoryDriver(store))
+    backend.register_regions([region_of(src, 0), region_of(dst, 1)])
+    src_region, dst_region = region_of(src, 0), region_of(dst, 1)
+    waiter = Waiter()
+    views = [view_of(src_region, 1, s) for s in range(submissions)]
+    fetch_views = [view_of(dst_region, 1, s) for s in range(submissions)]
+    results: dict[str, list[float]] = {}
+
+    def record(label: str, seconds: float) -> None:
+        results.setdefault(label, []).append(seconds / submissions * 1e6)
+
+    for _ in range(runs):
+        store.clear()
+        started = time.perf_counter()
+        for v in views:
+            waiter.settle(backend.publish(v, HINT, waiter))
+        record("publish, sequential", time.perf_counter() - started)
+        started = time.perf_counter()
+        for v in fetch_views:
+            waiter.settle(backend.fetch(v, HINT, waiter))
+        record("fetch, sequential", time.perf_counter() - started)
+        store.clear()
+        started = time.perf_counter()
+        pipelined(backend, views, "publish")
+        record("publish, pipelined (window 32)", time.perf_counter() - started)
+        started = time.perf_counter()
+        pipelined(backend, fetch_views, "fetch")
+        record("fetch, pipelined (window 32)", time.perf_counter() - started)
+        # The bare driver, for scale: what any backend must spend per row.
+        store.clear()
+        driver = backend.driver
+        keys = [f"bench/{s}" for s in range(submissions)]
+        address, size = src_region.addresses(np.zeros(1)), np.full(1, row, dtype=np.uint64)
+        started = time.perf_counter()
+        for key in keys:
+            driver.put([key], address, size)
+        record("bare driver put (no backend)", time.perf_counter() - started)
+    backend.close()
+    return {label: statistics.median(values) for label, values in results.items()}
+
+
+def pipelined(backend: BlobBackend, views: list[View], op: str, window: int = 32) -> None:
+    cond = threading.Condition()
+    done = [0]
+
+    def wake() -> None:
+        with cond:
+            done[0] += 1
+            cond.notify_all()
+
+    submit = getattr(backend, op)
+    in_flight: list[Attempt] = []
+
+    def some_done() -> bool:
+        return any(a.quiesced() for a in in_flight)
+
+    def all_done() -> bool:
+        return all(a.quiesced() for a in in_flight)
+
+    for v in views:
+        if len(in_flight) >= window:
+            with cond:
+                cond.wait_for(some_done, timeout=30.0)
+            in_flight[:] = [a for a in in_flight if not a.quiesced()]
+        in_flight.append(submit(v, HINT, wake))
+    with cond:
+        assert cond.wait_for(all_done, timeout=30.0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer runs and smaller submissions")
+    args = parser.parse_args()
+    runs = 3 if args.quick else 7
+    total = (16 if args.quick else 64) * MIB
+
+    print(f"round trip (publish + fetch) through the memory plugin, ~{total // MIB} MiB per submission, "
+          f"median of {runs} runs; GiB/s of payload")
+    print("baseline: plain numpy, np.copyto of the same bytes into a staging slab and back, same run")
+    print(f"{'row':>8} {'rows':>5} {'backend':>9} {'numpy':>8} {'ratio':>7} {'publish share':>14}")
+    for row_bytes in (64 * KIB, 256 * KIB, 1 * MIB, 4 * MIB, 16 * MIB):
+        backend, numpy_rate, share = throughput(row_bytes, total, runs)
+        label = f"{row_bytes // KIB} KiB" if row_bytes < MIB else f"{row_bytes // MIB} MiB"
+        print(f"{label:>8} {max(2, total // row_bytes):>5} {backend:>9.2f} {numpy_rate:>8.2f} "
+              f"{backend / numpy_rate:>6.2f}x {share:>13.0%}")
+
+    submissions = 500 if args.quick else 2000
+    print(f"\nper-submission overhead, one 4 KiB row, {submissions} submissions, median of {runs} runs")
+    for label, micros in overhead(submissions, runs).items():
+        print(f"  {label:<34} {micros:8.1f} µs")
+
+
+if __name__ == "__main__":
+    main()
