@@ -1,9 +1,31 @@
 """The pytest plugin (entry point ``pytest11: kvwire``). Imports only pytest at load time, so an
-environment without hypothesis still runs its own tests."""
+environment without hypothesis still runs its own tests, and it changes nothing in a test run
+that does not use the suite.
+
+Run the suite against an installed backend::
+
+    pytest --pyargs kvwire.testing.suite --kvwire-backend NAME [--kvwire-profile thorough]
+
+Options: ``--kvwire-backend NAME`` (repeatable; default: every installed backend with a
+harness), ``--kvwire-harness module:object`` (a harness not installed as a distribution),
+``--kvwire-profile quick|thorough``, ``--kvwire-patience SECONDS`` (how long to wait for a change
+a backend owes), ``--kvwire-report PATH`` (a JSON record of every suite test, for tools).
+
+Fixtures: ``kvwire_target`` (parametrized, one per backend), ``kvwire_harness`` (its
+:class:`~kvwire.testing.harness.Harness`), ``kvwire_profile`` (the active profile)."""
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
+from typing import Any
+
 import pytest
+
+_SUITE_HINTS = ("kvwire.testing", "kvwire/testing")
+_TARGETS = pytest.StashKey[list]()
+_RESULTS = pytest.StashKey[dict]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -15,3 +37,160 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="NAME",
         help="run the kvwire conformance suite against this installed backend (repeatable)",
     )
+    group.addoption(
+        "--kvwire-harness",
+        action="append",
+        default=[],
+        metavar="MODULE:OBJECT",
+        help="also run the suite against the harness named by module:object or path/to/file.py:object",
+    )
+    group.addoption(
+        "--kvwire-profile",
+        default=os.environ.get("KVWIRE_PROFILE", "quick"),
+        choices=("quick", "thorough"),
+        help="quick (a developer's run, default) or thorough (CI)",
+    )
+    group.addoption(
+        "--kvwire-patience",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="how long the suite waits for a change a backend owes before failing (default: the profile's)",
+    )
+    group.addoption(
+        "--kvwire-report",
+        default=None,
+        metavar="PATH",
+        help="write a JSON record of every suite test (rule, backend, outcome, skip reason) to PATH",
+    )
+
+
+def _uses_suite(config: pytest.Config) -> bool:
+    opt = config.option
+    if opt.kvwire_backend or opt.kvwire_harness or opt.kvwire_report:
+        return True
+    return any(any(h in str(arg) for h in _SUITE_HINTS) for arg in config.args)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    from kvwire.testing import profiles
+
+    profiles.activate(config.option.kvwire_profile, config.option.kvwire_patience)
+    if config.option.kvwire_report:
+        config.stash[_RESULTS] = {}
+
+
+def _targets(config: pytest.Config) -> list[Any]:
+    if _TARGETS not in config.stash:
+        from kvwire.testing.targets import select_targets
+
+        try:
+            config.stash[_TARGETS] = select_targets(config.option.kvwire_backend, config.option.kvwire_harness)
+        except (ValueError, TypeError, ImportError) as exc:
+            raise pytest.UsageError(str(exc)) from None
+    return config.stash[_TARGETS]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "kvwire_target" not in metafunc.fixturenames:
+        return
+    targets = _targets(metafunc.config)
+    if not targets:
+        metafunc.parametrize("kvwire_target", [pytest.param(None, marks=pytest.mark.skip(
+            reason="no installed backend registers a conformance harness (entry-point group kvwire.harnesses)"))],
+            ids=["no-backend"], scope="session")
+        return
+    metafunc.parametrize("kvwire_target", targets, ids=[t.name for t in targets], scope="session")
+
+
+@pytest.fixture(scope="session")
+def kvwire_harness(kvwire_target: Any) -> Any:
+    """The harness of the backend under test."""
+    if kvwire_target.problem is not None:
+        pytest.fail(f"backend {kvwire_target.name!r} ({kvwire_target.origin}): {kvwire_target.problem}",
+                    pytrace=False)
+    return kvwire_target.harness
+
+
+@pytest.fixture(scope="session")
+def kvwire_profile() -> Any:
+    """The active :class:`~kvwire.testing.profiles.Profile`."""
+    from kvwire.testing import profiles
+
+    return profiles.active()
+
+
+def pytest_report_header(config: pytest.Config) -> list[str] | None:
+    if not _uses_suite(config):
+        return None
+    from kvwire import __version__
+    from kvwire.contract import CONTRACT_VERSION
+    from kvwire.testing import profiles
+
+    profile = profiles.active()
+    lines = [f"kvwire {__version__}, contract {CONTRACT_VERSION[0]}.{CONTRACT_VERSION[1]}, profile {profile.name} "
+             f"({profile.examples} examples per property, patience {profile.patience_s:g} s)"]
+    try:
+        targets = _targets(config)
+    except pytest.UsageError as exc:
+        return lines + [f"kvwire: {exc}"]
+    if not targets:
+        lines.append("kvwire backends: none installed with a conformance harness")
+    for target in targets:
+        if target.problem is not None:
+            lines.append(f"kvwire backend {target.name}: {target.problem}")
+            continue
+        try:
+            caps = target.harness.capabilities()
+            dist = target.harness.distribution()
+        except Exception as exc:  # the tests will fail with the same cause; the header says it once
+            lines.append(f"kvwire backend {target.name}: capabilities unavailable: {type(exc).__name__}: {exc}")
+            continue
+        version = f"{caps.contract_version[0]}.{caps.contract_version[1]}"
+        lines.append(f"kvwire backend {target.name}: {dist}, speaks contract {version}; {caps.summary()}")
+    return lines
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    results = _results
+    if results is None:
+        return
+    entry = results.setdefault(report.nodeid, {"outcome": "passed", "reason": "", "duration": 0.0})
+    entry["duration"] += report.duration
+    if report.skipped and entry["outcome"] == "passed":
+        entry["outcome"] = "skipped"
+        longrepr = report.longrepr
+        entry["reason"] = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    elif report.failed:
+        entry["outcome"] = "failed"
+        entry["reason"] = _first_line(report.longreprtext)
+
+
+def _first_line(text: str) -> str:
+    for line in text.splitlines():
+        if line.startswith("E "):
+            return line[1:].strip()[:300]
+    return text.strip().splitlines()[-1][:300] if text.strip() else ""
+
+
+_results: dict[str, Any] | None = None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    global _results
+    _results = session.config.stash.get(_RESULTS, None)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    global _results
+    path = session.config.option.kvwire_report
+    if not path or _results is None:
+        return
+    rows = []
+    for nodeid, entry in _results.items():
+        name = nodeid.split("::")[-1]
+        test, _, param = name.partition("[")
+        rows.append({"nodeid": nodeid, "test": test, "backend": param.rstrip("]"), **entry})
+    Path(path).write_text(json.dumps({"exitstatus": int(exitstatus), "tests": rows}, indent=1))
+    _results = None

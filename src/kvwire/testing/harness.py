@@ -1,0 +1,214 @@
+"""The harness API: what a backend plugin supplies so the conformance suite can test it.
+
+A plugin registers one :class:`Harness` in the entry-point group ``kvwire.harnesses`` under the
+same name as its backend in ``kvwire.backends``::
+
+    [project.entry-points."kvwire.harnesses"]
+    example = "kvwire_example.harness:harness"
+
+The harness says how to build the backend for a test and nothing else; the suite decides what to
+submit from the capabilities the backend declares, and checks every byte through memory it reads
+and writes itself (:mod:`kvwire.testing.regions`), never through the backend under test.
+
+What a harness does:
+
+- :meth:`Harness.open` builds a fresh pair of :class:`Ends` that reach one another: for a store
+  backend two backends sharing one store that nothing else uses (publish on ``source``, fetch on
+  ``sink``); for a peer backend a connected pair. It also gives the hint each direction needs.
+- :meth:`Harness.allocate` gives memory of each kind the backend claims (the default gives HOST
+  memory as numpy arrays and DEVICE memory as torch CUDA tensors, when a GPU exists).
+- Optionally, :attr:`Ends.hold` makes the other end stop answering until released, and
+  :meth:`Harness.open` honours a :class:`FaultPlan`. Tests that need either skip when the harness
+  cannot provide it (they say so), so a first harness can leave both out.
+- :meth:`Harness.close` tears the ends down (the default shuts both backends down until nothing
+  is in flight and then runs :attr:`Ends.cleanup`).
+
+For backends built on :class:`kvwire.blob.BlobBackend`, :class:`kvwire.testing.stores.StoreHarness`
+does all of this given a way to make a driver; see ``examples/third_party_plugin``."""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from importlib import metadata
+
+from kvwire.contract import Backend, Capabilities, Hint, MemoryKind
+from kvwire.testing.regions import DeviceMemory, HostMemory, RegionMemory, cuda_devices
+
+__all__ = ["Harness", "Ends", "Hold", "FaultPlan", "Unavailable", "shut_down"]
+
+
+class Unavailable(Exception):
+    """The harness cannot provide what a test asked for here (no GPU, no fault injection). The
+    suite turns it into a skip whose reason is this exception's message."""
+
+
+class Hold(abc.ABC):
+    """While a hold is in place the other end answers nothing: every call a backend makes to it
+    waits (a store holds each request; a peer leaves each message unanswered) until
+    :meth:`release`. The suite uses it to keep attempts in flight for as long as it likes."""
+
+    @abc.abstractmethod
+    def release(self) -> None:
+        """Let every held call, and every later one, proceed. Idempotent."""
+
+    @abc.abstractmethod
+    def waiting(self) -> int:
+        """How many calls the other end is holding now."""
+
+    @abc.abstractmethod
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until no call to the other end is held or running, so the other end touches no
+        memory on a backend's behalf; whether that happened within ``timeout_s``."""
+
+    def __enter__(self) -> Hold:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+@dataclass(frozen=True)
+class FaultPlan:
+    """Faults the other end injects, by content name (the row names the suite puts in views):
+    a fetch of a name in ``fetch`` or a publish of a name in ``publish`` meets a fault at the
+    other end (a store answers ``FAILED`` for that object; a peer reports an error). Names not
+    listed behave normally. An empty plan injects nothing."""
+
+    fetch: frozenset[bytes] = frozenset()
+    publish: frozenset[bytes] = frozenset()
+    #: For a store backend: :mod:`kvwire.testing.faults` records that a
+    #: :class:`~kvwire.testing.faults.FaultyDriver` applies to each end's driver.
+    schedule: tuple[object, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.fetch or self.publish or self.schedule)
+
+
+@dataclass
+class Ends:
+    """Two ends that reach one another, built by :meth:`Harness.open` for one test.
+
+    ``source`` publishes with ``publish_hint`` and ``sink`` fetches with ``fetch_hint``: for a
+    store, what ``source`` published under a name ``sink`` can fetch under that name; for a peer
+    backend that serves pulls, ``source`` is the serving end and ``fetch_hint`` names it. For a
+    peer backend without that protocol, a publish on ``source`` and a fetch on ``sink`` whose
+    views hold the same names in the same groups meet one another.
+
+    ``hold``, when given, starts holding the other end and returns the :class:`Hold`.
+    ``cleanup`` runs after both backends shut down (drop the store, stop a server)."""
+
+    source: Backend
+    sink: Backend
+    publish_hint: Hint
+    fetch_hint: Hint
+    hold: Callable[[], Hold] | None = None
+    cleanup: Callable[[], None] | None = None
+    #: Anything else the harness wants to keep with these ends (never read by the suite).
+    extra: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def backends(self) -> tuple[Backend, ...]:
+        """Each distinct backend of the pair, once."""
+        return (self.source,) if self.sink is self.source else (self.source, self.sink)
+
+
+class Harness(abc.ABC):
+    """How to build one backend for the conformance suite. Subclass it, set :attr:`name`, and
+    implement :meth:`open`; override the rest only when the defaults do not fit.
+
+    A harness is used from one thread at a time and must not keep state between :meth:`open`
+    calls that one test could see from another: every :meth:`open` gives a fresh other end."""
+
+    #: The backend's name: its entry-point name in ``kvwire.backends`` and ``kvwire.harnesses``.
+    name: str = ""
+
+    #: How long after its deadline (A8) an attempt may take to quiesce: the grace the backend
+    #: documents. The suite fails an attempt that takes longer.
+    quiesce_grace_s: float = 5.0
+
+    @abc.abstractmethod
+    def open(self, *, timeout_s: float, max_in_flight: int | None = None,
+             faults: FaultPlan | None = None, hold: bool = False) -> Ends:
+        """Build a fresh pair of ends.
+
+        ``timeout_s``: each submission's deadline, set through the backend's options (A8).
+        ``max_in_flight``: a small queue bound the suite would like, when the backend's options
+        allow one (the suite reads the bound from ``capabilities()``, so ignoring it is fine).
+        ``faults``: inject these at the other end, or raise :class:`Unavailable` if it cannot.
+        ``hold``: the test will hold the other end; set :attr:`Ends.hold`, or raise
+        :class:`Unavailable` if the other end cannot be held.
+
+        The other end keeps everything the suite stores in it for the life of the ends (the
+        suite stores a few MiB at most), so a miss is always the suite's doing."""
+
+    def close(self, ends: Ends) -> None:
+        """Tear the ends down. The default shuts each backend down until nothing is in flight
+        (B3), then runs ``ends.cleanup``. The suite closes its registrations itself."""
+        try:
+            for backend in ends.backends:
+                shut_down(backend, timeout_s=max(10.0, self.quiesce_grace_s))
+        finally:
+            if ends.cleanup is not None:
+                ends.cleanup()
+
+    @contextlib.contextmanager
+    def ends(self, *, timeout_s: float, max_in_flight: int | None = None,
+             faults: FaultPlan | None = None, hold: bool = False) -> Iterator[Ends]:
+        """:meth:`open`, then :meth:`close` however the block ends."""
+        ends = self.open(timeout_s=timeout_s, max_in_flight=max_in_flight, faults=faults, hold=hold)
+        try:
+            yield ends
+        finally:
+            self.close(ends)
+
+    def capabilities(self) -> Capabilities:
+        """What the backend declares, without building one. The default asks the plugin
+        registered under :attr:`name`."""
+        from kvwire.registry import load
+
+        return load(self.name).capabilities
+
+    def distribution(self) -> str:
+        """``"name version"`` of the distribution that provides the backend, for the report."""
+        for entry in metadata.entry_points(group="kvwire.backends"):
+            if entry.name == self.name and entry.dist is not None:
+                return f"{entry.dist.metadata['Name']} {entry.dist.version}"
+        module = type(self).__module__.split(".")[0]
+        return f"{module} (not an installed distribution)"
+
+    def allocate(self, kind: MemoryKind, slot_bytes: int, slot_count: int) -> RegionMemory:
+        """Memory for one region of ``kind``: HOST as a numpy array, DEVICE as a CUDA tensor on
+        the first GPU. Raises :class:`Unavailable` when there is no GPU for DEVICE memory.
+        Override to allocate memory your backend needs in a special way (pinned, registered)."""
+        if kind is MemoryKind.HOST:
+            return HostMemory(slot_bytes, slot_count)
+        devices = cuda_devices()
+        if not devices:
+            raise Unavailable("no CUDA device is present for DEVICE memory")
+        return DeviceMemory(slot_bytes, slot_count, device=devices[0])
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} for backend {self.name!r}>"
+
+
+def shut_down(backend: Backend, timeout_s: float) -> None:
+    """Call ``shutdown()`` until it returns an empty set, as a holder does (B3). Raises
+    ``AssertionError`` naming the attempts still in flight after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    delay = 0.001
+    while True:
+        pending = backend.shutdown()
+        if not pending:
+            return
+        if time.monotonic() >= deadline:
+            raise AssertionError(
+                f"B3: shutdown() still returns {len(pending)} attempt(s) whose memory access has not "
+                f"ended, {timeout_s:g} s after the first call")
+        # shutdown() has no wake of its own; a holder re-asks after its attempts' wakes. Here
+        # the attempts' wakes belong to the tests, so re-ask on a short, growing interval.
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)

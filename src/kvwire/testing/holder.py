@@ -1,0 +1,212 @@
+"""The suite's lease holder: it submits, then waits only on wakes, as a runtime does, and checks
+every answer the backend gives on the way (A1, A2, A5, A6, W1).
+
+Each check fails with an ``AssertionError`` whose message starts with the rule it enforces."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import numpy as np
+
+from kvwire.contract import Attempt, Backend, Hint, InvalidSubmission, Outcome, View
+from kvwire.contract.errors import SubmissionError
+
+__all__ = ["Wakes", "Submission", "submit", "settle", "check_outcome", "same_outcome", "call_briefly",
+           "wait_for", "refused", "BLOCKING_LIMIT_S"]
+
+T = TypeVar("T")
+
+#: A call that must never block (poll, quiesced, cancel, wake) fails the suite when it has not
+#: returned after this long.
+BLOCKING_LIMIT_S = 1.0
+
+
+class Wakes:
+    """A ``WakeFn`` that counts its calls. The suite waits on it the way a holder sleeps until
+    woken; it never calls into a backend from inside it (W1)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._count = 0
+
+    def __call__(self) -> None:
+        with self._cond:
+            self._count += 1
+            self._cond.notify_all()
+
+    @property
+    def count(self) -> int:
+        with self._cond:
+            return self._count
+
+    def wait_beyond(self, seen: int, deadline: float) -> bool:
+        """Wait until more than ``seen`` wakes have come; false once ``deadline`` passes."""
+        with self._cond:
+            while self._count <= seen:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+            return True
+
+
+@dataclass(eq=False)
+class Submission:
+    """One submission as the suite tracks it: what was submitted, the attempt, its wakes, and
+    what the backend has said so far."""
+
+    op: str
+    backend: Backend
+    view: View
+    attempt: Attempt
+    wakes: Wakes
+    outcome: Outcome | None = None
+    quiesced_seen: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def poll(self) -> Outcome | None:
+        """``attempt.poll()``, checked: an ``Outcome`` or ``None``, and once an outcome, the
+        same one on every later call (A1)."""
+        out = self.attempt.poll()
+        if out is None:
+            assert self.outcome is None, (
+                f"A1: poll() of a {self.op} answered {self.outcome!r} before and None now; "
+                "after it concludes, poll() gives the same outcome on every call")
+            return None
+        assert isinstance(out, Outcome), (
+            f"A5: poll() of a {self.op} must answer an Outcome or None, got {type(out).__name__}")
+        if self.outcome is None:
+            check_outcome(out, self.view, self.op)
+            self.outcome = out
+        else:
+            same_outcome(self.outcome, out, self.op)
+        return out
+
+    def quiesced(self) -> bool:
+        """``attempt.quiesced()``, checked: a bool that stays true once true (A2)."""
+        q = self.attempt.quiesced()
+        assert isinstance(q, (bool, np.bool_)), f"A2: quiesced() must answer a bool, got {type(q).__name__}"
+        if self.quiesced_seen:
+            assert q, f"A2: quiesced() of a {self.op} answered True before and False now; it stays true"
+        self.quiesced_seen = bool(q)
+        return bool(q)
+
+
+def submit(backend: Backend, op: str, view: View, hint: Hint) -> Submission:
+    """Submit ``view`` as ``op`` ("fetch" or "publish") with a fresh :class:`Wakes`. Whatever the
+    backend raises propagates; what it returns must be an ``Attempt`` (S1)."""
+    wakes = Wakes()
+    call = backend.fetch if op == "fetch" else backend.publish
+    attempt = call(view, hint, wakes)
+    assert isinstance(attempt, Attempt), f"S1: {op}() must return an Attempt, got {type(attempt).__name__}"
+    return Submission(op, backend, view, attempt, wakes)
+
+
+def settle(sub: Submission, patience_s: float, *, quiesce: bool = True) -> Outcome:
+    """Wait as a holder does, looking only after each wake, until the attempt has concluded (and,
+    with ``quiesce``, quiesced). Fails naming W1 if the change became visible but no wake came
+    after it, and A3 or A8 if it never came within ``patience_s``."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        seen = sub.wakes.count
+        out = sub.poll()
+        if out is not None and (not quiesce or sub.quiesced()):
+            return out
+        if sub.wakes.wait_beyond(seen, deadline):
+            continue
+        out = sub.poll()
+        done = out is not None and (not quiesce or sub.quiesced())
+        if done:
+            raise AssertionError(
+                f"W1: the {sub.op} {'concluded and quiesced' if quiesce else 'concluded'}, but wake() was not "
+                f"called after that became visible (waited {patience_s:g} s after the last wake); a holder that "
+                "sleeps until woken would never see it")
+        missing = "conclude" if out is None else "quiesce"
+        raise AssertionError(
+            f"A3/A8: the {sub.op} did not {missing} within {patience_s:g} s ({sub.wakes.count} wake(s) so far); "
+            "a backend advances its own work and concludes every attempt by its deadline")
+
+
+def check_outcome(out: Outcome, view: View, op: str) -> None:
+    """What every outcome must look like: one plain, read-only, one-dimensional bool mask per
+    view group, as long as the group (A5, A6); a failure says why."""
+    assert isinstance(out, Outcome), f"A5: expected an Outcome, got {type(out).__name__}"
+    masks = out.masks
+    assert isinstance(masks, tuple) and len(masks) == len(view.groups), (
+        f"A5: the {op} outcome carries {len(masks) if isinstance(masks, tuple) else masks!r} masks for "
+        f"{len(view.groups)} view groups; it carries one per group")
+    for group, mask in zip(view.groups, masks, strict=True):
+        assert type(mask) is np.ndarray, (
+            f"A6: the mask of group {group.group_id} is a {type(mask).__name__}, not a plain numpy.ndarray")
+        assert mask.dtype == np.bool_, f"A6: the mask of group {group.group_id} has dtype {mask.dtype}, not bool"
+        assert mask.ndim == 1 and mask.size == group.rows, (
+            f"A5: the mask of group {group.group_id} has shape {mask.shape}; the group has {group.rows} rows")
+        assert not mask.flags.writeable, f"A6: the mask of group {group.group_id} is writable after hand-over"
+    if out.is_failed:
+        assert isinstance(out.reason, str) and out.reason.strip(), "A5: a failed outcome must say why"
+
+
+def same_outcome(first: Outcome, later: Outcome, op: str) -> None:
+    """A1: a later poll gives the same outcome: same status, reason and masks."""
+    assert later is first or (
+        later.status is first.status and later.reason == first.reason and later.by_peer == first.by_peer
+        and len(later.masks) == len(first.masks)
+        and all(np.array_equal(a, b) for a, b in zip(first.masks, later.masks, strict=True))
+    ), f"A1: poll() of a {op} answered {first!r} and later {later!r}; it must give the same outcome"
+
+
+def call_briefly(fn: Callable[[], T], what: str, limit_s: float = BLOCKING_LIMIT_S,
+                 on_block: Callable[[], None] | None = None) -> T:
+    """Run ``fn`` and fail naming ``what`` if it has not returned within ``limit_s``. When it
+    blocks, ``on_block`` runs (e.g. to release a held store) so the stuck call can finish."""
+    result: list[Any] = []
+    error: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            result.append(fn())
+        except BaseException as exc:  # re-raised in the test's thread
+            error.append(exc)
+
+    thread = threading.Thread(target=run, name=f"kvwire-suite-{what}", daemon=True)
+    thread.start()
+    thread.join(limit_s)
+    if thread.is_alive():
+        if on_block is not None:
+            on_block()
+        thread.join(10.0)
+        raise AssertionError(f"{what} blocked for more than {limit_s:g} s; it must never block")
+    if error:
+        raise error[0]
+    return result[0]  # type: ignore[no-any-return]
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+    """Wait until ``condition()`` holds, re-checking on a short growing interval; fail saying
+    ``what`` did not happen within ``timeout_s``. For conditions no wake announces (e.g. a
+    held store receiving a call)."""
+    deadline = time.monotonic() + timeout_s
+    delay = 0.0005
+    while not condition():
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{what} did not happen within {timeout_s:g} s")
+        time.sleep(delay)
+        delay = min(delay * 2, 0.02)
+
+
+def refused(call: Callable[[], object], what: str,
+            error: type[SubmissionError] = InvalidSubmission) -> SubmissionError:
+    """Run ``call`` and fail unless it raises ``error``; ``what`` names the submission and rule."""
+    try:
+        call()
+    except error as exc:
+        return exc
+    except Exception as exc:
+        raise AssertionError(f"{what} raised {type(exc).__name__}: {exc}; the contract refuses it with "
+                             f"{error.__name__}") from exc
+    raise AssertionError(f"{what} was accepted; the contract refuses it with {error.__name__}")

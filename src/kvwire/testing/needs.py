@@ -1,0 +1,106 @@
+"""What a suite test needs from the backend, as declared in its capabilities (B4). When a need is
+not met the test is skipped with a reason that names the capability, never the backend."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import pytest
+
+from kvwire.contract import Capabilities, MemoryKind
+from kvwire.contract.capabilities import SERVE_PULLS, OtherEnd
+from kvwire.testing import profiles
+from kvwire.testing.exchange import Exchange
+from kvwire.testing.harness import Ends, FaultPlan, Harness, Unavailable
+from kvwire.testing.regions import cuda_devices
+
+__all__ = ["transfer", "fetch", "publish", "cancellation", "names", "serve_pulls", "usable_kind",
+           "usable_kinds", "shares_names", "open_exchange", "misses", "LONG_TIMEOUT_S"]
+
+#: The deadline set through options when a test is not about deadlines: long enough never to
+#: interfere, since the suite's patience fails a stuck attempt first.
+LONG_TIMEOUT_S = 120.0
+
+
+def fetch(caps: Capabilities) -> None:
+    if not caps.fetch:
+        pytest.skip("backend does not declare fetch")
+
+
+def publish(caps: Capabilities) -> None:
+    if not caps.publish:
+        pytest.skip("backend does not declare publish")
+
+
+def transfer(caps: Capabilities) -> None:
+    """Rows can move from ``source`` to ``sink``: fetch, and publish (to the store, to the peer,
+    or to answer a pull)."""
+    fetch(caps)
+    publish(caps)
+
+
+def cancellation(caps: Capabilities) -> None:
+    if not caps.cancellation:
+        pytest.skip("backend does not declare cancellation")
+
+
+def names(caps: Capabilities) -> None:
+    if not caps.content_addressed:
+        pytest.skip("backend does not declare content addressing by name")
+
+
+def serve_pulls(caps: Capabilities) -> None:
+    if caps.other_end is not OtherEnd.PEER or SERVE_PULLS not in caps.protocols:
+        pytest.skip(f"backend does not declare the {SERVE_PULLS} protocol")
+
+
+def misses(caps: Capabilities) -> None:
+    """The fetching end can ask for rows the other end does not hold: a store, or a peer that
+    serves pulls by name."""
+    if caps.other_end is OtherEnd.STORE:
+        names(caps)
+        return
+    if SERVE_PULLS not in caps.protocols:
+        pytest.skip(f"backend's other end is a peer without the {SERVE_PULLS} protocol, so a fetch cannot name "
+                    "rows the peer lacks")
+
+
+def shares_names(caps: Capabilities) -> bool:
+    """Whether views must name their rows alike in every group: a request-free pull names each
+    block once for all layer groups."""
+    return caps.other_end is OtherEnd.PEER and SERVE_PULLS in caps.protocols
+
+
+def usable_kinds(harness: Harness, caps: Capabilities) -> list[MemoryKind]:
+    """The declared memory kinds this machine can allocate (DEVICE needs a CUDA device)."""
+    kinds = [k for k in (MemoryKind.HOST, MemoryKind.DEVICE) if k in caps.memory_kinds]
+    if MemoryKind.DEVICE in kinds and not cuda_devices():
+        kinds.remove(MemoryKind.DEVICE)
+    return kinds
+
+
+def usable_kind(harness: Harness, caps: Capabilities) -> MemoryKind:
+    """HOST if declared, else DEVICE when a CUDA device is present; else skip."""
+    kinds = usable_kinds(harness, caps)
+    if not kinds:
+        pytest.skip("backend declares only DEVICE memory and no CUDA device is present")
+    return kinds[0]
+
+
+@contextlib.contextmanager
+def open_exchange(harness: Harness, *, timeout_s: float = LONG_TIMEOUT_S, max_in_flight: int | None = None,
+                  faults: FaultPlan | None = None, hold: bool = False) -> Iterator[Exchange]:
+    """A fresh pair of ends from the harness, as an :class:`Exchange`; closed afterwards. What
+    the harness cannot provide skips the test with the harness's reason."""
+    try:
+        ends: Ends = harness.open(timeout_s=timeout_s, max_in_flight=max_in_flight, faults=faults, hold=hold)
+    except Unavailable as exc:
+        pytest.skip(f"harness cannot provide it: {exc}")
+    if hold and ends.hold is None:
+        harness.close(ends)
+        pytest.skip("harness cannot hold the backend's other end")
+    try:
+        yield Exchange(ends, profiles.active().patience_s)
+    finally:
+        harness.close(ends)

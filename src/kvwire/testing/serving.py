@@ -1,0 +1,152 @@
+"""The suite as the serving holder of a peer backend that declares ``serve-pulls`` (N2).
+
+:class:`ReuseTree` stands in for the holder's reuse tree: a dict from block name to the row that
+holds it in each layer group, with a pin count per name. :class:`ServingHolder` answers pull
+requests from it as ``kvwire.contract.serving`` says a holder does: look the names up, pin the
+longest held prefix, publish it with the request's ticket, and unpin once that publish quiesced,
+whether it delivered, failed or was cancelled."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kvwire.contract import CacheKind, LayerGroupRows, SlotRegion, TokenRange, View
+from kvwire.contract.backend import Backend
+from kvwire.contract.serving import PullRequest, ServesPulls
+from kvwire.testing.holder import Submission, Wakes, settle, submit
+
+__all__ = ["ReuseTree", "ServingHolder", "Answer"]
+
+
+class ReuseTree:
+    """Block name -> ``{group_id: (region, slot)}``, plus pins. Each group's rows lie in one
+    region (the suite's benches allocate one region per group and side)."""
+
+    def __init__(self) -> None:
+        self.rows: dict[bytes, dict[int, tuple[SlotRegion, int]]] = {}
+        self.regions: dict[int, SlotRegion] = {}
+        self.pins: Counter[bytes] = Counter()
+
+    def add(self, name: bytes, group_id: int, region: SlotRegion, slot: int) -> None:
+        self.rows.setdefault(bytes(name), {})[group_id] = (region, int(slot))
+        self.regions.setdefault(group_id, region)
+
+    def add_view(self, view: View) -> None:
+        """Hold every named row of ``view``."""
+        for g in view.groups:
+            self.regions.setdefault(g.group_id, g.region)
+            for row in range(g.rows):
+                self.add(g.name(row), g.group_id, g.region, int(g.slots[row]))
+
+    def held_prefix(self, request: PullRequest) -> int:
+        """How many leading names of ``request`` are held in every requested group, at the
+        requested row size."""
+        for i in range(request.blocks):
+            entry = self.rows.get(request.names[i].tobytes())
+            if entry is None:
+                return i
+            for gid, size in zip(request.groups, request.slot_bytes, strict=True):
+                if gid not in entry or entry[gid][0].slot_bytes != size:
+                    return i
+        return request.blocks
+
+    def view_for(self, request: PullRequest, count: int) -> View:
+        """The first ``count`` requested blocks, one group per requested group, in order."""
+        names = request.names[:count]
+        groups = []
+        for gid in request.groups:
+            region = self.regions[gid]
+            slots = [self.rows[n.tobytes()][gid][1] for n in names]
+            groups.append(LayerGroupRows(gid, CacheKind.PAGED, region, np.asarray(slots, dtype=np.int64),
+                                         TokenRange(0, count * 16), names))
+        return View(tuple(groups))
+
+    @property
+    def pinned(self) -> int:
+        """How many pins are held now."""
+        return sum(self.pins.values())
+
+
+@dataclass(eq=False)
+class Answer:
+    """A request and how the suite answered it: the publish, or ``None`` if declined."""
+
+    request: PullRequest
+    publish: Submission | None
+    pinned: tuple[bytes, ...] = ()
+    released: bool = field(default=False)
+
+
+class ServingHolder:
+    """Plays the holder of the serving end."""
+
+    def __init__(self, backend: Backend, tree: ReuseTree, patience_s: float) -> None:
+        if not isinstance(backend, ServesPulls):
+            raise TypeError("the serving end must implement kvwire.contract.serving.ServesPulls")
+        self.backend = backend
+        self.serving: ServesPulls = backend
+        self.tree = tree
+        self.patience_s = patience_s
+        self.wakes = Wakes()
+        self.started = False
+        self.answers: list[Answer] = []
+        self._pending: list[PullRequest] = []
+
+    def start(self) -> None:
+        if not self.started:
+            self.serving.serve(self.wakes)
+            self.started = True
+
+    def take(self, count: int = 1) -> list[PullRequest]:
+        """Wait, on wakes only, until ``count`` requests arrived (W1); return them."""
+        deadline = time.monotonic() + self.patience_s
+        while True:
+            seen = self.wakes.count
+            fresh = self.serving.incoming()
+            assert isinstance(fresh, tuple), f"N2: incoming() must answer a tuple, got {type(fresh).__name__}"
+            for request in fresh:
+                assert isinstance(request, PullRequest), f"N2: incoming() gave a {type(request).__name__}"
+            self._pending.extend(fresh)
+            if len(self._pending) >= count:
+                taken, self._pending = self._pending[:count], self._pending[count:]
+                return taken
+            if not self.wakes.wait_beyond(seen, deadline):
+                late = self.serving.incoming()
+                if late:
+                    raise AssertionError(
+                        "W1: a pull request became visible through incoming() but no wake followed it")
+                raise AssertionError(f"N2: no pull request arrived within {self.patience_s:g} s")
+
+    def answer(self, request: PullRequest, limit: int | None = None) -> Answer:
+        """Pin the held prefix (at most ``limit`` blocks) and publish it with the ticket."""
+        count = self.tree.held_prefix(request)
+        if limit is not None:
+            count = min(count, limit)
+        names = tuple(request.names[i].tobytes() for i in range(count))
+        self.tree.pins.update(names)
+        try:
+            sub = submit(self.backend, "publish", self.tree.view_for(request, count), request.ticket)
+        except BaseException:
+            self.tree.pins.subtract(names)
+            raise
+        answer = Answer(request, sub, names)
+        self.answers.append(answer)
+        return answer
+
+    def decline(self, request: PullRequest, reason: str) -> Answer:
+        self.serving.decline(request, reason)
+        answer = Answer(request, None, (), True)
+        self.answers.append(answer)
+        return answer
+
+    def finish(self, answer: Answer) -> None:
+        """Wait until the answer's publish quiesced, then unpin (on every outcome alike)."""
+        if answer.publish is not None and not answer.released:
+            settle(answer.publish, self.patience_s)
+            self.tree.pins.subtract(answer.pinned)
+            self.tree.pins += Counter()  # drop zero counts
+            answer.released = True

@@ -1,0 +1,441 @@
+"""A1-A9: what an attempt answers, when, and what its outcome means."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kvwire.contract import CacheKind, Hint, Outcome
+from kvwire.testing import needs, profiles
+from kvwire.testing.exchange import Exchange
+from kvwire.testing.harness import Harness, Hold
+from kvwire.testing.holder import Submission, call_briefly, same_outcome, settle, wait_for
+from kvwire.testing.layout import Bench, ViewPlan, simple_plan
+from kvwire.testing.strategies import masks, view_plans
+
+#: Bytes the holder writes into rows it got back, to see whether a backend writes after.
+SENTINEL = 0x5A
+
+
+def _held_fetch(ex: Exchange, bench: Bench) -> tuple[Submission, Hold]:
+    """Offer the bench's rows, then hold the other end, submit a fetch of them, and wait until
+    the held end has received it."""
+    _store_only(ex)
+    ex.offer(bench)
+    assert ex.ends.hold is not None
+    hold = ex.ends.hold()
+    sub = ex.fetch(bench.sink_view())
+    wait_for(lambda: hold.waiting() > 0 or sub.attempt.poll() is not None, profiles.active().patience_s,
+             "A3: the held other end receiving the fetch")
+    return sub, hold
+
+
+def _store_only(ex: Exchange) -> None:
+    if not ex.store:
+        pytest.skip("backend's other end is a peer; holding is exercised through a store")
+
+
+# -- A1 ----------------------------------------------------------------------------------------
+
+def test_A1_poll_never_blocks_and_answers_the_same_outcome(kvwire_harness: Harness) -> None:
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = simple_plan(groups=2, rows=3, seed=61)
+    with needs.open_exchange(kvwire_harness, hold=True) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
+                                                                     plan, kind) as bench:
+        sub, hold = _held_fetch(ex, bench)
+        first = call_briefly(sub.attempt.poll, "A1: poll() while the other end is held", on_block=hold.release)
+        assert first is None, f"A1: poll() answered {first!r} while the fetch was still held at the other end"
+        hold.release()
+        out = ex.settle(sub)
+        for _ in range(5):
+            later = call_briefly(sub.attempt.poll, "A1: poll() after the conclusion")
+            assert later is not None, "A1: poll() answered None after it had answered an outcome"
+            same_outcome(out, later, "fetch")
+        bench.apply_fetch(out)
+        # Later work on the same backend does not change an earlier outcome.
+        ex.settle(ex.fetch(bench.sink_view()))
+        same_outcome(out, sub.attempt.poll(), "fetch")  # type: ignore[arg-type]
+
+
+# -- A2 ----------------------------------------------------------------------------------------
+
+def test_A2_quiesced_never_blocks_and_stays_true(kvwire_harness: Harness) -> None:
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = simple_plan(groups=1, rows=4, seed=67)
+    with needs.open_exchange(kvwire_harness, hold=True) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
+                                                                     plan, kind) as bench:
+        sub, hold = _held_fetch(ex, bench)
+        call_briefly(sub.attempt.quiesced, "A2: quiesced() while the other end is held", on_block=hold.release)
+        hold.release()
+        out = ex.settle(sub)
+        for _ in range(5):
+            assert call_briefly(sub.attempt.quiesced, "A2: quiesced() after quiescence") is True, (
+                "A2: quiesced() turned false after it had been true")
+        bench.apply_fetch(out)
+
+
+def test_A2_fetch_writes_nothing_after_quiesced(kvwire_harness: Harness) -> None:
+    """Once a fetch says it quiesced, the holder may reuse the rows at once: nothing the backend
+    does afterwards may change them."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = simple_plan(groups=2, rows=4, seed=71)
+    with needs.open_exchange(kvwire_harness, hold=True) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
+                                                                     plan, kind) as bench:
+        sub, hold = _held_fetch(ex, bench)
+        early = sub.quiesced()
+        if early:
+            # It claims no more access while its work is held: take it at its word.
+            bench.write_sink(None, SENTINEL)
+        hold.release()
+        ex.settle(sub)
+        if not early:
+            bench.write_sink(None, SENTINEL)
+        assert hold.wait_idle(profiles.active().patience_s), "the other end did not go idle after release"
+        bench.verify("A2: the fetch had said it quiesced, and the holder then reused its rows")
+
+
+def test_A2_publish_reads_nothing_after_quiesced(kvwire_harness: Harness) -> None:
+    """Once a publish says it quiesced, the holder may overwrite its rows: the other end must
+    still hold the bytes as they were at submission."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = simple_plan(groups=2, rows=4, seed=73)
+    with needs.open_exchange(kvwire_harness, hold=True) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
+                                                                     plan, kind) as bench:
+        _store_only(ex)
+        control = ex.ends.hold
+        assert control is not None
+        hold = control()
+        sub = ex.publish(bench.source_view())
+        wait_for(lambda: hold.waiting() > 0 or sub.attempt.poll() is not None, profiles.active().patience_s,
+                 "A3: the held store receiving the publish")
+        early = sub.quiesced()
+        if early:
+            bench.write_source(None, SENTINEL)
+        hold.release()
+        published = ex.settle(sub)
+        if not early:
+            bench.write_source(None, SENTINEL)
+        assert hold.wait_idle(profiles.active().patience_s)
+        fetched = ex.settle(ex.fetch(bench.sink_view()))
+        bench.apply_fetch(fetched)  # A7: a true bit means the bytes as they were offered
+        for put, got in zip(published.masks, fetched.masks, strict=True):
+            assert (got | ~put).all(), f"A5: rows the publish marked held were not fetched: {fetched!r}"
+
+
+# -- A3 ----------------------------------------------------------------------------------------
+
+def test_A3_fetch_progresses_without_poll(kvwire_harness: Harness) -> None:
+    """Without a single call to poll() or quiesced(), the fetched bytes land and wake() comes."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = simple_plan(groups=2, rows=4, seed=79)
+    patience = profiles.active().patience_s
+    with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan,
+                                                          kind) as bench:
+        _store_only(ex)
+        ex.offer(bench)
+        sub = ex.fetch(bench.sink_view())
+
+        def landed() -> bool:
+            return sub.wakes.count > 0 and all(
+                np.array_equal(bench.sink.memories[gi].read(bench.sink.slots[gi]), bench.data[gi])
+                for gi in range(len(plan.groups)))
+
+        wait_for(landed, patience, "A3: the fetched bytes landing and a wake, with no call to poll() or quiesced(),")
+        out = ex.settle(sub)
+        bench.apply_fetch(out)
+        assert all(m.all() for m in out.masks), f"A5: every row was held: {out!r}"
+
+
+def test_A3_publish_progresses_without_poll(kvwire_harness: Harness) -> None:
+    """A publish nobody polls still reaches the other end: a fetch on the other end finds it."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = simple_plan(groups=1, rows=3, seed=83)
+    patience = profiles.active().patience_s
+    with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan,
+                                                          kind) as bench:
+        _store_only(ex)
+        pub = ex.publish(bench.source_view())
+        deadline = time.monotonic() + patience
+        while True:
+            fetched = ex.settle(ex.fetch(bench.sink_view()))
+            bench.apply_fetch(fetched)
+            if fetched.masks[0].all() and pub.wakes.count > 0:
+                break
+            assert time.monotonic() < deadline, (
+                f"A3: a publish never polled did not reach the store within {patience:g} s (or never woke)")
+        ex.settle(pub)
+
+
+# -- A4 ----------------------------------------------------------------------------------------
+
+def test_A4_cancel_is_idempotent_yields_cancelled_and_still_quiesces(kvwire_harness: Harness) -> None:
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    needs.cancellation(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = simple_plan(groups=2, rows=3, seed=89)
+    with needs.open_exchange(kvwire_harness, hold=True) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
+                                                                     plan, kind) as bench:
+        sub, hold = _held_fetch(ex, bench)
+        assert sub.poll() is None, "the fetch concluded while the other end was held"
+        call_briefly(sub.attempt.cancel, "A4: cancel()", on_block=hold.release)
+        call_briefly(sub.attempt.cancel, "A4: a second cancel()", on_block=hold.release)
+        out = settle(sub, profiles.active().patience_s, quiesce=False)
+        assert out.is_cancelled, f"A4: cancel() before the conclusion must yield a cancelled outcome, got {out!r}"
+        hold.release()
+        ex.settle(sub)  # A4: a cancelled attempt still quiesces, and wakes the holder when it does
+        bench.forget_sink()
+        bench.apply_fetch(out)
+        call_briefly(sub.attempt.cancel, "A4: cancel() after the conclusion")
+        same_outcome(out, sub.attempt.poll(), "fetch")  # type: ignore[arg-type]
+        again = ex.settle(ex.fetch(bench.sink_view()))
+        assert again.is_delivered, f"A4: after a cancelled fetch the backend must still fetch: {again!r}"
+        bench.apply_fetch(again)
+
+
+def test_A4_cancel_after_conclusion_changes_nothing(kvwire_harness: Harness) -> None:
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = simple_plan(groups=1, rows=3, seed=97, shared_names=needs.shares_names(caps))
+    with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan,
+                                                          kind) as bench:
+        ex.offer(bench)
+        sub = ex.fetch(bench.sink_view())
+        if ex.serves_pulls:
+            holder = ex.holder()
+            holder.finish(holder.answer(holder.take(1)[0]))
+        out = ex.settle(sub)
+        call_briefly(sub.attempt.cancel, "A4: cancel() after the conclusion")
+        call_briefly(sub.attempt.cancel, "A4: a second cancel() after the conclusion")
+        same_outcome(out, sub.attempt.poll(), "fetch")  # type: ignore[arg-type]
+        assert sub.quiesced()
+        bench.apply_fetch(out)
+
+
+# -- A5 ----------------------------------------------------------------------------------------
+
+def test_A5_a_miss_is_a_false_bit_in_a_delivered_outcome(kvwire_harness: Harness) -> None:
+    """Fetching rows the other end never held delivers, with their bits false."""
+    caps = kvwire_harness.capabilities()
+    needs.fetch(caps)
+    needs.misses(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = simple_plan(groups=2, rows=4, seed=101, shared_names=needs.shares_names(caps))
+    with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, None, ex.ends.sink, plan, kind) as bench:
+        sub = ex.fetch(bench.sink_view())
+        if ex.serves_pulls:
+            holder = ex.holder()
+            holder.finish(holder.answer(holder.take(1)[0]))
+        out = ex.settle(sub)
+        assert out.is_delivered, f"A5: a miss is never a failure; fetching rows nobody holds gave {out!r}"
+        assert out.rows_delivered == 0, f"A5/A7: rows nobody holds were marked delivered: {out!r}"
+        bench.apply_fetch(out)
+
+
+def test_A5_a_fault_is_a_failure_not_a_miss(kvwire_harness: Harness) -> None:
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    needs.misses(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = simple_plan(groups=2, rows=4, seed=103, shared_names=needs.shares_names(caps))
+    probe = Bench(kvwire_harness, None, None, plan, kind)
+    from kvwire.testing.harness import FaultPlan
+
+    faulty = probe.names[0][2].tobytes()
+    with needs.open_exchange(kvwire_harness, faults=FaultPlan(fetch=frozenset({faulty}))) as ex, Bench(
+            kvwire_harness, ex.ends.source, ex.ends.sink, plan, kind) as bench:
+        _store_only(ex)
+        ex.offer(bench)
+        out = ex.settle(ex.fetch(bench.sink_view()))
+        assert out.is_failed, f"A5: a fault at the other end must fail the fetch, not pass as a miss: {out!r}"
+        assert not out.masks[0][2], "A5/A7: the row that faulted is marked delivered"
+        bench.apply_fetch(out)
+
+
+# -- A6 ----------------------------------------------------------------------------------------
+
+def test_A6_masks_are_plain_read_only_bool_and_never_change(kvwire_harness: Harness) -> None:
+    """Every outcome's masks are plain read-only bool arrays, and later work on the backend
+    never changes a mask it handed over."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = simple_plan(groups=2, rows=4, seed=107, shared_names=needs.shares_names(caps))
+    with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan,
+                                                          kind) as bench:
+        outcomes: list[tuple[Outcome, list[np.ndarray]]] = []
+        for select in ({0: [0, 1]}, {0: [2], 1: [0, 1, 2, 3]}, None, {1: []}):
+            fetched = ex.transfer(bench, select if ex.store else None, None).fetched
+            outcomes.append((fetched, [m.copy() for m in fetched.masks]))
+            for out, copies in outcomes:
+                for mask, copy in zip(out.masks, copies, strict=True):
+                    assert type(mask) is np.ndarray and mask.dtype == np.bool_ and not mask.flags.writeable, (
+                        "A6: an outcome's mask must stay a plain read-only bool array")
+                    assert np.array_equal(mask, copy), (
+                        f"A6: a mask handed over in {out!r} changed during later work on the backend")
+
+
+def test_A6_mask_type_rules(kvwire_harness: Harness) -> None:
+    """The outcome type the backend hands over keeps read-only plain bool masks, copies any
+    other bool mask, and refuses non-bool ones with ``TypeError``."""
+
+    @profiles.examples(max_examples=max(20, profiles.active().examples * 2))
+    @given(mask=masks(), dtype=st.sampled_from([np.uint8, np.int64, np.float32]))
+    def run(mask: np.ndarray, dtype: type) -> None:
+        out = Outcome.delivered([mask])
+        if not mask.flags.writeable:
+            assert out.masks[0] is mask, "A6: a read-only plain bool mask is kept as it is"
+        else:
+            assert out.masks[0] is not mask and not out.masks[0].flags.writeable, "A6: a writable mask is copied"
+        with pytest.raises(TypeError):
+            Outcome.delivered([mask.astype(dtype)])
+        masked = np.ma.masked_array(mask, mask=np.zeros(mask.shape, dtype=bool))
+        kept = Outcome.delivered([masked]).masks[0]
+        assert type(kept) is np.ndarray and not kept.flags.writeable, "A6: a masked array is copied to a plain one"
+
+    run()
+
+
+# -- A7 ----------------------------------------------------------------------------------------
+
+def test_A7_a_true_bit_means_identical_bytes(kvwire_harness: Harness) -> None:
+    """Over drawn views, with the sink full of junk: every row marked delivered holds exactly the
+    source's bytes; rows marked missing are left to the holder."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    p = profiles.active()
+    shared = needs.shares_names(caps)
+
+    @profiles.examples()
+    @given(plan=view_plans(max_groups=p.max_groups, max_rows=p.max_rows, min_rows=1, shared_names=shared),
+           data=st.data())
+    def run(plan: ViewPlan, data: st.DataObject) -> None:
+        with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan,
+                                                              kind) as bench:
+            offer = None
+            if ex.store:
+                offer = {gi: data.draw(st.lists(st.integers(0, g.rows - 1), unique=True), label=f"offered {gi}")
+                         for gi, g in enumerate(plan.groups)}
+            result = ex.transfer(bench, offer, None)  # apply_fetch checks every true bit's bytes
+            assert result.fetched.rows_delivered == sum(len(r) for r in bench.rows_of(offer)), (
+                f"A5: every offered row must arrive: {result.fetched!r}")
+
+    run()
+
+
+# -- A8 ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("source", ["options", "hint"])
+def test_A8_a_held_attempt_fails_by_its_deadline(kvwire_harness: Harness, source: str) -> None:
+    """With the other end not answering, the attempt concludes failed by its deadline (from the
+    backend's options, or from the hint) with a reason that says so, and quiesces within the
+    backend's documented grace once the other end lets go."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    deadline_s = 0.4
+    slack_s = 1.0
+    plan = simple_plan(groups=1, rows=2, seed=109)
+    options_timeout = deadline_s if source == "options" else needs.LONG_TIMEOUT_S
+    with needs.open_exchange(kvwire_harness, hold=True, timeout_s=options_timeout) as ex, Bench(
+            kvwire_harness, ex.ends.source, ex.ends.sink, plan, kind) as bench:
+        _store_only(ex)
+        control = ex.ends.hold
+        assert control is not None
+        ex.offer(bench)
+        hold = control()
+        hint = ex.ends.fetch_hint
+        if source == "hint":
+            hint = Hint(hint.kind, hint.fields, deadline_s)
+        started = time.monotonic()
+        sub = ex.fetch(bench.sink_view(), hint)
+        try:
+            out = settle(sub, deadline_s + slack_s + profiles.active().patience_s, quiesce=False)
+        except AssertionError:
+            hold.release()
+            raise
+        took = time.monotonic() - started
+        hold.release()
+        assert out.is_failed, f"A8: a fetch the other end never answered must fail by its deadline, got {out!r}"
+        assert any(w in (out.reason or "").lower() for w in ("deadline", "timeout", "timed out")), (
+            f"A8: the failure must say the deadline passed, said {out.reason!r}")
+        assert took <= deadline_s + slack_s, (
+            f"A8: the deadline was {deadline_s:g} s (from the {source}); the attempt concluded after {took:.2f} s")
+        grace = kvwire_harness.quiesce_grace_s
+        quiesced_by = time.monotonic() + grace + slack_s
+        settle(sub, grace + slack_s)
+        assert time.monotonic() <= quiesced_by, f"A8: quiescence took longer than the documented grace of {grace:g} s"
+        bench.forget_sink()
+        bench.apply_fetch(out)
+
+
+# -- A9 ----------------------------------------------------------------------------------------
+
+def _parts(assignments: list[list[int]], count: int) -> list[dict[int, list[int]]]:
+    """Split each group's rows over ``count`` parts: row ``r`` of group ``g`` goes to part
+    ``assignments[g][r]``. Empty parts are dropped."""
+    parts: list[dict[int, list[int]]] = [{} for _ in range(count)]
+    for gi, assignment in enumerate(assignments):
+        for row, part in enumerate(assignment):
+            parts[part].setdefault(gi, []).append(row)
+    return [p for p in parts if p]
+
+
+def test_A9_batching_and_order_do_not_change_the_result(kvwire_harness: Harness) -> None:
+    """The same rows, published in one view or split over several, fetched whole or in parts, in
+    any order: the same bits, the same bytes."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    p = profiles.active()
+
+    @profiles.examples()
+    @given(plan=view_plans(max_groups=p.max_groups, max_rows=max(p.max_rows, 12), min_rows=1,
+                           kinds=(CacheKind.PAGED,)), data=st.data())
+    def run(plan: ViewPlan, data: st.DataObject) -> None:
+        def split(label: str) -> list[dict[int, list[int]]]:
+            assignment = [data.draw(st.lists(st.integers(0, 3), min_size=g.rows, max_size=g.rows), label=f"{label} {gi}")
+                          for gi, g in enumerate(plan.groups)]
+            parts = _parts(assignment, 4)
+            return [{gi: data.draw(st.permutations(rows), label=f"{label} order") for gi, rows in part.items()}
+                    for part in parts]
+
+        whole = [{gi: list(range(g.rows)) for gi, g in enumerate(plan.groups)}]
+        results = []
+        for pub_parts, fetch_parts in ((whole, whole), (split("publish"), split("fetch"))):
+            with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
+                                                                  plan, kind) as bench:
+                _store_only(ex)
+                for part in pub_parts:
+                    ex.settle(ex.publish(bench.source_view(part)))
+                bits = [np.zeros(g.rows, dtype=bool) for g in plan.groups]
+                for part in fetch_parts:
+                    fetched = ex.settle(ex.fetch(bench.sink_view(part)))
+                    bench.apply_fetch(fetched, part)
+                    for gi, mask in zip(bench.groups_in(part), fetched.masks, strict=True):
+                        bits[gi][np.asarray(part[gi], dtype=np.int64)] = mask
+                results.append(bits)
+        for g, one, many in zip(plan.groups, results[0], results[1], strict=True):
+            assert np.array_equal(one, many), (
+                f"A9: group {g.group_id}: one view moved rows {np.flatnonzero(one).tolist()}, split views moved "
+                f"{np.flatnonzero(many).tolist()}")
+
+    run()

@@ -1,0 +1,258 @@
+"""W1 and B1-B4: waking, instances, call sequences, shutdown, declared capabilities."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from kvwire.contract import CONTRACT_VERSION, Capabilities, InvalidSubmission, SubmissionRejected
+from kvwire.contract.capabilities import SERVE_PULLS
+from kvwire.testing import needs, profiles
+from kvwire.testing.harness import Harness
+from kvwire.testing.holder import Submission, call_briefly, refused, settle, wait_for
+from kvwire.testing.layout import Bench, simple_plan
+
+SENTINEL = 0x3C
+
+
+# -- W1 ----------------------------------------------------------------------------------------
+
+def test_W1_a_wake_follows_every_visible_change(kvwire_harness: Harness) -> None:
+    """A holder that looks only after wakes sees every conclusion and every quiescence: after
+    each wake it polls, and the last change is always followed by a wake."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = simple_plan(groups=2, rows=6, seed=131, shared_names=needs.shares_names(caps))
+    with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan,
+                                                          kind) as bench:
+        for select in (None, {0: [1, 2]}, {1: [0]}):
+            # settle() looks only after wakes and fails naming W1 if a change came without one.
+            result = ex.transfer(bench, select if ex.store else None, None)
+            assert result.fetched is not None
+
+
+def test_W1_wakes_come_for_changes_while_held(kvwire_harness: Harness) -> None:
+    """Attempts that conclude while their other end is held (by cancellation) and quiesce once it
+    lets go: a wake follows each change."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = simple_plan(groups=1, rows=3, seed=137)
+    with needs.open_exchange(kvwire_harness, hold=True) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
+                                                                     plan, kind) as bench:
+        if not ex.store:
+            pytest.skip("backend's other end is a peer; holding is exercised through a store")
+        assert ex.ends.hold is not None
+        hold = ex.ends.hold()
+        pub = ex.publish(bench.source_view())
+        wait_for(lambda: hold.waiting() > 0 or pub.attempt.poll() is not None, profiles.active().patience_s,
+                 "the held store receiving the publish")
+        seen = pub.wakes.count
+        if caps.cancellation:
+            pub.attempt.cancel()
+            settle(pub, profiles.active().patience_s, quiesce=False)
+        hold.release()
+        settle(pub, profiles.active().patience_s)
+        assert pub.wakes.count > seen, "W1: no wake followed the publish's conclusion and quiescence"
+
+
+# -- B1 ----------------------------------------------------------------------------------------
+
+def test_B1_instances_share_no_state(kvwire_harness: Harness) -> None:
+    """Two instances in one process: the same memory registered with both, one shut down, the
+    other works on as if alone."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = simple_plan(groups=2, rows=3, seed=139, shared_names=needs.shares_names(caps))
+    with needs.open_exchange(kvwire_harness) as first, needs.open_exchange(kvwire_harness) as second:
+        bench = Bench(kvwire_harness, first.ends.source, first.ends.sink, plan, kind)
+        try:
+            again = [second.ends.source.register_regions([m.region for m in bench.source.memories]),
+                     second.ends.sink.register_regions([m.region for m in bench.sink.memories])]
+        except InvalidSubmission as exc:
+            raise AssertionError(f"B1: registering memory with one instance refused it in another: {exc}") from exc
+        for backend in first.ends.backends:
+            assert not backend.shutdown(), "B3: nothing was in flight"
+        try:
+            result = second.transfer(bench)
+        except SubmissionRejected as exc:
+            raise AssertionError(f"B1: shutting down one instance stopped another: {exc}") from exc
+        assert all(m.all() for m in result.fetched.masks), f"B1: the second instance moved fewer rows: {result!r}"
+        for registration in again:
+            registration.close()
+        bench.close()
+
+
+# -- B2 ----------------------------------------------------------------------------------------
+
+def _on_thread(fn: Callable[[], Any]) -> Any:
+    """Run ``fn`` on a new thread and return its result: one call sequence, many threads."""
+    out: list[Any] = []
+    err: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            out.append(fn())
+        except BaseException as exc:
+            err.append(exc)
+
+    thread = threading.Thread(target=run, name="kvwire-suite-caller")
+    thread.start()
+    thread.join()
+    if err:
+        raise err[0]
+    return out[0]
+
+
+def test_B2_one_call_sequence_may_span_threads(kvwire_harness: Harness) -> None:
+    """The holder calls in sequence but not always from one thread: registering, submitting,
+    polling and shutting down from different threads works alike."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = simple_plan(groups=2, rows=3, seed=149)
+    with needs.open_exchange(kvwire_harness) as ex:
+        if not ex.store:
+            pytest.skip("backend's other end is a peer; the thread test runs against a store")
+        bench = _on_thread(lambda: Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan, kind))
+        pub: Submission = _on_thread(lambda: ex.publish(bench.source_view()))
+        _on_thread(lambda: ex.settle(pub))
+        sub: Submission = _on_thread(lambda: ex.fetch(bench.sink_view()))
+        out = _on_thread(lambda: ex.settle(sub))
+        bench.apply_fetch(out)
+        assert all(m.all() for m in out.masks), f"B2: rows went missing across threads: {out!r}"
+        for backend in ex.ends.backends:
+            assert not _on_thread(backend.shutdown), "B3: nothing was in flight"
+        _on_thread(bench.close)
+
+
+# -- B3 ----------------------------------------------------------------------------------------
+
+def test_B3_shutdown_refuses_later_submissions_and_is_idempotent(kvwire_harness: Harness) -> None:
+    caps = kvwire_harness.capabilities()
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = simple_plan(groups=1, rows=2, seed=151, shared_names=needs.shares_names(caps))
+    with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan,
+                                                          kind) as bench:
+        for backend in ex.ends.backends:
+            for _ in range(3):
+                pending = call_briefly(backend.shutdown, "B3: shutdown() with nothing in flight")
+                assert isinstance(pending, frozenset), f"B3: shutdown() returns a frozenset, got {type(pending)}"
+                assert not pending, f"B3: nothing was in flight, yet shutdown() returned {len(pending)} attempts"
+        if caps.publish:
+            refused(lambda: ex.publish(bench.source_view()), "B3: a publish after shutdown()", SubmissionRejected)
+        if caps.fetch:
+            refused(lambda: ex.fetch(bench.sink_view()), "B3: a fetch after shutdown()", SubmissionRejected)
+        bench.verify("after submissions refused at shutdown")
+
+
+def test_B3_shutdown_ends_work_in_flight_before_it_returns_empty(kvwire_harness: Harness) -> None:
+    """With a fetch held at the other end, shutdown() ends or cancels it and keeps returning it
+    until its memory access has ended; once shutdown() returns empty the holder may reuse the
+    rows, and nothing writes them again."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = simple_plan(groups=2, rows=3, seed=157)
+    patience = profiles.active().patience_s
+    with needs.open_exchange(kvwire_harness, hold=True) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
+                                                                     plan, kind) as bench:
+        if not ex.store:
+            pytest.skip("backend's other end is a peer; holding is exercised through a store")
+        ex.offer(bench)
+        assert ex.ends.hold is not None
+        hold = ex.ends.hold()
+        sub = ex.fetch(bench.sink_view())
+        wait_for(lambda: hold.waiting() > 0, patience, "the held store receiving the fetch")
+        pending = call_briefly(ex.ends.sink.shutdown, "B3: shutdown() with a fetch held", on_block=hold.release)
+        assert isinstance(pending, frozenset)
+        for attempt in pending:
+            assert attempt is sub.attempt, "B3: shutdown() returned an attempt that was never submitted"
+        if not pending:
+            assert sub.quiesced(), "B3: shutdown() returned empty while the fetch says it has not quiesced"
+            bench.write_sink(None, SENTINEL)
+        hold.release()
+        out = settle(sub, patience, quiesce=False)
+        wait_for(lambda: not ex.ends.sink.shutdown(), patience, "B3: shutdown() returning empty")
+        if pending:
+            bench.write_sink(None, SENTINEL)
+        assert sub.quiesced(), "B3: shutdown() returned empty while the fetch has not quiesced"
+        assert hold.wait_idle(patience)
+        bench.verify("B3: after shutdown() returned empty the holder reused the rows")
+        assert out.is_cancelled or out.is_delivered or out.is_failed
+        refused(lambda: ex.fetch(bench.sink_view()), "B3: a fetch after shutdown()", SubmissionRejected)
+
+
+# -- B4 ----------------------------------------------------------------------------------------
+
+def test_B4_capabilities_are_frozen_data_that_match_the_declaration(kvwire_harness: Harness) -> None:
+    declared = kvwire_harness.capabilities()
+    assert isinstance(declared, Capabilities)
+    assert declared.contract_version[0] == CONTRACT_VERSION[0], (
+        f"B4: the backend speaks contract {declared.contract_version}, this kvwire {CONTRACT_VERSION}")
+    with needs.open_exchange(kvwire_harness) as ex:
+        for backend in ex.ends.backends:
+            caps = backend.capabilities()
+            assert isinstance(caps, Capabilities), f"B4: capabilities() returned a {type(caps).__name__}"
+            with pytest.raises((dataclasses.FrozenInstanceError, AttributeError)):
+                caps.fetch = not caps.fetch  # type: ignore[misc]
+            for _ in range(3):
+                assert backend.capabilities() == caps, "B4: capabilities() answered differently on a later call"
+            ours = dataclasses.replace(caps, max_in_flight=declared.max_in_flight)
+            assert ours == declared, (
+                f"B4: a built backend declares {caps.summary()!r}; its plugin declares {declared.summary()!r} "
+                "(only the queue bound may follow the options)")
+
+
+def test_B4_undeclared_directions_refused(kvwire_harness: Harness) -> None:
+    caps = kvwire_harness.capabilities()
+    if caps.fetch and caps.publish:
+        pytest.skip("backend declares both fetch and publish")
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = simple_plan(groups=1, rows=2, seed=163)
+    with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan,
+                                                          kind) as bench:
+        if not caps.fetch:
+            refused(lambda: ex.fetch(bench.sink_view()), "B4: a fetch on a backend that does not declare fetch")
+        if not caps.publish:
+            refused(lambda: ex.publish(bench.source_view()), "B4: a publish on a backend that does not declare it")
+        bench.verify("after refused submissions")
+
+
+def test_B4_undeclared_cancellation_is_harmless(kvwire_harness: Harness) -> None:
+    caps = kvwire_harness.capabilities()
+    if caps.cancellation:
+        pytest.skip("backend declares cancellation")
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = simple_plan(groups=1, rows=2, seed=167, shared_names=needs.shares_names(caps))
+    with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan,
+                                                          kind) as bench:
+        ex.offer(bench)
+        sub = ex.fetch(bench.sink_view())
+        call_briefly(sub.attempt.cancel, "B4: cancel() on a backend that does not declare cancellation")
+        if ex.serves_pulls:
+            holder = ex.holder()
+            holder.finish(holder.answer(holder.take(1)[0]))
+        out = ex.settle(sub)
+        bench.forget_sink()
+        bench.apply_fetch(out)
+
+
+def test_B4_undeclared_protocols_are_not_offered(kvwire_harness: Harness) -> None:
+    """A backend offers an optional protocol's interface only if it declares the protocol."""
+    from kvwire.contract.serving import ServesPulls
+
+    caps = kvwire_harness.capabilities()
+    if SERVE_PULLS in caps.protocols:
+        pytest.skip(f"backend declares the {SERVE_PULLS} protocol")
+    with needs.open_exchange(kvwire_harness) as ex:
+        for backend in ex.ends.backends:
+            assert not isinstance(backend, ServesPulls) or SERVE_PULLS in backend.capabilities().protocols, (
+                f"B4: the backend implements ServesPulls but does not declare {SERVE_PULLS!r}")

@@ -1,0 +1,210 @@
+"""M1-M4: memory kinds, regions, registration, and rows a backend does not recognize."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kvwire.contract import MemoryKind, SlotRegion
+from kvwire.contract.backend import Registration
+from kvwire.testing import needs, profiles
+from kvwire.testing.harness import Harness
+from kvwire.testing.holder import refused
+from kvwire.testing.layout import Bench, simple_plan
+from kvwire.testing.regions import fake_region
+from kvwire.testing.strategies import view_plans
+
+
+def _sub_region(region: SlotRegion, offset_slots: int, count: int) -> SlotRegion:
+    """Another region over part of the same memory (an overlap)."""
+    from kvwire.testing.regions import next_region_id
+
+    return SlotRegion(next_region_id(), region.base + offset_slots * region.slot_bytes, region.slot_bytes, count,
+                      region.memory_kind, region.device)
+
+
+# -- M1 ----------------------------------------------------------------------------------------
+
+def test_M1_declared_memory_kinds_move_bytes(kvwire_harness: Harness) -> None:
+    """Every declared memory kind this machine has can be registered, and rows in it move."""
+    caps = kvwire_harness.capabilities()
+    kinds = needs.usable_kinds(kvwire_harness, caps)
+    if not kinds:
+        pytest.skip("backend declares only DEVICE memory and no CUDA device is present")
+    for kind in kinds:
+        with needs.open_exchange(kvwire_harness) as ex:
+            plan = simple_plan(groups=2, rows=3, slot_bytes=96, seed=11)
+            with Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan, kind) as bench:
+                for region in (*[m.region for m in bench.source.memories], *[m.region for m in bench.sink.memories]):
+                    assert region.memory_kind is kind
+                if caps.fetch and caps.publish:
+                    result = ex.transfer(bench)
+                    assert all(m.all() for m in result.fetched.masks), (
+                        f"M1: rows in {kind.value} memory were offered and held, yet not all arrived: {result.fetched!r}")
+
+
+def test_M1_undeclared_memory_kindrefused(kvwire_harness: Harness) -> None:
+    caps = kvwire_harness.capabilities()
+    missing = [k for k in MemoryKind if k not in caps.memory_kinds]
+    if not missing:
+        pytest.skip("backend declares every memory kind")
+    with needs.open_exchange(kvwire_harness) as ex:
+        for kind in missing:
+            for backend in ex.ends.backends:
+                refused(lambda b=backend, k=kind: b.register_regions([fake_region(k)]),
+                         f"M1/M3: registering a {kind.value} region with a backend that declares "
+                         f"{sorted(x.value for x in caps.memory_kinds)}")
+
+
+# -- M2 ----------------------------------------------------------------------------------------
+
+def test_M2_a_row_is_exactly_one_slot(kvwire_harness: Harness) -> None:
+    """Odd slot sizes, scattered slots: each row moves exactly its slot's bytes; the slots and
+    bytes around it stay as they were."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    p = profiles.active()
+
+    @profiles.examples()
+    @given(plan=view_plans(max_groups=p.max_groups, max_rows=p.max_rows, min_rows=1,
+                           shared_names=needs.shares_names(caps)))
+    def run(plan) -> None:  # type: ignore[no-untyped-def]
+        with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan,
+                                                              kind) as bench:
+            ex.transfer(bench)
+            bench.verify("after the transfer")
+
+    run()
+
+
+# -- M3 ----------------------------------------------------------------------------------------
+
+def test_M3_registration_covers_its_batch(kvwire_harness: Harness) -> None:
+    caps = kvwire_harness.capabilities()
+    kind = needs.usable_kind(kvwire_harness, caps)
+    memories = [kvwire_harness.allocate(kind, 64, 4) for _ in range(3)]
+    with needs.open_exchange(kvwire_harness) as ex:
+        registration = ex.ends.sink.register_regions([m.region for m in memories])
+        assert isinstance(registration, Registration), (
+            f"M3: register_regions() must return a Registration, got {type(registration).__name__}")
+        assert tuple(registration.regions) == tuple(m.region for m in memories), (
+            "M3: the registration must cover exactly the batch's regions")
+        registration.close()
+
+
+def test_M3_overlapping_regionrefused(kvwire_harness: Harness) -> None:
+    caps = kvwire_harness.capabilities()
+    kind = needs.usable_kind(kvwire_harness, caps)
+    memory = kvwire_harness.allocate(kind, 64, 8)
+    other = kvwire_harness.allocate(kind, 64, 8)
+    with needs.open_exchange(kvwire_harness) as ex:
+        backend = ex.ends.sink
+        with backend.register_regions([memory.region]):
+            refused(lambda: backend.register_regions([_sub_region(memory.region, 2, 3)]),
+                     "M3: registering a region inside a registered one")
+            refused(lambda: backend.register_regions([_sub_region(memory.region, 7, 1)]),
+                     "M3: registering a region sharing the last slot of a registered one")
+        refused(lambda: backend.register_regions([other.region, _sub_region(other.region, 1, 2)]),
+                 "M3: registering a batch whose two regions overlap")
+
+
+def test_M3_refused_batch_leaves_nothing_registered(kvwire_harness: Harness) -> None:
+    caps = kvwire_harness.capabilities()
+    kind = needs.usable_kind(kvwire_harness, caps)
+    needs.fetch(caps)
+    plan = simple_plan(groups=1, rows=3, seed=5)
+    taken = kvwire_harness.allocate(kind, 64, 8)
+    with needs.open_exchange(kvwire_harness) as ex:
+        sink = ex.ends.sink
+        bench = Bench(kvwire_harness, None, None, plan, kind)
+        fresh = [m.region for m in bench.sink.memories]
+        with sink.register_regions([taken.region]):
+            bad_batches = [[*fresh, _sub_region(taken.region, 1, 2)], [*fresh, *fresh]]
+            bad_batches += [[*fresh, fake_region(k)] for k in MemoryKind if k not in caps.memory_kinds]
+            for batch in bad_batches:
+                refused(lambda b=batch: sink.register_regions(b), "M3: a batch with a bad region")
+                refused(lambda: ex.fetch(bench.sink_view()),
+                         "M3/M4: a fetch into a region whose batch was refused (nothing may stay registered)")
+                bench.verify("after a refused batch and a refused fetch")
+            registration = sink.register_regions(fresh)
+            registration.close()
+
+
+def test_M3_close_is_idempotent_and_spares_a_later_registration(kvwire_harness: Harness) -> None:
+    caps = kvwire_harness.capabilities()
+    kind = needs.usable_kind(kvwire_harness, caps)
+    needs.transfer(caps)
+    plan = simple_plan(groups=1, rows=4, seed=9)
+    with needs.open_exchange(kvwire_harness) as ex:
+        bench = Bench(kvwire_harness, ex.ends.source, None, plan, kind)
+        regions = [m.region for m in bench.sink.memories]
+        first = ex.ends.sink.register_regions(regions)
+        first.close()
+        first.close()
+        second = ex.ends.sink.register_regions(regions)
+        first.close()  # must not revoke the later registration of the same spans
+        bench.registrations.append(second)
+        result = ex.transfer(bench)
+        assert all(m.all() for m in result.fetched.masks), (
+            f"M3: after an old registration's close(), the later one must still cover its rows: {result.fetched!r}")
+        second.close()
+        second.close()
+        refused(lambda: ex.fetch(bench.sink_view()), "M4: a fetch into rows whose registration was closed")
+        bench.close()
+
+
+# -- M4 ----------------------------------------------------------------------------------------
+
+def test_M4_unrecognized_rows_refuse_the_whole_submission(kvwire_harness: Harness) -> None:
+    """A view with rows in a region the backend never registered is refused whole, in either
+    direction, and nothing escaped: no byte written, nothing stored, never a skipped row."""
+    caps = kvwire_harness.capabilities()
+    kind = needs.usable_kind(kvwire_harness, caps)
+    p = profiles.active()
+
+    @profiles.examples()
+    @given(plan=view_plans(max_groups=p.max_groups, max_rows=p.max_rows, min_rows=1,
+                           shared_names=needs.shares_names(caps)), data=st.data())
+    def run(plan, data) -> None:  # type: ignore[no-untyped-def]
+        unknown = data.draw(st.integers(0, len(plan.groups) - 1), label="unregistered group")
+        with needs.open_exchange(kvwire_harness) as ex:
+            bench = Bench(kvwire_harness, None, None, plan, kind)
+            known = [i for i in range(len(plan.groups)) if i != unknown]
+            if known:
+                bench.registrations.append(ex.ends.source.register_regions(
+                    [bench.source.memories[i].region for i in known]))
+                bench.registrations.append(ex.ends.sink.register_regions(
+                    [bench.sink.memories[i].region for i in known]))
+            with bench:
+                if caps.publish:
+                    refused(lambda: ex.publish(bench.source_view()),
+                             f"M4: a publish with rows in unregistered region of group {plan.groups[unknown].group_id}")
+                if caps.fetch:
+                    refused(lambda: ex.fetch(bench.sink_view()),
+                             f"M4: a fetch with rows in unregistered region of group {plan.groups[unknown].group_id}")
+                bench.verify("after refused submissions")
+                if known and caps.fetch and caps.publish and ex.store:
+                    # Nothing escaped: the store was told nothing of the refused publish.
+                    only_known = {i: range(plan.groups[i].rows) for i in known}
+                    fetched = ex.settle(ex.fetch(bench.sink_view(only_known)))
+                    bench.apply_fetch(fetched, only_known)
+                    assert fetched.rows_delivered == 0, (
+                        f"S3/M4: a refused publish reached the store: {fetched.rows_delivered} of its rows were fetched")
+
+    run()
+
+
+def test_M4_rows_of_a_closed_registrationrefused(kvwire_harness: Harness) -> None:
+    caps = kvwire_harness.capabilities()
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = simple_plan(groups=2, rows=2, seed=3)
+    with needs.open_exchange(kvwire_harness) as ex:
+        bench = Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan, kind)
+        bench.close()
+        if caps.publish:
+            refused(lambda: ex.publish(bench.source_view()), "M4: a publish from rows whose registration was closed")
+        if caps.fetch:
+            refused(lambda: ex.fetch(bench.sink_view()), "M4: a fetch into rows whose registration was closed")
+        bench.verify("after refused submissions")

@@ -1,0 +1,288 @@
+"""S1-S5: submitting, the holder's guarantee, the two refusals, and failures after escape."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kvwire.contract import CacheKind, Hint, LayerGroupRows, MemoryKind, SubmissionRejected, View
+from kvwire.contract.errors import SubmissionError
+from kvwire.testing import needs, profiles
+from kvwire.testing.exchange import Exchange
+from kvwire.testing.harness import FaultPlan, Harness
+from kvwire.testing.holder import refused
+from kvwire.testing.layout import Bench, ViewPlan, simple_plan
+from kvwire.testing.regions import fake_region
+from kvwire.testing.strategies import fault_plans, fault_schedules, selections, view_plans
+
+UNUSABLE = Hint.of("kvwire_conformance_unusable")
+
+
+def _check_masks(ex: Exchange, bench: Bench, offer, take, fetched) -> None:  # type: ignore[no-untyped-def]
+    expected = ex.expected(bench, offer, take)
+    for gi, mask, want in zip(bench.groups_in(take), fetched.masks, expected, strict=True):
+        gid = bench.plan.groups[gi].group_id
+        skipped = np.flatnonzero(want & ~mask)
+        assert skipped.size == 0, (
+            f"A5: row(s) {skipped.tolist()} of group {gid} are held by the other end but their bits are false in a "
+            f"{fetched!r}; a backend never skips rows")
+        extra = np.flatnonzero(mask & ~want)
+        assert extra.size == 0, (
+            f"A5/A7: row(s) {extra.tolist()} of group {gid} are not held by the other end, yet marked delivered")
+
+
+# -- S1 ----------------------------------------------------------------------------------------
+
+def test_S1_publish_then_fetch_moves_exactly_what_is_held(kvwire_harness: Harness) -> None:
+    """Offer some rows, fetch some rows: every fetched row the other end holds arrives with its
+    bit set and its bytes equal; every other row is a miss; both attempts deliver."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    p = profiles.active()
+    subsets = not needs.shares_names(caps)
+
+    @profiles.examples()
+    @given(plan=view_plans(max_groups=p.max_groups, max_rows=p.max_rows, shared_names=not subsets), data=st.data())
+    def run(plan: ViewPlan, data: st.DataObject) -> None:
+        with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan,
+                                                              kind) as bench:
+            offer = data.draw(selections(plan), label="offered rows") if subsets and ex.store else None
+            take = data.draw(selections(plan), label="fetched rows") if subsets and ex.store else None
+            result = ex.transfer(bench, offer, take)
+            if result.published is not None:
+                assert result.published.is_delivered and all(m.all() for m in result.published.masks), (
+                    f"A5: a publish to a store with room to spare must hold every row: {result.published!r}")
+            assert result.fetched.is_delivered, f"A5: misses are no failure; the fetch gave {result.fetched!r}"
+            _check_masks(ex, bench, offer, take, result.fetched)
+
+    run()
+
+
+# -- S2 ----------------------------------------------------------------------------------------
+
+def test_S2_backend_touches_only_the_rows_given(kvwire_harness: Harness) -> None:
+    """Around the fetched rows lie slots of the same regions and guard bytes; none changes, and
+    a publish never writes the rows it reads."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    p = profiles.active()
+    subsets = not needs.shares_names(caps)
+
+    @profiles.examples()
+    @given(plan=view_plans(max_groups=p.max_groups, max_rows=p.max_rows, min_rows=1, shared_names=not subsets),
+           data=st.data())
+    def run(plan: ViewPlan, data: st.DataObject) -> None:
+        with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan,
+                                                              kind) as bench:
+            take = data.draw(selections(plan, min_size=1), label="fetched rows") if subsets else None
+            ex.transfer(bench, None, take)
+            bench.verify("after a transfer of some rows")
+
+    run()
+
+
+# -- S3 ----------------------------------------------------------------------------------------
+
+def test_S3_rejected_after_shutdown_and_nothing_escaped(kvwire_harness: Harness) -> None:
+    caps = kvwire_harness.capabilities()
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = simple_plan(groups=2, rows=3, seed=41, shared_names=needs.shares_names(caps))
+    with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan,
+                                                          kind) as bench:
+        if caps.publish:
+            assert not ex.ends.source.shutdown(), "B3: shutdown() with nothing in flight has nothing to wait for"
+            refused(lambda: ex.publish(bench.source_view()), "S3/B3: a publish after shutdown()", SubmissionRejected)
+        if caps.fetch:
+            if ex.ends.sink is not ex.ends.source and caps.publish and ex.store:
+                fetched = ex.settle(ex.fetch(bench.sink_view()))
+                bench.apply_fetch(fetched)
+                assert fetched.rows_delivered == 0, "S3: a publish rejected after shutdown reached the store"
+            ex.ends.sink.shutdown()
+            refused(lambda: ex.fetch(bench.sink_view()), "S3/B3: a fetch after shutdown()", SubmissionRejected)
+        bench.verify("after rejected submissions")
+
+
+def test_S3_full_queue_rejected_and_nothing_escaped(kvwire_harness: Harness) -> None:
+    """With the other end held, ``max_in_flight`` publishes are taken and the next is rejected;
+    the rejected rows never reach the other end, and once the queue drains a submission is
+    taken again."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    with needs.open_exchange(kvwire_harness, max_in_flight=3, hold=True) as ex:
+        bound = ex.caps.max_in_flight
+        if bound > 256:
+            pytest.skip(f"backend declares a queue bound of {bound}, too large to fill here")
+        if not ex.store:
+            pytest.skip("backend's other end is a peer; the queue test fills a store")
+        plan = simple_plan(groups=1, rows=bound + 1, seed=43)
+        with Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan, kind) as bench:
+            assert ex.ends.hold is not None
+            hold = ex.ends.hold()
+            accepted = []
+            for row in range(bound):
+                try:
+                    accepted.append(ex.publish(bench.source_view({0: [row]})))
+                except SubmissionError as exc:
+                    hold.release()
+                    raise AssertionError(
+                        f"S3: publish {row + 1} of {bound} was refused ({exc}), though the backend declares a queue "
+                        f"bound of {bound}") from exc
+            refused(lambda: ex.publish(bench.source_view({0: [bound]})),
+                    f"S3: publish {bound + 1} with {bound} in flight (declared bound {bound})", SubmissionRejected)
+            hold.release()
+            for sub in accepted:
+                ex.settle(sub)
+            fetched = ex.settle(ex.fetch(bench.sink_view()))
+            bench.apply_fetch(fetched)
+            assert fetched.masks[0][:bound].all(), f"S1: the publishes taken did not all arrive: {fetched!r}"
+            assert not fetched.masks[0][bound], "S3: the publish rejected for a full queue reached the store"
+            again = ex.settle(ex.publish(bench.source_view({0: [bound]})))
+            assert again.is_delivered, f"S3: after the queue drained, a publish must be taken and delivered: {again!r}"
+
+
+def test_S3_refusals_consume_no_capacity(kvwire_harness: Harness) -> None:
+    """Many more refused submissions than the queue holds leave the queue as it was."""
+    caps = kvwire_harness.capabilities()
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = simple_plan(groups=1, rows=2, seed=47, shared_names=needs.shares_names(caps))
+    with needs.open_exchange(kvwire_harness, max_in_flight=2) as ex, Bench(
+            kvwire_harness, ex.ends.source, ex.ends.sink, plan, kind) as bench:
+        bound = min(ex.caps.max_in_flight, 1024)
+        for _ in range(2 * bound + 1):
+            if caps.publish:
+                refused(lambda: ex.publish(bench.source_view(), UNUSABLE), "H1: a publish with an unusable hint")
+            if caps.fetch:
+                refused(lambda: ex.fetch(bench.sink_view(), UNUSABLE), "H1: a fetch with an unusable hint")
+        if caps.fetch and caps.publish:
+            try:
+                ex.transfer(bench)
+            except SubmissionRejected as exc:
+                raise AssertionError(f"S3: refused submissions consumed queue capacity: {exc}") from exc
+
+
+# -- S4 ----------------------------------------------------------------------------------------
+
+def test_S4_wrong_submissions_raise_only_the_contract_refusals(kvwire_harness: Harness) -> None:
+    """Rows it does not recognize, overlapping fetch rows, an unusable hint, memory of an
+    undeclared kind: each raises ``InvalidSubmission`` (never another exception, which would
+    make the holder keep the lease), and afterwards nothing is in flight."""
+    caps = kvwire_harness.capabilities()
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = simple_plan(groups=2, rows=3, seed=53, shared_names=needs.shares_names(caps))
+    with needs.open_exchange(kvwire_harness) as ex:
+        bench = Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan, kind)
+        stray = Bench(kvwire_harness, None, None, plan, kind)
+        cases: list[tuple[str, str, View, Hint | None]] = [
+            ("publish", "unregistered rows", stray.source_view(), None),
+            ("fetch", "unregistered rows", stray.sink_view(), None),
+            ("publish", "an unusable hint", bench.source_view(), UNUSABLE),
+            ("fetch", "an unusable hint", bench.sink_view(), UNUSABLE),
+        ]
+        group = bench.sink_view().groups[0]
+        doubled = LayerGroupRows(group.group_id, CacheKind.PAGED, group.region, np.append(group.slots, group.slots[0]),
+                                 group.tokens, None if group.names is None else np.vstack([group.names,
+                                                                                          group.names[:1]]))
+        cases.append(("fetch", "overlapping rows", View((doubled,)), None))
+        for missing in (k for k in MemoryKind if k not in caps.memory_kinds):
+            region = fake_region(missing)
+            names = np.arange(2 * 16, dtype=np.uint8).reshape(2, 16)
+            view = View((LayerGroupRows(0, CacheKind.PAGED, region, [0, 1], group.tokens, names),))
+            cases += [("publish", f"{missing.value} memory", view, None), ("fetch", f"{missing.value} memory", view, None)]
+        for op, what, view, hint in cases:
+            if not getattr(caps, op):
+                continue
+            call = ex.publish if op == "publish" else ex.fetch
+            refused(lambda c=call, v=view, h=hint: c(v, h), f"S4: a {op} with {what}")
+        bench.verify("after refused submissions")
+        stray.verify("after refused submissions")
+        for backend in ex.ends.backends:
+            pending = backend.shutdown()
+            assert not pending, f"S3/S4: only refused submissions were made, yet shutdown() returns {len(pending)} attempts"
+        bench.close()
+
+
+# -- S5 ----------------------------------------------------------------------------------------
+
+def test_S5_faults_at_the_other_end_arrive_in_the_outcome(kvwire_harness: Harness) -> None:
+    """Objects that fault at the other end make the attempt fail with a reason, in its outcome
+    (never an exception); the masks say exactly which rows moved."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    needs.misses(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    p = profiles.active()
+
+    @profiles.examples()
+    @given(plan=view_plans(max_groups=2, max_rows=p.max_rows, min_rows=1, kinds=(CacheKind.PAGED,),
+                           shared_names=needs.shares_names(caps)), data=st.data())
+    def run(plan: ViewPlan, data: st.DataObject) -> None:
+        probe = Bench(kvwire_harness, None, None, plan, kind)
+        names = sorted({n.tobytes() for g in probe.names for n in g})
+        faults = data.draw(fault_plans(names), label="faults")
+        with needs.open_exchange(kvwire_harness, faults=faults) as ex:
+            if not ex.store:
+                return
+            bench = Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan, kind)
+            bad_put = [np.array([n.tobytes() in faults.publish for n in g], dtype=bool) for g in bench.names]
+            bad_get = [np.array([n.tobytes() in faults.fetch for n in g], dtype=bool) for g in bench.names]
+            published = ex.settle(ex.publish(bench.source_view()))
+            if any(b.any() for b in bad_put):
+                assert published.is_failed, f"A5/S5: publishing objects the store fails must fail, got {published!r}"
+            else:
+                assert published.is_delivered, f"A5: no fault was injected into this publish: {published!r}"
+            for g, mask, bad in zip(plan.groups, published.masks, bad_put, strict=True):
+                assert not (mask & bad).any(), f"A5: group {g.group_id}: rows the store failed are marked held"
+                assert (mask | bad).all(), f"A5: group {g.group_id}: rows the store took are not marked held"
+            fetched = ex.settle(ex.fetch(bench.sink_view()))
+            bench.apply_fetch(fetched)
+            if any(b.any() for b in bad_get):
+                assert fetched.is_failed, f"A5/S5: fetching objects the store fails must fail, not miss: {fetched!r}"
+            else:
+                assert fetched.is_delivered, f"A5: no fetch fault was injected; misses are no failure: {fetched!r}"
+            for g, mask, bget, bput in zip(plan.groups, fetched.masks, bad_get, bad_put, strict=True):
+                assert np.array_equal(mask, ~bget & ~bput), (
+                    f"A5: group {g.group_id}: the fetch marked {mask.astype(int).tolist()}; the rows held and not "
+                    f"faulted are {(~bget & ~bput).astype(int).tolist()}")
+            bench.close()
+
+    run()
+
+
+def test_S5_store_fault_schedules_never_raise(kvwire_harness: Harness) -> None:
+    """Under drawn store fault schedules (failed calls and keys, declines, evictions, slow
+    calls), submissions return attempts, polls return outcomes, every attempt concludes and
+    quiesces, and every true bit is true."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    p = profiles.active()
+
+    @profiles.examples()
+    @given(plan=view_plans(max_groups=2, max_rows=p.max_rows, min_rows=1), schedule=fault_schedules())
+    def run(plan: ViewPlan, schedule: tuple[object, ...]) -> None:
+        with needs.open_exchange(kvwire_harness, faults=FaultPlan(schedule=schedule)) as ex, Bench(
+                kvwire_harness, ex.ends.source, ex.ends.sink, plan, kind) as bench:
+            published = ex.settle(ex.publish(bench.source_view()))
+            fetched = ex.settle(ex.fetch(bench.sink_view()))
+            bench.apply_fetch(fetched)
+            if published.is_failed or fetched.is_failed:
+                return
+            # Nothing failed: what the publish says the store holds, the fetch must find, unless
+            # an eviction removed it behind the backend's back.
+            from kvwire.testing.faults import Evict
+
+            if not any(isinstance(f, Evict) for f in schedule):
+                for g, put, got in zip(plan.groups, published.masks, fetched.masks, strict=True):
+                    assert (got | ~put).all(), (
+                        f"A5: group {g.group_id}: rows the publish marked held were not fetched: {fetched!r}")
+
+    if not needs.shares_names(caps):
+        run()
+    else:
+        pytest.skip("backend's other end is a peer; store fault schedules apply to stores")
+
