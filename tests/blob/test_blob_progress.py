@@ -242,3 +242,18 @@ def test_a_wake_that_raises_does_not_stop_the_workers(store, make_backend):
     second = backend.publish(view(group(src, [1], [1])), STORE, waker)
     assert settle(second, waker).is_delivered
     assert first.poll().is_delivered and first.quiesced()
+
+
+def test_cancel_wakes_from_a_backend_thread_never_inside_the_call(store, make_backend):
+    backend, driver, gate = blocked_backend(store, make_backend, workers=1)
+    src = Slab.make(1, 64, seed=11)
+    backend.register_regions([src.region])
+    caller = threading.current_thread()
+    waker = Waker(probe=threading.current_thread)
+    attempt = backend.publish(view(group(src, [0], [0])), STORE, waker)
+    assert driver.wait_blocked(1)
+    attempt.cancel()
+    waker.until(lambda: waker.calls >= 1)
+    assert caller not in waker.seen
+    gate.release.set()
+    waker.until(attempt.quiesced)

@@ -21,7 +21,8 @@ How it keeps the contract:
   in-memory driver is the time to copy one chunk and for a networked driver is bounded by that
   driver's own request timeout.
 - **Waking (W1).** ``wake`` is called after the outcome or the quiescence it reports is set, from
-  a worker thread, the deadline thread, or the holder's own thread inside ``cancel()``.
+  a worker thread or the deadline thread; never from inside a backend or attempt method, so a
+  holder may call ``cancel()`` while holding the lock its ``wake`` takes.
 - **Keys.** Rows are addressed by content name: ``kvw1/{namespace}/g{group_id}/{name.hex()}``
   (:func:`~kvwire.blob.keys.store_keys`). A hint of kind ``"store"`` may carry ``namespace``.
 
@@ -109,6 +110,14 @@ class _Core:
         self.threads: list[threading.Thread] = []
         self.registered: dict[int, tuple[SlotRegion, ...]] = {}
         self.region_token: dict[SlotRegion, int] = {}
+        #: Attempts whose change came from the holder's own call (cancel, shutdown): the
+        #: deadline thread wakes them, so wake never runs inside a backend method.
+        self.wakes_due: list[_BlobAttempt] = []
+
+    def wake_later(self, attempt: _BlobAttempt) -> None:
+        """Under ``cond``: have the deadline thread call ``attempt``'s wake."""
+        self.wakes_due.append(attempt)
+        self.cond.notify_all()
 
     def stop(self) -> None:
         """Tell the threads to exit once the chunks queued before now are done. Idempotent."""
@@ -193,11 +202,12 @@ class _BlobAttempt(Attempt):
         return self._quiesced
 
     def cancel(self) -> None:
-        with self._core.cond:
+        core = self._core
+        with core.cond:
             if self._outcome is not None:
                 return
             self._conclude_locked(Outcome.cancelled(self._masks_locked(), reason="cancelled by the holder"))
-        self._notify()
+            core.wake_later(self)
 
     def __repr__(self) -> str:
         state = repr(self._outcome) if self._outcome is not None else "in flight"
@@ -331,28 +341,29 @@ def _watch(core: _Core) -> None:
     """The deadline thread: conclude attempts whose deadline passed, even while every worker is
     stuck inside the driver (A8)."""
     with core.cond:
-        while not core.stopping:
+        while True:
             now = time.monotonic()
-            expired: list[_BlobAttempt] = []
+            due, core.wakes_due = core.wakes_due, []
             nearest = math.inf
-            for attempt in core.active:
+            for attempt in list(core.active):  # expiring may quiesce, which leaves core.active
                 if attempt._outcome is None:
                     if attempt._deadline <= now:
-                        expired.append(attempt)
+                        due.append(attempt)
+                        attempt._expire_locked()
                     else:
                         nearest = min(nearest, attempt._deadline)
             core.watch_until = nearest
-            if not expired:
-                core.cond.wait(None if nearest == math.inf else nearest - now)
+            if due:
+                core.cond.release()
+                try:
+                    for attempt in due:
+                        attempt._notify()
+                finally:
+                    core.cond.acquire()
                 continue
-            for attempt in expired:
-                attempt._expire_locked()
-            core.cond.release()
-            try:
-                for attempt in expired:
-                    attempt._notify()
-            finally:
-                core.cond.acquire()
+            if core.stopping:
+                return
+            core.cond.wait(None if nearest == math.inf else nearest - now)
 
 
 class BlobBackend(Backend):
@@ -579,17 +590,14 @@ class BlobBackend(Backend):
         whose memory access has not ended (a worker is still inside the driver for them). Once
         that set is empty the worker threads are stopped and joined. Idempotent."""
         core = self._core
-        cancelled = []
         with core.cond:
             core.closed = True
             for attempt in list(core.active):
                 if attempt._outcome is None:
                     attempt._conclude_locked(
                         Outcome.cancelled(attempt._masks_locked(), reason="the backend shut down"))
-                    cancelled.append(attempt)
+                    core.wake_later(attempt)
             pending = frozenset(a for a in core.active if not a._quiesced)
-        for attempt in cancelled:
-            attempt._notify()
         if not pending:
             self._stop_threads()
         return pending  # type: ignore[return-value]
