@@ -8,7 +8,7 @@ cd "$top"
 "$top/scripts/bootstrap.sh"
 export PATH="$top/.venv/bin:$PATH"
 case "${1:-}" in
-  demo) shift; exec kvwire backends "$@" ;;  # becomes `kvwire demo` when the demo lands
+  demo) shift; exec kvwire demo "$@" ;;
   test)
     shift
     # pytest exits 5 when it collected nothing: that is a broken run, never a pass.

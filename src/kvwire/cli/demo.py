@@ -134,7 +134,7 @@ def render(report: DemoReport, console: Console) -> None:
         ("transfer time", f"{report.transfer_seconds * 1e3:.1f} ms"),
         ("throughput", f"{gbps:.2f} GB/s"),
         ("recomputing the prefix (prefill on A)", f"{report.prefill_seconds * 1e3:.1f} ms"),
-        ("transfer / recompute", f"{report.transfer_seconds / report.prefill_seconds:.2f}×" if report.prefill_seconds else "-"),
+        ("pulling is faster than recomputing by", f"{report.prefill_seconds / report.transfer_seconds:.0f}×" if report.transfer_seconds else "-"),
         ("second pull moved", f"{report.second_pull_blocks} blocks"),
         ("next-token logits equal a local prefill", "yes" if report.logits_equal else "NO"),
         ("pins left (A, B)", f"{report.pins_after}"),

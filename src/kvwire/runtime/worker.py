@@ -1,0 +1,454 @@
+"""The lease holder: a :class:`Worker` drives a lender and a backend exactly as the contract says
+— lend, wait for the view, submit it as it stands, wait for quiescence, mark, release — and
+offers ``generate``, ``publish``, ``pull`` and ``transceiver_state``; a worker whose backend
+declares ``serve-pulls`` answers other workers' pulls from its reuse tree."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from kvwire.contract import Attempt, Backend, Hint, MemoryKind, Outcome
+from kvwire.contract.capabilities import SERVE_PULLS, OtherEnd
+from kvwire.contract.errors import SubmissionError
+from kvwire.contract.serving import PullRequest, ServesPulls
+from kvwire.lender import Lease, Lender, Scope
+from kvwire.registry import BackendConfig, load_config
+from kvwire.runtime.model import ModelConfig, TinyTransformer
+from kvwire.runtime.state import StateError, TransceiverState
+
+__all__ = ["Worker", "Generation", "TransferResult", "TransferError", "StateError"]
+
+log = logging.getLogger(__name__)
+
+#: How long the holder waits for an attempt to quiesce after cancelling it at its deadline.
+QUIESCE_GRACE_S = 5.0
+
+
+class TransferError(RuntimeError):
+    """A transfer could not be submitted or never settled; the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """What ``generate`` produced: the new tokens, how many prompt tokens came from the cache,
+    the logits after the prompt, and the seconds spent on the prompt."""
+
+    tokens: tuple[int, ...]
+    cached_tokens: int
+    logits: torch.Tensor
+    prefill_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class TransferResult:
+    """What a ``pull`` or ``publish`` did. ``cached_tokens`` is how many leading prompt tokens
+    this worker now holds; ``status`` is the outcome's (``"delivered"``, ``"failed"``,
+    ``"cancelled"``) or ``"skipped"`` when nothing needed to move."""
+
+    status: str
+    cached_tokens: int
+    blocks_wanted: int
+    blocks_moved: int
+    blocks_skipped: int
+    bytes_moved: int
+    seconds: float
+    reason: str | None = None
+
+    @property
+    def gbps(self) -> float:
+        return self.bytes_moved / self.seconds / 1e9 if self.seconds > 0 else 0.0
+
+
+@dataclass
+class _Counters:
+    submissions: int = 0
+    rows_delivered: int = 0
+    rows_missed: int = 0
+    bytes_moved: int = 0
+    pulls_served: int = 0
+    pulls_declined: int = 0
+    deadline_expiries: int = 0
+    refusals: int = 0
+    extra: dict[str, int] = field(default_factory=dict)
+
+
+class Worker:
+    """One inference worker: a tiny model, its paged cache (a lender), and a backend chosen by
+    configuration. Thread-safe: calls into the backend are serialized (B2)."""
+
+    def __init__(
+        self,
+        model: ModelConfig | None = None,
+        *,
+        config: BackendConfig | None = None,
+        backend: str | None = None,
+        options: Mapping[str, Any] | None = None,
+        num_blocks: int = 512,
+        staging_slots: int | None = None,
+        device: str | torch.device = "cpu",
+        tenant_salt: bytes = b"",
+        name: str = "worker",
+        timeout_s: float = 30.0,
+    ) -> None:
+        self.name = name
+        self.model_config = model or ModelConfig()
+        self.device = torch.device(device)
+        self.timeout_s = float(timeout_s)
+        if config is None:
+            config = load_config(backend=backend, validate=False)
+            if options:
+                config = BackendConfig(config.name, {**config.options, **options}, config.source, config.worker)
+        self.config = config
+        self.plugin = config.plugin()
+        self.backend: Backend = config.build()
+        self.capabilities = self.backend.capabilities()
+        self.model = TinyTransformer(self.model_config, self.device)
+        layout = self.model_config.layout(num_blocks)
+        pool_kind = MemoryKind.DEVICE if self.device.type == "cuda" else MemoryKind.HOST
+        self.staged = pool_kind not in self.capabilities.memory_kinds
+        if self.staged and staging_slots is None:
+            staging_slots = num_blocks
+        self.lender = Lender(layout, Scope(self.model_config.model_id, tenant_salt), device=self.device,
+                             staging_slots=staging_slots or 0)
+        self._pools = {g.group_id: self.lender.pool(g.group_id) for g in layout.groups}
+        pools = len(layout.groups)
+        regions = self.lender.regions()[pools:] if self.staged else self.lender.regions()[:pools]
+        self._lock = threading.RLock()  # B2: one call sequence into the backend
+        self._kept: list[Lease] = []     # S4: leases whose access may have escaped
+        self.counters = _Counters()
+        self._registration = self.backend.register_regions(regions)
+        self._closed = False
+        self._serving: threading.Thread | None = None
+        self._serve_signal = threading.Event()
+        self._replies: list[tuple[Attempt, Lease, PullRequest]] = []
+        self.pull_filter: Callable[[PullRequest], str | None] | None = None
+        if SERVE_PULLS in self.capabilities.protocols and isinstance(self.backend, ServesPulls):
+            self._serving = threading.Thread(target=self._serve_loop, name=f"kvwire-serve-{name}", daemon=True)
+            self._serving.start()
+            with self._lock:
+                self.backend.serve(self._serve_signal.set)
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Stop serving, shut the backend down until no attempt can touch memory, then release
+        every lease it kept and close the registration. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._serve_signal.set()
+        if self._serving is not None:
+            self._serving.join(timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._lock:
+                pending = self.backend.shutdown()
+            if not pending or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+        if pending:
+            log.error("%s: %d attempt(s) never quiesced; their leases stay held", self.name, len(pending))
+            return
+        for _, lease, _ in self._replies:
+            lease.release()
+        self._replies.clear()
+        for lease in self._kept:
+            lease.release()
+        self._kept.clear()
+        self._registration.close()
+
+    def __enter__(self) -> Worker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- the model ----------------------------------------------------------------------------
+
+    def generate(self, prompt: Sequence[int] | np.ndarray, max_tokens: int = 1) -> Generation:
+        """Greedy generation. Leading whole blocks this cache holds (computed here earlier or
+        pulled) are reused and not recomputed; ``cached_tokens`` says how many."""
+        tokens = np.asarray(prompt, dtype=np.int64)
+        if tokens.ndim != 1 or tokens.size == 0:
+            raise ValueError("prompt must be a non-empty 1-D sequence of token ids")
+        if tokens.min() < 0 or tokens.max() >= self.model_config.vocab:
+            raise ValueError(f"token ids must lie in [0, {self.model_config.vocab})")
+        request = self.lender.open_request(tokens, max_new_tokens=max_tokens)
+        try:
+            cached = int(request.cached_tokens)
+            start = min(cached, len(tokens) - 1)
+            began = time.perf_counter()
+            logits = self.model.forward(request, self._pools, tokens, start, len(tokens), written=cached)
+            prefill = time.perf_counter() - began
+            self.lender.commit(request, len(tokens))
+            out: list[int] = []
+            seq = tokens
+            step = logits
+            for i in range(max_tokens):
+                nxt = int(step.argmax())
+                out.append(nxt)
+                if i + 1 == max_tokens:
+                    break
+                seq = np.append(seq, nxt)
+                step = self.model.forward(request, self._pools, seq, len(seq) - 1, len(seq), written=len(seq) - 1)
+            return Generation(tuple(out), cached, logits, prefill)
+        finally:
+            self.lender.close_request(request)
+
+    def cached_tokens(self, prompt: Sequence[int] | np.ndarray) -> int:
+        """How many leading tokens of ``prompt`` this cache holds as whole blocks."""
+        return self.lender.probe(np.asarray(prompt, dtype=np.int64)) * self.model_config.block_tokens
+
+    # --- transceiver state --------------------------------------------------------------------
+
+    def transceiver_state(self) -> bytes:
+        """Opaque, versioned, bounded bytes another worker passes to ``pull``."""
+        address = b""
+        if self.capabilities.other_end is OtherEnd.PEER and isinstance(self.backend, ServesPulls):
+            with self._lock:
+                address = self.backend.address()
+        namespace = str(self.config.options.get("namespace", "")) if self.capabilities.other_end is OtherEnd.STORE else ""
+        if self.capabilities.other_end is OtherEnd.STORE and not namespace:
+            namespace = str(self.plugin.resolve(self.config.options).get("namespace", "default"))
+        return TransceiverState(
+            worker=self.name,
+            backend=self.plugin.name,
+            other_end=self.capabilities.other_end.value,
+            address=address,
+            namespace=namespace,
+            model_id=self.model_config.model_id,
+            layout_digest=self.lender.layout.digest(),
+            scope_digest=self.lender.scope_digest,
+            block_tokens=self.model_config.block_tokens,
+        ).to_bytes()
+
+    def _check_state(self, raw: bytes) -> TransceiverState:
+        state = TransceiverState.from_bytes(raw)
+        if state.backend != self.plugin.name:
+            raise StateError(
+                f"the source worker {state.worker!r} uses backend {state.backend!r}, this worker "
+                f"{self.plugin.name!r}; both ends must use the same backend"
+            )
+        if state.model_id != self.model_config.model_id:
+            raise StateError(f"the source's model {state.model_id!r} differs from this worker's {self.model_config.model_id!r}")
+        if state.layout_digest != self.lender.layout.digest():
+            raise StateError("the source's cache layout differs from this worker's; its blocks cannot be used here")
+        if state.scope_digest != self.lender.scope_digest:
+            raise StateError(
+                "the source's cache scope (model, layout, dtype or tenant) differs from this worker's: "
+                "its block names can never match"
+            )
+        return state
+
+    # --- transfers ----------------------------------------------------------------------------
+
+    def pull(
+        self,
+        prompt: Sequence[int] | np.ndarray,
+        source: bytes,
+        *,
+        timeout_s: float | None = None,
+    ) -> TransferResult:
+        """Bring the prompt's whole blocks from ``source`` (a transceiver state): skip those held
+        here, fetch the rest, commit what arrived. A partial prefix is a success."""
+        state = self._check_state(source)
+        tokens = np.asarray(prompt, dtype=np.int64)
+        timeout = self.timeout_s if timeout_s is None else float(timeout_s)
+        B = self.model_config.block_tokens
+        wanted = len(tokens) // B
+        held = self.lender.probe(tokens)
+        began = time.perf_counter()
+        if held >= wanted:
+            return TransferResult("skipped", held * B, wanted, 0, held, 0, 0.0)
+        if state.other_end == "peer":
+            hint = Hint.of("peer", timeout_s=timeout, address=state.address)
+        else:
+            hint = Hint.of("store", timeout_s=timeout, namespace=state.namespace)
+        request = self.lender.open_request(tokens[: wanted * B])
+        try:
+            skipped = int(request.cached_tokens) // B
+            lease = self.lender.lend_write(request, staging=self.staged)
+            outcome = self._transfer(lease, "fetch", hint, timeout)
+            moved = _whole_blocks(outcome)
+            bound = self.lender.resume_bounds(request)
+            if bound:
+                self.lender.commit(request, bound)
+        finally:
+            self.lender.close_request(request)
+        seconds = time.perf_counter() - began
+        nbytes = sum(int(np.count_nonzero(m)) * g.region.slot_bytes for m, g in zip(outcome.masks, lease.view.groups, strict=True))
+        return TransferResult(outcome.status.value, bound, wanted, moved, skipped, nbytes, seconds, outcome.reason)
+
+    def publish(self, prompt: Sequence[int] | np.ndarray, *, timeout_s: float | None = None,
+                namespace: str | None = None) -> TransferResult:
+        """Offer the prompt's whole blocks this cache holds to a store backend."""
+        if self.capabilities.other_end is not OtherEnd.STORE or not self.capabilities.publish:
+            raise TransferError(f"backend {self.plugin.name!r} does not publish to a store; peers pull instead")
+        tokens = np.asarray(prompt, dtype=np.int64)
+        timeout = self.timeout_s if timeout_s is None else float(timeout_s)
+        B = self.model_config.block_tokens
+        wanted = len(tokens) // B
+        ns = namespace or str(self.plugin.resolve(self.config.options).get("namespace", "default"))
+        hint = Hint.of("store", timeout_s=timeout, namespace=ns)
+        began = time.perf_counter()
+        lease = self.lender.lend_names(self.lender.names(tokens), staging=self.staged)
+        held = lease.found
+        outcome = self._transfer(lease, "publish", hint, timeout)
+        seconds = time.perf_counter() - began
+        moved = _whole_blocks(outcome)
+        nbytes = sum(int(np.count_nonzero(m)) * g.region.slot_bytes for m, g in zip(outcome.masks, lease.view.groups, strict=True))
+        return TransferResult(outcome.status.value, held * B, wanted, moved, wanted - held, nbytes, seconds, outcome.reason)
+
+    def _transfer(self, lease: Lease, direction: str, hint: Hint, timeout: float) -> Outcome:
+        """Lend → wait for the view → submit as it stands → wait for quiescence → mark →
+        release. Refusals release at once (S3); any other raise keeps the lease (S4)."""
+        try:
+            if not lease.wait_ready(timeout):
+                raise TransferError(f"{self.name}: staging copies did not complete within {timeout:g} s")
+            signal = threading.Event()
+            submit = self.backend.fetch if direction == "fetch" else self.backend.publish
+            try:
+                with self._lock:
+                    attempt = submit(lease.view, hint, signal.set)
+                    self.counters.submissions += 1
+            except SubmissionError:
+                self.counters.refusals += 1
+                raise
+            except BaseException:
+                self._kept.append(lease)
+                lease = None  # type: ignore[assignment]
+                raise
+            outcome = self._settle(attempt, signal, timeout)
+            if outcome is None:
+                self._kept.append(lease)
+                lease = None  # type: ignore[assignment]
+                raise TransferError(
+                    f"{self.name}: the {direction} attempt did not quiesce within {timeout + QUIESCE_GRACE_S:g} s; "
+                    "its lease is kept until the backend shuts down"
+                )
+            if direction == "fetch":
+                lease.mark_arrived(outcome.masks)
+            delivered = outcome.rows_delivered
+            self.counters.rows_delivered += delivered
+            self.counters.rows_missed += sum(m.size for m in outcome.masks) - delivered
+            if outcome.reason and "deadline" in outcome.reason:
+                self.counters.deadline_expiries += 1
+            return outcome
+        finally:
+            if lease is not None:
+                lease.release()
+
+    def _settle(self, attempt: Attempt, signal: threading.Event, timeout: float) -> Outcome | None:
+        """Wait, woken by the backend, until the attempt concluded and quiesced. At the deadline
+        (plus a grace) cancel it; ``None`` if it still has not quiesced after that."""
+        deadline = time.monotonic() + timeout + QUIESCE_GRACE_S
+        cancelled = False
+        while True:
+            signal.clear()
+            with self._lock:
+                outcome = attempt.poll()
+                quiet = attempt.quiesced()
+            if outcome is not None and quiet:
+                return outcome
+            now = time.monotonic()
+            if now >= deadline:
+                if cancelled:
+                    return None
+                with self._lock:
+                    attempt.cancel()
+                cancelled = True
+                deadline = now + QUIESCE_GRACE_S
+                continue
+            signal.wait(deadline - now)
+
+    # --- serving pulls ------------------------------------------------------------------------
+
+    def _serve_loop(self) -> None:
+        while not self._closed:
+            self._serve_signal.wait()
+            self._serve_signal.clear()
+            try:
+                self._serve_once()
+            except Exception:  # serving must outlive any one bad request
+                log.exception("%s: serving a pull failed", self.name)
+
+    def _serve_once(self) -> None:
+        assert isinstance(self.backend, ServesPulls)
+        with self._lock:
+            requests = self.backend.incoming()
+        for request in requests:
+            self._answer(request)
+        still: list[tuple[Attempt, Lease, PullRequest]] = []
+        for attempt, lease, request in self._replies:
+            with self._lock:
+                done = attempt.poll() is not None and attempt.quiesced()
+            if done:
+                lease.release()
+            else:
+                still.append((attempt, lease, request))
+        self._replies = still
+
+    def _answer(self, request: PullRequest) -> None:
+        assert isinstance(self.backend, ServesPulls)
+        reason = self.pull_filter(request) if self.pull_filter is not None else None
+        paged = [g.group_id for g in self.lender.layout.groups]
+        if reason is None and list(request.groups) != paged:
+            reason = f"requested groups {list(request.groups)} differ from this cache's {paged}"
+        if reason is None:
+            sizes = [self._pools[g][0].numel() * self._pools[g].element_size() for g in paged]
+            if list(request.slot_bytes) != sizes:
+                reason = f"requested row sizes {list(request.slot_bytes)} differ from this cache's {sizes}"
+        if reason is not None:
+            with self._lock:
+                self.backend.decline(request, reason)
+            self.counters.pulls_declined += 1
+            return
+        lease = self.lender.lend_names(request.names, staging=self.staged)
+        try:
+            if not lease.wait_ready(self.timeout_s):
+                raise TransferError("staging copies did not complete")
+            with self._lock:
+                attempt = self.backend.publish(lease.view, request.ticket, self._serve_signal.set)
+        except SubmissionError as exc:
+            lease.release()
+            with self._lock:
+                self.backend.decline(request, f"cannot answer now: {exc}")
+            self.counters.pulls_declined += 1
+            return
+        except BaseException:
+            self._kept.append(lease)
+            raise
+        self.counters.pulls_served += 1
+        self._replies.append((attempt, lease, request))
+        self._serve_signal.set()  # look at the reply again soon, even if it settled already
+
+    def pins(self) -> int:
+        """Blocks pinned in this worker's cache right now (0 when nothing is lent or served)."""
+        return self.lender.pins()
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "backend": self.plugin.name,
+            "capabilities": self.capabilities.summary(),
+            "staged": self.staged,
+            "pins": self.pins(),
+            "counters": {k: v for k, v in vars(self.counters).items() if k != "extra"},
+        }
+
+
+
+
+def _whole_blocks(outcome: Outcome) -> int:
+    """Blocks whose row arrived in every group."""
+    if not outcome.masks:
+        return 0
+    return int(np.count_nonzero(np.logical_and.reduce(outcome.masks)))
