@@ -130,9 +130,9 @@ class TinyTransformer:
             kv = pool.index_select(0, blocks)[:, lig]            # (n_blocks, 2, B, H, D)
             keys = kv[:, 0].reshape(-1, H, D)[:end]
             vals = kv[:, 1].reshape(-1, H, D)[:end]
-            scores = torch.einsum("qhd,khd->hqk", q, keys) / math.sqrt(D)
-            scores = scores.masked_fill(~causal[None], float("-inf"))
-            att = torch.einsum("hqk,khd->qhd", scores.softmax(-1), vals).reshape(-1, cfg.d_model)
+            att = torch.nn.functional.scaled_dot_product_attention(
+                q.transpose(0, 1), keys.transpose(0, 1), vals.transpose(0, 1), attn_mask=causal
+            ).transpose(0, 1).reshape(-1, cfg.d_model)
             x = x + att @ layer["out"]
             h = torch.nn.functional.layer_norm(x, (cfg.d_model,))
             x = x + torch.nn.functional.gelu(h @ layer["up"]) @ layer["down"]
