@@ -21,6 +21,9 @@ from kvwire.contract.errors import SubmissionError
 from kvwire.contract.serving import PullRequest, ServesPulls
 from kvwire.lender import Lease, Lender, Scope
 from kvwire.registry import BackendConfig, load_config
+from kvwire.observe import Observers
+from kvwire.registry import ConfigError
+from kvwire.runtime.auth import PullGuard, sign_pull
 from kvwire.runtime.model import ModelConfig, TinyTransformer
 from kvwire.runtime.state import StateError, TransceiverState
 
@@ -95,18 +98,27 @@ class Worker:
         staging_slots: int | None = None,
         device: str | torch.device = "cpu",
         tenant_salt: bytes = b"",
-        name: str = "worker",
-        timeout_s: float = 30.0,
+        name: str | None = None,
+        timeout_s: float | None = None,
+        pull_secret: bytes | str | None = None,
+        allowed_peers: Sequence[str] | None = None,
+        observers: Sequence[object] = (),
     ) -> None:
-        self.name = name
-        self.model_config = model or ModelConfig()
-        self.device = torch.device(device)
-        self.timeout_s = float(timeout_s)
         if config is None:
             config = load_config(backend=backend, validate=False)
             if options:
                 config = BackendConfig(config.name, {**config.options, **options}, config.source, config.worker)
         self.config = config
+        settings = _worker_settings(config.worker)
+        self.name = name or settings.get("name", "worker")
+        self.model_config = model or ModelConfig()
+        self.device = torch.device(device)
+        self.timeout_s = float(timeout_s if timeout_s is not None else settings.get("timeout_s", 30.0))
+        secret = pull_secret if pull_secret is not None else settings.get("pull_secret")
+        self._secret = secret.encode() if isinstance(secret, str) else secret
+        allowed = allowed_peers if allowed_peers is not None else settings.get("allowed_peers")
+        self.guard = PullGuard(self._secret, None if allowed is None else frozenset(allowed))
+        self.observers = Observers(*observers)
         self.plugin = config.plugin()
         self.backend: Backend = config.build()
         self.capabilities = self.backend.capabilities()
@@ -268,14 +280,19 @@ class Worker:
         began = time.perf_counter()
         if held >= wanted:
             return TransferResult("skipped", held * B, wanted, 0, held, 0, 0.0)
-        if state.other_end == "peer":
-            hint = Hint.of("peer", timeout_s=timeout, address=state.address)
-        else:
-            hint = Hint.of("store", timeout_s=timeout, namespace=state.namespace)
         request = self.lender.open_request(tokens[: wanted * B])
         try:
             skipped = int(request.cached_tokens) // B
             lease = self.lender.lend_write(request, staging=self.staged)
+            if state.other_end == "peer":
+                fields: dict[str, Any] = {"address": state.address}
+                if self._secret is not None:
+                    view = lease.view
+                    fields["credentials"] = sign_pull(self._secret, self.name, tuple(g.group_id for g in view.groups),
+                                                      view.groups[0].names)
+                hint = Hint.of("peer", timeout_s=timeout, **fields)
+            else:
+                hint = Hint.of("store", timeout_s=timeout, namespace=state.namespace)
             outcome = self._transfer(lease, "fetch", hint, timeout)
             moved = _whole_blocks(outcome)
             bound = self.lender.resume_bounds(request)
@@ -314,13 +331,16 @@ class Worker:
             if not lease.wait_ready(timeout):
                 raise TransferError(f"{self.name}: staging copies did not complete within {timeout:g} s")
             signal = threading.Event()
+            began = time.perf_counter()
             submit = self.backend.fetch if direction == "fetch" else self.backend.publish
             try:
                 with self._lock:
                     attempt = submit(lease.view, hint, signal.set)
                     self.counters.submissions += 1
-            except SubmissionError:
+            except SubmissionError as exc:
                 self.counters.refusals += 1
+                self.observers.announce("refused", worker=self.name, backend=self.plugin.name,
+                                        direction=direction, reason=str(exc))
                 raise
             except BaseException:
                 self._kept.append(lease)
@@ -337,6 +357,12 @@ class Worker:
             if direction == "fetch":
                 lease.mark_arrived(outcome.masks)
             delivered = outcome.rows_delivered
+            rows = sum(m.size for m in outcome.masks)
+            nbytes = sum(int(np.count_nonzero(m)) * g.region.slot_bytes for m, g in zip(outcome.masks, lease.view.groups, strict=True))
+            self.counters.bytes_moved += nbytes
+            self.observers.announce("transfer", worker=self.name, backend=self.plugin.name, direction=direction,
+                                    rows=rows, delivered=delivered, nbytes=nbytes,
+                                    seconds=time.perf_counter() - began, status=outcome.status.value, reason=outcome.reason)
             self.counters.rows_delivered += delivered
             self.counters.rows_missed += sum(m.size for m in outcome.masks) - delivered
             if outcome.reason and "deadline" in outcome.reason:
@@ -398,7 +424,9 @@ class Worker:
 
     def _answer(self, request: PullRequest) -> None:
         assert isinstance(self.backend, ServesPulls)
-        reason = self.pull_filter(request) if self.pull_filter is not None else None
+        reason = self.guard.check(request)
+        if reason is None and self.pull_filter is not None:
+            reason = self.pull_filter(request)
         paged = [g.group_id for g in self.lender.layout.groups]
         if reason is None and list(request.groups) != paged:
             reason = f"requested groups {list(request.groups)} differ from this cache's {paged}"
@@ -410,6 +438,8 @@ class Worker:
             with self._lock:
                 self.backend.decline(request, reason)
             self.counters.pulls_declined += 1
+            self.observers.announce("pull_declined", worker=self.name, backend=self.plugin.name,
+                                    peer=request.peer, reason=reason)
             return
         lease = self.lender.lend_names(request.names, staging=self.staged)
         try:
@@ -427,6 +457,8 @@ class Worker:
             self._kept.append(lease)
             raise
         self.counters.pulls_served += 1
+        self.observers.announce("pull_served", worker=self.name, backend=self.plugin.name, peer=request.peer,
+                                requested=request.blocks, served=lease.found)
         self._replies.append((attempt, lease, request))
         self._serve_signal.set()  # look at the reply again soon, even if it settled already
 
@@ -445,6 +477,23 @@ class Worker:
         }
 
 
+
+
+_WORKER_KEYS = {"name": str, "timeout_s": (int, float), "pull_secret": str, "allowed_peers": list}
+
+
+def _worker_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``[worker]`` table of a config file, validated."""
+    out = {}
+    for key, value in settings.items():
+        if key not in _WORKER_KEYS:
+            raise ConfigError(f"unknown key worker.{key}; allowed: " + ", ".join(f"worker.{k}" for k in _WORKER_KEYS))
+        if not isinstance(value, _WORKER_KEYS[key]) or isinstance(value, bool):
+            raise ConfigError(f"worker.{key} has the wrong type ({type(value).__name__})")
+        if key == "allowed_peers" and not all(isinstance(p, str) for p in value):
+            raise ConfigError("worker.allowed_peers must be a list of worker names")
+        out[key] = value
+    return out
 
 
 def _whole_blocks(outcome: Outcome) -> int:
