@@ -12,7 +12,7 @@ import pytest
 from kvwire_mooncake.driver import MooncakeDriver, MooncakeSetupError
 from kvwire_mooncake.master import MasterProcess, free_port
 from kvwire_mooncake.options import ClientSettings
-from mooncake_support import DEAD_MASTER_BOUND_S, Rows, wait_for
+from mooncake_support import DEAD_MASTER_BOUND_S, Rows, until_serving, wait_for
 
 from kvwire.blob.driver import BatchResult, KeyStatus
 from kvwire.contract import MemoryKind, SlotRegion
@@ -192,7 +192,7 @@ def fragile(mooncake_ready: None) -> Iterator[tuple[MasterProcess, MooncakeDrive
         # A client whose master is gone takes ~11 s to close: bring the master back first.
         if not master.running():
             master.start()
-        wait_for(lambda: d.client.health_check() == 0, 10.0, "the client to reconnect")
+        until_serving(d.client)
         d.close()
         master.stop()
 
@@ -203,7 +203,7 @@ def doomed(fragile: tuple[MasterProcess, MooncakeDriver]) -> tuple[MasterProcess
     master, d = fragile
     if not master.running():
         master.start()
-    wait_for(lambda: d.client.health_check() == 0, 10.0, "the client to reconnect to the master")
+    until_serving(d.client)
     return master, d
 
 

@@ -195,11 +195,19 @@ class MasterProcess:
             self._proc.kill()
             self._proc.wait()
 
-    def freeze(self) -> None:
-        """SIGSTOP the master: it keeps its sockets but answers nothing (a hung master)."""
-        if self.running():
-            assert self._proc is not None
-            self._proc.send_signal(signal.SIGSTOP)
+    def freeze(self, timeout_s: float = 5.0) -> None:
+        """SIGSTOP the master and return once every one of its threads has stopped: it keeps its
+        sockets but answers nothing (a hung master). ``kill()`` or ``stop()`` ends it."""
+        if not self.running():
+            return
+        assert self._proc is not None
+        self._proc.send_signal(signal.SIGSTOP)
+        # The signal is delivered asynchronously: a thread may still answer one more request.
+        deadline = time.monotonic() + timeout_s
+        while not _all_threads_stopped(self._proc.pid):
+            if time.monotonic() >= deadline:
+                raise MasterError(f"mooncake_master {self.address} did not stop within {timeout_s:g} s of SIGSTOP")
+            time.sleep(0.001)
 
     def stop(self, timeout_s: float = 5.0) -> int | None:
         """SIGTERM, then SIGKILL after ``timeout_s``; returns the exit status. Idempotent."""
@@ -240,3 +248,21 @@ def _terminate(proc: subprocess.Popen[bytes] | None, timeout_s: float = 5.0) -> 
         except ProcessLookupError:
             pass
     return proc.wait()
+
+
+def _all_threads_stopped(pid: int) -> bool:
+    """Whether every thread of ``pid`` is in the stopped state (Linux ``/proc``)."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return True  # gone: it answers nothing either
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/stat", "rb") as fh:
+                stat = fh.read()
+        except FileNotFoundError:
+            continue
+        # The state follows the parenthesised command name, which may itself hold spaces.
+        if stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] not in (b"T", b"t"):
+            return False
+    return True

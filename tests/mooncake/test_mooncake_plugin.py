@@ -1,0 +1,91 @@
+"""The plugin as ``kvwire backends`` shows it, and the private master it can start."""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+import pytest
+from kvwire_mooncake import library, local_services
+from kvwire_mooncake.master import MasterError, MasterProcess
+
+from kvwire.registry import load, survey
+
+
+def _row() -> Any:
+    (row,) = [r for r in survey() if r.entry.name == "mooncake"]
+    return row
+
+
+@pytest.mark.parametrize(
+    ("failure", "says"),
+    [
+        (ImportError("libibverbs.so.1: cannot open shared object file: No such file or directory"),
+         "apt-get install -y libibverbs1 librdmacm1 libnuma1"),
+        (ModuleNotFoundError("No module named 'mooncake'", name="mooncake"), "not installed"),
+        (ImportError("libcudart.so.12: cannot open shared object file: No such file or directory"),
+         "kvwire-mooncake[cpu]"),
+    ],
+    ids=["no-libibverbs", "not-installed", "cuda-build-without-cuda"],
+)
+def test_a_plugin_whose_library_cannot_load_is_listed_with_the_reason_and_the_fix(
+        monkeypatch: pytest.MonkeyPatch, failure: ImportError, says: str) -> None:
+    def refuse(name: str) -> object:
+        raise failure
+
+    monkeypatch.setattr(library.importlib, "import_module", refuse)
+    row = _row()
+    assert row.plugin is not None, "the plugin itself must still load"
+    assert row.problem is not None and says in row.problem
+    assert library.INSTALL_HINT in row.problem
+
+
+def test_a_working_library_is_listed_without_a_problem(mooncake_ready: None) -> None:
+    row = _row()
+    assert row.problem is None
+    assert row.plugin.capabilities == load("mooncake").capabilities
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as fh:
+        return fh.read().split(")")[-1].split()[0] != "Z"
+
+
+def test_a_private_master_serves_until_stopped_and_leaves_no_process(mooncake_ready: None) -> None:
+    with MasterProcess() as master:
+        pid = master.pid
+        assert pid is not None and _alive(pid)
+        with socket.create_connection(("127.0.0.1", master.rpc_port), timeout=2):
+            pass
+    assert not _alive(pid)
+    assert master.stop() is not None  # idempotent
+
+
+def test_a_master_that_cannot_bind_its_port_says_so_and_leaves_no_process(mooncake_ready: None) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        master = MasterProcess(metrics_port=taken.getsockname()[1])
+        with pytest.raises(MasterError, match="exited"):
+            master.start()
+    assert not master.running()
+
+
+def test_local_services_start_one_master_for_every_backend_built_inside(
+        mooncake_ready: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MOONCAKE_MASTER", raising=False)
+    plugin = load("mooncake")
+    with local_services(plugin.resolve({})) as extra:
+        address = extra["master"]
+        host, port = address.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=2):
+            pass
+    with pytest.raises(OSError):
+        socket.create_connection((host, int(port)), timeout=1).close()
+    with local_services(plugin.resolve({"master": "10.0.0.1:50051"})) as extra:
+        assert dict(extra) == {}
