@@ -53,8 +53,8 @@ class Exchange:
     def fetch(self, view: View, hint: Hint | None = None) -> Submission:
         return submit(self.ends.sink, "fetch", view, hint or self.ends.fetch_hint)
 
-    def settle(self, sub: Submission, *, quiesce: bool = True) -> Outcome:
-        return settle(sub, self.patience_s, quiesce=quiesce)
+    def settle(self, sub: Submission, *, quiesce: bool = True, purpose: str | None = None) -> Outcome:
+        return settle(sub, self.patience_s, quiesce=quiesce, purpose=purpose)
 
     def holder(self) -> ServingHolder:
         """The suite as the serving end's holder (started on first use)."""

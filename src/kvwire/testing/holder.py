@@ -71,8 +71,12 @@ class Submission:
 
     def poll(self) -> Outcome | None:
         """``attempt.poll()``, checked: an ``Outcome`` or ``None``, and once an outcome, the
-        same one on every later call (A1)."""
-        out = self.attempt.poll()
+        same one on every later call (A1); a failure arrives in it, never as an exception (S5)."""
+        try:
+            out = self.attempt.poll()
+        except Exception as exc:
+            raise AssertionError(f"S5: poll() of a {self.op} raised {type(exc).__name__}: {exc}; once a submission "
+                                 "returned an attempt, every failure travels in its outcome") from exc
         if out is None:
             assert self.outcome is None, (
                 f"A1: poll() of a {self.op} answered {self.outcome!r} before and None now; "
@@ -89,7 +93,10 @@ class Submission:
 
     def quiesced(self) -> bool:
         """``attempt.quiesced()``, checked: a bool that stays true once true (A2)."""
-        q = self.attempt.quiesced()
+        try:
+            q = self.attempt.quiesced()
+        except Exception as exc:
+            raise AssertionError(f"S5: quiesced() of a {self.op} raised {type(exc).__name__}: {exc}") from exc
         assert isinstance(q, (bool, np.bool_)), f"A2: quiesced() must answer a bool, got {type(q).__name__}"
         if self.quiesced_seen:
             assert q, f"A2: quiesced() of a {self.op} answered True before and False now; it stays true"
@@ -107,10 +114,11 @@ def submit(backend: Backend, op: str, view: View, hint: Hint) -> Submission:
     return Submission(op, backend, view, attempt, wakes)
 
 
-def settle(sub: Submission, patience_s: float, *, quiesce: bool = True) -> Outcome:
+def settle(sub: Submission, patience_s: float, *, quiesce: bool = True, purpose: str | None = None) -> Outcome:
     """Wait as a holder does, looking only after each wake, until the attempt has concluded (and,
     with ``quiesce``, quiesced). Fails naming W1 if the change became visible but no wake came
-    after it, and A3 or A8 if it never came within ``patience_s``."""
+    after it, and A3 or A8 (or ``purpose``, which names what the wait is for) if it never came
+    within ``patience_s``."""
     deadline = time.monotonic() + patience_s
     while True:
         seen = sub.wakes.count
@@ -127,6 +135,9 @@ def settle(sub: Submission, patience_s: float, *, quiesce: bool = True) -> Outco
                 f"called after that became visible (waited {patience_s:g} s after the last wake); a holder that "
                 "sleeps until woken would never see it")
         missing = "conclude" if out is None else "quiesce"
+        if purpose is not None:
+            raise AssertionError(f"{purpose}: the {sub.op} did not {missing} within {patience_s:g} s "
+                                 f"({sub.wakes.count} wake(s) so far)")
         raise AssertionError(
             f"A3/A8: the {sub.op} did not {missing} within {patience_s:g} s ({sub.wakes.count} wake(s) so far); "
             "a backend advances its own work and concludes every attempt by its deadline")

@@ -9,7 +9,8 @@ Run the suite against an installed backend::
 Options: ``--kvwire-backend NAME`` (repeatable; default: every installed backend with a
 harness), ``--kvwire-harness module:object`` (a harness not installed as a distribution),
 ``--kvwire-profile quick|thorough``, ``--kvwire-patience SECONDS`` (how long to wait for a change
-a backend owes), ``--kvwire-report PATH`` (a JSON record of every suite test, for tools).
+a backend owes), ``--kvwire-no-shrink`` (report failing examples unshrunk), ``--kvwire-report
+PATH`` (a JSON record of every suite test, for tools).
 
 Fixtures: ``kvwire_target`` (parametrized, one per backend), ``kvwire_harness`` (its
 :class:`~kvwire.testing.harness.Harness`), ``kvwire_profile`` (the active profile)."""
@@ -58,6 +59,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="how long the suite waits for a change a backend owes before failing (default: the profile's)",
     )
     group.addoption(
+        "--kvwire-no-shrink",
+        action="store_true",
+        default=False,
+        help="report a failing example as found, without shrinking it (faster; for testing the suite itself)",
+    )
+    group.addoption(
         "--kvwire-report",
         default=None,
         metavar="PATH",
@@ -75,7 +82,8 @@ def _uses_suite(config: pytest.Config) -> bool:
 def pytest_configure(config: pytest.Config) -> None:
     from kvwire.testing import profiles
 
-    profiles.activate(config.option.kvwire_profile, config.option.kvwire_patience)
+    profiles.activate(config.option.kvwire_profile, config.option.kvwire_patience,
+                      shrink=not config.option.kvwire_no_shrink)
     if config.option.kvwire_report:
         config.stash[_RESULTS] = {}
 

@@ -15,7 +15,8 @@ class Profile:
     """``examples``: hypothesis examples per property test; ``machine_examples`` and
     ``machine_steps``: runs and steps of the stateful holder model; ``max_rows`` and
     ``max_groups``: the largest views drawn; ``patience_s``: how long the suite waits for a
-    backend to make a change it owes (conclude, quiesce, wake) before failing the test."""
+    backend to make a change it owes (conclude, quiesce, wake) before failing the test;
+    ``shrink``: whether hypothesis shrinks a failing example (off: report the first found)."""
 
     name: str
     examples: int
@@ -24,6 +25,7 @@ class Profile:
     max_rows: int
     max_groups: int
     patience_s: float
+    shrink: bool = True
 
 
 PROFILES: dict[str, Profile] = {
@@ -36,14 +38,17 @@ PROFILES: dict[str, Profile] = {
 _active: Profile = PROFILES["quick"]
 
 
-def activate(name: str, patience_s: float | None = None) -> Profile:
-    """Make ``name`` the active profile (``patience_s`` overrides its patience)."""
+def activate(name: str, patience_s: float | None = None, shrink: bool = True) -> Profile:
+    """Make ``name`` the active profile (``patience_s`` overrides its patience; ``shrink=False``
+    reports failing examples unshrunk)."""
     global _active
     if name not in PROFILES:
         raise ValueError(f"unknown kvwire profile {name!r}; choose one of: {', '.join(PROFILES)}")
     profile = PROFILES[name]
     if patience_s is not None:
         profile = replace(profile, patience_s=float(patience_s))
+    if not shrink:
+        profile = replace(profile, shrink=False)
     _active = profile
     return profile
 
@@ -55,7 +60,7 @@ def active() -> Profile:
 
 def examples(**overrides: Any) -> Any:
     """Hypothesis ``settings`` for a property test under the active profile."""
-    from hypothesis import HealthCheck, settings
+    from hypothesis import HealthCheck, Phase, settings
 
     options: dict[str, Any] = {
         "max_examples": _active.examples,
@@ -63,5 +68,7 @@ def examples(**overrides: Any) -> Any:
         "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large],
         "print_blob": True,
     }
+    if not _active.shrink:
+        options["phases"] = (Phase.explicit, Phase.reuse, Phase.generate)
     options.update(overrides)
     return settings(**options)

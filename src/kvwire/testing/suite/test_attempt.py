@@ -29,7 +29,9 @@ def _held_fetch(ex: Exchange, bench: Bench) -> tuple[Submission, Hold]:
     assert ex.ends.hold is not None
     hold = ex.ends.hold()
     sub = ex.fetch(bench.sink_view())
-    wait_for(lambda: hold.waiting() > 0 or sub.attempt.poll() is not None, profiles.active().patience_s,
+    # Wait on the other end (or a wake, should the backend conclude without it), never on poll(),
+    # which the tests check for blocking.
+    wait_for(lambda: hold.waiting() > 0 or sub.wakes.count > 0, profiles.active().patience_s,
              "A3: the held other end receiving the fetch")
     return sub, hold
 
@@ -118,7 +120,7 @@ def test_A2_publish_reads_nothing_after_quiesced(kvwire_harness: Harness) -> Non
         assert control is not None
         hold = control()
         sub = ex.publish(bench.source_view())
-        wait_for(lambda: hold.waiting() > 0 or sub.attempt.poll() is not None, profiles.active().patience_s,
+        wait_for(lambda: hold.waiting() > 0 or sub.wakes.count > 0, profiles.active().patience_s,
                  "A3: the held store receiving the publish")
         early = sub.quiesced()
         if early:
@@ -196,10 +198,11 @@ def test_A4_cancel_is_idempotent_yields_cancelled_and_still_quiesces(kvwire_harn
         assert sub.poll() is None, "the fetch concluded while the other end was held"
         call_briefly(sub.attempt.cancel, "A4: cancel()", on_block=hold.release)
         call_briefly(sub.attempt.cancel, "A4: a second cancel()", on_block=hold.release)
-        out = settle(sub, profiles.active().patience_s, quiesce=False)
+        out = settle(sub, profiles.active().patience_s, quiesce=False,
+                     purpose="A4: cancel() must conclude an attempt the other end holds")
         assert out.is_cancelled, f"A4: cancel() before the conclusion must yield a cancelled outcome, got {out!r}"
         hold.release()
-        ex.settle(sub)  # A4: a cancelled attempt still quiesces, and wakes the holder when it does
+        ex.settle(sub, purpose="A4: a cancelled attempt still quiesces")
         bench.forget_sink()
         bench.apply_fetch(out)
         call_briefly(sub.attempt.cancel, "A4: cancel() after the conclusion")

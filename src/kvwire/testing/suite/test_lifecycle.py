@@ -50,7 +50,7 @@ def test_W1_wakes_come_for_changes_while_held(kvwire_harness: Harness) -> None:
         assert ex.ends.hold is not None
         hold = ex.ends.hold()
         pub = ex.publish(bench.source_view())
-        wait_for(lambda: hold.waiting() > 0 or pub.attempt.poll() is not None, profiles.active().patience_s,
+        wait_for(lambda: hold.waiting() > 0 or pub.wakes.count > 0, profiles.active().patience_s,
                  "the held store receiving the publish")
         seen = pub.wakes.count
         if caps.cancellation:
@@ -122,9 +122,10 @@ def test_B2_one_call_sequence_may_span_threads(kvwire_harness: Harness) -> None:
             pytest.skip("backend's other end is a peer; the thread test runs against a store")
         bench = _on_thread(lambda: Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan, kind))
         pub: Submission = _on_thread(lambda: ex.publish(bench.source_view()))
-        _on_thread(lambda: ex.settle(pub))
+        why = "B2: an attempt must answer whichever thread the holder calls it from"
+        _on_thread(lambda: ex.settle(pub, purpose=why))
         sub: Submission = _on_thread(lambda: ex.fetch(bench.sink_view()))
-        out = _on_thread(lambda: ex.settle(sub))
+        out = _on_thread(lambda: ex.settle(sub, purpose=why))
         bench.apply_fetch(out)
         assert all(m.all() for m in out.masks), f"B2: rows went missing across threads: {out!r}"
         for backend in ex.ends.backends:

@@ -44,7 +44,7 @@ def test_M1_declared_memory_kinds_move_bytes(kvwire_harness: Harness) -> None:
                         f"M1: rows in {kind.value} memory were offered and held, yet not all arrived: {result.fetched!r}")
 
 
-def test_M1_undeclared_memory_kindrefused(kvwire_harness: Harness) -> None:
+def test_M1_undeclared_memory_kind_refused(kvwire_harness: Harness) -> None:
     caps = kvwire_harness.capabilities()
     missing = [k for k in MemoryKind if k not in caps.memory_kinds]
     if not missing:
@@ -94,7 +94,7 @@ def test_M3_registration_covers_its_batch(kvwire_harness: Harness) -> None:
         registration.close()
 
 
-def test_M3_overlapping_regionrefused(kvwire_harness: Harness) -> None:
+def test_M3_overlapping_region_refused(kvwire_harness: Harness) -> None:
     caps = kvwire_harness.capabilities()
     kind = needs.usable_kind(kvwire_harness, caps)
     memory = kvwire_harness.allocate(kind, 64, 8)
@@ -196,7 +196,7 @@ def test_M4_unrecognized_rows_refuse_the_whole_submission(kvwire_harness: Harnes
     run()
 
 
-def test_M4_rows_of_a_closed_registrationrefused(kvwire_harness: Harness) -> None:
+def test_M4_rows_of_a_closed_registration_refused(kvwire_harness: Harness) -> None:
     caps = kvwire_harness.capabilities()
     kind = needs.usable_kind(kvwire_harness, caps)
     plan = simple_plan(groups=2, rows=2, seed=3)

@@ -121,7 +121,7 @@ def test_V3_row_masks_stay_fresh_beside_an_outcome(kvwire_harness: Harness) -> N
 
 # -- V4 ----------------------------------------------------------------------------------------
 
-def test_V4_overlapping_fetch_rowsrefused(kvwire_harness: Harness) -> None:
+def test_V4_overlapping_fetch_rows_refused(kvwire_harness: Harness) -> None:
     """A fetch with two rows on the same memory is refused and touches nothing."""
     caps = kvwire_harness.capabilities()
     needs.fetch(caps)
@@ -160,7 +160,7 @@ def test_V4_overlapping_fetch_rowsrefused(kvwire_harness: Harness) -> None:
 
 # -- H1 ----------------------------------------------------------------------------------------
 
-def test_H1_unusable_hintrefused(kvwire_harness: Harness) -> None:
+def test_H1_unusable_hint_refused(kvwire_harness: Harness) -> None:
     """A hint of a kind the backend does not use is refused in either direction, and nothing
     escaped."""
     caps = kvwire_harness.capabilities()

@@ -1,0 +1,102 @@
+"""The conformance suite is itself tested: against each deliberately broken backend of
+``mutants.py`` it must fail, on a test named after the rule the mutant breaks; against the
+memory backend, and against the wrapper that breaks nothing, it must pass.
+
+Each run is a real ``pytest --pyargs kvwire.testing.suite`` in a subprocess, as a plugin author
+runs it, selected with ``-k`` to the broken rule's tests so the whole module stays fast."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+MUTANTS_FILE = Path(__file__).with_name("mutants.py")
+
+#: (harness object in mutants.py, the rule it breaks, -k selection of the suite's tests).
+MUTANTS: list[tuple[str, str, str]] = [
+    ("skips_unrecognized_rows", "M4", "M4"),
+    ("registers_part_of_a_batch", "M3", "M3"),
+    ("writes_past_the_slot", "M2", "M2"),
+    ("changes_the_view", "V2", "V2"),
+    ("shared_row_masks", "V3", "V3"),
+    ("drops_overlapping_fetch_rows", "V4", "V4"),
+    ("accepts_any_hint", "H1", "H1"),
+    ("escapes_on_rejection", "S3", "S3"),
+    ("raises_plain_errors", "S4", "S4"),
+    ("raises_faults", "S5", "S5"),
+    ("blocks_in_poll", "A1", "A1"),
+    ("unstable_outcome", "A1", "A1"),
+    ("quiesces_early", "A2", "A2"),
+    ("needs_polling", "A3", "A3"),
+    ("ignores_cancel", "A4", "A4"),
+    ("miss_as_failure", "A5", "A5"),
+    ("fault_as_miss", "A5", "A5"),
+    ("keeps_non_bool_mask", "A6", "A6"),
+    ("mutates_mask_after_handover", "A6", "A6"),
+    ("marks_torn_rows", "A7", "A7"),
+    ("ignores_deadline", "A8", "A8"),
+    ("limits_batches", "A9", "A9"),
+    ("wakes_early", "W1", "W1"),
+    ("silent_cancel", "W1", "W1"),
+    ("shares_shutdown", "B1", "B1"),
+    ("thread_bound_attempts", "B2", "B2"),
+    ("accepts_after_shutdown", "B3", "B3"),
+    ("drifting_capabilities", "B4", "B4"),
+]
+
+
+def run_suite(tmp_path: Path, *args: str) -> tuple[int, list[dict[str, Any]], str]:
+    """Run the suite in a subprocess from an empty directory (so no project configuration
+    applies); return its exit status, its per-test report and its output."""
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    report = tmp_path / "report.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KVWIRE_", "PYTEST_"))}
+    cmd = [sys.executable, "-m", "pytest", "--pyargs", "kvwire.testing.suite", "-q", "-p", "no:cacheprovider",
+           "--kvwire-profile=quick", f"--kvwire-report={report}", "--hypothesis-seed=0", *args]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    tests = json.loads(report.read_text())["tests"] if report.exists() else []
+    return proc.returncode, tests, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize(("mutant", "rule", "select"), MUTANTS, ids=[m[0] for m in MUTANTS])
+def test_suite_catches_the_mutant(tmp_path: Path, mutant: str, rule: str, select: str) -> None:
+    code, tests, output = run_suite(tmp_path, f"--kvwire-harness={MUTANTS_FILE}:{mutant}", "-k", select,
+                                    "--kvwire-patience=2", "--kvwire-no-shrink", "-x")
+    failed = [t["test"] for t in tests if t["outcome"] == "failed"]
+    assert code == 1, f"the suite did not fail against {mutant} (exit {code}):\n{output[-3000:]}"
+    assert any(f"_{rule}_" in name for name in failed), (
+        f"the suite failed against {mutant}, but not on a {rule} test (failed: {failed}):\n{output[-3000:]}")
+
+
+def test_all_mutants_are_exported() -> None:
+    """Every mutant harness in mutants.py is listed above: none goes unchecked."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("kvwire_conformance_mutants", MUTANTS_FILE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    harnesses = {name for name, value in vars(module).items() if isinstance(value, module.MutantHarness)}
+    assert harnesses - {"faithful"} == {m[0] for m in MUTANTS}
+    assert len(MUTANTS) >= 12
+
+
+def test_suite_passes_the_memory_backend(tmp_path: Path) -> None:
+    code, tests, output = run_suite(tmp_path, "--kvwire-backend=memory")
+    failed = [t["nodeid"] for t in tests if t["outcome"] == "failed"]
+    assert code == 0 and not failed, f"the suite failed the memory backend: {failed}\n{output[-3000:]}"
+    rules = {t["test"].split("_")[1] for t in tests if t["outcome"] == "passed" and t["test"].startswith("test_")}
+    assert {"M1", "M3", "M4", "V1", "V2", "V4", "H1", "S1", "S3", "A1", "A5", "A7", "A8", "W1", "B3", "B4"} <= rules
+
+
+def test_suite_passes_a_wrapper_that_breaks_nothing(tmp_path: Path) -> None:
+    """The mutants' wrapper itself is faithful, so each mutant's failure is its one change."""
+    code, tests, output = run_suite(tmp_path, f"--kvwire-harness={MUTANTS_FILE}:faithful")
+    failed = [t["nodeid"] for t in tests if t["outcome"] == "failed"]
+    assert code == 0 and not failed, f"the suite failed the faithful wrapper: {failed}\n{output[-3000:]}"
