@@ -10,13 +10,13 @@ import threading
 import numpy as np
 import pytest
 import torch
+from kvwire_memory.driver import MemoryDriver
+from kvwire_memory.store import MemoryStore
 
 from kvwire.blob import BlobBackend
 from kvwire.contract import CacheKind, Hint, Outcome
 from kvwire.lender import CacheLayout, GroupSpec, Lender, Scope
 from kvwire.testing.faults import FailKeys, FaultyDriver
-from kvwire_memory.driver import MemoryDriver
-from kvwire_memory.store import MemoryStore
 
 B = 16
 PROMPT = np.random.default_rng(4).integers(0, 1000, 3 * B + 5)  # three whole blocks and a tail
@@ -167,3 +167,36 @@ def test_device_pages_round_trip_through_staging():
     finally:
         close(pub, reg_a)
         close(fet, reg_b)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_later_blocks_faulting_on_device_stop_at_the_first_gap_and_leave_unmarked_rows_untouched():
+    store = MemoryStore(1 << 26)
+    layout = CacheLayout(16, 16, 0, (GroupSpec(0, CacheKind.PAGED, (2, 16, 8), torch.float32),))
+    prompt = np.arange(16 * 4 + 3)
+    a = Lender(layout, Scope("m"), device="cuda", staging_slots=8)
+    b = Lender(layout, Scope("m"), device="cuda", staging_slots=8)
+    req_a = a.open_request(prompt)
+    src = a.pool(0)
+    src.copy_(torch.randn_like(src))
+    a.commit(req_a, len(prompt))
+    sentinel = 7.0
+    b.pool(0).fill_(sentinel)
+    pub = BlobBackend(MemoryDriver(store))
+    fet = BlobBackend(FaultyDriver(MemoryDriver(store), [FailKeys(op="get", call=1, start=2)]))
+    regs = [pub.register_regions(a.regions()[1:]), fet.register_regions(b.regions()[1:])]
+    drive(pub, a.lend_read(req_a, staging=True), "publish", Hint.of("store"))
+    req_b = b.open_request(prompt)
+    out = drive(fet, b.lend_write(req_b, staging=True), "fetch", Hint.of("store"))
+    assert out.is_failed and list(out.masks[0]) == [True, True, False, False]
+    assert b.resume_bounds(req_b) == 32
+    table_a = torch.tensor(np.array(req_a.block_table[:4]), device="cuda")
+    table_b = torch.tensor(np.array(req_b.block_table[:4]), device="cuda")
+    assert torch.equal(b.pool(0)[table_b[:2]], src[table_a[:2]])
+    assert bool((b.pool(0)[table_b[2:]] == sentinel).all())   # host -> device copied only marked rows
+    a.close_request(req_a)
+    b.close_request(req_b)
+    for backend, reg in zip((pub, fet), regs, strict=True):
+        assert backend.shutdown() == frozenset()
+        reg.close()
+    assert a.pins() == 0 and b.pins() == 0

@@ -104,9 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return handlers[args.command](args, console)
     except Exception as exc:
-        from kvwire.registry import ConfigError
-
-        from kvwire.registry import PluginError
+        from kvwire.registry import ConfigError, PluginError
         from kvwire.runtime.state import StateError
 
         if isinstance(exc, (ConfigError, PluginError, StateError)):

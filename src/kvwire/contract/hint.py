@@ -7,11 +7,10 @@ import re
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Union
 
 __all__ = ["Hint", "HintValue", "MAX_HINT_BYTES"]
 
-HintValue = Union[None, bool, int, float, str, bytes]
+HintValue = None | bool | int | float | str | bytes
 
 #: The encoded form of a hint never exceeds this many bytes; decoding refuses longer input.
 MAX_HINT_BYTES = 64 * 1024

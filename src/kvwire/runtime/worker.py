@@ -20,9 +20,8 @@ from kvwire.contract.capabilities import SERVE_PULLS, OtherEnd
 from kvwire.contract.errors import SubmissionError
 from kvwire.contract.serving import PullRequest, ServesPulls
 from kvwire.lender import Lease, Lender, Scope
-from kvwire.registry import BackendConfig, load_config
 from kvwire.observe import Observers
-from kvwire.registry import ConfigError
+from kvwire.registry import BackendConfig, ConfigError, load_config
 from kvwire.runtime.auth import PullGuard, sign_pull
 from kvwire.runtime.model import ModelConfig, TinyTransformer
 from kvwire.runtime.state import StateError, TransceiverState
