@@ -252,7 +252,7 @@ class LenderMachine(RuleBasedStateMachine):
         assert sum(g.kind is CacheKind.STATE for g in lease.view.groups) == (len(self.states) if wants_state else 0)
         self.leases.append(LeaseModel(lease, m, rows if staging else 0, (end - first) + len(lease._state)))
 
-    @rule(prompt_index=st.integers(0, 50), start=st.integers(0, 3), corrupt=st.integers(-1, 5),
+    @rule(prompt_index=st.integers(0, 50), start=st.integers(0, 2), corrupt=st.integers(-1, 3),
           staging=st.booleans(), foreign=st.booleans())
     def lend_names(self, prompt_index: int, start: int, corrupt: int, staging: bool, foreign: bool) -> None:
         prompt = self.seen[prompt_index % len(self.seen)]
@@ -411,7 +411,7 @@ class MixedLenderMachine(LenderMachine):
     layout = staticmethod(mixed_layout)
 
 
-_settings = settings(max_examples=30, stateful_step_count=30, deadline=None,
+_settings = settings(max_examples=75, stateful_step_count=40, deadline=None,
                      suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 TestPagedLender = LenderMachine.TestCase
 TestPagedLender.settings = _settings
