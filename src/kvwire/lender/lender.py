@@ -403,7 +403,7 @@ class Lender:
             self._tree.pin(slots)
             start = int(self._tree.position[slots[0]]) if slots.size else 0
             self._leases_open += 1
-        found = names_array(keys[: slots.size]) if slots.size else np.zeros((0, 32), dtype=np.uint8)
+        found = np.asarray(names)[: slots.size] if isinstance(names, np.ndarray) else names_array(keys[: slots.size])
         tokens = TokenRange(start * self._bt, (start + slots.size) * self._bt)
         return self._make_lease(LeaseKind.NAMES, None, slots, None, found, tokens, [], stage, copy_in=True)
 

@@ -128,10 +128,9 @@ class ReuseTree:
         return taken.astype(np.int64, copy=False)
 
     def _evict(self, victims: np.ndarray) -> None:
-        names = self.slot_names[victims].tobytes()
         index = self.index
-        for i in range(0, len(names), NAME_BYTES):
-            del index[names[i:i + NAME_BYTES]]
+        for key in self.slot_names[victims].view(np.dtype((np.void, NAME_BYTES))).ravel().tolist():
+            del index[key]
         self.in_tree[victims] = False
         self.parent[victims] = -1
         self.evictions += int(victims.size)
