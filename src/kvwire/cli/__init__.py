@@ -70,6 +70,22 @@ def _cmd_demo(args: argparse.Namespace, console: Console) -> int:
     return 0 if report.ok else 1
 
 
+def _cmd_bench(args: argparse.Namespace, console: Console) -> int:
+    from pathlib import Path
+
+    from kvwire.cli.bench import render, run_bench, write
+
+    if args.quick:
+        points = run_bench(args.backend or (), rows=(64 << 10, 1 << 20), prompts=(1024, 4096), ttft_prompts=(512,),
+                           total_bytes=16 << 20, repeat=3, console=console)
+    else:
+        points = run_bench(args.backend or (), console=console)
+    render(points, console)
+    json_path, png_path = write(points, Path(args.out))
+    console.print(f"wrote {json_path} and {png_path}")
+    return 0
+
+
 def _cmd_doctor(args: argparse.Namespace, console: Console) -> int:
     from kvwire.cli.doctor import diagnose, render
 
@@ -87,6 +103,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("-v", "--verbose", action="store_true", help="more detail (tracebacks of broken plugins)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.add_parser("backends", help="list installed backends, their capabilities, and broken ones with the reason")
+    bench = sub.add_parser("bench", help="pull throughput by row size and prompt length, against memcpy and raw transports")
+    bench.add_argument("--backend", action="append", metavar="NAME", help="backend to measure (repeatable; default: all that load)")
+    bench.add_argument("--out", default="bench-out", metavar="DIR", help="where bench.json and bench.png go (default bench-out)")
+    bench.add_argument("--quick", action="store_true", help="fewer, smaller points (a minute or so)")
     sub.add_parser("doctor", help="check plugins, their libraries, loopback ports and the GPU, with fixes")
     demo = sub.add_parser("demo", help="two workers: prefill on one, move its blocks to the other, decode there")
     _add_config_args(demo)
@@ -100,7 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    handlers = {"backends": _cmd_backends, "demo": _cmd_demo, "doctor": _cmd_doctor}
+    handlers = {"backends": _cmd_backends, "demo": _cmd_demo, "doctor": _cmd_doctor, "bench": _cmd_bench}
     try:
         return handlers[args.command](args, console)
     except Exception as exc:
