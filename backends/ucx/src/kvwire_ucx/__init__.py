@@ -1,0 +1,65 @@
+"""kvwire-ucx: a UCX peer-to-peer backend that serves and makes request-free pulls.
+
+Importing this package imports neither ucxx nor numpy's UCX views: the registry can list the
+plugin (and say what is missing) without loading UCX. ``plugin.build(options)`` loads it."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from kvwire.contract import CONTRACT_VERSION, Capabilities, MemoryKind
+from kvwire.contract.capabilities import SERVE_PULLS, OtherEnd
+from kvwire.registry.plugin import Plugin
+from kvwire_ucx.settings import OPTIONS, UcxSettings
+
+if TYPE_CHECKING:
+    from kvwire_ucx.backend import UcxBackend
+
+__all__ = ["plugin", "UcxSettings", "create", "ucx_problem"]
+
+__version__ = "0.1.0"
+
+INSTALL_HINT = "pip install 'ucxx-cu12==0.52.0' (ucxx-cu13 on CUDA 13 hosts)"
+
+
+def ucx_problem() -> str | None:
+    """Why ucxx cannot be loaded here, or ``None``; never raises and imports nothing heavy."""
+    try:
+        if importlib.util.find_spec("ucxx") is None:
+            return "ucxx is not installed"
+    except (ImportError, ValueError) as exc:
+        return f"ucxx cannot be found: {exc}"
+    return None
+
+
+def create(options: Mapping[str, Any]) -> UcxBackend:
+    """A backend built from validated options (see :data:`kvwire_ucx.settings.OPTIONS`)."""
+    from kvwire_ucx.backend import UcxBackend
+
+    return UcxBackend(UcxSettings.from_options(options))
+
+
+_DEFAULTS = UcxSettings()
+
+plugin = Plugin(
+    name="ucx",
+    contract_version=CONTRACT_VERSION,
+    capabilities=Capabilities(
+        contract_version=CONTRACT_VERSION,
+        fetch=True,
+        publish=True,
+        memory_kinds=frozenset({MemoryKind.HOST}),
+        other_end=OtherEnd.PEER,
+        content_addressed=True,
+        max_in_flight=_DEFAULTS.max_in_flight,
+        cancellation=True,
+        protocols=frozenset({SERVE_PULLS}),
+    ),
+    create=create,
+    options=OPTIONS,
+    summary="UCX peer-to-peer transfers; serves request-free pulls from a peer's reuse tree",
+    check=ucx_problem,
+    install_hint=INSTALL_HINT,
+)

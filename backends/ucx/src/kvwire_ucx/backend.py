@@ -1,0 +1,289 @@
+"""The UCX peer backend: request-free pulls between two ends, bytes moved as two-sided UCX tag
+messages straight from the serving end's lent rows into the requesting end's lent rows."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from kvwire.contract import (
+    CONTRACT_VERSION,
+    Attempt,
+    Backend,
+    Capabilities,
+    Hint,
+    InvalidSubmission,
+    MemoryKind,
+    Outcome,
+    SlotRegion,
+    SubmissionRejected,
+    View,
+    WakeFn,
+)
+from kvwire.contract.backend import Registration
+from kvwire.contract.capabilities import SERVE_PULLS, OtherEnd
+from kvwire.contract.serving import PullRequest, ServesPulls
+from kvwire_ucx import wire
+from kvwire_ucx.address import AddressError, PeerAddress
+from kvwire_ucx.engine import Engine, GroupRows, UcxAttempt, WireStats, _Fetch
+from kvwire_ucx.regions import RegionTable
+from kvwire_ucx.settings import UcxSettings
+
+__all__ = ["UcxBackend", "capabilities_for"]
+
+log = logging.getLogger(__name__)
+
+MEMORY_KINDS = frozenset({MemoryKind.HOST})
+
+
+def capabilities_for(settings: UcxSettings) -> Capabilities:
+    """What a backend built with ``settings`` declares."""
+    return Capabilities(
+        contract_version=CONTRACT_VERSION,
+        fetch=True,
+        publish=True,
+        memory_kinds=MEMORY_KINDS,
+        other_end=OtherEnd.PEER,
+        content_addressed=True,
+        max_in_flight=settings.max_in_flight,
+        cancellation=True,
+        protocols=frozenset({SERVE_PULLS}),
+    )
+
+
+class UcxBackend(Backend, ServesPulls):
+    """A peer backend over UCX. ``fetch`` pulls named blocks from the peer whose
+    :meth:`address` the hint carries (``Hint.of("peer", address=...)``); ``publish`` only
+    answers a pull this end received (its hint is the :class:`PullRequest`'s ticket).
+
+    Its progress thread starts at construction and stops once :meth:`shutdown` finds nothing in
+    flight. The control listener is bound at construction, so :meth:`address` is ready at once."""
+
+    def __init__(self, settings: UcxSettings | None = None, **options: Any) -> None:
+        if settings is None:
+            settings = UcxSettings.from_options(options)
+        elif options:
+            raise TypeError("pass either settings or options, not both")
+        self._settings = settings
+        self._capabilities = capabilities_for(settings)
+        self._regions = RegionTable(MEMORY_KINDS)
+        self._engine = Engine(settings)
+        self._closed = False
+        log.debug("kvwire-ucx backend listening on %s", self._engine.address)
+
+    # ------------------------------------------------------------------ Backend
+
+    def capabilities(self) -> Capabilities:
+        return self._capabilities
+
+    def register_regions(self, regions: Sequence[SlotRegion]) -> Registration:
+        return self._regions.register(regions)
+
+    def fetch(self, view: View, hint: Hint, wake: WakeFn) -> Attempt:
+        """Pull the view's named blocks from the peer the hint names; every group carries the
+        same names in prefix order. Delivered with the served prefix marked; failed on decline,
+        deadline or peer loss; cancelled on cancel."""
+        if self._closed:
+            raise SubmissionRejected("this kvwire-ucx backend is shut down")
+        if not isinstance(hint, Hint) or hint.kind != "peer":
+            kind = hint.kind if isinstance(hint, Hint) else type(hint).__name__
+            raise InvalidSubmission(
+                f"kvwire-ucx fetches from a peer: the hint must be Hint.of('peer', address=<the peer's "
+                f"address()>), got kind {kind!r}"
+            )
+        raw = hint.get("address")
+        if not isinstance(raw, bytes):
+            raise InvalidSubmission("the peer hint carries no 'address' bytes (the serving backend's address())")
+        try:
+            address = PeerAddress.from_bytes(raw)
+        except AddressError as exc:
+            raise InvalidSubmission(f"the peer hint's address is unusable: {exc}") from None
+        _check_view_shape(view)
+        width, names = _pull_names(view)
+        if view.overlapping_rows() is not None:
+            (ga, ra), (gb, rb) = view.overlapping_rows()  # type: ignore[misc]
+            raise InvalidSubmission(
+                f"fetch rows overlap: row {ra} of group {ga} and row {rb} of group {gb} locate overlapping memory (V4)"
+            )
+        groups = self._locate(view, writable=True)
+        timeout_s = hint.timeout_s if hint.timeout_s is not None else self._settings.timeout_s
+        attempt = UcxAttempt(self._engine, view, "fetch", wake)
+        if view.rows == 0 or not view.groups:
+            return self._concluded(attempt, Outcome.delivered(view.row_masks()))
+        if not self._engine.admit(attempt):
+            raise SubmissionRejected(
+                f"kvwire-ucx has {self._settings.max_in_flight} attempts in flight (max_in_flight); retry later"
+            )
+        fetch = _Fetch(attempt, address, timeout_s, groups, width, names)
+        fetch.transfer, fetch.tag_base = self._engine.new_transfer()
+        self._engine.submit(self._engine.start_fetch, fetch)
+        return attempt
+
+    def publish(self, view: View, hint: Hint, wake: WakeFn) -> Attempt:
+        """Answer a pull: ``hint`` is the request's ticket and the view holds, per requested group
+        in order, the rows of the held prefix. Rows that do not fit the request (slot size,
+        group, count, names) refuse the pull; the attempt then fails saying why."""
+        if self._closed:
+            raise SubmissionRejected("this kvwire-ucx backend is shut down")
+        if not isinstance(hint, Hint) or hint.kind != "ticket":
+            kind = hint.kind if isinstance(hint, Hint) else type(hint).__name__
+            raise InvalidSubmission(
+                "kvwire-ucx publishes only in answer to a pull: the hint must be the PullRequest's ticket "
+                f"(kind 'ticket'), got kind {kind!r}"
+            )
+        backend, pull_id = hint.get("backend"), hint.get("pull")
+        if not isinstance(backend, int) or not isinstance(pull_id, int):
+            raise InvalidSubmission("the ticket lacks its 'backend' and 'pull' fields; pass request.ticket unchanged")
+        if backend != self._engine.instance:
+            raise SubmissionRejected("the ticket belongs to another kvwire-ucx backend; answer it there")
+        _check_view_shape(view)
+        groups = self._locate(view, writable=False)
+        reply = self._engine.claim_reply(pull_id)
+        if reply is None:
+            raise InvalidSubmission(f"pull {pull_id} is unknown or was already answered; answer each request once")
+        attempt = UcxAttempt(self._engine, view, "publish", wake)
+        if not self._engine.admit(attempt):
+            with self._engine._lock:
+                if reply.state == "answered":
+                    reply.state = "waiting"  # give the ticket back: nothing escaped
+            raise SubmissionRejected(
+                f"kvwire-ucx has {self._settings.max_in_flight} attempts in flight (max_in_flight); retry later"
+            )
+        refusal = _refusal(view, reply.request)
+        counts = tuple(g.rows for g in view.groups)
+        deadline = reply.expires_at
+        if hint.timeout_s is not None:
+            deadline = min(deadline, time.monotonic() + hint.timeout_s)
+        self._engine.submit(self._engine.answer, reply, attempt, groups, counts, refusal, deadline)
+        return attempt
+
+    def shutdown(self) -> frozenset[Attempt]:
+        """Stop taking submissions, cancel what is in flight (peers are told), and return the
+        attempts that may still touch memory. Waits at most the grace for them; once none is
+        left the progress thread is joined."""
+        if not self._closed:
+            self._closed = True
+            self._engine.begin_shutdown()
+        deadline = time.monotonic() + self._settings.grace_s + 0.5
+        with self._engine.changed:
+            self._engine.changed.wait_for(lambda: not self._engine._live, max(0.0, deadline - time.monotonic()))
+        remaining = self._engine.not_quiesced()
+        if not remaining:
+            self._engine.join(max(0.1, deadline - time.monotonic()))
+        return remaining
+
+    # ------------------------------------------------------------------ ServesPulls
+
+    def address(self) -> bytes:
+        """``PeerAddress`` bytes: this backend's control listener and instance id."""
+        return self._engine.address.to_bytes()
+
+    def serve(self, wake: WakeFn) -> None:
+        if self._closed:
+            raise SubmissionRejected("this kvwire-ucx backend is shut down")
+        self._engine.start_serving(wake)
+
+    def incoming(self) -> tuple[PullRequest, ...]:
+        return self._engine.take_incoming()
+
+    def decline(self, request: PullRequest, reason: str) -> None:
+        if not isinstance(request, PullRequest):
+            raise TypeError(f"decline takes a PullRequest, got {type(request).__name__}")
+        pull_id = request.ticket.get("pull")
+        if request.ticket.get("backend") != self._engine.instance or not isinstance(pull_id, int):
+            raise InvalidSubmission("this request belongs to another kvwire-ucx backend")
+        reply = self._engine.claim_reply(pull_id)
+        if reply is None:
+            log.debug("decline of pull %d ignored: unknown or already answered", pull_id)
+            return
+        self._engine.submit(self._engine.decline_reply, reply, wire.clip_reason(reason or "declined"))
+
+    # ------------------------------------------------------------------ extras
+
+    def stats(self) -> WireStats:
+        """Counters of the control channel (connections opened, lost, dropped for garbage...)."""
+        return self._engine.stats()
+
+    @property
+    def settings(self) -> UcxSettings:
+        return self._settings
+
+    def __repr__(self) -> str:
+        return f"UcxBackend({self._engine.address}, {'shut down' if self._closed else 'open'})"
+
+    # ------------------------------------------------------------------ helpers
+
+    def _locate(self, view: View, *, writable: bool) -> tuple[GroupRows, ...]:
+        out = []
+        for index, group in enumerate(view.groups):
+            if group.region.memory_kind not in MEMORY_KINDS:
+                raise InvalidSubmission(
+                    f"group {index} lends {group.region.memory_kind.value} memory; kvwire-ucx here reaches host memory"
+                )
+            span, offsets = self._regions.locate(group, index)
+            array = None if span is None else (span.writable if writable else span.readable)
+            out.append(GroupRows(group.group_id, group.region.slot_bytes, array, tuple(offsets.tolist())))
+        return tuple(out)
+
+    def _concluded(self, attempt: UcxAttempt, outcome: Outcome) -> UcxAttempt:
+        attempt._outcome = outcome
+        attempt._quiesced = True
+        self._engine.schedule_wake(attempt)
+        return attempt
+
+
+def _check_view_shape(view: View) -> None:
+    if not isinstance(view, View):
+        raise InvalidSubmission(f"expected a View, got {type(view).__name__}")
+    if len(view.groups) > wire.MAX_GROUPS:
+        raise InvalidSubmission(f"a view moves at most {wire.MAX_GROUPS} groups here, got {len(view.groups)}")
+
+
+def _pull_names(view: View) -> tuple[int, bytes]:
+    """The names every group of a fetch view carries (identical across groups)."""
+    if not view.groups:
+        return 1, b""
+    first = view.groups[0]
+    for index, group in enumerate(view.groups):
+        if group.names is None:
+            raise InvalidSubmission(
+                f"group {index} (id {group.group_id}) carries no block names; a pull names the blocks it wants"
+            )
+        if group.names.shape != first.names.shape or not np.array_equal(group.names, first.names):  # type: ignore[union-attr]
+            raise InvalidSubmission(
+                f"group {index} (id {group.group_id}) names other blocks than group 0; every group of a pull "
+                "carries the same names in prefix order"
+            )
+    assert first.names is not None
+    if first.rows > wire.MAX_BLOCKS:
+        raise InvalidSubmission(f"a pull names at most {wire.MAX_BLOCKS} blocks, got {first.rows}; split it")
+    return int(first.names.shape[1]), first.names.tobytes()
+
+
+def _refusal(view: View, request: PullRequest) -> str | None:
+    """Why the rows of ``view`` cannot answer ``request``, or ``None`` if they can."""
+    if len(view.groups) != len(request.groups):
+        return (f"the serving end offered {len(view.groups)} groups for a pull of {len(request.groups)} "
+                f"(groups {list(request.groups)})")
+    for index, (group, gid, slot) in enumerate(zip(view.groups, request.groups, request.slot_bytes, strict=True)):
+        if group.group_id != gid:
+            return f"the serving end's group {index} is group {group.group_id}, the pull asked for group {gid}"
+        if group.region.slot_bytes != slot:
+            return (f"slot size differs in group {gid}: the serving end holds {group.region.slot_bytes}-byte rows, "
+                    f"the requester expects {slot}")
+        if group.rows > request.blocks:
+            return f"the serving end offered {group.rows} rows of group {gid} for a pull of {request.blocks} blocks"
+        if group.names is not None and group.rows:
+            if group.names.shape[1] != request.names.shape[1] or not np.array_equal(
+                group.names, request.names[: group.rows]
+            ):
+                return f"the serving end's rows of group {gid} carry other names than the pull's prefix"
+    return None
+
+
+atexit.register(Engine.stop_all)

@@ -1,0 +1,1174 @@
+"""The progress thread of one :class:`~kvwire_ucx.backend.UcxBackend`: it owns the UCX worker,
+the control sockets and every transfer, and it alone calls UCX.
+
+One loop: run the holder's commands, progress the worker, reap finished UCX requests, fire
+timers, then ``arm()`` the worker and sleep in ``select`` on the worker's epoll fd, the control
+sockets and a doorbell pipe. Holder threads only enqueue commands and ring the doorbell (A3).
+Outcomes and quiescence are set under the engine lock, and each attempt's ``wake`` is called
+after the lock is released (W1)."""
+
+from __future__ import annotations
+
+import collections
+import errno
+import heapq
+import itertools
+import logging
+import os
+import secrets
+import selectors
+import socket
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from kvwire.contract import Attempt, Hint, Outcome, View
+from kvwire.contract.backend import WakeFn
+from kvwire.contract.serving import PullRequest
+from kvwire_ucx import wire
+from kvwire_ucx._ucx import Array, UCXError, ucx_api
+from kvwire_ucx.address import PeerAddress, is_loopback
+from kvwire_ucx.settings import UcxSettings
+
+__all__ = ["Engine", "UcxAttempt", "WireStats", "GroupRows"]
+
+log = logging.getLogger(__name__)
+
+_ROW_MASK = (1 << wire.TAG_ROW_BITS) - 1
+#: Upper bound on one sleep, so a lost wake-up of the worker fd costs at most this much.
+_MAX_SLEEP_S = 0.5
+#: Bytes read from a control socket per readable event.
+_READ_BYTES = 1 << 16
+#: How many times one loop iteration progresses the worker before it looks at the sockets.
+_PROGRESS_ROUNDS = 64
+#: How long the ticket of a request the holder took but never answered stays answerable after
+#: the request went away (so the late answer learns why instead of 'unknown ticket').
+_TICKET_LINGER_S = 60.0
+
+_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+
+@dataclass(frozen=True, slots=True)
+class WireStats:
+    """Counters of one backend's control channel."""
+
+    connections_opened: int = 0
+    connections_lost: int = 0
+    connections_dropped: int = 0  #: dropped because the peer sent garbage or broke the protocol
+    pulls_received: int = 0
+    pulls_declined: int = 0
+    rows_sent: int = 0
+    rows_received: int = 0
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class GroupRows:
+    """One group's rows as this engine moves them: byte views of the registered span and each
+    row's offset in it."""
+
+    group_id: int
+    slot_bytes: int
+    span: np.ndarray | None = field(repr=False)
+    offsets: tuple[int, ...] = field(repr=False)
+
+
+class UcxAttempt(Attempt):
+    """A fetch or publish in flight. Its outcome and quiescence are set by the engine thread
+    (or by :meth:`cancel`), each once, and never change afterwards."""
+
+    def __init__(self, engine: Engine, view: View, kind: str, wake: WakeFn) -> None:
+        self._engine = engine
+        self.view = view
+        self.kind = kind
+        self._wake = wake
+        self._masks = view.row_masks()
+        self._outcome: Outcome | None = None
+        self._quiesced = False
+        self._job: _Fetch | _Reply | None = None
+
+    def poll(self) -> Outcome | None:
+        return self._outcome
+
+    def quiesced(self) -> bool:
+        return self._quiesced
+
+    def cancel(self) -> None:
+        self._engine.cancel(self)
+
+    def __repr__(self) -> str:
+        state = "quiesced" if self._quiesced else "touching memory"
+        return f"UcxAttempt({self.kind}, {self._outcome!r}, {state})"
+
+
+class _Fetch:
+    """Requester side of one pull."""
+
+    def __init__(self, attempt: UcxAttempt, address: PeerAddress, timeout_s: float,
+                 groups: tuple[GroupRows, ...], width: int, names: bytes) -> None:
+        self.attempt = attempt
+        self.address = address
+        self.timeout_s = timeout_s
+        self.deadline = time.monotonic() + timeout_s
+        self.groups = groups
+        self.width = width
+        self.names = names
+        self.transfer = 0
+        self.tag_base = 0
+        self.rows = attempt.view.groups[0].rows if attempt.view.groups else 0
+        self.conn: _Connection | None = None
+        self.asked = False  # the Pull went out
+        self.counts: tuple[int, ...] | None = None
+        self.total = 0
+        self.next_seq = 0
+        self.cursor = (0, 0)
+        self.posted: collections.deque[tuple[Any, Any, int, int, int]] = collections.deque()
+        self.inflight_bytes = 0
+        self.received = 0
+        self.ended = False  # nothing more will be posted
+        self.done = False  # forgotten by the engine
+
+
+class _Reply:
+    """Serving side of one pull: waiting for the holder, then sending what each Go names."""
+
+    def __init__(self, pull_id: int, conn: _Connection, message: wire.Pull, request: PullRequest,
+                 expires_at: float) -> None:
+        self.pull_id = pull_id
+        self.conn = conn
+        self.transfer = message.transfer
+        self.tag_base = message.tag_base
+        self.request = request
+        self.expires_at = expires_at
+        self.state = "waiting"  # waiting -> answered | gone
+        self.surfaced = False
+        self.attempt: UcxAttempt | None = None
+        self.groups: tuple[GroupRows, ...] = ()
+        self.counts: tuple[int, ...] = ()
+        self.total = 0
+        self.go_end = 0
+        self.cursor = (0, 0)
+        self.posted: collections.deque[tuple[Any, Any, int, int]] = collections.deque()
+        self.peer_done = False  # no more Go can come: the peer acked, cancelled or vanished
+        self.done = False
+
+
+class _Connection:
+    """One control socket and the UCX endpoint to the same peer."""
+
+    def __init__(self, sock: socket.socket, outbound: bool, label: str,
+                 address: PeerAddress | None = None) -> None:
+        self.sock = sock
+        self.outbound = outbound
+        self.label = label
+        self.address = address
+        self.reader = wire.FrameReader()
+        self.out = bytearray()
+        self.connecting = outbound
+        self.hello = False
+        self.ep: Any = None
+        self.fetches: dict[int, _Fetch] = {}
+        self.replies: dict[int, _Reply] = {}
+        self.closed = False
+        self.want_write = False
+
+
+class Engine:
+    """Owns the UCX worker, the control listener and every transfer of one backend."""
+
+    def __init__(self, settings: UcxSettings) -> None:
+        self.settings = settings
+        self.instance = secrets.randbits(63)
+        self._lock = threading.Lock()
+        self.changed = threading.Condition(self._lock)
+        self._commands: collections.deque[tuple[Callable[..., None], tuple[Any, ...]]] = collections.deque()
+        self._live: set[UcxAttempt] = set()
+        self._replies: dict[int, _Reply] = {}  # pull id -> reply, for tickets
+        self._incoming: collections.deque[_Reply] = collections.deque()
+        self._serve_wake: WakeFn | None = None
+        self._stats = collections.Counter[str]()
+        self._timers: list[tuple[float, int, Callable[[], None]]] = []
+        self._timer_seq = itertools.count()
+        self._transfer_ids = itertools.count(1)
+        self._last_transfer = 0
+        self._pull_ids = itertools.count(1)
+        self._tag_bases: set[int] = set()
+        self._outbound: dict[tuple[str, int, int], _Connection] = {}
+        self._connections: set[_Connection] = set()
+        self._busy: set[_Fetch | _Reply] = set()
+        self._failed_eps: list[_Connection] = []
+        self._wakes: dict[int, WakeFn] = {}
+        self._stopping = False
+        self._stop_deadline: float | None = None
+        self._exited = threading.Event()
+
+        net_devices = settings.net_devices or ("lo" if is_loopback(settings.listen_host) else "all")
+        config = {"NET_DEVICES": net_devices}
+        self._context = ucx_api.UCXContext(
+            config_dict=config, feature_flags=(ucx_api.Feature.TAG, ucx_api.Feature.WAKEUP)
+        )
+        self._worker = ucx_api.UCXWorker(self._context)
+        self._worker.init_blocking_progress_mode()
+        self._worker_fd = self._worker.epoll_file_descriptor
+
+        family = socket.AF_INET6 if ":" in settings.listen_host else socket.AF_INET
+        self._listener: socket.socket | None = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self._listener.bind((settings.listen_host, settings.listen_port))
+            self._listener.listen(128)
+            self._listener.setblocking(False)
+        except OSError as exc:
+            self._listener.close()
+            raise OSError(
+                exc.errno, f"kvwire-ucx cannot listen on {settings.listen_host}:{settings.listen_port}: {exc.strerror}"
+            ) from None
+        self.port = self._listener.getsockname()[1]
+        self.address = PeerAddress(settings.listen_host, self.port, self.instance)
+        self._doorbell_r, self._doorbell_w = os.pipe()
+        os.set_blocking(self._doorbell_r, False)
+        os.set_blocking(self._doorbell_w, False)
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._worker_fd, selectors.EVENT_READ, "worker")
+        self._selector.register(self._doorbell_r, selectors.EVENT_READ, "doorbell")
+        self._selector.register(self._listener, selectors.EVENT_READ, "listener")
+        self._thread = threading.Thread(target=self._run, name=f"kvwire-ucx:{self.port}", daemon=True)
+        _engines.add(self)
+        self._thread.start()
+
+    # ---------------------------------------------------------------- holder-side entry points
+
+    def submit(self, fn: Callable[..., None], *args: Any) -> None:
+        """Run ``fn(*args)`` on the engine thread soon."""
+        self._commands.append((fn, args))
+        try:
+            os.write(self._doorbell_w, b"!")
+        except BlockingIOError:
+            pass  # the pipe is full of unread rings: the engine is awake anyway
+        except OSError:
+            pass  # closed at exit
+
+    def live(self) -> int:
+        with self._lock:
+            return len(self._live)
+
+    def admit(self, attempt: UcxAttempt) -> bool:
+        """Count ``attempt`` as in flight unless that would exceed the bound."""
+        with self._lock:
+            if len(self._live) >= self.settings.max_in_flight:
+                return False
+            self._live.add(attempt)
+            return True
+
+    def not_quiesced(self) -> frozenset[Attempt]:
+        with self._lock:
+            return frozenset(a for a in self._live if not a._quiesced)
+
+    def cancel(self, attempt: UcxAttempt) -> None:
+        """Conclude ``attempt`` cancelled now unless it concluded already; the wire work follows
+        on the engine thread."""
+        if attempt._outcome is not None:
+            return
+        masks = tuple(m.copy() for m in attempt._masks)
+        if self._conclude(attempt, Outcome.cancelled(masks, reason="cancelled by the holder")):
+            self.submit(self._after_local_cancel, attempt)
+
+    def start_serving(self, wake: WakeFn) -> None:
+        with self._lock:
+            self._serve_wake = wake
+
+    def take_incoming(self) -> tuple[PullRequest, ...]:
+        out = []
+        with self._lock:
+            while self._incoming:
+                reply = self._incoming.popleft()
+                if reply.state == "waiting":
+                    reply.surfaced = True
+                    out.append(reply.request)
+        return tuple(out)
+
+    def claim_reply(self, pull_id: int) -> _Reply | None:
+        """The waiting reply for ``pull_id``, now marked answered; ``None`` if it is unknown or
+        answered. A reply that went away meanwhile is returned as it is (state ``gone``)."""
+        with self._lock:
+            reply = self._replies.get(pull_id)
+            if reply is None or reply.state == "answered":
+                return None
+            if reply.state == "waiting":
+                reply.state = "answered"
+            return reply
+
+    def stats(self) -> WireStats:
+        with self._lock:
+            return WireStats(**{k: self._stats[k] for k in WireStats.__dataclass_fields__})
+
+    def begin_shutdown(self) -> None:
+        self.submit(self._shutdown)
+
+    def join(self, timeout: float) -> bool:
+        """Wait for the thread to exit (it does once shut down with nothing in flight)."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def new_transfer(self) -> tuple[int, int]:
+        """A transfer id and a tag base unique among this worker's live transfers."""
+        transfer = next(self._transfer_ids)
+        self._last_transfer = transfer
+        with self._lock:
+            while True:
+                tag_base = secrets.randbits(40)
+                if tag_base not in self._tag_bases:
+                    self._tag_bases.add(tag_base)
+                    return transfer, tag_base
+
+    # ---------------------------------------------------------------- conclusion and waking
+
+    def _conclude(self, attempt: UcxAttempt, outcome: Outcome, *, quiesced: bool = False) -> bool:
+        """Set the outcome if none is set; returns whether this call set it."""
+        with self._lock:
+            if attempt._outcome is not None:
+                if quiesced:
+                    self._quiesce_locked(attempt)
+                return False
+            attempt._outcome = outcome
+            if quiesced:
+                self._quiesce_locked(attempt)
+            elif attempt._quiesced:
+                self._live.discard(attempt)
+                self.changed.notify_all()
+        self._wakes[id(attempt)] = attempt._wake
+        return True
+
+    def _quiesce(self, attempt: UcxAttempt) -> None:
+        with self._lock:
+            if attempt._quiesced:
+                return
+            self._quiesce_locked(attempt)
+        self._wakes[id(attempt)] = attempt._wake
+
+    def _quiesce_locked(self, attempt: UcxAttempt) -> None:
+        attempt._quiesced = True
+        if attempt._outcome is not None:
+            self._live.discard(attempt)
+            self.changed.notify_all()
+
+    def _flush_wakes(self) -> None:
+        wakes, self._wakes = self._wakes, {}
+        for wake in wakes.values():
+            try:
+                wake()
+            except Exception:  # a holder's wake must never stop the engine
+                log.exception("a wake callback raised")
+
+    def schedule_wake(self, attempt: UcxAttempt) -> None:
+        """Call the attempt's wake from the engine thread (for attempts concluded at submission)."""
+        self.submit(self._wake_later, attempt)
+
+    def _wake_later(self, attempt: UcxAttempt) -> None:
+        self._wakes[id(attempt)] = attempt._wake
+
+    def _timer(self, delay: float, fn: Callable[[], None]) -> None:
+        heapq.heappush(self._timers, (time.monotonic() + max(0.0, delay), next(self._timer_seq), fn))
+
+    # ---------------------------------------------------------------- the loop
+
+    def _run(self) -> None:
+        try:
+            while True:
+                try:
+                    self._run_commands()
+                    self._progress()
+                    self._reap()
+                    self._fire_timers()
+                    self._flush_wakes()
+                    if self._stopping and self._can_exit():
+                        break
+                    self._sleep_and_dispatch()
+                except Exception:
+                    log.exception("kvwire-ucx engine on port %d hit an unexpected error; continuing", self.port)
+                    time.sleep(0.01)  # no tight loop on a persistent fault
+        finally:
+            self._teardown()
+            self._exited.set()
+            with self._lock:
+                self.changed.notify_all()
+
+    def _run_commands(self) -> None:
+        while self._commands:
+            fn, args = self._commands.popleft()
+            fn(*args)
+
+    def _progress(self) -> None:
+        for _ in range(_PROGRESS_ROUNDS):
+            if not self._worker.progress_once():
+                break
+        if self._failed_eps:
+            failed, self._failed_eps = self._failed_eps, []
+            for conn in failed:
+                self._close(conn, f"the UCX endpoint to {conn.label} failed (peer gone?)", lost=True)
+
+    def _sleep_and_dispatch(self) -> None:
+        timeout = _MAX_SLEEP_S
+        if self._timers:
+            timeout = min(timeout, max(0.0, self._timers[0][0] - time.monotonic()))
+        if self._commands or self._wakes:
+            timeout = 0.0
+        elif not self._worker.arm():
+            timeout = 0.0  # UCX has events to progress
+        for key, events in self._selector.select(timeout):
+            what = key.data
+            if what == "worker":
+                continue
+            if what == "doorbell":
+                try:
+                    while os.read(self._doorbell_r, 4096):
+                        pass
+                except BlockingIOError:
+                    pass
+            elif what == "listener":
+                self._accept()
+            elif isinstance(what, _Connection):
+                if events & selectors.EVENT_WRITE:
+                    self._on_writable(what)
+                if events & selectors.EVENT_READ and not what.closed:
+                    self._on_readable(what)
+
+    def _fire_timers(self) -> None:
+        now = time.monotonic()
+        while self._timers and self._timers[0][0] <= now:
+            _, _, fn = heapq.heappop(self._timers)
+            fn()
+
+    def _can_exit(self) -> bool:
+        with self._lock:
+            if self._live:
+                return False
+        return not any(c.out for c in self._connections if not c.closed) or (
+            self._stop_deadline is not None and time.monotonic() >= self._stop_deadline
+        )
+
+    def _teardown(self) -> None:
+        for conn in list(self._connections):
+            self._close(conn, "the backend shut down")
+        with self._lock:
+            for reply in self._replies.values():
+                reply.state = "gone"
+            self._replies.clear()
+            self._incoming.clear()
+        try:
+            self._selector.close()
+        except Exception:
+            pass
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+        for fd in (self._doorbell_r, self._doorbell_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        # endpoints went with their connections; the worker before its context
+        self._worker = None
+        self._context = None
+
+    # ---------------------------------------------------------------- sockets
+
+    def _accept(self) -> None:
+        assert self._listener is not None
+        while True:
+            try:
+                sock, peer = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                log.warning("kvwire-ucx on port %d could not accept a connection: %s", self.port, exc)
+                return
+            if len(self._connections) >= self.settings.max_connections:
+                log.warning("kvwire-ucx on port %d refuses %s: %d connections open", self.port, peer,
+                            len(self._connections))
+                sock.close()
+                continue
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn = _Connection(sock, outbound=False, label=f"{peer[0]}:{peer[1]}")
+            self._connections.add(conn)
+            self._count("connections_opened")
+            self._selector.register(sock, selectors.EVENT_READ, conn)
+
+    def _connect(self, address: PeerAddress) -> _Connection:
+        key = (address.host, address.port, address.instance)
+        conn = self._outbound.get(key)
+        if conn is not None and not conn.closed:
+            return conn
+        family = socket.AF_INET6 if ":" in address.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn = _Connection(sock, outbound=True, label=str(address), address=address)
+        self._outbound[key] = conn
+        self._connections.add(conn)
+        self._count("connections_opened")
+        self._send(conn, wire.Hello(self.instance, bytes(self._worker.address)))
+        code = sock.connect_ex((address.host, address.port))
+        if code in (0, errno.EINPROGRESS, errno.EWOULDBLOCK, errno.EAGAIN):
+            self._selector.register(sock, selectors.EVENT_WRITE | selectors.EVENT_READ, conn)
+            conn.want_write = True
+        else:
+            # registered so that _close can unregister it uniformly
+            self._selector.register(sock, selectors.EVENT_READ, conn)
+            self._timer(0.0, lambda: self._close(conn, f"could not connect to {address}: {os.strerror(code)}",
+                                                 lost=True))
+        return conn
+
+    def _send(self, conn: _Connection, message: wire.Message) -> None:
+        if conn.closed:
+            return
+        conn.out += wire.encode(message)
+        if not conn.connecting:
+            self._flush(conn)
+
+    def _flush(self, conn: _Connection) -> None:
+        while conn.out and not conn.closed:
+            try:
+                sent = conn.sock.send(conn.out)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as exc:
+                self._close(conn, f"control connection to {conn.label} failed: {exc.strerror or exc}", lost=True)
+                return
+            del conn.out[:sent]
+        want = bool(conn.out) or conn.connecting
+        if want != conn.want_write and not conn.closed:
+            events = selectors.EVENT_READ | (selectors.EVENT_WRITE if want else 0)
+            self._selector.modify(conn.sock, events, conn)
+            conn.want_write = want
+
+    def _on_writable(self, conn: _Connection) -> None:
+        if conn.connecting:
+            code = conn.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if code:
+                self._close(conn, f"could not connect to {conn.label}: {os.strerror(code)}", lost=True)
+                return
+            conn.connecting = False
+        self._flush(conn)
+
+    def _on_readable(self, conn: _Connection) -> None:
+        try:
+            data = conn.sock.recv(_READ_BYTES)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            what = "could not connect to" if conn.connecting else "control connection failed to"
+            self._close(conn, f"{what} {conn.label}: {exc.strerror or exc}", lost=True)
+            return
+        if not data:
+            if conn.connecting:
+                self._close(conn, f"could not connect to {conn.label}: connection closed", lost=True)
+            else:
+                self._close(conn, f"peer {conn.label} closed the connection", lost=True)
+            return
+        try:
+            messages = conn.reader.feed(data)
+        except wire.WireError as exc:
+            self._drop(conn, f"peer {conn.label} sent a malformed control message: {exc}")
+            return
+        for message in messages:
+            if conn.closed:
+                return
+            self._dispatch(conn, message)
+
+    def _drop(self, conn: _Connection, reason: str) -> None:
+        """Close a connection whose peer sent garbage or broke the protocol, and count it."""
+        log.warning("kvwire-ucx on port %d drops a connection: %s", self.port, reason)
+        self._count("connections_dropped")
+        self._close(conn, reason)
+
+    def _close(self, conn: _Connection, reason: str, *, lost: bool = False) -> None:
+        """End the connection and every transfer on it; cancels the UCX requests still posted
+        on its endpoint, so they complete and their attempts quiesce."""
+        if conn.closed:
+            return
+        conn.closed = True
+        if lost:
+            self._count("connections_lost")
+        log.debug("kvwire-ucx on port %d closes connection to %s: %s", self.port, conn.label, reason)
+        try:
+            self._selector.unregister(conn.sock)
+        except (KeyError, ValueError):
+            pass
+        try:
+            conn.sock.close()
+        except OSError:
+            pass
+        self._connections.discard(conn)
+        if conn.address is not None:
+            key = (conn.address.host, conn.address.port, conn.address.instance)
+            if self._outbound.get(key) is conn:
+                del self._outbound[key]
+        for fetch in list(conn.fetches.values()):
+            fetch.ended = True
+            self._fail(fetch.attempt, reason)
+        for reply in list(conn.replies.values()):
+            reply.peer_done = True
+            with self._lock:
+                if reply.state == "waiting":
+                    reply.state = "gone"
+            if reply.attempt is not None:
+                self._fail(reply.attempt, f"requester {conn.label} is gone: {reason}")
+            else:
+                self._forget_reply(reply)
+        if conn.ep is not None:
+            try:
+                conn.ep.close_blocking()
+            except Exception as exc:
+                log.debug("closing the UCX endpoint to %s: %s", conn.label, exc)
+        for fetch in list(conn.fetches.values()):
+            self._settle_fetch(fetch)
+        for reply in list(conn.replies.values()):
+            self._settle_reply(reply)
+
+    def _make_endpoint(self, conn: _Connection, worker_address: bytes) -> bool:
+        try:
+            address = ucx_api.UCXAddress.create_from_buffer(worker_address)
+            conn.ep = ucx_api.UCXEndpoint.create_from_worker_address(self._worker, address, True)
+        except Exception as exc:
+            self._drop(conn, f"peer {conn.label} sent a UCX worker address that UCX refuses: {exc}")
+            return False
+        failed = self._failed_eps
+
+        def on_close(conn: _Connection = conn) -> None:  # runs inside progress(); no UCX calls here
+            if not conn.closed:
+                failed.append(conn)
+
+        conn.ep.set_close_callback(on_close)
+        return True
+
+    # ---------------------------------------------------------------- messages
+
+    def _dispatch(self, conn: _Connection, message: wire.Message) -> None:
+        if isinstance(message, wire.Hello):
+            if conn.hello:
+                self._drop(conn, f"peer {conn.label} sent a second Hello")
+                return
+            if conn.outbound and conn.address is not None and message.instance != conn.address.instance:
+                self._close(conn, f"another kvwire-ucx backend answers at {conn.label} (instance "
+                                  f"{message.instance:#x}, the address names {conn.address.instance:#x}); "
+                                  "the address is stale", lost=True)
+                return
+            if not self._make_endpoint(conn, message.worker_address):
+                return
+            conn.hello = True
+            if not conn.outbound:
+                self._send(conn, wire.Hello(self.instance, bytes(self._worker.address)))
+            return
+        if not conn.hello:
+            self._drop(conn, f"peer {conn.label} sent {type(message).__name__} before Hello")
+            return
+        if conn.outbound:
+            if isinstance(message, wire.Offer):
+                self._on_offer(conn, message)
+            elif isinstance(message, wire.Decline):
+                self._on_decline(conn, message)
+            else:
+                self._drop(conn, f"serving peer {conn.label} sent {type(message).__name__}, which only requesters send")
+        else:
+            if isinstance(message, wire.Pull):
+                self._on_pull(conn, message)
+            elif isinstance(message, wire.Go):
+                self._on_go(conn, message)
+            elif isinstance(message, wire.Cancel):
+                self._on_cancel(conn, message)
+            elif isinstance(message, wire.Ack):
+                self._on_ack(conn, message)
+            else:
+                self._drop(conn, f"requesting peer {conn.label} sent {type(message).__name__}, which only servers send")
+
+    # ---------------------------------------------------------------- requester side
+
+    def start_fetch(self, fetch: _Fetch) -> None:
+        """Engine side of ``fetch()``: connect (or reuse the connection) and ask."""
+        fetch.attempt._job = fetch
+        if fetch.attempt._outcome is not None:  # cancelled before we got here
+            fetch.ended = True
+            self._quiesce(fetch.attempt)
+            self._forget_fetch(fetch)
+            return
+        if self._stopping:
+            fetch.ended = True
+            self._conclude(fetch.attempt, Outcome.cancelled(fetch.attempt.view.row_masks(),
+                                                            reason="the backend shut down"), quiesced=True)
+            self._forget_fetch(fetch)
+            return
+        conn = self._connect(fetch.address)
+        fetch.conn = conn
+        conn.fetches[fetch.transfer] = fetch
+        remaining_ms = int((fetch.deadline - time.monotonic()) * 1000)
+        groups = tuple((g.group_id, g.slot_bytes) for g in fetch.groups)
+        self._send(conn, wire.Pull(fetch.transfer, fetch.tag_base, max(1, min(remaining_ms, 2**32 - 1)),
+                                   groups, fetch.width, fetch.names))
+        fetch.asked = True
+        self._timer(fetch.deadline - time.monotonic(), lambda: self._fetch_deadline(fetch))
+
+    def _on_offer(self, conn: _Connection, message: wire.Offer) -> None:
+        fetch = conn.fetches.get(message.transfer)
+        if fetch is None and message.transfer <= self._last_transfer:
+            return  # a pull we gave up on and told the peer so
+        if fetch is None or fetch.counts is not None:
+            self._drop(conn, f"peer {conn.label} offered rows for a pull it was not asked (transfer {message.transfer})")
+            return
+        if len(message.counts) != len(fetch.groups) or any(c > fetch.rows for c in message.counts):
+            self._drop(conn, f"peer {conn.label} offered {list(message.counts)} rows for a pull of {fetch.rows} "
+                             f"blocks in {len(fetch.groups)} groups")
+            return
+        fetch.counts = message.counts
+        fetch.total = sum(message.counts)
+        fetch.cursor = self._first_cursor(message.counts, 0)
+        if fetch.attempt._outcome is not None:
+            # concluded (cancelled or past its deadline) while the offer travelled; say so
+            fetch.ended = True
+            self._send(conn, wire.Cancel(fetch.transfer, "the requester stopped before the offer arrived"))
+            self._settle_fetch(fetch)
+            return
+        if fetch.total == 0:
+            self._send(conn, wire.Ack(fetch.transfer, 0))
+            fetch.ended = True
+            self._conclude(fetch.attempt, Outcome.delivered(fetch.attempt._masks), quiesced=True)
+            self._forget_fetch(fetch)
+            return
+        self._post_receives(fetch)
+
+    def _first_cursor(self, counts: tuple[int, ...], group: int) -> tuple[int, int]:
+        while group < len(counts) and counts[group] == 0:
+            group += 1
+        return (group, 0)
+
+    def _post_receives(self, fetch: _Fetch) -> None:
+        conn = fetch.conn
+        if fetch.ended or fetch.counts is None or conn is None or conn.closed:
+            return
+        start = fetch.next_seq
+        window = self.settings.window_bytes
+        counts = fetch.counts
+        tag_high = fetch.tag_base << wire.TAG_ROW_BITS
+        gi, ri = fetch.cursor
+        try:
+            while fetch.next_seq < fetch.total and (not fetch.posted or fetch.inflight_bytes < window):
+                group = fetch.groups[gi]
+                offset = group.offsets[ri]
+                assert group.span is not None
+                buffer = Array(group.span[offset : offset + group.slot_bytes])
+                request = conn.ep.tag_recv(buffer, ucx_api.UCXXTag(tag_high | fetch.next_seq))
+                fetch.posted.append((request, buffer, gi, ri, group.slot_bytes))
+                fetch.inflight_bytes += group.slot_bytes
+                fetch.next_seq += 1
+                ri += 1
+                if ri == counts[gi]:
+                    gi, ri = self._first_cursor(counts, gi + 1)
+        except UCXError as exc:
+            fetch.cursor = (gi, ri)
+            self._close(conn, f"posting a receive on the endpoint to {conn.label} failed: {exc}", lost=True)
+            return
+        fetch.cursor = (gi, ri)
+        if fetch.next_seq > start:
+            self._busy.add(fetch)
+            self._send(conn, wire.Go(fetch.transfer, start, fetch.next_seq))
+
+    def _reap_fetch(self, fetch: _Fetch) -> None:
+        posted = fetch.posted
+        masks = fetch.attempt._masks
+        arrived = 0
+        while posted and posted[0][0].completed:
+            request, _buffer, gi, ri, size = posted.popleft()
+            fetch.inflight_bytes -= size
+            try:
+                request.check_error()
+            except UCXError as exc:
+                fetch.ended = True
+                group = fetch.groups[gi]
+                self._fail(fetch.attempt, f"row {ri} of group {group.group_id} did not arrive from "
+                                          f"{fetch.address}: {type(exc).__name__}: {exc}")
+                if fetch.conn is not None and not fetch.conn.closed:
+                    self._send(fetch.conn, wire.Cancel(fetch.transfer, f"a row did not arrive: {exc}"))
+            else:
+                masks[gi][ri] = True
+                fetch.received += 1
+                arrived += 1
+        if arrived:
+            self._count("rows_received", arrived)
+        if fetch.received == fetch.total and fetch.counts is not None and not fetch.ended:
+            fetch.ended = True
+            if fetch.conn is not None:
+                self._send(fetch.conn, wire.Ack(fetch.transfer, fetch.received))
+            self._conclude(fetch.attempt, Outcome.delivered(masks))
+        elif not fetch.ended:
+            self._post_receives(fetch)
+        self._settle_fetch(fetch)
+
+    def _settle_fetch(self, fetch: _Fetch) -> None:
+        """Quiesce and forget the fetch once nothing is posted and nothing more will be."""
+        if fetch.posted:
+            return
+        self._busy.discard(fetch)
+        if fetch.ended or fetch.attempt._outcome is not None:
+            fetch.ended = True
+            self._quiesce(fetch.attempt)
+            if fetch.attempt._outcome is not None:
+                self._forget_fetch(fetch)
+
+    def _forget_fetch(self, fetch: _Fetch) -> None:
+        if fetch.done:
+            return
+        fetch.done = True
+        if fetch.conn is not None:
+            fetch.conn.fetches.pop(fetch.transfer, None)
+        with self._lock:
+            self._tag_bases.discard(fetch.tag_base)
+
+    def _on_decline(self, conn: _Connection, message: wire.Decline) -> None:
+        fetch = conn.fetches.get(message.transfer)
+        if fetch is None:
+            return  # we gave up on it already
+        fetch.ended = True
+        if fetch.counts is None:
+            self._fail(fetch.attempt, f"peer {conn.label} declined the pull: {message.reason}")
+        else:
+            self._fail(fetch.attempt, f"peer {conn.label} stopped the pull: {message.reason}")
+            self._send(conn, wire.Cancel(fetch.transfer, "acknowledging the stop"))
+        self._settle_fetch(fetch)
+
+    def _fetch_deadline(self, fetch: _Fetch) -> None:
+        if fetch.done:
+            return
+        phase = "before the peer answered" if fetch.counts is None else (
+            f"with {fetch.received} of {fetch.total} rows arrived")
+        self._fail(fetch.attempt, f"the deadline of {fetch.timeout_s:g}s passed {phase} (peer {fetch.address})")
+        self._stop_fetch(fetch, "the requester's deadline passed")
+
+    def _after_local_cancel(self, attempt: UcxAttempt) -> None:
+        job = attempt._job
+        if isinstance(job, _Fetch):
+            self._stop_fetch(job, "the requester cancelled the pull")
+        elif isinstance(job, _Reply):
+            self._stop_reply(job, "the serving end cancelled its reply")
+        self._wakes[id(attempt)] = attempt._wake
+
+    def _stop_fetch(self, fetch: _Fetch, reason: str) -> None:
+        """Stop posting, tell the peer, and force the connection closed if the rows already
+        named by Go do not finish within the grace."""
+        if fetch.done:
+            return
+        already = fetch.ended
+        fetch.ended = True
+        conn = fetch.conn
+        if conn is not None and not conn.closed and fetch.asked and not already:
+            self._send(conn, wire.Cancel(fetch.transfer, reason))
+        self._settle_fetch(fetch)
+        if not fetch.done and conn is not None:
+            self._timer(self.settings.grace_s, lambda: self._force_fetch(fetch))
+
+    def _force_fetch(self, fetch: _Fetch) -> None:
+        if fetch.done or not fetch.posted or fetch.conn is None:
+            return
+        self._close(fetch.conn, f"rows of a stopped pull did not finish within the grace of "
+                                f"{self.settings.grace_s:g}s; the peer {fetch.conn.label} stopped answering",
+                    lost=True)
+
+    # ---------------------------------------------------------------- serving side
+
+    def _on_pull(self, conn: _Connection, message: wire.Pull) -> None:
+        self._count("pulls_received")
+        if message.transfer in conn.replies:
+            self._drop(conn, f"peer {conn.label} reused transfer id {message.transfer}")
+            return
+        if self._stopping:
+            self._decline_now(conn, message.transfer, "not serving: the serving end is shutting down")
+            return
+        with self._lock:
+            serving = self._serve_wake is not None
+            waiting = sum(1 for r in self._replies.values() if r.state == "waiting")
+        if not serving:
+            self._decline_now(conn, message.transfer, "not serving: the peer's holder has not started serving pulls")
+            return
+        if waiting >= self.settings.max_pending_pulls:
+            self._decline_now(conn, message.transfer,
+                              f"busy: {waiting} pulls are already waiting for the serving holder")
+            return
+        pull_id = next(self._pull_ids)
+        timeout_s = message.timeout_ms / 1000.0
+        ticket = Hint.of("ticket", timeout_s=timeout_s, backend=self.instance, pull=pull_id)
+        names = np.frombuffer(message.names, dtype=np.uint8).reshape(message.count, message.width)
+        request = PullRequest(
+            ticket=ticket,
+            groups=tuple(g for g, _ in message.groups),
+            slot_bytes=tuple(s for _, s in message.groups),
+            names=names,
+            peer=conn.label,
+        )
+        reply = _Reply(pull_id, conn, message, request, time.monotonic() + timeout_s)
+        conn.replies[message.transfer] = reply
+        with self._lock:
+            self._replies[pull_id] = reply
+            self._incoming.append(reply)
+            wake = self._serve_wake
+        self._timer(timeout_s, lambda: self._expire_waiting(reply))
+        if wake is not None:
+            self._wakes[-1] = wake
+
+    def _decline_now(self, conn: _Connection, transfer: int, reason: str) -> None:
+        self._count("pulls_declined")
+        self._send(conn, wire.Decline(transfer, wire.clip_reason(reason)))
+
+    def _expire_waiting(self, reply: _Reply) -> None:
+        with self._lock:
+            if reply.state != "waiting":
+                return
+            reply.state = "gone"
+        self._forget_reply(reply)
+
+    def decline_reply(self, reply: _Reply, reason: str) -> None:
+        """Engine side of ``decline()``."""
+        if reply.conn.closed or reply.peer_done:
+            self._forget_reply(reply)
+            return
+        self._decline_now(reply.conn, reply.transfer, reason)
+        reply.peer_done = True
+        self._forget_reply(reply)
+
+    def answer(self, reply: _Reply, attempt: UcxAttempt, groups: tuple[GroupRows, ...],
+               counts: tuple[int, ...], refusal: str | None, deadline: float) -> None:
+        """Engine side of ``publish(view, ticket)``: offer the rows, or refuse the pull."""
+        reply.attempt = attempt
+        attempt._job = reply
+        masks = attempt.view.row_masks()
+        if reply.state == "gone" or reply.conn.closed:
+            if reply.peer_done and not reply.conn.closed:
+                self._conclude(attempt, Outcome.cancelled(masks, by_peer=True,
+                                                          reason="the requester cancelled the pull"), quiesced=True)
+            else:
+                self._conclude(attempt, Outcome.failed("the requester is gone or its deadline passed before the "
+                                                       "answer", masks), quiesced=True)
+            self._forget_reply(reply)
+            return
+        if self._stopping:
+            self._decline_now(reply.conn, reply.transfer, "not serving: the serving end is shutting down")
+            reply.peer_done = True
+            self._conclude(attempt, Outcome.cancelled(masks, reason="the backend shut down"), quiesced=True)
+            self._forget_reply(reply)
+            return
+        if refusal is not None:
+            self._decline_now(reply.conn, reply.transfer, refusal)
+            reply.peer_done = True
+            self._conclude(attempt, Outcome.failed(refusal, masks), quiesced=True)
+            self._forget_reply(reply)
+            return
+        reply.groups = groups
+        reply.counts = counts
+        reply.total = sum(counts)
+        reply.cursor = self._first_cursor(counts, 0)
+        self._send(reply.conn, wire.Offer(reply.transfer, counts))
+        if reply.total == 0:
+            reply.peer_done = True  # nothing to name; the requester concludes on the offer alone
+            self._conclude(attempt, Outcome.delivered(masks), quiesced=True)
+            self._forget_reply(reply)
+            return
+        self._timer(deadline - time.monotonic(), lambda: self._reply_deadline(reply))
+
+    def _on_go(self, conn: _Connection, message: wire.Go) -> None:
+        reply = conn.replies.get(message.transfer)
+        if reply is None or reply.attempt is None or not reply.counts:
+            self._drop(conn, f"peer {conn.label} named rows of transfer {message.transfer}, which was not offered")
+            return
+        if message.start != reply.go_end or message.end > reply.total or reply.peer_done:
+            self._drop(conn, f"peer {conn.label} named rows [{message.start}, {message.end}) of transfer "
+                             f"{message.transfer}; expected rows from {reply.go_end} up to {reply.total}")
+            return
+        tag_high = reply.tag_base << wire.TAG_ROW_BITS
+        gi, ri = reply.cursor
+        counts = reply.counts
+        try:
+            for seq in range(message.start, message.end):
+                group = reply.groups[gi]
+                offset = group.offsets[ri]
+                assert group.span is not None
+                buffer = Array(group.span[offset : offset + group.slot_bytes])
+                request = conn.ep.tag_send(buffer, ucx_api.UCXXTag(tag_high | seq))
+                reply.posted.append((request, buffer, gi, ri))
+                ri += 1
+                if ri == counts[gi]:
+                    gi, ri = self._first_cursor(counts, gi + 1)
+        except UCXError as exc:
+            reply.cursor = (gi, ri)
+            self._close(conn, f"sending to {conn.label} failed: {exc}", lost=True)
+            return
+        reply.cursor = (gi, ri)
+        reply.go_end = message.end
+        self._busy.add(reply)
+
+    def _reap_reply(self, reply: _Reply) -> None:
+        posted = reply.posted
+        sent = 0
+        while posted and posted[0][0].completed:
+            request, _buffer, gi, ri = posted.popleft()
+            try:
+                request.check_error()
+            except UCXError as exc:
+                if reply.attempt is not None:
+                    self._fail(reply.attempt, f"row {ri} of group {reply.groups[gi].group_id} could not be sent to "
+                                              f"{reply.conn.label}: {type(exc).__name__}: {exc}")
+            else:
+                sent += 1
+        if sent:
+            self._count("rows_sent", sent)
+        self._settle_reply(reply)
+
+    def _settle_reply(self, reply: _Reply) -> None:
+        if reply.posted:
+            return
+        self._busy.discard(reply)
+        attempt = reply.attempt
+        if attempt is None:
+            return
+        if reply.peer_done or reply.go_end == reply.total or reply.conn.closed:
+            self._quiesce(attempt)
+        if attempt._quiesced and attempt._outcome is not None and (reply.peer_done or reply.conn.closed):
+            self._forget_reply(reply)
+
+    def _on_cancel(self, conn: _Connection, message: wire.Cancel) -> None:
+        reply = conn.replies.get(message.transfer)
+        if reply is None:
+            return
+        reply.peer_done = True
+        with self._lock:
+            if reply.state == "waiting":
+                reply.state = "gone"
+        if reply.attempt is not None:
+            masks = reply.attempt.view.row_masks()
+            self._conclude(reply.attempt, Outcome.cancelled(masks, by_peer=True, reason=message.reason or None))
+            self._settle_reply(reply)
+        elif reply.state == "gone":
+            self._forget_reply(reply)
+
+    def _on_ack(self, conn: _Connection, message: wire.Ack) -> None:
+        reply = conn.replies.get(message.transfer)
+        if reply is None or reply.attempt is None:
+            return
+        if message.rows != reply.total:
+            self._drop(conn, f"peer {conn.label} acknowledged {message.rows} rows of a transfer of {reply.total}")
+            return
+        reply.peer_done = True
+        masks = tuple(np.arange(g.rows) < c for g, c in zip(reply.attempt.view.groups, reply.counts, strict=True))
+        self._conclude(reply.attempt, Outcome.delivered(masks))
+        self._settle_reply(reply)
+
+    def _reply_deadline(self, reply: _Reply) -> None:
+        if reply.done or reply.attempt is None:
+            return
+        self._fail(reply.attempt, f"the deadline passed while serving {reply.conn.label} "
+                                  f"({reply.go_end} of {reply.total} rows named)")
+        self._stop_reply(reply, "the serving end's deadline passed")
+
+    def _stop_reply(self, reply: _Reply, reason: str) -> None:
+        """Tell the requester to stop; rows it already named are still sent, and the
+        connection is forced closed if that does not finish within the grace."""
+        if reply.done:
+            return
+        if not reply.peer_done and not reply.conn.closed:
+            self._send(reply.conn, wire.Decline(reply.transfer, wire.clip_reason(reason)))
+        self._settle_reply(reply)
+        if not reply.done:
+            self._timer(self.settings.grace_s, lambda: self._force_reply(reply))
+
+    def _force_reply(self, reply: _Reply) -> None:
+        if reply.done:
+            return
+        self._close(reply.conn, f"requester {reply.conn.label} did not finish a stopped transfer within the grace "
+                                f"of {self.settings.grace_s:g}s", lost=True)
+
+    def _forget_reply(self, reply: _Reply) -> None:
+        """Forget a reply's transfer. A request the holder holds but has not answered keeps its
+        ticket valid a while, so that answering it says what happened instead of 'unknown'."""
+        if reply.done:
+            return
+        reply.done = True
+        reply.conn.replies.pop(reply.transfer, None)
+        with self._lock:
+            if reply.state == "waiting":
+                reply.state = "gone"
+            keep = reply.surfaced and reply.attempt is None and reply.state == "gone"
+            if not keep:
+                self._replies.pop(reply.pull_id, None)
+        if keep:
+            self._timer(max(0.0, reply.expires_at - time.monotonic()) + _TICKET_LINGER_S,
+                        lambda: self._drop_ticket(reply))
+
+    def _drop_ticket(self, reply: _Reply) -> None:
+        with self._lock:
+            if self._replies.get(reply.pull_id) is reply and reply.attempt is None:
+                del self._replies[reply.pull_id]
+
+    # ---------------------------------------------------------------- shared
+
+    def _fail(self, attempt: UcxAttempt, reason: str) -> bool:
+        masks = tuple(m.copy() for m in attempt._masks) if attempt.kind == "fetch" else attempt.view.row_masks()
+        return self._conclude(attempt, Outcome.failed(reason, masks))
+
+    def _reap(self) -> None:
+        for transfer in list(self._busy):
+            if isinstance(transfer, _Fetch):
+                self._reap_fetch(transfer)
+            else:
+                self._reap_reply(transfer)
+
+    def _count(self, key: str, n: int = 1) -> None:
+        with self._lock:
+            self._stats[key] += n
+
+    def _shutdown(self) -> None:
+        if self._stopping:
+            return
+        self._stopping = True
+        self._stop_deadline = time.monotonic() + self.settings.grace_s
+        if self._listener is not None:
+            try:
+                self._selector.unregister(self._listener)
+            except (KeyError, ValueError):
+                pass
+            self._listener.close()
+            self._listener = None
+        for conn in list(self._connections):
+            for fetch in list(conn.fetches.values()):
+                masks = tuple(m.copy() for m in fetch.attempt._masks)
+                self._conclude(fetch.attempt, Outcome.cancelled(masks, reason="the backend shut down"))
+                self._stop_fetch(fetch, "the requester shut down")
+            for reply in list(conn.replies.values()):
+                if reply.attempt is None:
+                    with self._lock:
+                        waiting = reply.state == "waiting"
+                        reply.state = "gone"
+                    if waiting and not reply.peer_done:
+                        self._decline_now(conn, reply.transfer, "not serving: the serving end is shutting down")
+                        reply.peer_done = True
+                    self._forget_reply(reply)
+                else:
+                    self._conclude(reply.attempt, Outcome.cancelled(reply.attempt.view.row_masks(),
+                                                                    reason="the backend shut down"))
+                    self._stop_reply(reply, "the serving end shut down")
+        self._timer(self.settings.grace_s, self._force_all)
+
+    def _force_all(self) -> None:
+        for conn in list(self._connections):
+            if conn.fetches or conn.replies:
+                self._close(conn, "the backend shut down and the peer did not finish within the grace")
+
+    @classmethod
+    def stop_all(cls, timeout: float = 2.0) -> None:
+        """At interpreter exit: shut every engine down and wait briefly for its thread."""
+        for engine in list(_engines):
+            engine.begin_shutdown()
+            engine.submit(engine._force_all)
+        for engine in list(_engines):
+            engine.join(timeout)

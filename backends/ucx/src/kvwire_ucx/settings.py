@@ -1,0 +1,81 @@
+"""The options of a kvwire-ucx backend, as frozen data, and their declarations for the registry."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from kvwire.registry.plugin import Option
+
+__all__ = ["UcxSettings", "OPTIONS"]
+
+
+@dataclass(frozen=True, slots=True)
+class UcxSettings:
+    """How one backend listens, how long its attempts may take, and how much it keeps in flight.
+
+    ``timeout_s`` is the default deadline of an attempt (a hint's ``timeout_s`` overrides it);
+    ``grace_s`` is how long rows already in flight may take to stop after a deadline, a cancel or
+    a shutdown before the connection to that peer is forced closed (A8's bounded grace)."""
+
+    listen_host: str = "127.0.0.1"
+    listen_port: int = 0
+    timeout_s: float = 30.0
+    grace_s: float = 1.0
+    max_in_flight: int = 256
+    window_bytes: int = 64 << 20
+    max_pending_pulls: int = 1024
+    max_connections: int = 1024
+    net_devices: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.listen_host, str) or not self.listen_host:
+            raise ValueError(f"listen_host must be a host name or IP address, got {self.listen_host!r}")
+        if not isinstance(self.listen_port, int) or not 0 <= self.listen_port <= 65535:
+            raise ValueError(f"listen_port must be 0..65535 (0 picks a free port), got {self.listen_port!r}")
+        for name in ("timeout_s", "grace_s"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+            object.__setattr__(self, name, float(value))
+        for name in ("max_in_flight", "window_bytes", "max_pending_pulls", "max_connections"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if not isinstance(self.net_devices, str):
+            raise ValueError(f"net_devices must be a string, got {self.net_devices!r}")
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any]) -> UcxSettings:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise ValueError(f"unknown kvwire-ucx option(s) {unknown}; known: {sorted(known)}")
+        return cls(**dict(options))
+
+
+_DEFAULTS = UcxSettings()
+
+OPTIONS: tuple[Option, ...] = (
+    Option("listen_host", str, _DEFAULTS.listen_host,
+           "address the control listener binds; peers connect to it (loopback by default)"),
+    Option("listen_port", int, _DEFAULTS.listen_port, "control listener port; 0 picks a free one",
+           minimum=0, maximum=65535),
+    Option("timeout_s", float, _DEFAULTS.timeout_s, "default deadline of an attempt; a hint's timeout_s wins",
+           minimum=0.001),
+    Option("grace_s", float, _DEFAULTS.grace_s,
+           "after a deadline, cancel or shutdown: how long rows in flight may take before the connection is "
+           "forced closed", minimum=0.001),
+    Option("max_in_flight", int, _DEFAULTS.max_in_flight, "attempts that may be unfinished at once",
+           minimum=1, maximum=1 << 20),
+    Option("window_bytes", int, _DEFAULTS.window_bytes, "bytes a pull keeps posted for receiving at once",
+           minimum=1),
+    Option("max_pending_pulls", int, _DEFAULTS.max_pending_pulls,
+           "pulls waiting for the serving holder before more are declined as busy", minimum=1),
+    Option("max_connections", int, _DEFAULTS.max_connections, "control connections accepted at once",
+           minimum=1),
+    Option("net_devices", str, _DEFAULTS.net_devices,
+           "UCX_NET_DEVICES for this backend's UCX context; empty: 'lo' when listening on loopback, else all"),
+)

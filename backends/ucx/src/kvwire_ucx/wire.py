@@ -1,0 +1,402 @@
+"""The control channel's messages and their byte encoding: pickle-free, versioned, bounded.
+
+Every frame is a 12-byte header (magic ``KVWC``, version, message type, flags, body length)
+followed by the body. Decoding checks every length against the bounds below before it reads,
+never executes anything, and raises :class:`WireError` for anything malformed; the caller drops
+the connection and counts it.
+
+The flow of one pull (requester R, serving end S), all on one TCP connection per pair:
+``Hello`` both ways (instance id and UCX worker address), R ``Pull`` -> S; S ``Offer`` (rows
+served per group) or ``Decline``; R posts receives for a window of rows and sends ``Go`` for
+exactly those rows; S sends exactly the rows each ``Go`` names; R ``Ack`` once every row
+arrived. Either end may stop: R ``Cancel``, S ``Decline``. A ``Go`` once sent is always
+honoured, so no receive or send is ever left unmatched while the connection lives."""
+
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass
+
+__all__ = [
+    "Ack",
+    "Cancel",
+    "Decline",
+    "FrameReader",
+    "Go",
+    "Hello",
+    "MAX_BLOCKS",
+    "MAX_GROUPS",
+    "MAX_MESSAGE_BYTES",
+    "MAX_NAME_BYTES",
+    "MAX_REASON_BYTES",
+    "MAX_ROWS",
+    "MAX_TAG_BASE",
+    "MAX_WORKER_ADDRESS_BYTES",
+    "Message",
+    "MessageType",
+    "Offer",
+    "Pull",
+    "WIRE_VERSION",
+    "WireError",
+    "clip_reason",
+    "decode",
+    "encode",
+]
+
+MAGIC = b"KVWC"
+WIRE_VERSION = 1
+#: Bounds: a frame's body never exceeds MAX_MESSAGE_BYTES; a pull names at most MAX_BLOCKS
+#: blocks for at most MAX_GROUPS groups, so a transfer moves at most MAX_ROWS rows.
+MAX_MESSAGE_BYTES = 4 << 20
+MAX_BLOCKS = 1 << 15
+MAX_GROUPS = 1 << 9
+MAX_ROWS = 1 << 24
+MAX_NAME_BYTES = 64
+MAX_REASON_BYTES = 1024
+MAX_WORKER_ADDRESS_BYTES = 4096
+#: A transfer's UCX tags are ``tag_base << 24 | row``; tag_base has 40 bits.
+TAG_ROW_BITS = 24
+MAX_TAG_BASE = (1 << 40) - 1
+
+_HEADER = struct.Struct("<4sBBHI")
+HEADER_BYTES = _HEADER.size
+_U64 = struct.Struct("<Q")
+_PULL_HEAD = struct.Struct("<QQIHIB")  # transfer, tag_base, timeout_ms, groups, count, width
+_GROUP = struct.Struct("<IQ")  # group id, slot bytes
+_OFFER_HEAD = struct.Struct("<QH")
+_GO = struct.Struct("<QII")
+_ACK = struct.Struct("<QI")
+_TEXT_HEAD = struct.Struct("<QH")
+_HELLO_HEAD = struct.Struct("<QH")
+
+
+class WireError(ValueError):
+    """Bytes on the control channel are not a valid message; the message says what is wrong."""
+
+
+class MessageType(enum.IntEnum):
+    HELLO = 1
+    PULL = 2
+    OFFER = 3
+    DECLINE = 4
+    GO = 5
+    CANCEL = 6
+    ACK = 7
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    """First message each way: who this end is and how UCX reaches its worker."""
+
+    instance: int
+    worker_address: bytes
+
+    def __post_init__(self) -> None:
+        _check_u64(self.instance, "Hello.instance")
+        if not 1 <= len(self.worker_address) <= MAX_WORKER_ADDRESS_BYTES:
+            raise WireError(
+                f"Hello.worker_address must be 1..{MAX_WORKER_ADDRESS_BYTES} bytes, got {len(self.worker_address)}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class Pull:
+    """R asks for ``count`` blocks by name (``names``: ``count * width`` bytes, prefix order),
+    the same blocks in every group of ``groups`` (``(group id, slot bytes)`` pairs)."""
+
+    transfer: int
+    tag_base: int
+    timeout_ms: int
+    groups: tuple[tuple[int, int], ...]
+    width: int
+    names: bytes
+
+    def __post_init__(self) -> None:
+        _check_u64(self.transfer, "Pull.transfer")
+        if not 0 <= self.tag_base <= MAX_TAG_BASE:
+            raise WireError(f"Pull.tag_base must fit in 40 bits, got {self.tag_base}")
+        if not 1 <= self.timeout_ms < 1 << 32:
+            raise WireError(f"Pull.timeout_ms must be 1..2**32-1, got {self.timeout_ms}")
+        if not 1 <= len(self.groups) <= MAX_GROUPS:
+            raise WireError(f"a Pull names 1..{MAX_GROUPS} groups, got {len(self.groups)}")
+        ids = [g for g, _ in self.groups]
+        if len(set(ids)) != len(ids):
+            raise WireError(f"Pull group ids must be unique, got {ids}")
+        for gid, slot in self.groups:
+            if not 0 <= gid < 1 << 32:
+                raise WireError(f"Pull group id {gid} does not fit in 32 bits")
+            if not 1 <= slot < 1 << 64:
+                raise WireError(f"Pull slot size of group {gid} must be 1..2**64-1 bytes, got {slot}")
+        if not 1 <= self.width <= MAX_NAME_BYTES:
+            raise WireError(f"Pull name width must be 1..{MAX_NAME_BYTES}, got {self.width}")
+        if len(self.names) % self.width:
+            raise WireError(f"Pull names hold {len(self.names)} bytes, not a multiple of width {self.width}")
+        if not 1 <= self.count <= MAX_BLOCKS:
+            raise WireError(f"a Pull names 1..{MAX_BLOCKS} blocks, got {self.count}")
+
+    @property
+    def count(self) -> int:
+        return len(self.names) // self.width
+
+
+@dataclass(frozen=True, slots=True)
+class Offer:
+    """S answers a pull: how many leading blocks it serves, per group in the pull's order."""
+
+    transfer: int
+    counts: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        _check_u64(self.transfer, "Offer.transfer")
+        if not 1 <= len(self.counts) <= MAX_GROUPS:
+            raise WireError(f"an Offer gives 1..{MAX_GROUPS} counts, got {len(self.counts)}")
+        if any(not 0 <= c <= MAX_BLOCKS for c in self.counts):
+            raise WireError(f"Offer counts must be 0..{MAX_BLOCKS}, got {list(self.counts)}")
+
+
+@dataclass(frozen=True, slots=True)
+class Decline:
+    """S refuses a pull, or stops one it offered; ``reason`` says why."""
+
+    transfer: int
+    reason: str
+
+    def __post_init__(self) -> None:
+        _check_u64(self.transfer, "Decline.transfer")
+        _check_reason(self.reason, "Decline")
+
+
+@dataclass(frozen=True, slots=True)
+class Go:
+    """R posted receives for rows ``[start, end)`` of the transfer; S sends exactly those."""
+
+    transfer: int
+    start: int
+    end: int
+
+    def __post_init__(self) -> None:
+        _check_u64(self.transfer, "Go.transfer")
+        if not 0 <= self.start < self.end <= MAX_ROWS:
+            raise WireError(f"Go rows must satisfy 0 <= start < end <= {MAX_ROWS}, got [{self.start}, {self.end})")
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """R stops a pull; S sends nothing more for it beyond rows already named by ``Go``."""
+
+    transfer: int
+    reason: str
+
+    def __post_init__(self) -> None:
+        _check_u64(self.transfer, "Cancel.transfer")
+        _check_reason(self.reason, "Cancel")
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """R received all ``rows`` rows of the transfer whole."""
+
+    transfer: int
+    rows: int
+
+    def __post_init__(self) -> None:
+        _check_u64(self.transfer, "Ack.transfer")
+        if not 0 <= self.rows <= MAX_ROWS:
+            raise WireError(f"Ack.rows must be 0..{MAX_ROWS}, got {self.rows}")
+
+
+Message = Hello | Pull | Offer | Decline | Go | Cancel | Ack
+
+
+def clip_reason(reason: str) -> str:
+    """``reason`` cut to what a message can carry (whole UTF-8 characters)."""
+    raw = reason.encode("utf-8", "replace")
+    return raw[:MAX_REASON_BYTES].decode("utf-8", "ignore")
+
+
+def encode(message: Message) -> bytes:
+    """One frame: header plus body."""
+    kind: MessageType
+    if isinstance(message, Hello):
+        kind = MessageType.HELLO
+        body = _HELLO_HEAD.pack(message.instance, len(message.worker_address)) + message.worker_address
+    elif isinstance(message, Pull):
+        kind = MessageType.PULL
+        head = _PULL_HEAD.pack(
+            message.transfer, message.tag_base, message.timeout_ms, len(message.groups), message.count, message.width
+        )
+        body = head + b"".join(_GROUP.pack(g, s) for g, s in message.groups) + message.names
+    elif isinstance(message, Offer):
+        kind = MessageType.OFFER
+        body = _OFFER_HEAD.pack(message.transfer, len(message.counts)) + struct.pack(
+            f"<{len(message.counts)}I", *message.counts
+        )
+    elif isinstance(message, (Decline, Cancel)):
+        kind = MessageType.DECLINE if isinstance(message, Decline) else MessageType.CANCEL
+        raw = message.reason.encode()
+        body = _TEXT_HEAD.pack(message.transfer, len(raw)) + raw
+    elif isinstance(message, Go):
+        kind = MessageType.GO
+        body = _GO.pack(message.transfer, message.start, message.end)
+    elif isinstance(message, Ack):
+        kind = MessageType.ACK
+        body = _ACK.pack(message.transfer, message.rows)
+    else:
+        raise TypeError(f"not a control-channel message: {type(message).__name__}")
+    if len(body) > MAX_MESSAGE_BYTES:
+        raise WireError(f"message body of {len(body)} bytes exceeds {MAX_MESSAGE_BYTES}")
+    return _HEADER.pack(MAGIC, WIRE_VERSION, kind, 0, len(body)) + body
+
+
+def read_header(header: bytes) -> tuple[MessageType, int]:
+    """The type and body length a header announces; checks magic, version, flags and bound."""
+    if len(header) != HEADER_BYTES:
+        raise WireError(f"a frame header is {HEADER_BYTES} bytes, got {len(header)}")
+    magic, version, kind, flags, length = _HEADER.unpack(header)
+    if magic != MAGIC:
+        raise WireError(f"not a kvwire-ucx control frame: bad magic {magic!r}")
+    if version != WIRE_VERSION:
+        raise WireError(f"control frame version {version} is not supported (this end speaks {WIRE_VERSION})")
+    try:
+        message_type = MessageType(kind)
+    except ValueError:
+        raise WireError(f"unknown control message type {kind}") from None
+    if flags:
+        raise WireError(f"control frame flags must be 0, got {flags:#x}")
+    if length > MAX_MESSAGE_BYTES:
+        raise WireError(f"control frame announces {length} bytes, more than the maximum {MAX_MESSAGE_BYTES}")
+    return message_type, length
+
+
+def decode(frame: bytes) -> Message:
+    """Decode exactly one whole frame; anything else raises :class:`WireError`."""
+    frame = bytes(frame)
+    if len(frame) < HEADER_BYTES:
+        raise WireError(f"a frame is at least {HEADER_BYTES} bytes, got {len(frame)}")
+    kind, length = read_header(frame[:HEADER_BYTES])
+    if len(frame) - HEADER_BYTES != length:
+        raise WireError(f"frame header announces {length} body bytes, got {len(frame) - HEADER_BYTES}")
+    return decode_body(kind, frame[HEADER_BYTES:])
+
+
+def decode_body(kind: MessageType, body: bytes) -> Message:
+    """The message of type ``kind`` whose body is exactly ``body``."""
+    reader = _Reader(body)
+    try:
+        message = _decode(kind, reader)
+    except struct.error as exc:  # only from unpacking a slice of checked length; belt and braces
+        raise WireError(f"malformed {kind.name} body: {exc}") from None
+    if reader.left():
+        raise WireError(f"{kind.name} body has {reader.left()} trailing bytes")
+    return message
+
+
+def _decode(kind: MessageType, reader: _Reader) -> Message:
+    if kind is MessageType.HELLO:
+        instance, size = reader.unpack(_HELLO_HEAD)
+        if size > MAX_WORKER_ADDRESS_BYTES:
+            raise WireError(f"Hello worker address of {size} bytes exceeds {MAX_WORKER_ADDRESS_BYTES}")
+        return Hello(instance, reader.take(size))
+    if kind is MessageType.PULL:
+        transfer, tag_base, timeout_ms, ngroups, count, width = reader.unpack(_PULL_HEAD)
+        if not 1 <= ngroups <= MAX_GROUPS:
+            raise WireError(f"a Pull names 1..{MAX_GROUPS} groups, got {ngroups}")
+        if not 1 <= count <= MAX_BLOCKS:
+            raise WireError(f"a Pull names 1..{MAX_BLOCKS} blocks, got {count}")
+        if not 1 <= width <= MAX_NAME_BYTES:
+            raise WireError(f"Pull name width must be 1..{MAX_NAME_BYTES}, got {width}")
+        groups = tuple(reader.unpack(_GROUP) for _ in range(ngroups))
+        names = reader.take(count * width)
+        return Pull(transfer, tag_base, timeout_ms, groups, width, names)
+    if kind is MessageType.OFFER:
+        transfer, ngroups = reader.unpack(_OFFER_HEAD)
+        if not 1 <= ngroups <= MAX_GROUPS:
+            raise WireError(f"an Offer gives 1..{MAX_GROUPS} counts, got {ngroups}")
+        counts = struct.unpack(f"<{ngroups}I", reader.take(4 * ngroups))
+        return Offer(transfer, tuple(counts))
+    if kind in (MessageType.DECLINE, MessageType.CANCEL):
+        transfer, size = reader.unpack(_TEXT_HEAD)
+        if size > MAX_REASON_BYTES:
+            raise WireError(f"{kind.name} reason of {size} bytes exceeds {MAX_REASON_BYTES}")
+        try:
+            reason = reader.take(size).decode()
+        except UnicodeDecodeError:
+            raise WireError(f"{kind.name} reason is not valid UTF-8") from None
+        return Decline(transfer, reason) if kind is MessageType.DECLINE else Cancel(transfer, reason)
+    if kind is MessageType.GO:
+        return Go(*reader.unpack(_GO))
+    if kind is MessageType.ACK:
+        return Ack(*reader.unpack(_ACK))
+    raise WireError(f"unknown control message type {kind}")  # pragma: no cover - enum is closed
+
+
+class FrameReader:
+    """Cuts a byte stream into messages. Rejects a bad header as soon as its 12 bytes arrive, so
+    an oversized or foreign frame is never buffered."""
+
+    __slots__ = ("_buffer", "_need")
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+        self._need: tuple[MessageType, int] | None = None
+
+    def feed(self, data: bytes) -> list[Message]:
+        """Messages completed by ``data``, in order; raises :class:`WireError` on garbage."""
+        self._buffer += data
+        out: list[Message] = []
+        while True:
+            if self._need is None:
+                if len(self._buffer) < HEADER_BYTES:
+                    return out
+                self._need = read_header(bytes(self._buffer[:HEADER_BYTES]))
+                del self._buffer[:HEADER_BYTES]
+            kind, length = self._need
+            if len(self._buffer) < length:
+                return out
+            body = bytes(self._buffer[:length])
+            del self._buffer[:length]
+            self._need = None
+            out.append(decode_body(kind, body))
+
+    @property
+    def buffered(self) -> int:
+        """Bytes held waiting for the rest of a frame."""
+        return len(self._buffer)
+
+
+class _Reader:
+    __slots__ = ("data", "pos")
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.pos = 0
+
+    def take(self, n: int) -> bytes:
+        if n > len(self.data) - self.pos:
+            raise WireError(f"message ends early: wanted {n} bytes at offset {self.pos} of {len(self.data)}")
+        chunk = self.data[self.pos : self.pos + n]
+        self.pos += n
+        return chunk
+
+    def unpack(self, layout: struct.Struct) -> tuple[int, ...]:
+        return layout.unpack(self.take(layout.size))
+
+    def left(self) -> int:
+        return len(self.data) - self.pos
+
+
+def _check_u64(value: int, what: str) -> None:
+    if not isinstance(value, int) or not 0 <= value < 1 << 64:
+        raise WireError(f"{what} must be an unsigned 64-bit int, got {value!r}")
+
+
+def _check_reason(reason: str, what: str) -> None:
+    if not isinstance(reason, str):
+        raise WireError(f"{what}.reason must be a str, got {type(reason).__name__}")
+    try:
+        size = len(reason.encode())
+    except UnicodeEncodeError:
+        raise WireError(f"{what}.reason is not encodable as UTF-8; pass it through clip_reason()") from None
+    if size > MAX_REASON_BYTES:
+        raise WireError(f"{what}.reason exceeds {MAX_REASON_BYTES} bytes")

@@ -1,0 +1,46 @@
+"""Fixtures of the kvwire-ucx tests: backends that are always shut down, and holders that are
+always stopped."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+
+@pytest.fixture
+def make_backend() -> Iterator[Callable[..., Any]]:
+    """Build a ``UcxBackend`` (options as keywords); every one is shut down after the test and
+    must quiesce within a few seconds."""
+    pytest.importorskip("ucxx._lib.libucxx", reason="ucxx (ucxx-cu12==0.52.0) is not importable here")
+    from kvwire_ucx.backend import UcxBackend
+
+    built: list[UcxBackend] = []
+
+    def build(**options: Any) -> UcxBackend:
+        options.setdefault("timeout_s", 10.0)
+        options.setdefault("grace_s", 0.5)
+        backend = UcxBackend(**options)
+        built.append(backend)
+        return backend
+
+    yield build
+    stuck = []
+    for backend in built:
+        deadline = time.monotonic() + 5
+        while backend.shutdown():
+            if time.monotonic() > deadline:
+                stuck.append(backend)
+                break
+    assert not stuck, f"backends still touching memory after shutdown: {stuck}"
+
+
+@pytest.fixture
+def holders() -> Iterator[list[Any]]:
+    """Serving holders to stop after the test (append them)."""
+    started: list[Any] = []
+    yield started
+    for holder in started:
+        holder.stop()

@@ -1,0 +1,361 @@
+"""Two kvwire-ucx backends in one process, real UCX endpoints on loopback: B pulls by name from
+A, whose test holder serves from a dict reuse tree with pin counting."""
+
+from __future__ import annotations
+
+import random
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("ucxx._lib.libucxx", reason="ucxx (ucxx-cu12==0.52.0) is not importable here")
+
+from kvwire.contract import Hint, InvalidSubmission, MemoryKind, SlotRegion, SubmissionRejected  # noqa: E402
+from kvwire.contract.capabilities import SERVE_PULLS, OtherEnd  # noqa: E402
+from ucx_holders import (  # noqa: E402
+    Answer,
+    Pool,
+    Requester,
+    ReuseTree,
+    ServingHolder,
+    block_names,
+    fill,
+    row_pattern,
+)
+
+GROUPS = (0, 1)
+SLOT = 8192
+
+
+def check_rows(pool: Pool, slots: list[int], names: list[bytes]) -> None:
+    """Read the requester's memory directly and compare with what the server holds."""
+    for g, gid in enumerate(pool.group_ids):
+        for slot, name in zip(slots, names, strict=False):
+            assert np.array_equal(pool.arrays[g][slot], row_pattern(name, gid, pool.slot_bytes)), (gid, slot)
+
+
+@pytest.fixture
+def pair(make_backend, holders):
+    """A serving end (backend, pool, tree, holder) holding 6 blocks, and a requesting end."""
+
+    class Pair:
+        def __init__(self, mode: str = "serve", **server_options) -> None:
+            self.a = make_backend(**server_options)
+            self.b = make_backend()
+            self.pa = Pool(GROUPS, 32, SLOT)
+            self.pb = Pool(GROUPS, 32, SLOT, first_region_id=10)
+            self.a.register_regions(self.pa.regions)
+            self.b.register_regions(self.pb.regions)
+            self.tree = ReuseTree()
+            self.names = block_names(10)
+            fill(self.pa, self.tree, self.names[:6], first_slot=3)
+            self.holder = None
+            if mode != "none":
+                self.holder = ServingHolder(self.a, self.pa, self.tree, mode=mode)
+                holders.append(self.holder)
+            self.req = Requester(self.b, self.pb)
+
+    return Pair
+
+
+def test_declares_a_peer_that_serves_pulls(make_backend) -> None:
+    caps = make_backend().capabilities()
+    assert caps.other_end is OtherEnd.PEER and caps.fetch and caps.publish and caps.cancellation
+    assert caps.memory_kinds == frozenset({MemoryKind.HOST}) and caps.content_addressed
+    assert SERVE_PULLS in caps.protocols and caps.max_in_flight >= 1
+
+
+def test_full_prefix_arrives_byte_for_byte(pair) -> None:
+    p = pair()
+    attempt, slots = p.req.fetch(p.a.address(), p.names[:6])
+    outcome = p.req.wait(attempt, slots, 5)
+    assert outcome.is_delivered
+    assert [m.tolist() for m in outcome.masks] == [[True] * 6] * 2
+    check_rows(p.pb, slots, p.names[:6])
+    assert p.holder.wait_settled(1, 5)
+    assert p.holder.answers[0].outcome.is_delivered
+    assert p.tree.wait_unpinned(5)
+
+
+def test_partial_prefix_is_delivered_with_the_held_rows_marked(pair) -> None:
+    p = pair()
+    attempt, slots = p.req.fetch(p.a.address(), p.names[:10])
+    outcome = p.req.wait(attempt, slots, 5)
+    assert outcome.is_delivered
+    assert [m.tolist() for m in outcome.masks] == [[True] * 6 + [False] * 4] * 2
+    check_rows(p.pb, slots[:6], p.names[:6])
+    assert p.tree.wait_unpinned(5)
+
+
+def test_nothing_held_is_delivered_with_no_rows(pair) -> None:
+    p = pair()
+    attempt, slots = p.req.fetch(p.a.address(), block_names(4, prompt="another prompt"))
+    outcome = p.req.wait(attempt, slots, 5)
+    assert outcome.is_delivered and outcome.rows_delivered == 0
+    assert p.holder.wait_settled(1, 5)
+    assert p.holder.answers[0].outcome.is_delivered
+    assert p.tree.pinned() == 0
+
+
+def test_a_decline_fails_the_fetch_with_the_peers_reason(pair) -> None:
+    p = pair(mode="decline")
+    p.holder.decline_reason = "tenant mismatch"
+    attempt, slots = p.req.fetch(p.a.address(), p.names[:3])
+    outcome = p.req.wait(attempt, slots, 5)
+    assert outcome.is_failed and "tenant mismatch" in outcome.reason
+    assert outcome.rows_delivered == 0
+
+
+def test_a_peer_that_is_not_serving_declines_at_once(pair) -> None:
+    p = pair(mode="none")
+    started = time.monotonic()
+    attempt, slots = p.req.fetch(p.a.address(), p.names[:3], timeout_s=5)
+    outcome = p.req.wait(attempt, slots, 5)
+    assert outcome.is_failed and "not serving" in outcome.reason
+    assert time.monotonic() - started < 2
+
+
+def test_a_holder_that_never_answers_fails_the_fetch_at_its_deadline(pair) -> None:
+    p = pair(mode="ignore")
+    started = time.monotonic()
+    attempt, slots = p.req.fetch(p.a.address(), p.names[:3], timeout_s=0.5)
+    outcome = p.req.wait(attempt, slots, 5)
+    elapsed = time.monotonic() - started
+    assert outcome.is_failed and "deadline" in outcome.reason
+    assert 0.45 <= elapsed < 0.5 + 0.5
+    assert p.holder.requests_seen == 1
+
+
+def test_a_mute_peer_fails_the_fetch_at_its_deadline(make_backend) -> None:
+    b = make_backend()
+    pool = Pool(GROUPS, 4, SLOT)
+    b.register_regions(pool.regions)
+    with socket.create_server(("127.0.0.1", 0)) as mute:
+        from kvwire_ucx.address import PeerAddress
+
+        address = PeerAddress("127.0.0.1", mute.getsockname()[1], 1).to_bytes()
+        req = Requester(b, pool)
+        started = time.monotonic()
+        attempt, slots = req.fetch(address, block_names(2), timeout_s=0.4)
+        outcome = req.wait(attempt, slots, 5)
+    assert outcome.is_failed and "deadline" in outcome.reason
+    assert time.monotonic() - started < 0.4 + 0.5
+
+
+def test_rows_of_another_slot_size_are_refused_by_the_serving_end(pair, holders) -> None:
+    p = pair(mode="none")
+    other = Pool(GROUPS, 8, SLOT // 2, first_region_id=20)
+    p.a.register_regions(other.regions)
+    holder = ServingHolder(p.a, p.pa, p.tree, mode="wrong-slot", other_pool=other)
+    holders.append(holder)
+    attempt, slots = p.req.fetch(p.a.address(), p.names[:3])
+    outcome = p.req.wait(attempt, slots, 5)
+    assert outcome.is_failed and "slot size" in outcome.reason
+    assert holder.wait_settled(1, 5) and holder.answers[0].outcome.is_failed
+    assert p.tree.wait_unpinned(5)
+
+
+def test_cancel_mid_transfer_stops_both_ends(make_backend, holders) -> None:
+    slot = 256 << 10
+    a, b = make_backend(), make_backend(window_bytes=slot)  # one row per Go: a slow, steady pull
+    pa, pb = Pool((0,), 160, slot), Pool((0,), 160, slot, first_region_id=10)
+    a.register_regions(pa.regions)
+    b.register_regions(pb.regions)
+    tree, names = ReuseTree(), block_names(160)
+    fill(pa, tree, names)
+    published = threading.Event()
+    holder = ServingHolder(a, pa, tree, on_publish=lambda answer: published.set())
+    holders.append(holder)
+    req = Requester(b, pb)
+    attempt, slots = req.fetch(a.address(), names)
+    assert published.wait(5)
+    deadline = time.monotonic() + 5
+    while b.stats().rows_received < 3 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    attempt.cancel()
+    attempt.cancel()  # idempotent
+    outcome = req.wait(attempt, slots, 5)
+    assert outcome.is_cancelled and not outcome.by_peer
+    assert 0 < outcome.rows_delivered < 160
+    arrived = np.flatnonzero(outcome.masks[0])
+    check_rows(pb, [slots[i] for i in arrived], [names[i] for i in arrived])
+    assert holder.wait_settled(1, 5)
+    served = holder.answers[0].outcome
+    assert served.is_cancelled and served.by_peer
+    assert tree.wait_unpinned(5)
+
+
+def test_unregistered_or_overlapping_rows_are_invalid_and_nothing_escapes(pair) -> None:
+    p = pair()
+    stranger = Pool(GROUPS, 4, SLOT, first_region_id=30)
+    with pytest.raises(InvalidSubmission, match="register"):
+        p.b.fetch(stranger.view([0, 1], p.names[:2]), Hint.of("peer", address=p.a.address()), lambda: None)
+    with pytest.raises(InvalidSubmission, match="overlap"):
+        p.b.fetch(p.pb.view([1, 1], p.names[:2]), Hint.of("peer", address=p.a.address()), lambda: None)
+    with pytest.raises(InvalidSubmission, match="names"):
+        p.b.fetch(p.pb.view([0, 1], None), Hint.of("peer", address=p.a.address()), lambda: None)
+    with pytest.raises(InvalidSubmission, match="address"):
+        p.b.fetch(p.pb.view([0], p.names[:1]), Hint.of("peer", address=b"nonsense"), lambda: None)
+    with pytest.raises(InvalidSubmission, match="ticket"):
+        p.a.publish(p.pa.view([3], p.names[:1]), Hint.of("store", namespace="x"), lambda: None)
+    assert p.holder.requests_seen == 0
+    assert p.a.stats().pulls_received == 0
+
+
+def test_a_fetch_of_no_rows_is_delivered_at_once(pair) -> None:
+    p = pair()
+    attempt, slots = p.req.fetch(p.a.address(), [])
+    assert p.req.wait(attempt, slots, 2).is_delivered
+
+
+def test_the_bound_on_attempts_in_flight_rejects_the_next(make_backend, holders) -> None:
+    a, b = make_backend(), make_backend(max_in_flight=2)
+    pa, pb = Pool(GROUPS, 4, SLOT), Pool(GROUPS, 4, SLOT, first_region_id=10)
+    a.register_regions(pa.regions)
+    b.register_regions(pb.regions)
+    holders.append(ServingHolder(a, pa, ReuseTree(), mode="ignore"))
+    req, names = Requester(b, pb), block_names(3)
+    first = [req.fetch(a.address(), names[i:i + 1], timeout_s=0.5) for i in range(2)]
+    with pytest.raises(SubmissionRejected, match="max_in_flight"):
+        req.fetch(a.address(), names[2:3])
+    for attempt, slots in first:
+        assert req.wait(attempt, slots, 5).is_failed
+    attempt, slots = req.fetch(a.address(), names[2:3], timeout_s=0.2)  # room again
+    assert req.wait(attempt, slots, 5).is_failed
+
+
+def test_registration_refuses_overlap_atomically_and_closes_idempotently(make_backend) -> None:
+    backend = make_backend()
+    memory = np.zeros(4096, dtype=np.uint8)
+    base = memory.ctypes.data
+    first = SlotRegion(1, base, 1024, 2, MemoryKind.HOST)
+    disjoint = SlotRegion(2, base + 2048, 1024, 1, MemoryKind.HOST)
+    overlapping = SlotRegion(3, base + 1024, 1024, 2, MemoryKind.HOST)
+    registration = backend.register_regions([first])
+    with pytest.raises(InvalidSubmission, match="overlap"):
+        backend.register_regions([disjoint, overlapping])
+    backend.register_regions([disjoint]).close()  # the refused batch left nothing behind
+    with pytest.raises(InvalidSubmission, match="overlap"):
+        backend.register_regions([first, SlotRegion(4, base, 512, 1, MemoryKind.HOST)])
+    registration.close()
+    registration.close()
+    again = backend.register_regions([first])
+    registration.close()  # must not revoke the later registration of the same span
+    with pytest.raises(InvalidSubmission, match="overlap"):
+        backend.register_regions([first])
+    again.close()
+    with pytest.raises(InvalidSubmission, match="device"):
+        backend.register_regions([SlotRegion(5, base, 1024, 1, MemoryKind.DEVICE, device=0)])
+
+
+def test_shutdown_with_work_in_flight_cancels_and_returns_once_quiet(make_backend, holders) -> None:
+    slot = 256 << 10
+    a, b = make_backend(), make_backend(window_bytes=slot)
+    pa, pb = Pool((0,), 128, slot), Pool((0,), 128, slot, first_region_id=10)
+    a.register_regions(pa.regions)
+    b.register_regions(pb.regions)
+    tree, names = ReuseTree(), block_names(128)
+    fill(pa, tree, names)
+    holder = ServingHolder(a, pa, tree)
+    holders.append(holder)
+    req = Requester(b, pb)
+    attempt, slots = req.fetch(a.address(), names)
+    deadline = time.monotonic() + 5
+    while b.stats().rows_received < 2 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    remaining = b.shutdown()
+    while remaining:
+        assert time.monotonic() < deadline + 5, f"still in flight: {remaining}"
+        remaining = b.shutdown()
+    assert attempt.quiesced()
+    outcome = attempt.poll()
+    assert outcome.is_cancelled and "shut down" in outcome.reason
+    assert b.shutdown() == frozenset()
+    with pytest.raises(SubmissionRejected, match="shut down"):
+        req.fetch(a.address(), names[:1], slots=[0])
+    assert holder.wait_settled(1, 5) and holder.answers[0].outcome.is_cancelled
+    assert tree.wait_unpinned(5)
+
+
+def test_a_serving_end_that_shuts_down_mid_pull_fails_the_fetch(make_backend, holders) -> None:
+    slot = 256 << 10
+    a, b = make_backend(), make_backend(window_bytes=slot)
+    pa, pb = Pool((0,), 128, slot), Pool((0,), 128, slot, first_region_id=10)
+    a.register_regions(pa.regions)
+    b.register_regions(pb.regions)
+    tree, names = ReuseTree(), block_names(128)
+    fill(pa, tree, names)
+    holder = ServingHolder(a, pa, tree)
+    holders.append(holder)
+    req = Requester(b, pb)
+    attempt, slots = req.fetch(a.address(), names)
+    deadline = time.monotonic() + 5
+    while a.stats().rows_sent < 2 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    while a.shutdown():
+        assert time.monotonic() < deadline + 5
+    outcome = req.wait(attempt, slots, 5)
+    assert outcome.is_failed and "shut down" in outcome.reason
+    assert holder.wait_settled(1, 5)
+    assert tree.wait_unpinned(5)
+
+
+def test_garbage_on_the_control_channel_is_dropped_and_counted(pair) -> None:
+    p = pair()
+    host, port = "127.0.0.1", _port_of(p.a)
+    for junk in (b"GET / HTTP/1.1\r\n\r\n", b"KVWC" + bytes(64), b"\x00" * 3):
+        with socket.create_connection((host, port)) as s:
+            s.sendall(junk)
+            if len(junk) > 12:
+                assert s.recv(16) == b""  # the serving end hangs up
+    deadline = time.monotonic() + 5
+    while p.a.stats().connections_dropped < 2 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert p.a.stats().connections_dropped == 2
+    attempt, slots = p.req.fetch(p.a.address(), p.names[:2])  # still serving
+    assert p.req.wait(attempt, slots, 5).is_delivered
+
+
+def test_a_hundred_concurrent_pulls_leave_no_pin_behind(make_backend, holders) -> None:
+    a = make_backend()
+    pa = Pool(GROUPS, 48, 4096)
+    a.register_regions(pa.regions)
+    tree, names = ReuseTree(), block_names(40)
+    fill(pa, tree, names[:32])
+    holder = ServingHolder(a, pa, tree)
+    holders.append(holder)
+    rng = random.Random(7)
+    ends = []
+    for i in range(4):
+        b = make_backend()
+        pool = Pool(GROUPS, 25 * 12, 4096, first_region_id=100 + 10 * i)
+        b.register_regions(pool.regions)
+        ends.append((b, pool, Requester(b, pool)))
+    flights = []
+    for k in range(100):
+        _, pool, req = ends[k % 4]
+        n = rng.randint(1, 12) if k % 10 else 12
+        offset = rng.choice([0, 0, 0, 30])  # some pulls start past the held blocks
+        wanted = names[offset: offset + n] if offset == 0 else block_names(n, prompt=f"cold-{k}")
+        slots = list(range((k // 4) * 12, (k // 4) * 12 + len(wanted)))
+        attempt, slots = req.fetch(a.address(), wanted, slots=slots)
+        flights.append((req, pool, attempt, slots, wanted))
+    for req, pool, attempt, slots, wanted in flights:
+        outcome = req.wait(attempt, slots, 20)
+        assert outcome.is_delivered, outcome
+        held = min(len(wanted), 32) if wanted[0] == names[0] else 0
+        assert outcome.masks[0].tolist() == [True] * held + [False] * (len(wanted) - held)
+        check_rows(pool, slots[:held], wanted[:held])
+    assert holder.wait_settled(100, 20)
+    assert tree.wait_unpinned(10)
+    assert tree.pinned() == 0
+    assert all(isinstance(answer, Answer) and answer.outcome.is_delivered for answer in holder.answers)
+
+
+def _port_of(backend) -> int:
+    from kvwire_ucx.address import PeerAddress
+
+    return PeerAddress.from_bytes(backend.address()).port

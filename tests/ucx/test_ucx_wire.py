@@ -1,0 +1,129 @@
+"""The control channel's codec and the address format: round trips, limits, and garbage."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvwire_ucx import wire
+from kvwire_ucx.address import AddressError, PeerAddress
+
+u64 = st.integers(0, 2**64 - 1)
+reasons = st.text(max_size=200).map(wire.clip_reason)
+
+
+@st.composite
+def pulls(draw: st.DrawFn) -> wire.Pull:
+    ngroups = draw(st.integers(1, 6))
+    ids = draw(st.lists(st.integers(0, 2**32 - 1), min_size=ngroups, max_size=ngroups, unique=True))
+    slots = draw(st.lists(st.integers(1, 2**40), min_size=ngroups, max_size=ngroups))
+    width = draw(st.integers(1, wire.MAX_NAME_BYTES))
+    count = draw(st.integers(1, 40))
+    names = draw(st.binary(min_size=count * width, max_size=count * width))
+    return wire.Pull(draw(u64), draw(st.integers(0, wire.MAX_TAG_BASE)), draw(st.integers(1, 2**32 - 1)),
+                     tuple(zip(ids, slots, strict=True)), width, names)
+
+
+messages = st.one_of(
+    st.builds(wire.Hello, u64, st.binary(min_size=1, max_size=300)),
+    pulls(),
+    st.builds(wire.Offer, u64, st.lists(st.integers(0, wire.MAX_BLOCKS), min_size=1, max_size=8).map(tuple)),
+    st.builds(wire.Decline, u64, reasons),
+    st.integers(0, wire.MAX_ROWS - 1).flatmap(
+        lambda start: st.builds(wire.Go, u64, st.just(start), st.integers(start + 1, wire.MAX_ROWS))),
+    st.builds(wire.Cancel, u64, reasons),
+    st.builds(wire.Ack, u64, st.integers(0, wire.MAX_ROWS)),
+)
+
+
+@given(messages)
+def test_every_message_survives_a_round_trip(message: wire.Message) -> None:
+    assert wire.decode(wire.encode(message)) == message
+
+
+@given(st.lists(messages, min_size=1, max_size=6), st.data())
+def test_a_stream_cut_anywhere_yields_the_same_messages(batch: list[wire.Message], data: st.DataObject) -> None:
+    stream = b"".join(wire.encode(m) for m in batch)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=8)))
+    reader, out, last = wire.FrameReader(), [], 0
+    for cut in [*cuts, len(stream)]:
+        out += reader.feed(stream[last:cut])
+        last = cut
+    assert out == batch
+    assert reader.buffered == 0
+
+
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@given(st.binary(max_size=2048))
+def test_garbage_gives_a_clean_error_or_a_valid_message(data: bytes) -> None:
+    try:
+        message = wire.decode(data)
+    except wire.WireError:
+        return
+    assert wire.encode(message) == data
+
+
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@given(messages, st.data())
+def test_a_corrupted_frame_gives_a_clean_error_or_a_valid_message(message: wire.Message, data: st.DataObject) -> None:
+    frame = bytearray(wire.encode(message))
+    for _ in range(data.draw(st.integers(1, 4))):
+        position = data.draw(st.integers(0, len(frame) - 1))
+        frame[position] = data.draw(st.integers(0, 255))
+    if data.draw(st.booleans()):
+        frame = frame[: data.draw(st.integers(0, len(frame)))]
+    reader = wire.FrameReader()
+    try:
+        for decoded in reader.feed(bytes(frame)):
+            assert isinstance(decoded, (wire.Hello, wire.Pull, wire.Offer, wire.Decline, wire.Go, wire.Cancel, wire.Ack))
+    except wire.WireError:
+        pass
+
+
+def test_an_oversized_frame_is_refused_from_its_header_alone() -> None:
+    header = struct.pack("<4sBBHI", b"KVWC", wire.WIRE_VERSION, wire.MessageType.PULL, 0, wire.MAX_MESSAGE_BYTES + 1)
+    with pytest.raises(wire.WireError, match="more than the maximum"):
+        wire.FrameReader().feed(header)
+
+
+def test_foreign_bytes_and_future_versions_are_named() -> None:
+    with pytest.raises(wire.WireError, match="bad magic"):
+        wire.FrameReader().feed(b"GET / HTTP/1.1\r\n\r\n")
+    future = struct.pack("<4sBBHI", b"KVWC", wire.WIRE_VERSION + 1, 1, 0, 0)
+    with pytest.raises(wire.WireError, match="version"):
+        wire.decode(future)
+
+
+def test_pull_limits_are_enforced_on_both_sides() -> None:
+    with pytest.raises(wire.WireError, match="blocks"):
+        wire.Pull(1, 1, 1000, ((0, 64),), 1, bytes(wire.MAX_BLOCKS + 1))
+    with pytest.raises(wire.WireError, match="groups"):
+        wire.Pull(1, 1, 1000, tuple((g, 64) for g in range(wire.MAX_GROUPS + 1)), 1, b"x")
+    frame = bytearray(wire.encode(wire.Pull(1, 1, 1000, ((0, 64),), 4, b"abcd")))
+    struct.pack_into("<I", frame, wire.HEADER_BYTES + 22, wire.MAX_BLOCKS + 1)  # the block count
+    with pytest.raises(wire.WireError, match="blocks"):
+        wire.decode(bytes(frame))
+
+
+def test_reasons_are_clipped_to_what_a_message_carries() -> None:
+    reason = wire.clip_reason("é" * 5000)
+    assert len(reason.encode()) <= wire.MAX_REASON_BYTES
+    assert wire.decode(wire.encode(wire.Decline(7, reason))) == wire.Decline(7, reason)
+
+
+@given(st.text(min_size=1, max_size=60).filter(lambda h: len(h.encode()) <= 255), st.integers(1, 65535),
+       st.integers(0, 2**64 - 1))
+def test_addresses_round_trip(host: str, port: int, instance: int) -> None:
+    address = PeerAddress(host, port, instance)
+    assert PeerAddress.from_bytes(address.to_bytes()) == address
+
+
+@given(st.binary(max_size=300))
+def test_address_garbage_gives_a_clean_error(data: bytes) -> None:
+    try:
+        PeerAddress.from_bytes(data)
+    except AddressError:
+        pass

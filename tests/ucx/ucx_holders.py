@@ -1,0 +1,274 @@
+"""Test stand-ins for the lease holders on both ends of a pull, written against the contract
+only: a serving holder that answers pulls from a dict "reuse tree" with pin counting, and a
+requesting holder that lends rows, fetches and releases once the attempt quiesces."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvwire.contract import (
+    Attempt,
+    CacheKind,
+    Hint,
+    InvalidSubmission,
+    LayerGroupRows,
+    MemoryKind,
+    Outcome,
+    SlotRegion,
+    SubmissionRejected,
+    TokenRange,
+    View,
+)
+from kvwire.contract.serving import PullRequest
+
+BLOCK_TOKENS = 16
+
+
+def block_names(count: int, prompt: str = "prompt", width: int = 32) -> list[bytes]:
+    """Names that commit to the whole prefix, like a lender's: name i hashes names 0..i."""
+    names, running = [], hashlib.sha256(prompt.encode())
+    for i in range(count):
+        running.update(i.to_bytes(4, "little"))
+        names.append(running.copy().digest()[:width])
+    return names
+
+
+def row_pattern(name: bytes, group: int, slot_bytes: int) -> np.ndarray:
+    """The bytes a serving end holds for block ``name`` of group ``group`` (independent oracle)."""
+    seed = int.from_bytes(hashlib.sha256(name + group.to_bytes(4, "little")).digest()[:4], "little")
+    return ((np.arange(slot_bytes, dtype=np.uint32) * 2654435761 + seed) >> 13).astype(np.uint8)
+
+
+class Pool:
+    """Registered host memory: one numpy array of ``slots`` rows per group."""
+
+    def __init__(self, groups: Sequence[int], slots: int, slot_bytes: int, first_region_id: int = 0) -> None:
+        self.group_ids = tuple(groups)
+        self.slot_bytes = slot_bytes
+        self.slots = slots
+        self.arrays = [np.zeros((slots, slot_bytes), dtype=np.uint8) for _ in self.group_ids]
+        self.regions = [
+            SlotRegion(first_region_id + i, a.ctypes.data, slot_bytes, slots, MemoryKind.HOST)
+            for i, a in enumerate(self.arrays)
+        ]
+
+    def view(self, slots: Sequence[int], names: Sequence[bytes] | None, groups: Sequence[int] | None = None) -> View:
+        """A view of ``slots`` in every group (or those of ``groups``, in that order)."""
+        order = self.group_ids if groups is None else tuple(groups)
+        slot_array = np.asarray(slots, dtype=np.int64)
+        name_array = None
+        if names is not None:
+            name_array = (np.frombuffer(b"".join(names), dtype=np.uint8).reshape(len(names), -1)
+                          if names else np.zeros((0, 32), dtype=np.uint8))
+        rows = []
+        for gid in order:
+            i = self.group_ids.index(gid)
+            rows.append(LayerGroupRows(gid, CacheKind.PAGED, self.regions[i], slot_array,
+                                       TokenRange(0, len(slot_array) * BLOCK_TOKENS), name_array))
+        return View(tuple(rows))
+
+
+class ReuseTree:
+    """name -> slot, with a pin count per slot. Pinning the prefix is all or nothing per block
+    (a miss stops it); unpinning returns every pin. Thread-safe."""
+
+    def __init__(self) -> None:
+        self.blocks: dict[bytes, int] = {}
+        self._pins: dict[int, int] = {}
+        self._lock = threading.Lock()
+        self.changed = threading.Condition(self._lock)
+
+    def insert(self, name: bytes, slot: int) -> None:
+        with self._lock:
+            self.blocks[name] = slot
+
+    def pin_prefix(self, names: Sequence[bytes]) -> list[int]:
+        with self._lock:
+            slots = []
+            for name in names:
+                slot = self.blocks.get(name)
+                if slot is None:
+                    break
+                slots.append(slot)
+            for slot in slots:
+                self._pins[slot] = self._pins.get(slot, 0) + 1
+            return slots
+
+    def unpin(self, slots: Sequence[int]) -> None:
+        with self._lock:
+            for slot in slots:
+                left = self._pins[slot] - 1
+                if left:
+                    self._pins[slot] = left
+                else:
+                    del self._pins[slot]
+            self.changed.notify_all()
+
+    def pinned(self) -> int:
+        with self._lock:
+            return sum(self._pins.values())
+
+    def wait_unpinned(self, timeout: float) -> bool:
+        with self._lock:
+            return self.changed.wait_for(lambda: not self._pins, timeout)
+
+
+@dataclass
+class Answer:
+    request: PullRequest
+    slots: list[int]
+    attempt: Attempt | None = None
+    outcome: Outcome | None = None
+    declined: str | None = None
+
+
+class ServingHolder:
+    """Plays the serving end's lease holder on its own thread: on wake it takes the incoming
+    requests, pins the held prefix, publishes it with the request's ticket, and unpins once the
+    attempt quiesces. ``mode``: ``serve``, ``ignore`` (never answers), ``decline``,
+    ``wrong-slot`` (answers with rows of another size)."""
+
+    def __init__(self, backend, pool: Pool, tree: ReuseTree, mode: str = "serve",
+                 decline_reason: str = "no thanks", on_publish: Callable[[Answer], None] | None = None,
+                 other_pool: Pool | None = None) -> None:
+        self.backend = backend
+        self.pool = pool
+        self.tree = tree
+        self.mode = mode
+        self.decline_reason = decline_reason
+        self.on_publish = on_publish
+        self.other_pool = other_pool
+        self.answers: list[Answer] = []
+        self.requests_seen = 0
+        self._event = threading.Event()
+        self._stop = False
+        self._lock = threading.Lock()
+        self.settled = threading.Condition(self._lock)
+        self._thread = threading.Thread(target=self._run, name="serving-holder", daemon=True)
+        self._thread.start()
+        backend.serve(self._event.set)
+
+    def _run(self) -> None:
+        live: list[Answer] = []
+        while not self._stop:
+            self._event.wait(0.5)
+            self._event.clear()
+            for request in self.backend.incoming():
+                self.requests_seen += 1
+                answer = self._answer(request)
+                if answer is not None and answer.attempt is not None:
+                    live.append(answer)
+            still = []
+            for answer in live:
+                assert answer.attempt is not None
+                outcome = answer.attempt.poll()
+                if answer.attempt.quiesced() and outcome is not None:
+                    answer.outcome = outcome
+                    self.tree.unpin(answer.slots)
+                else:
+                    still.append(answer)
+            live = still
+            with self._lock:
+                self.settled.notify_all()
+
+    def _answer(self, request: PullRequest) -> Answer | None:
+        if self.mode == "ignore":
+            return None
+        names = [request.names[i].tobytes() for i in range(request.blocks)]
+        if self.mode == "decline":
+            self.backend.decline(request, self.decline_reason)
+            answer = Answer(request, [], declined=self.decline_reason)
+            with self._lock:
+                self.answers.append(answer)
+            return answer
+        slots = self.tree.pin_prefix(names)
+        pool = self.other_pool if self.mode == "wrong-slot" and self.other_pool is not None else self.pool
+        view = pool.view(slots, names[: len(slots)], groups=request.groups)
+        answer = Answer(request, slots)
+        try:
+            answer.attempt = self.backend.publish(view, request.ticket, self._event.set)
+        except (InvalidSubmission, SubmissionRejected) as exc:
+            self.tree.unpin(slots)
+            self.backend.decline(request, f"cannot answer: {exc}")
+            answer.declined = str(exc)
+            answer.slots = []
+        with self._lock:
+            self.answers.append(answer)
+        if self.on_publish is not None:
+            self.on_publish(answer)
+        return answer
+
+    def wait_settled(self, count: int, timeout: float) -> bool:
+        """Wait until ``count`` answers exist and each has an outcome (or was declined)."""
+        deadline = time.monotonic() + timeout
+
+        def done() -> bool:
+            return len(self.answers) >= count and all(a.outcome is not None or a.declined for a in self.answers)
+
+        with self._lock:
+            while not done():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.settled.wait(min(left, 0.05))
+        return True
+
+    def stop(self) -> None:
+        self._stop = True
+        self._event.set()
+        self._thread.join(5)
+
+
+class Requester:
+    """Plays the requesting end's lease holder: lends free rows, fetches, waits, releases."""
+
+    def __init__(self, backend, pool: Pool) -> None:
+        self.backend = backend
+        self.pool = pool
+        self.lent: set[int] = set()
+        self._event = threading.Event()
+
+    def fetch(self, address: bytes, names: Sequence[bytes], timeout_s: float | None = None,
+              slots: Sequence[int] | None = None) -> tuple[Attempt, list[int]]:
+        if slots is None:
+            free = [s for s in range(self.pool.slots) if s not in self.lent]
+            slots = free[: len(names)]
+        slots = list(slots)
+        self.lent.update(slots)
+        view = self.pool.view(slots, list(names))
+        try:
+            attempt = self.backend.fetch(view, Hint.of("peer", address=address, timeout_s=timeout_s), self._event.set)
+        except Exception:
+            self.lent.difference_update(slots)
+            raise
+        return attempt, slots
+
+    def wait(self, attempt: Attempt, slots: Sequence[int], timeout: float) -> Outcome:
+        """Wait (on wakes, with a deadline) until the attempt concluded and quiesced, then
+        release its rows."""
+        deadline = time.monotonic() + timeout
+        while not (attempt.poll() is not None and attempt.quiesced()):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"attempt still {attempt.poll()!r}, quiesced={attempt.quiesced()} after {timeout}s")
+            self._event.wait(min(left, 0.1))
+            self._event.clear()
+        self.lent.difference_update(slots)
+        outcome = attempt.poll()
+        assert outcome is not None
+        return outcome
+
+
+def fill(pool: Pool, tree: ReuseTree, names: Sequence[bytes], first_slot: int = 0) -> None:
+    """Put blocks ``names`` into ``pool`` rows from ``first_slot`` and into the tree."""
+    for i, name in enumerate(names):
+        slot = first_slot + i
+        for g, gid in enumerate(pool.group_ids):
+            pool.arrays[g][slot] = row_pattern(name, gid, pool.slot_bytes)
+        tree.insert(name, slot)
