@@ -79,6 +79,19 @@ def test_a_second_put_keeps_the_first_object_and_says_already_there(
     assert np.array_equal(dst.array[0], kept[0])
 
 
+def test_without_the_existence_check_a_second_put_is_ok_and_still_keeps_the_first_object(
+        driver: MooncakeDriver, rows_factory: Callable[..., Rows], keys: Callable[[int], list[str]]) -> None:
+    unchecked = MooncakeDriver(driver.client, master=driver.master, close_client=False, check_existing=False)
+    first, second, dst = (rows_factory(unchecked, ROW, 1) for _ in range(3))
+    kept = first.fill_random(8)
+    second.fill_random(9)
+    names = keys(1)
+    assert statuses(unchecked.put(names, first.addresses(), first.sizes())) == [KeyStatus.OK]
+    assert statuses(unchecked.put(names, second.addresses(), second.sizes())) == [KeyStatus.OK]
+    assert statuses(unchecked.get_into(names, dst.addresses(), dst.sizes())) == [KeyStatus.OK]
+    assert np.array_equal(dst.array, kept)
+
+
 def test_a_removed_object_is_gone(driver: MooncakeDriver, rows_factory: Callable[..., Rows],
                                   keys: Callable[[int], list[str]]) -> None:
     src, dst = rows_factory(driver, ROW, 2), rows_factory(driver, ROW, 2)

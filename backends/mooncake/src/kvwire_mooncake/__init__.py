@@ -37,7 +37,7 @@ def create(options: Mapping[str, Any]) -> Backend:
     except ValueError as exc:
         raise ConfigError(f"option 'namespace' of backend 'mooncake': {exc}") from None
     settings = ClientSettings.from_options(options)
-    driver = MooncakeDriver.connect(settings)
+    driver = MooncakeDriver.connect(settings, check_existing=options["check_existing"])
     try:
         return BlobBackend(
             driver,

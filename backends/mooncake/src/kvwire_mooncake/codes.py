@@ -76,6 +76,11 @@ _MEANING: Mapping[int, str] = {
 OK, NOT_READY, NOT_FOUND, ALREADY_EXISTS, HAS_LEASE, HAS_REPLICATION_TASK, NO_SPACE = (
     0, -703, -704, -705, -706, -708, -200,
 )
+# Plain ints: numpy compares and fills faster with them than with enum members.
+_OK, _THERE, _DECLINED, _MISSING, _BUSY, _FAILED = (
+    int(s) for s in (KeyStatus.OK, KeyStatus.ALREADY_THERE, KeyStatus.DECLINED, KeyStatus.MISSING,
+                     KeyStatus.BUSY, KeyStatus.FAILED)
+)
 
 
 def describe(op: str, code: int) -> str:
@@ -87,9 +92,9 @@ def describe(op: str, code: int) -> str:
 
 
 def _result(status: np.ndarray, codes: np.ndarray, op: str) -> BatchResult:
-    explain = np.flatnonzero(
-        (status == KeyStatus.FAILED) | (status == KeyStatus.DECLINED) | (status == KeyStatus.BUSY)
-    )
+    explain = np.flatnonzero((status == _FAILED) | (status == _DECLINED) | (status == _BUSY))
+    if explain.size == 0:
+        return BatchResult(status)
     cache: dict[int, str] = {}
     reasons = {}
     for i in explain.tolist():
@@ -103,10 +108,10 @@ def _result(status: np.ndarray, codes: np.ndarray, op: str) -> BatchResult:
 def put_result(codes: np.ndarray) -> BatchResult:
     """Statuses of ``batch_put_from`` return codes."""
     codes = np.asarray(codes, dtype=np.int64)
-    status = np.full(codes.shape, KeyStatus.FAILED, dtype=np.uint8)
-    status[codes == OK] = KeyStatus.OK
-    status[codes == ALREADY_EXISTS] = KeyStatus.ALREADY_THERE
-    status[codes == NO_SPACE] = KeyStatus.DECLINED
+    status = np.full(codes.shape, _FAILED, dtype=np.uint8)
+    status[codes == OK] = _OK
+    status[codes == ALREADY_EXISTS] = _THERE
+    status[codes == NO_SPACE] = _DECLINED
     return _result(status, codes, "put")
 
 
@@ -115,9 +120,9 @@ def get_result(codes: np.ndarray, sizes: np.ndarray) -> BatchResult:
     ``sizes`` bytes. A byte count other than the row's is a size mismatch: FAILED, never OK."""
     codes = np.asarray(codes, dtype=np.int64)
     sizes = np.asarray(sizes, dtype=np.int64)
-    status = np.full(codes.shape, KeyStatus.FAILED, dtype=np.uint8)
-    status[codes == sizes] = KeyStatus.OK
-    status[(codes == NOT_FOUND) | (codes == NOT_READY)] = KeyStatus.MISSING
+    status = np.full(codes.shape, _FAILED, dtype=np.uint8)
+    status[codes == sizes] = _OK
+    status[(codes == NOT_FOUND) | (codes == NOT_READY)] = _MISSING
     result = _result(status, codes, "get")
     reasons = dict(result.reasons)
     for i in np.flatnonzero((codes >= 0) & (codes != sizes)).tolist():
@@ -131,8 +136,8 @@ def get_result(codes: np.ndarray, sizes: np.ndarray) -> BatchResult:
 def remove_result(codes: np.ndarray) -> BatchResult:
     """Statuses of ``batch_remove`` return codes."""
     codes = np.asarray(codes, dtype=np.int64)
-    status = np.full(codes.shape, KeyStatus.FAILED, dtype=np.uint8)
-    status[codes == OK] = KeyStatus.OK
-    status[codes == NOT_FOUND] = KeyStatus.MISSING
-    status[(codes == HAS_LEASE) | (codes == HAS_REPLICATION_TASK)] = KeyStatus.BUSY
+    status = np.full(codes.shape, _FAILED, dtype=np.uint8)
+    status[codes == OK] = _OK
+    status[codes == NOT_FOUND] = _MISSING
+    status[(codes == HAS_LEASE) | (codes == HAS_REPLICATION_TASK)] = _BUSY
     return _result(status, codes, "remove")

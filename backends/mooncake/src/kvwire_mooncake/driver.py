@@ -56,11 +56,14 @@ class MooncakeDriver(StoreDriver):
     memory_kinds = frozenset({MemoryKind.HOST})
 
     def __init__(self, client: Any, *, master: str, owned_master: MasterProcess | None = None,
-                 close_client: bool = True) -> None:
+                 close_client: bool = True, check_existing: bool = True) -> None:
         """A driver over ``client``, a set-up ``MooncakeDistributedStore`` reaching ``master``.
         ``close()`` closes the client unless ``close_client`` is false (a client shared by
-        several drivers), and stops ``owned_master`` if given."""
+        several drivers), and stops ``owned_master`` if given. With ``check_existing`` false,
+        ``put`` skips the existence check (one master round trip per call) and reports every
+        stored key ``OK``, never ``ALREADY_THERE``."""
         self._client = client
+        self._check_existing = check_existing
         self._master = master
         self._owned_master = owned_master
         self._close_client = close_client
@@ -70,7 +73,7 @@ class MooncakeDriver(StoreDriver):
         self._closed = False
 
     @classmethod
-    def connect(cls, settings: ClientSettings) -> MooncakeDriver:
+    def connect(cls, settings: ClientSettings, *, check_existing: bool = True) -> MooncakeDriver:
         """A driver with a client set up against ``settings.master``, or against a private
         master it starts (and stops on ``close()``) when that is empty. Raises
         :class:`MooncakeSetupError` naming the master when the client cannot be set up, and
@@ -101,7 +104,7 @@ class MooncakeDriver(StoreDriver):
             raise
         log.info("mooncake client %s set up against master %s (%s, segment %d bytes)",
                  hostname, master, settings.protocol, settings.segment_bytes)
-        return cls(client, master=master, owned_master=owned)
+        return cls(client, master=master, owned_master=owned, check_existing=check_existing)
 
     @property
     def master(self) -> str:
@@ -192,22 +195,28 @@ class MooncakeDriver(StoreDriver):
         if refused is not None:
             return refused
         try:
-            exist = np.asarray(self._client.batch_is_exist(list(keys)), dtype=np.int64)
-            status = np.full(n, KeyStatus.FAILED, dtype=np.uint8)
+            if self._check_existing:
+                exist = np.asarray(self._client.batch_is_exist(list(keys)), dtype=np.int64)
+            else:
+                exist = np.zeros(n, dtype=np.int64)
+            if not exist.any():  # the common case: nothing there yet, put every key
+                answer = self._client.batch_put_from(
+                    list(keys), np.asarray(addresses, dtype=np.uint64).tolist(),
+                    np.asarray(sizes, dtype=np.uint64).tolist(),
+                )
+                return codes.put_result(np.asarray(answer, dtype=np.int64))
+            status = np.full(n, int(KeyStatus.FAILED), dtype=np.uint8)
             reasons: dict[int, str] = {}
-            status[exist == 1] = KeyStatus.ALREADY_THERE
+            status[exist == 1] = int(KeyStatus.ALREADY_THERE)
             for i in np.flatnonzero(exist < 0).tolist():
                 reasons[i] = codes.describe("exists check before put", int(exist[i]))
             todo = np.flatnonzero(exist == 0)
             if todo.size:
-                addresses = np.asarray(addresses, dtype=np.uint64)
-                sizes = np.asarray(sizes, dtype=np.uint64)
-                if todo.size == n:
-                    sub_keys, sub_addr, sub_size = list(keys), addresses, sizes
-                else:
-                    sub_keys = [keys[i] for i in todo.tolist()]
-                    sub_addr, sub_size = addresses[todo], sizes[todo]
-                answer = self._client.batch_put_from(sub_keys, sub_addr.tolist(), sub_size.tolist())
+                answer = self._client.batch_put_from(
+                    [keys[i] for i in todo.tolist()],
+                    np.asarray(addresses, dtype=np.uint64)[todo].tolist(),
+                    np.asarray(sizes, dtype=np.uint64)[todo].tolist(),
+                )
                 sub = codes.put_result(np.asarray(answer, dtype=np.int64))
                 status[todo] = sub.status
                 for j, why in sub.reasons.items():

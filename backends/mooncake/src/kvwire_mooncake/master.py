@@ -80,7 +80,7 @@ class MasterProcess:
         host: str = "127.0.0.1",
         rpc_port: int = 0,
         metrics_port: int = 0,
-        lease_ttl_ms: int = 100,
+        lease_ttl_ms: int = 1000,
         client_ttl_s: int = 2,
         extra_args: Sequence[str] = (),
         binary: str | os.PathLike[str] | None = None,
