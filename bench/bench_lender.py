@@ -83,7 +83,7 @@ def main() -> None:
         t = median_seconds(lambda lender=lender, names=names: lender.probe_names(names), args.repeat)
         rows.append((f"probe_names 128k prefix (block {bt})", fmt(t), f"{t / blocks * 1e9:6.0f} ns/block"))
 
-        def lend_names(lender=lender, names=names) -> None:
+        def lend_names(lender=lender, names=names, blocks=blocks) -> None:
             lease = lender.lend_names(names)
             assert lease.found == blocks
             lease.release()

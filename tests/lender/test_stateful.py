@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from lender_pages import garbage, mixed_layout, page, paged_layout, state_key, write_blocks, write_state
@@ -18,7 +18,7 @@ from kvwire.contract import CacheKind
 from kvwire.lender import CacheFull, Lease, LeaseError, LeaseKind, Lender, Request, Scope, StagingBusy
 
 STAGING = 8
-prompts = st.lists(st.integers(0, 2), min_size=1, max_size=9)
+prompts = st.lists(st.integers(0, 3), min_size=1, max_size=9)
 
 
 @dataclass
@@ -40,7 +40,7 @@ class LeaseModel:
 
 
 class LenderMachine(RuleBasedStateMachine):
-    layout = staticmethod(paged_layout)
+    layout = staticmethod(lambda: paged_layout(num_blocks=8))
 
     def __init__(self) -> None:
         super().__init__()
@@ -111,12 +111,26 @@ class LenderMachine(RuleBasedStateMachine):
                                           {g.group_id: None for g in self.states}))
         self.seen.append(prompt)
 
+    @rule(prompt=prompts)
+    def serve_whole_request(self, prompt: list[int]) -> None:
+        """A request served start to end (open, compute, commit, close): fills the tree."""
+        count = len(self.requests)
+        self.open_request(prompt, 0)
+        if len(self.requests) > count:
+            m = self.requests[-1]
+            self._prefill(m, len(prompt))
+            self.lender.close_request(m.request)
+            m.open = False
+            self.requests.remove(m)
+
     @precondition(lambda self: self.open_requests())
     @rule(data=st.data())
     def prefill_and_commit(self, data: st.DataObject) -> None:
         m = data.draw(st.sampled_from(self.open_requests()))
+        self._prefill(m, data.draw(st.integers(0, len(m.request.tokens))))
+
+    def _prefill(self, m: RequestModel, upto: int) -> None:
         request = m.request
-        upto = data.draw(st.integers(0, len(request.tokens)))
         stop = upto // self.bt
         busy = any(
             lm.lease.view.groups and not lm.lease.released and (
@@ -292,6 +306,21 @@ class LenderMachine(RuleBasedStateMachine):
         not), then the holder marks what arrived."""
         lm = data.draw(st.sampled_from([lm for lm in self.leases
                                         if lm.lease.kind is LeaseKind.WRITE and not lm.lease.marked]))
+        self._deliver(lm, data)
+
+    @precondition(lambda self: self.open_requests())
+    @rule(data=st.data(), staging=st.booleans())
+    def fetch_whole(self, data: st.DataObject, staging: bool) -> None:
+        """A fetch start to end, as the holder runs it: lend, deliver, mark, release."""
+        count = len(self.leases)
+        self.lend_write(data, staging)
+        if len(self.leases) > count:
+            lm = self.leases[-1]
+            self._deliver(lm, data)
+            lm.lease.release()
+            self.leases.remove(lm)
+
+    def _deliver(self, lm: LeaseModel, data: st.DataObject) -> None:
         lease, owner = lm.lease, lm.owner
         assert owner is not None
         masks = [np.array(data.draw(st.lists(st.booleans(), min_size=g.rows, max_size=g.rows)), dtype=bool)
@@ -401,6 +430,8 @@ class LenderMachine(RuleBasedStateMachine):
             self.lender.close_request(m.request)
         assert self.lender.pins() == 0
         stats = self.lender.stats()
+        event(f"evictions: {'some' if stats['evictions'] else 'none'}")
+        event(f"rows marked: {'some' if stats['rows_marked'] else 'none'}")
         assert stats["staging_slots_free"] == STAGING and stats["leases_open"] == 0
         assert stats["blocks_pinned"] == 0 and stats["state_slots_free"] == self.lender.layout.num_state_slots
 
@@ -408,7 +439,7 @@ class LenderMachine(RuleBasedStateMachine):
 class MixedLenderMachine(LenderMachine):
     """The same, with a STATE group between the two PAGED ones."""
 
-    layout = staticmethod(mixed_layout)
+    layout = staticmethod(lambda: mixed_layout(num_blocks=8))
 
 
 _settings = settings(max_examples=75, stateful_step_count=40, deadline=None,

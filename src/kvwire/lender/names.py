@@ -36,7 +36,7 @@ def chain_names(tokens: np.ndarray, block_tokens: int, parent: bytes, first_bloc
     if stop <= first_block:
         return []
     step = block_tokens * 8
-    buf = memoryview(tokens).cast("B")
+    buf = memoryview(tokens.data).cast("B")
     blake = hashlib.blake2b
     person = _BLOCK_PERSON
     out: list[bytes] = []
@@ -68,7 +68,8 @@ def name_keys(names: np.ndarray) -> list[bytes]:
     if names.ndim != 2 or names.shape[1] != NAME_BYTES:
         raise ValueError(f"names must have shape (n, {NAME_BYTES}), got {names.shape}")
     # one 32-byte void item per name: tolist() makes the bytes keys in C, not a Python loop
-    return np.ascontiguousarray(names).view(np.dtype((np.void, NAME_BYTES))).ravel().tolist()
+    keys = np.ascontiguousarray(names).view(np.dtype((np.void, NAME_BYTES))).ravel().tolist()
+    return keys  # type: ignore[return-value]  # void items list as bytes
 
 
 def state_name(tokens: np.ndarray, block_tokens: int, checkpoint: int, group_id: int,

@@ -117,10 +117,12 @@ class StagingArea:
             for g, s, r in zip(groups, slots, rows, strict=True):
                 if not s.size:
                     continue
-                host = torch.empty((r.size, *self.tensors[g].shape[1:]), dtype=self.tensors[g].dtype, pin_memory=True)
-                torch.index_select(self.tensors[g], 0, _index(r), out=host)
-                moved = host.to(self.device, non_blocking=True)
-                pools[g].index_copy_(0, _index(s).to(self.device, non_blocking=True), moved)
+                # One DMA of the span of staging rows the lease holds (no host gather); the
+                # unmarked rows in it reach only this scratch copy, never the pool (A7).
+                low, high = int(r.min()), int(r.max()) + 1
+                span = self.tensors[g][low:high].to(self.device, non_blocking=True)
+                picked = span.index_select(0, _index(r - low).to(self.device, non_blocking=True))
+                pools[g].index_copy_(0, _index(s).to(self.device, non_blocking=True), picked)
             event = torch.cuda.Event()
             event.record(self.stream)
         event.synchronize()
