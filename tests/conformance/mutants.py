@@ -1,9 +1,10 @@
-"""Deliberately broken backends: each wraps the memory backend and breaks exactly one rule.
+"""Deliberately broken backends: each wraps a correct one (the memory backend, or for the
+serving protocol the loopback peer of ``loopback_peer.py``) and breaks exactly one rule.
 
 Every module-level :class:`MutantHarness` here is a harness the suite can be pointed at with
 ``--kvwire-harness tests/conformance/mutants.py:NAME``; ``test_mutants.py`` checks that the suite
-fails each one on the rule it breaks, and passes :data:`faithful`, the wrapper that breaks
-nothing."""
+fails each one on the rule it breaks, and passes :data:`faithful` and :data:`faithful_peer`, the
+wrappers that break nothing."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+from kvwire_memory.harness import MemoryHarness
+from loopback_peer import LoopbackHarness  # beside this file; on sys.path when loaded as a harness
 
 from kvwire.contract import (
     Attempt,
@@ -31,9 +34,8 @@ from kvwire.contract import (
 )
 from kvwire.contract.backend import Registration
 from kvwire.contract.outcome import OutcomeStatus
+from kvwire.contract.serving import PullRequest, ServesPulls
 from kvwire.testing.harness import Ends, FaultPlan, Harness
-from kvwire_memory.harness import MemoryHarness
-
 
 # -- the wrappers ------------------------------------------------------------------------------
 
@@ -99,13 +101,14 @@ class Mutant(Backend):
 
 
 class MutantHarness(Harness):
-    """The memory backend's harness, with every end wrapped in ``mutant``."""
+    """A correct backend's harness (the memory backend's unless ``inner`` is given), with every
+    end wrapped in ``mutant``."""
 
     def __init__(self, name: str, mutant: type[Mutant], *, inner_timeout_s: float | None = None,
-                 setup: Callable[[], Callable[[], None]] | None = None) -> None:
+                 setup: Callable[[], Callable[[], None]] | None = None, inner: Harness | None = None) -> None:
         self.name = name
         self.mutant = mutant
-        self.inner = MemoryHarness()
+        self.inner = inner if inner is not None else MemoryHarness()
         self.quiesce_grace_s = self.inner.quiesce_grace_s
         self.inner_timeout_s = inner_timeout_s
         self.setup = setup
@@ -629,6 +632,62 @@ class SilentCancel(Mutant):
     attempt_type = _DoesNotWakeOnCancel
 
 
+class PeerMutant(Mutant, ServesPulls):
+    """A serving peer that forwards everything, the serving protocol included."""
+
+    @property
+    def serving(self) -> ServesPulls:
+        assert isinstance(self.inner, ServesPulls)
+        return self.inner
+
+    def address(self) -> bytes:
+        return self.serving.address()
+
+    def serve(self, wake: WakeFn) -> None:
+        self.serving.serve(wake)
+
+    def incoming(self) -> tuple[PullRequest, ...]:
+        return self.serving.incoming()
+
+    def decline(self, request: PullRequest, reason: str) -> None:
+        self.serving.decline(request, reason)
+
+
+class _PartialFails(Wrapped):
+    def poll(self) -> Outcome | None:
+        out = self.inner.poll()
+        if out is not None and self.op == "fetch" and out.is_delivered and not all(m.all() for m in out.masks):
+            return Outcome.failed("the peer served only part of the blocks", out.masks)
+        return out
+
+
+class PartialPrefixFails(PeerMutant):
+    """N2: a pull answered with a partial prefix fails instead of delivering that prefix."""
+
+    attempt_type = _PartialFails
+
+
+class ServesWithoutWake(PeerMutant):
+    """N2/W1: new pull requests show in incoming() but never wake the serving holder."""
+
+    def serve(self, wake: WakeFn) -> None:
+        self.serving.serve(lambda: None)
+
+
+class _DeclineDelivers(Wrapped):
+    def poll(self) -> Outcome | None:
+        out = self.inner.poll()
+        if out is not None and self.op == "fetch" and out.is_failed and "declines" in (out.reason or ""):
+            return Outcome.delivered(out.masks)
+        return out
+
+
+class DeclineDelivers(PeerMutant):
+    """N2: a declined pull passes for a delivered one that missed every block."""
+
+    attempt_type = _DeclineDelivers
+
+
 # -- the harnesses the suite is pointed at --------------------------------------------------------
 
 faithful = MutantHarness("faithful-wrapper", Mutant)
@@ -660,3 +719,8 @@ drifting_capabilities = MutantHarness("drifting-capabilities", DriftingCapabilit
 thread_bound_attempts = MutantHarness("thread-bound-attempts", ThreadBoundAttempts)
 shared_row_masks = MutantHarness("shared-row-masks", Mutant, setup=_cached_row_masks)
 silent_cancel = MutantHarness("silent-cancel", SilentCancel)
+
+faithful_peer = MutantHarness("faithful-peer-wrapper", PeerMutant, inner=LoopbackHarness())
+partial_prefix_fails = MutantHarness("partial-prefix-fails", PartialPrefixFails, inner=LoopbackHarness())
+serves_without_wake = MutantHarness("serves-without-wake", ServesWithoutWake, inner=LoopbackHarness())
+decline_delivers = MutantHarness("decline-delivers", DeclineDelivers, inner=LoopbackHarness())

@@ -48,6 +48,9 @@ MUTANTS: list[tuple[str, str, str]] = [
     ("thread_bound_attempts", "B2", "B2"),
     ("accepts_after_shutdown", "B3", "B3"),
     ("drifting_capabilities", "B4", "B4"),
+    ("partial_prefix_fails", "N2", "N2"),
+    ("serves_without_wake", "N2", "N2"),
+    ("decline_delivers", "N2", "N2"),
 ]
 
 
@@ -81,9 +84,13 @@ def test_all_mutants_are_exported() -> None:
     spec = importlib.util.spec_from_file_location("kvwire_conformance_mutants", MUTANTS_FILE)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    sys.path.insert(0, str(MUTANTS_FILE.parent))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(MUTANTS_FILE.parent))
     harnesses = {name for name, value in vars(module).items() if isinstance(value, module.MutantHarness)}
-    assert harnesses - {"faithful"} == {m[0] for m in MUTANTS}
+    assert harnesses - {"faithful", "faithful_peer"} == {m[0] for m in MUTANTS}
     assert len(MUTANTS) >= 12
 
 
@@ -95,8 +102,12 @@ def test_suite_passes_the_memory_backend(tmp_path: Path) -> None:
     assert {"M1", "M3", "M4", "V1", "V2", "V4", "H1", "S1", "S3", "A1", "A5", "A7", "A8", "W1", "B3", "B4"} <= rules
 
 
-def test_suite_passes_a_wrapper_that_breaks_nothing(tmp_path: Path) -> None:
-    """The mutants' wrapper itself is faithful, so each mutant's failure is its one change."""
-    code, tests, output = run_suite(tmp_path, f"--kvwire-harness={MUTANTS_FILE}:faithful")
+@pytest.mark.parametrize("harness", ["mutants.py:faithful", "mutants.py:faithful_peer", "loopback_peer.py:harness"])
+def test_suite_passes_correct_backends(tmp_path: Path, harness: str) -> None:
+    """The mutants' wrappers break nothing by themselves (so each mutant's failure is its one
+    change), and the loopback serving peer, which runs the N2 tests, is correct."""
+    code, tests, output = run_suite(tmp_path, f"--kvwire-harness={MUTANTS_FILE.parent / harness}")
     failed = [t["nodeid"] for t in tests if t["outcome"] == "failed"]
-    assert code == 0 and not failed, f"the suite failed the faithful wrapper: {failed}\n{output[-3000:]}"
+    assert code == 0 and not failed, f"the suite failed {harness}: {failed}\n{output[-3000:]}"
+    if "peer" in harness:
+        assert any(t["test"].startswith("test_N2_") and t["outcome"] == "passed" for t in tests)

@@ -11,10 +11,11 @@ import numpy as np
 
 from kvwire.contract import Capabilities, Hint, Outcome, View
 from kvwire.contract.capabilities import SERVE_PULLS, OtherEnd
-from kvwire.testing.harness import Ends
-from kvwire.testing.holder import Submission, settle, submit
+from kvwire.testing import profiles
+from kvwire.testing.harness import Ends, Hold, Unavailable
+from kvwire.testing.holder import Submission, settle, submit, wait_for
 from kvwire.testing.layout import Bench
-from kvwire.testing.serving import ReuseTree, ServingHolder
+from kvwire.testing.serving import PullHold, ReuseTree, ServingHolder
 
 __all__ = ["Exchange", "Transfer"]
 
@@ -56,6 +57,20 @@ class Exchange:
     def settle(self, sub: Submission, *, quiesce: bool = True, purpose: str | None = None) -> Outcome:
         return settle(sub, self.patience_s, quiesce=quiesce, purpose=purpose)
 
+    def serve_one(self) -> None:
+        """For a serving peer: answer the next pull from the reuse tree and wait until the answer
+        quiesced. For a store: nothing."""
+        if self.serves_pulls:
+            holder = self.holder()
+            (request,) = holder.take(1)
+            holder.finish(holder.answer(request))
+
+    def fetch_settled(self, view: View, hint: Hint | None = None) -> Outcome:
+        """Fetch ``view`` (answering the pull when the other end is the suite) and wait."""
+        sub = self.fetch(view, hint)
+        self.serve_one()
+        return self.settle(sub)
+
     def holder(self) -> ServingHolder:
         """The suite as the serving end's holder (started on first use)."""
         if self.serving is None:
@@ -65,9 +80,11 @@ class Exchange:
 
     def offer(self, bench: Bench, select: Select = None) -> Outcome | None:
         """Make the other end hold the source rows of ``select``: publish them to a store (and
-        wait), or put them in the serving holder's reuse tree. For plain peers, nothing: their
-        rows move in :meth:`transfer`."""
+        wait), or put them in the serving holder's reuse tree (and start serving). For plain
+        peers, nothing: their rows move in :meth:`transfer`. ``{}`` offers nothing."""
         if self.store:
+            if select is not None and not any(len(rows) for rows in select.values()):
+                return None
             return self.settle(self.publish(bench.source_view(select)))
         if self.serves_pulls:
             tree = self.holder().tree
@@ -75,6 +92,28 @@ class Exchange:
             for gi, g in enumerate(bench.plan.groups):
                 tree.regions.setdefault(g.group_id, bench.source.memories[gi].region)
         return None
+
+    def held_fetch(self, bench: Bench, hint: Hint | None = None) -> tuple[Submission, Hold]:
+        """Offer the bench's rows, then fetch them all while the other end holds the request:
+        a held store, or the suite as serving holder not answering yet. Returns once the other
+        end has the request (or the backend woke the holder without it)."""
+        if self.store:
+            if self.ends.hold is None:
+                raise Unavailable("the harness cannot hold the backend's other end")
+            self.offer(bench)
+            hold = self.ends.hold()
+            sub = self.fetch(bench.sink_view(), hint)
+            # Wait on the other end, or on a wake should the backend conclude without it; never
+            # on poll(), which the tests check for blocking.
+            wait_for(lambda: hold.waiting() > 0 or sub.wakes.count > 0, profiles.active().patience_s,
+                     "A3: the held other end receiving the fetch")
+            return sub, hold
+        if self.serves_pulls:
+            self.offer(bench)
+            sub = self.fetch(bench.sink_view(), hint)
+            (request,) = self.holder().take(1)
+            return sub, PullHold(self.holder(), request)
+        raise Unavailable("the backend's other end is a peer without the serve-pulls protocol; the suite cannot hold it")
 
     def expected(self, bench: Bench, offer: Select, take: Select) -> list[np.ndarray]:
         """The fetch mask each group of ``take``'s view must carry when the rows of ``offer`` are

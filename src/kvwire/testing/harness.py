@@ -139,8 +139,9 @@ class Harness(abc.ABC):
         ``max_in_flight``: a small queue bound the suite would like, when the backend's options
         allow one (the suite reads the bound from ``capabilities()``, so ignoring it is fine).
         ``faults``: inject these at the other end, or raise :class:`Unavailable` if it cannot.
-        ``hold``: the test will hold the other end; set :attr:`Ends.hold`, or raise
-        :class:`Unavailable` if the other end cannot be held.
+        ``hold``: the test will hold the other end; set :attr:`Ends.hold` if you can. A store
+        backend's harness must (or raise :class:`Unavailable`); for a peer that serves pulls the
+        suite holds a pull itself by not answering it.
 
         The other end keeps everything the suite stores in it for the life of the ends (the
         suite stores a few MiB at most), so a miss is always the suite's doing."""

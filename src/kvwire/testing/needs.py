@@ -92,15 +92,20 @@ def usable_kind(harness: Harness, caps: Capabilities) -> MemoryKind:
 def open_exchange(harness: Harness, *, timeout_s: float = LONG_TIMEOUT_S, max_in_flight: int | None = None,
                   faults: FaultPlan | None = None, hold: bool = False) -> Iterator[Exchange]:
     """A fresh pair of ends from the harness, as an :class:`Exchange`; closed afterwards. What
-    the harness cannot provide skips the test with the harness's reason."""
+    the harness cannot provide skips the test with the harness's reason. With ``hold``, the
+    other end must be holdable: a store through :attr:`Ends.hold`, a serving peer by the suite
+    not answering its pulls."""
     try:
         ends: Ends = harness.open(timeout_s=timeout_s, max_in_flight=max_in_flight, faults=faults, hold=hold)
     except Unavailable as exc:
         pytest.skip(f"harness cannot provide it: {exc}")
-    if hold and ends.hold is None:
+    exchange = Exchange(ends, profiles.active().patience_s)
+    if hold and ends.hold is None and not exchange.serves_pulls:
         harness.close(ends)
         pytest.skip("harness cannot hold the backend's other end")
     try:
-        yield Exchange(ends, profiles.active().patience_s)
+        yield exchange
+    except Unavailable as exc:
+        pytest.skip(f"harness cannot provide it: {exc}")
     finally:
         harness.close(ends)

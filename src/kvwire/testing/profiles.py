@@ -29,9 +29,9 @@ class Profile:
 
 
 PROFILES: dict[str, Profile] = {
-    "quick": Profile("quick", examples=10, machine_examples=6, machine_steps=25, max_rows=8, max_groups=3,
+    "quick": Profile("quick", examples=10, machine_examples=10, machine_steps=30, max_rows=8, max_groups=3,
                      patience_s=10.0),
-    "thorough": Profile("thorough", examples=60, machine_examples=40, machine_steps=50, max_rows=32,
+    "thorough": Profile("thorough", examples=100, machine_examples=100, machine_steps=60, max_rows=32,
                         max_groups=4, patience_s=20.0),
 }
 

@@ -17,9 +17,10 @@ import numpy as np
 from kvwire.contract import CacheKind, LayerGroupRows, SlotRegion, TokenRange, View
 from kvwire.contract.backend import Backend
 from kvwire.contract.serving import PullRequest, ServesPulls
+from kvwire.testing.harness import Hold
 from kvwire.testing.holder import Submission, Wakes, settle, submit
 
-__all__ = ["ReuseTree", "ServingHolder", "Answer"]
+__all__ = ["ReuseTree", "ServingHolder", "Answer", "PullHold"]
 
 
 class ReuseTree:
@@ -95,6 +96,7 @@ class ServingHolder:
         self.started = False
         self.answers: list[Answer] = []
         self._pending: list[PullRequest] = []
+        self._looked = 0
 
     def start(self) -> None:
         if not self.started:
@@ -102,24 +104,23 @@ class ServingHolder:
             self.started = True
 
     def take(self, count: int = 1) -> list[PullRequest]:
-        """Wait, on wakes only, until ``count`` requests arrived (W1); return them."""
+        """Wait until ``count`` requests arrived, looking at ``incoming()`` only after a wake, as
+        a holder that sleeps until woken does (W1); return them."""
         deadline = time.monotonic() + self.patience_s
-        while True:
-            seen = self.wakes.count
+        while len(self._pending) < count:
+            if not self.wakes.wait_beyond(self._looked, deadline):
+                if self.serving.incoming():
+                    raise AssertionError(
+                        "W1/N2: a pull request became visible through incoming() but no wake followed it")
+                raise AssertionError(f"N2: no pull request arrived within {self.patience_s:g} s")
+            self._looked = self.wakes.count
             fresh = self.serving.incoming()
             assert isinstance(fresh, tuple), f"N2: incoming() must answer a tuple, got {type(fresh).__name__}"
             for request in fresh:
                 assert isinstance(request, PullRequest), f"N2: incoming() gave a {type(request).__name__}"
             self._pending.extend(fresh)
-            if len(self._pending) >= count:
-                taken, self._pending = self._pending[:count], self._pending[count:]
-                return taken
-            if not self.wakes.wait_beyond(seen, deadline):
-                late = self.serving.incoming()
-                if late:
-                    raise AssertionError(
-                        "W1: a pull request became visible through incoming() but no wake followed it")
-                raise AssertionError(f"N2: no pull request arrived within {self.patience_s:g} s")
+        taken, self._pending = self._pending[:count], self._pending[count:]
+        return taken
 
     def answer(self, request: PullRequest, limit: int | None = None) -> Answer:
         """Pin the held prefix (at most ``limit`` blocks) and publish it with the ticket."""
@@ -150,3 +151,26 @@ class ServingHolder:
             self.tree.pins.subtract(answer.pinned)
             self.tree.pins += Counter()  # drop zero counts
             answer.released = True
+
+
+class PullHold(Hold):
+    """Holds a pull by leaving its request unanswered: the serving peer's way of not answering.
+    :meth:`release` answers it from the reuse tree; :meth:`wait_idle` waits until that answer
+    quiesced and its pins are back."""
+
+    def __init__(self, holder: ServingHolder, request: PullRequest) -> None:
+        self.holder = holder
+        self.request = request
+        self.answer: Answer | None = None
+
+    def release(self) -> None:
+        if self.answer is None:
+            self.answer = self.holder.answer(self.request)
+
+    def waiting(self) -> int:
+        return 0 if self.answer is not None else 1
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        if self.answer is not None:
+            self.holder.finish(self.answer)
+        return True

@@ -12,28 +12,13 @@ from hypothesis import strategies as st
 from kvwire.contract import CacheKind, Hint, Outcome
 from kvwire.testing import needs, profiles
 from kvwire.testing.exchange import Exchange
-from kvwire.testing.harness import Harness, Hold
-from kvwire.testing.holder import Submission, call_briefly, same_outcome, settle, wait_for
+from kvwire.testing.harness import Harness
+from kvwire.testing.holder import call_briefly, same_outcome, settle, wait_for
 from kvwire.testing.layout import Bench, ViewPlan, simple_plan
 from kvwire.testing.strategies import masks, view_plans
 
 #: Bytes the holder writes into rows it got back, to see whether a backend writes after.
 SENTINEL = 0x5A
-
-
-def _held_fetch(ex: Exchange, bench: Bench) -> tuple[Submission, Hold]:
-    """Offer the bench's rows, then hold the other end, submit a fetch of them, and wait until
-    the held end has received it."""
-    _store_only(ex)
-    ex.offer(bench)
-    assert ex.ends.hold is not None
-    hold = ex.ends.hold()
-    sub = ex.fetch(bench.sink_view())
-    # Wait on the other end (or a wake, should the backend conclude without it), never on poll(),
-    # which the tests check for blocking.
-    wait_for(lambda: hold.waiting() > 0 or sub.wakes.count > 0, profiles.active().patience_s,
-             "A3: the held other end receiving the fetch")
-    return sub, hold
 
 
 def _store_only(ex: Exchange) -> None:
@@ -47,10 +32,10 @@ def test_A1_poll_never_blocks_and_answers_the_same_outcome(kvwire_harness: Harne
     caps = kvwire_harness.capabilities()
     needs.transfer(caps)
     kind = needs.usable_kind(kvwire_harness, caps)
-    plan = simple_plan(groups=2, rows=3, seed=61)
+    plan = simple_plan(groups=2, rows=3, seed=61, shared_names=needs.shares_names(caps))
     with needs.open_exchange(kvwire_harness, hold=True) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
                                                                      plan, kind) as bench:
-        sub, hold = _held_fetch(ex, bench)
+        sub, hold = ex.held_fetch(bench)
         first = call_briefly(sub.attempt.poll, "A1: poll() while the other end is held", on_block=hold.release)
         assert first is None, f"A1: poll() answered {first!r} while the fetch was still held at the other end"
         hold.release()
@@ -61,7 +46,7 @@ def test_A1_poll_never_blocks_and_answers_the_same_outcome(kvwire_harness: Harne
             same_outcome(out, later, "fetch")
         bench.apply_fetch(out)
         # Later work on the same backend does not change an earlier outcome.
-        ex.settle(ex.fetch(bench.sink_view()))
+        bench.apply_fetch(ex.fetch_settled(bench.sink_view()))
         same_outcome(out, sub.attempt.poll(), "fetch")  # type: ignore[arg-type]
 
 
@@ -71,10 +56,10 @@ def test_A2_quiesced_never_blocks_and_stays_true(kvwire_harness: Harness) -> Non
     caps = kvwire_harness.capabilities()
     needs.transfer(caps)
     kind = needs.usable_kind(kvwire_harness, caps)
-    plan = simple_plan(groups=1, rows=4, seed=67)
+    plan = simple_plan(groups=1, rows=4, seed=67, shared_names=needs.shares_names(caps))
     with needs.open_exchange(kvwire_harness, hold=True) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
                                                                      plan, kind) as bench:
-        sub, hold = _held_fetch(ex, bench)
+        sub, hold = ex.held_fetch(bench)
         call_briefly(sub.attempt.quiesced, "A2: quiesced() while the other end is held", on_block=hold.release)
         hold.release()
         out = ex.settle(sub)
@@ -90,10 +75,10 @@ def test_A2_fetch_writes_nothing_after_quiesced(kvwire_harness: Harness) -> None
     caps = kvwire_harness.capabilities()
     needs.transfer(caps)
     kind = needs.usable_kind(kvwire_harness, caps)
-    plan = simple_plan(groups=2, rows=4, seed=71)
+    plan = simple_plan(groups=2, rows=4, seed=71, shared_names=needs.shares_names(caps))
     with needs.open_exchange(kvwire_harness, hold=True) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
                                                                      plan, kind) as bench:
-        sub, hold = _held_fetch(ex, bench)
+        sub, hold = ex.held_fetch(bench)
         early = sub.quiesced()
         if early:
             # It claims no more access while its work is held: take it at its word.
@@ -143,13 +128,15 @@ def test_A3_fetch_progresses_without_poll(kvwire_harness: Harness) -> None:
     caps = kvwire_harness.capabilities()
     needs.transfer(caps)
     kind = needs.usable_kind(kvwire_harness, caps)
-    plan = simple_plan(groups=2, rows=4, seed=79)
+    plan = simple_plan(groups=2, rows=4, seed=79, shared_names=needs.shares_names(caps))
     patience = profiles.active().patience_s
     with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan,
                                                           kind) as bench:
-        _store_only(ex)
+        if not (ex.store or ex.serves_pulls):
+            pytest.skip("backend's other end is a peer without the serve-pulls protocol")
         ex.offer(bench)
         sub = ex.fetch(bench.sink_view())
+        ex.serve_one()
 
         def landed() -> bool:
             return sub.wakes.count > 0 and all(
@@ -191,10 +178,10 @@ def test_A4_cancel_is_idempotent_yields_cancelled_and_still_quiesces(kvwire_harn
     needs.transfer(caps)
     needs.cancellation(caps)
     kind = needs.usable_kind(kvwire_harness, caps)
-    plan = simple_plan(groups=2, rows=3, seed=89)
+    plan = simple_plan(groups=2, rows=3, seed=89, shared_names=needs.shares_names(caps))
     with needs.open_exchange(kvwire_harness, hold=True) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
                                                                      plan, kind) as bench:
-        sub, hold = _held_fetch(ex, bench)
+        sub, hold = ex.held_fetch(bench)
         assert sub.poll() is None, "the fetch concluded while the other end was held"
         call_briefly(sub.attempt.cancel, "A4: cancel()", on_block=hold.release)
         call_briefly(sub.attempt.cancel, "A4: a second cancel()", on_block=hold.release)
@@ -207,7 +194,7 @@ def test_A4_cancel_is_idempotent_yields_cancelled_and_still_quiesces(kvwire_harn
         bench.apply_fetch(out)
         call_briefly(sub.attempt.cancel, "A4: cancel() after the conclusion")
         same_outcome(out, sub.attempt.poll(), "fetch")  # type: ignore[arg-type]
-        again = ex.settle(ex.fetch(bench.sink_view()))
+        again = ex.fetch_settled(bench.sink_view())
         assert again.is_delivered, f"A4: after a cancelled fetch the backend must still fetch: {again!r}"
         bench.apply_fetch(again)
 
@@ -221,9 +208,7 @@ def test_A4_cancel_after_conclusion_changes_nothing(kvwire_harness: Harness) -> 
                                                           kind) as bench:
         ex.offer(bench)
         sub = ex.fetch(bench.sink_view())
-        if ex.serves_pulls:
-            holder = ex.holder()
-            holder.finish(holder.answer(holder.take(1)[0]))
+        ex.serve_one()
         out = ex.settle(sub)
         call_briefly(sub.attempt.cancel, "A4: cancel() after the conclusion")
         call_briefly(sub.attempt.cancel, "A4: a second cancel() after the conclusion")
@@ -242,10 +227,9 @@ def test_A5_a_miss_is_a_false_bit_in_a_delivered_outcome(kvwire_harness: Harness
     kind = needs.usable_kind(kvwire_harness, caps)
     plan = simple_plan(groups=2, rows=4, seed=101, shared_names=needs.shares_names(caps))
     with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, None, ex.ends.sink, plan, kind) as bench:
+        ex.offer(bench, {})
         sub = ex.fetch(bench.sink_view())
-        if ex.serves_pulls:
-            holder = ex.holder()
-            holder.finish(holder.answer(holder.take(1)[0]))
+        ex.serve_one()
         out = ex.settle(sub)
         assert out.is_delivered, f"A5: a miss is never a failure; fetching rows nobody holds gave {out!r}"
         assert out.rows_delivered == 0, f"A5/A7: rows nobody holds were marked delivered: {out!r}"
@@ -356,20 +340,15 @@ def test_A8_a_held_attempt_fails_by_its_deadline(kvwire_harness: Harness, source
     kind = needs.usable_kind(kvwire_harness, caps)
     deadline_s = 0.4
     slack_s = 1.0
-    plan = simple_plan(groups=1, rows=2, seed=109)
+    plan = simple_plan(groups=1, rows=2, seed=109, shared_names=needs.shares_names(caps))
     options_timeout = deadline_s if source == "options" else needs.LONG_TIMEOUT_S
     with needs.open_exchange(kvwire_harness, hold=True, timeout_s=options_timeout) as ex, Bench(
             kvwire_harness, ex.ends.source, ex.ends.sink, plan, kind) as bench:
-        _store_only(ex)
-        control = ex.ends.hold
-        assert control is not None
-        ex.offer(bench)
-        hold = control()
         hint = ex.ends.fetch_hint
         if source == "hint":
             hint = Hint(hint.kind, hint.fields, deadline_s)
         started = time.monotonic()
-        sub = ex.fetch(bench.sink_view(), hint)
+        sub, hold = ex.held_fetch(bench, hint)
         try:
             out = settle(sub, deadline_s + slack_s + profiles.active().patience_s, quiesce=False)
         except AssertionError:
@@ -386,6 +365,7 @@ def test_A8_a_held_attempt_fails_by_its_deadline(kvwire_harness: Harness, source
         quiesced_by = time.monotonic() + grace + slack_s
         settle(sub, grace + slack_s)
         assert time.monotonic() <= quiesced_by, f"A8: quiescence took longer than the documented grace of {grace:g} s"
+        assert hold.wait_idle(profiles.active().patience_s)
         bench.forget_sink()
         bench.apply_fetch(out)
 

@@ -116,15 +116,17 @@ def test_B2_one_call_sequence_may_span_threads(kvwire_harness: Harness) -> None:
     caps = kvwire_harness.capabilities()
     needs.transfer(caps)
     kind = needs.usable_kind(kvwire_harness, caps)
-    plan = simple_plan(groups=2, rows=3, seed=149)
+    plan = simple_plan(groups=2, rows=3, seed=149, shared_names=needs.shares_names(caps))
+    why = "B2: an attempt must answer whichever thread the holder calls it from"
     with needs.open_exchange(kvwire_harness) as ex:
-        if not ex.store:
-            pytest.skip("backend's other end is a peer; the thread test runs against a store")
         bench = _on_thread(lambda: Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan, kind))
-        pub: Submission = _on_thread(lambda: ex.publish(bench.source_view()))
-        why = "B2: an attempt must answer whichever thread the holder calls it from"
-        _on_thread(lambda: ex.settle(pub, purpose=why))
+        if ex.store:
+            pub: Submission = _on_thread(lambda: ex.publish(bench.source_view()))
+            _on_thread(lambda: ex.settle(pub, purpose=why))
+        else:
+            _on_thread(lambda: ex.offer(bench))
         sub: Submission = _on_thread(lambda: ex.fetch(bench.sink_view()))
+        _on_thread(ex.serve_one)
         out = _on_thread(lambda: ex.settle(sub, purpose=why))
         bench.apply_fetch(out)
         assert all(m.all() for m in out.masks), f"B2: rows went missing across threads: {out!r}"
@@ -160,17 +162,11 @@ def test_B3_shutdown_ends_work_in_flight_before_it_returns_empty(kvwire_harness:
     caps = kvwire_harness.capabilities()
     needs.transfer(caps)
     kind = needs.usable_kind(kvwire_harness, caps)
-    plan = simple_plan(groups=2, rows=3, seed=157)
+    plan = simple_plan(groups=2, rows=3, seed=157, shared_names=needs.shares_names(caps))
     patience = profiles.active().patience_s
     with needs.open_exchange(kvwire_harness, hold=True) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
                                                                      plan, kind) as bench:
-        if not ex.store:
-            pytest.skip("backend's other end is a peer; holding is exercised through a store")
-        ex.offer(bench)
-        assert ex.ends.hold is not None
-        hold = ex.ends.hold()
-        sub = ex.fetch(bench.sink_view())
-        wait_for(lambda: hold.waiting() > 0, patience, "the held store receiving the fetch")
+        sub, hold = ex.held_fetch(bench)
         pending = call_briefly(ex.ends.sink.shutdown, "B3: shutdown() with a fetch held", on_block=hold.release)
         assert isinstance(pending, frozenset)
         for attempt in pending:
@@ -238,9 +234,7 @@ def test_B4_undeclared_cancellation_is_harmless(kvwire_harness: Harness) -> None
         ex.offer(bench)
         sub = ex.fetch(bench.sink_view())
         call_briefly(sub.attempt.cancel, "B4: cancel() on a backend that does not declare cancellation")
-        if ex.serves_pulls:
-            holder = ex.holder()
-            holder.finish(holder.answer(holder.take(1)[0]))
+        ex.serve_one()
         out = ex.settle(sub)
         bench.forget_sink()
         bench.apply_fetch(out)

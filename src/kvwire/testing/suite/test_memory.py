@@ -34,7 +34,7 @@ def test_M1_declared_memory_kinds_move_bytes(kvwire_harness: Harness) -> None:
         pytest.skip("backend declares only DEVICE memory and no CUDA device is present")
     for kind in kinds:
         with needs.open_exchange(kvwire_harness) as ex:
-            plan = simple_plan(groups=2, rows=3, slot_bytes=96, seed=11)
+            plan = simple_plan(groups=2, rows=3, slot_bytes=96, seed=11, shared_names=needs.shares_names(caps))
             with Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan, kind) as bench:
                 for region in (*[m.region for m in bench.source.memories], *[m.region for m in bench.sink.memories]):
                     assert region.memory_kind is kind

@@ -104,9 +104,7 @@ def test_V3_row_masks_stay_fresh_beside_an_outcome(kvwire_harness: Harness) -> N
         view = bench.sink_view()
         ex.offer(bench)
         sub = ex.fetch(view)
-        if ex.serves_pulls:
-            holder = ex.holder()
-            holder.finish(holder.answer(holder.take(1)[0]))
+        ex.serve_one()
         fetched = ex.settle(sub)
         first, second = view.row_masks(), view.row_masks()
         for a, b, out in zip(first, second, fetched.masks, strict=True):
