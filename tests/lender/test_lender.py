@@ -336,3 +336,22 @@ def test_concurrent_runtime_and_serving_threads_balance_pins():
             t.join(10)
     assert not errors
     assert lender.pins() == 0 and lender.stats()["staging_slots_free"] == 8
+
+
+def test_rows_lent_in_place_are_invalid_until_marked():
+    """A fetch may leave any bytes in rows it does not deliver (A7), so a row lent in place for
+    writing stops counting until marked, even if an earlier fetch had delivered it."""
+    lender = Lender(paged_layout(), Scope("m"), staging_slots=8)
+    request = lender.open_request(PROMPT)
+    with lender.lend_write(request) as first:
+        first.mark_arrived([np.zeros(5, dtype=bool), np.ones(5, dtype=bool)])  # group 1 only
+    assert lender.resume_bounds(request) == 0
+    with lender.lend_write(request) as again:  # from block 0: group 0 lacks it
+        assert lender.resume_bounds(request) == 0
+        again.mark_arrived([np.ones(5, dtype=bool), np.zeros(5, dtype=bool)])
+    assert lender.resume_bounds(request) == 0, "group 1's rows were lent in place and not marked again"
+    with lender.lend_write(request, staging=True) as staged:  # the pool is untouched until marking
+        staged.mark_arrived([np.zeros(5, dtype=bool), np.array([1, 1, 0, 0, 0], dtype=bool)])
+    assert lender.resume_bounds(request) == 4
+    lender.close_request(request)
+    assert lender.pins() == 0

@@ -263,6 +263,12 @@ class LenderMachine(RuleBasedStateMachine):
             raise AssertionError("a staged lease beyond the free staging rows must raise StagingBusy")
         lease = self.lender.lend_write(m.request, staging=staging)
         assert self._write_range(lease) == (first, end) or not self.paged
+        if not staging:  # rows written in place are not valid until marked
+            m.valid[:, first:end] = False
+            m.computed = min(m.computed, first * self.bt)
+            for g in lease.view.groups:
+                if g.kind is CacheKind.STATE:
+                    m.checkpoints[g.group_id] = None
         assert sum(g.kind is CacheKind.STATE for g in lease.view.groups) == (len(self.states) if wants_state else 0)
         self.leases.append(LeaseModel(lease, m, rows if staging else 0, (end - first) + len(lease._state)))
 

@@ -346,7 +346,9 @@ class Lender:
         """A lease over the request's blocks ``first_block`` (default: the first not valid in
         every PAGED group) up to the prompt's last whole block, plus each STATE group's slot at
         that block's end, for a fetch. Rows carry names. Committed blocks are never lent for
-        writing, nor rows another write lease holds."""
+        writing, nor rows another write lease holds. Lent in place (not staged), the rows stop
+        being valid until marked, since a fetch may leave any bytes in rows it does not deliver;
+        staged, the pool is untouched until ``mark_arrived`` copies the marked rows in."""
         with self._lock:
             self._check_open(request)
             end = request.prompt_tokens // self._bt
@@ -382,6 +384,13 @@ class Lender:
             stage = self._take_staging(staging, index.size, bool(state_rows))
             self._tree.pin(slots)
             request._writing[first_block:end] = True
+            if not staging:
+                # The fetch writes these rows in place and may leave any bytes in those it does
+                # not deliver (A7): until marked, they are not valid in any group.
+                request._valid[:, first_block:end] = False
+                request._computed = min(request._computed, first_block * self._bt)
+                for _, gid, _, _, _ in state_rows:
+                    request._checkpoints[gid] = None
             if state_rows:
                 request._state_writing = True
             for *_, slot, _, _ in state_rows:
