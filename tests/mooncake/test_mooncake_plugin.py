@@ -89,3 +89,10 @@ def test_local_services_start_one_master_for_every_backend_built_inside(
         socket.create_connection((host, int(port)), timeout=1).close()
     with local_services(plugin.resolve({"master": "10.0.0.1:50051"})) as extra:
         assert dict(extra) == {}
+
+
+def test_the_raw_transfer_for_kvwire_bench_moves_the_rows(master: MasterProcess) -> None:
+    plugin = load("mooncake")
+    seconds = plugin.extra["raw_bench"](plugin.resolve({"master": master.address, "segment_bytes": 16 << 20}),
+                                        64 << 10, 8, 1)
+    assert 0 < seconds < 5

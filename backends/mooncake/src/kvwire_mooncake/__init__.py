@@ -53,6 +53,13 @@ def create(options: Mapping[str, Any]) -> Backend:
         raise
 
 
+def raw_bench(options: Mapping[str, Any], row_bytes: int, rows: int, repeat: int) -> float:
+    """For ``kvwire bench``: median seconds of the raw ``batch_get_into`` of the same rows."""
+    from kvwire_mooncake.raw import raw_fetch_seconds
+
+    return raw_fetch_seconds(options, row_bytes, rows, repeat)
+
+
 @contextlib.contextmanager
 def local_services(options: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
     """For demos and tests: when no master is configured (option or ``$MOONCAKE_MASTER``),
@@ -77,4 +84,5 @@ plugin = Plugin(
     check=problem,
     install_hint=INSTALL_HINT,
     local_services=local_services,
+    extra={"raw_bench": raw_bench},
 )

@@ -86,8 +86,7 @@ class MooncakeDriver(StoreDriver):
             master = owned.address
             log.info("started a private mooncake_master at %s", master)
         try:
-            for key, value in settings.environment().items():
-                os.environ.setdefault(key, value)  # the user's environment wins
+            _apply_environment(settings.environment())
             client = module.MooncakeDistributedStore()
             hostname = settings.hostname_for(master)
             started = time.monotonic()
@@ -309,6 +308,20 @@ class MooncakeDriver(StoreDriver):
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
         return f"MooncakeDriver(master={self._master}, {state}, {len(self._registered)} region(s))"
+
+
+#: The ``MC_*`` values this module put into the environment: those it may change again.
+_ours: dict[str, str] = {}
+
+
+def _apply_environment(wanted: dict[str, str]) -> None:
+    """Set the ``MC_*`` variables the client reads at setup, except those the user set (a
+    value already in the environment that this module did not put there wins)."""
+    for key, value in wanted.items():
+        current = os.environ.get(key)
+        if current is None or _ours.get(key) == current:
+            os.environ[key] = value
+            _ours[key] = value
 
 
 def _setup_failure(rc: int, master: str, settings: ClientSettings, took: float) -> str:
