@@ -30,8 +30,8 @@ def mooncake_ready() -> None:
 
 @pytest.fixture(scope="session")
 def master(mooncake_ready: None) -> Iterator[MasterProcess]:
-    """One master for the session's shared clients (lease TTL 100 ms)."""
-    with MasterProcess(lease_ttl_ms=100) as process:
+    """One master for the session's shared clients (reads lease objects for 1 s)."""
+    with MasterProcess(lease_ttl_ms=1000) as process:
         yield process
 
 

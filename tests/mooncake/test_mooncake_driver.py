@@ -54,6 +54,21 @@ def test_rows_stored_by_one_client_are_read_by_another(
     assert np.array_equal(dst.array, expected[order])
 
 
+def test_a_row_larger_than_the_local_buffer_moves_whole(
+        driver: MooncakeDriver, other_driver: MooncakeDriver, rows_factory: Callable[..., Rows],
+        keys: Callable[[int], list[str]], settings: ClientSettings) -> None:
+    # Rows move zero-copy from registered memory; Mooncake's staging buffer does not bound them.
+    big = settings.local_buffer_bytes + (8 << 20)
+    src, dst = rows_factory(driver, big, 1), rows_factory(other_driver, big, 1)
+    expected = src.fill_random(10)
+    names = keys(1)
+    stored = driver.put(names, src.addresses(), src.sizes())
+    assert statuses(stored) == [KeyStatus.OK], stored.reasons
+    got = other_driver.get_into(names, dst.addresses(), dst.sizes())
+    assert statuses(got) == [KeyStatus.OK], got.reasons
+    assert np.array_equal(dst.array, expected)
+
+
 def test_a_missing_object_is_a_miss_not_a_failure(driver: MooncakeDriver, rows_factory: Callable[..., Rows],
                                                   keys: Callable[[int], list[str]]) -> None:
     dst = rows_factory(driver, ROW, 3)
@@ -98,7 +113,7 @@ def test_a_removed_object_is_gone(driver: MooncakeDriver, rows_factory: Callable
     src.fill_random(5)
     names = keys(2)
     driver.put(names, src.addresses(), src.sizes())
-    # The master leases what was just written for 100 ms (BUSY) and then lets it go.
+    # A removal may meet a lease (BUSY) for up to the master's lease TTL, then succeeds.
     removed = wait_for(lambda: (r := driver.remove(names[:1])).status[0] != KeyStatus.BUSY and r, 5.0,
                        "the object's lease to expire")
     assert statuses(removed) == [KeyStatus.OK]
@@ -151,7 +166,7 @@ def test_setup_against_an_absent_master_fails_in_seconds(mooncake_ready: None) -
 @pytest.fixture(scope="module")
 def tight(mooncake_ready: None) -> Iterator[MooncakeDriver]:
     """The only client of its master, contributing the smallest segment Mooncake takes (16 MiB);
-    objects stay leased for 10 s, so nothing can be evicted to make space."""
+    what it reads stays leased for 10 s."""
     with MasterProcess(lease_ttl_ms=10_000) as master:
         d = MooncakeDriver.connect(ClientSettings(master=master.address, segment_bytes=16 << 20, setup_retries=1))
         yield d
