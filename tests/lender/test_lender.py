@@ -355,3 +355,12 @@ def test_rows_lent_in_place_are_invalid_until_marked():
     assert lender.resume_bounds(request) == 4
     lender.close_request(request)
     assert lender.pins() == 0
+
+
+def test_a_lease_dropped_unreleased_is_reported(caplog):
+    lender = published(Lender(paged_layout(), Scope("m")))
+    lease = lender.lend_names(lender.names(PROMPT))
+    with caplog.at_level("WARNING", logger="kvwire.lender.lease"):
+        del lease
+    assert "without release()" in caplog.text
+    assert lender.pins() == 5, "the pins stay taken: a leak is reported, never papered over"

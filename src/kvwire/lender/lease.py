@@ -7,6 +7,7 @@ the lease (V2). The delivery masks are taken once; release happens once, on ever
 from __future__ import annotations
 
 import enum
+import logging
 import threading
 import time
 from collections.abc import Sequence
@@ -23,6 +24,8 @@ if TYPE_CHECKING:
     from kvwire.lender.request import Request
 
 __all__ = ["Lease", "LeaseKind"]
+
+log = logging.getLogger(__name__)
 
 
 class LeaseKind(enum.Enum):
@@ -154,6 +157,11 @@ class Lease:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.release()
+
+    def __del__(self) -> None:
+        # Never releases here (a collector may run inside the lender's lock); says who leaked.
+        if not getattr(self, "_released", True):
+            log.warning("%r was garbage-collected without release(): its pins and staging rows are lost", self)
 
     def __repr__(self) -> str:
         state = "released" if self._released else ("marked" if self._masks is not None else "open")
