@@ -11,6 +11,8 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -67,10 +69,22 @@ def run_suite(tmp_path: Path, *args: str) -> tuple[int, list[dict[str, Any]], st
     return proc.returncode, tests, proc.stdout + proc.stderr
 
 
+@pytest.fixture(scope="module")
+def mutant_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Future]]:  # type: ignore[type-arg]
+    """Every mutant's suite run, started at once: most of a run is waiting (for a wake that never
+    comes, a deadline), so a few run side by side."""
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        yield {
+            mutant: pool.submit(run_suite, tmp_path_factory.mktemp(mutant), f"--kvwire-harness={MUTANTS_FILE}:{mutant}",
+                                "-k", select, "--kvwire-patience=2", "--kvwire-no-shrink", "-x")
+            for mutant, _, select in MUTANTS
+        }
+
+
 @pytest.mark.parametrize(("mutant", "rule", "select"), MUTANTS, ids=[m[0] for m in MUTANTS])
-def test_suite_catches_the_mutant(tmp_path: Path, mutant: str, rule: str, select: str) -> None:
-    code, tests, output = run_suite(tmp_path, f"--kvwire-harness={MUTANTS_FILE}:{mutant}", "-k", select,
-                                    "--kvwire-patience=2", "--kvwire-no-shrink", "-x")
+def test_suite_catches_the_mutant(mutant_runs: dict[str, Future], mutant: str, rule: str,  # type: ignore[type-arg]
+                                  select: str) -> None:
+    code, tests, output = mutant_runs[mutant].result()
     failed = [t["test"] for t in tests if t["outcome"] == "failed"]
     assert code == 1, f"the suite did not fail against {mutant} (exit {code}):\n{output[-3000:]}"
     assert any(f"_{rule}_" in name for name in failed), (

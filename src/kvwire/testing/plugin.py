@@ -86,6 +86,8 @@ def pytest_configure(config: pytest.Config) -> None:
                       shrink=not config.option.kvwire_no_shrink)
     if config.option.kvwire_report:
         config.stash[_RESULTS] = {}
+    if config.option.kvwire_backend or config.option.kvwire_harness:
+        _targets(config)  # a backend asked for by name that cannot be tested is a usage error
 
 
 def _targets(config: pytest.Config) -> list[Any]:
@@ -159,16 +161,31 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     return lines
 
 
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _results is None:
+        return
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        target = callspec.params.get("kvwire_target") if callspec is not None else None
+        _results[item.nodeid] = {
+            "test": getattr(item, "originalname", item.name),
+            "backend": getattr(target, "name", "") or "",
+            "outcome": "passed", "reason": "", "duration": 0.0,
+        }
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     results = _results
     if results is None:
         return
-    entry = results.setdefault(report.nodeid, {"outcome": "passed", "reason": "", "duration": 0.0})
+    entry = results.setdefault(report.nodeid, {"test": report.nodeid.split("::")[-1].split("[")[0], "backend": "",
+                                               "outcome": "passed", "reason": "", "duration": 0.0})
     entry["duration"] += report.duration
     if report.skipped and entry["outcome"] == "passed":
         entry["outcome"] = "skipped"
         longrepr = report.longrepr
-        entry["reason"] = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+        reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+        entry["reason"] = reason.removeprefix("Skipped: ")
     elif report.failed:
         entry["outcome"] = "failed"
         entry["reason"] = _first_line(report.longreprtext)
@@ -195,10 +212,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     path = session.config.option.kvwire_report
     if not path or _results is None:
         return
-    rows = []
-    for nodeid, entry in _results.items():
-        name = nodeid.split("::")[-1]
-        test, _, param = name.partition("[")
-        rows.append({"nodeid": nodeid, "test": test, "backend": param.rstrip("]"), **entry})
+    rows = [{"nodeid": nodeid, **entry} for nodeid, entry in _results.items() if entry["duration"] or
+            entry["outcome"] != "passed"]
     Path(path).write_text(json.dumps({"exitstatus": int(exitstatus), "tests": rows}, indent=1))
     _results = None

@@ -197,8 +197,9 @@ def test_H1_a_hint_decoded_from_bytes_works_alike(kvwire_harness: Harness) -> No
         assert all(m.all() for m in result.fetched.masks), f"H1: decoded hints moved fewer rows: {result.fetched!r}"
 
 
-def test_H1_decoding_hint_bytes_executes_nothing() -> None:
-    """Any bytes decode to a hint or raise ``ValueError`` saying why; nothing else happens."""
+def test_H1_decoding_hint_bytes_executes_nothing(kvwire_harness: Harness) -> None:
+    """Any bytes decode to a hint or raise ``ValueError`` saying why; nothing else happens (the
+    hint types every backend receives)."""
 
     @profiles.examples(max_examples=max(50, profiles.active().examples * 10))
     @given(data=st.one_of(st.binary(max_size=256), hints().map(lambda h: h.to_bytes()),

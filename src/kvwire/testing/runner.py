@@ -1,0 +1,123 @@
+"""Run the conformance suite against installed backends and summarize it by contract rule: what
+``kvwire conformance NAME`` does.
+
+The suite runs as ``pytest --pyargs kvwire.testing.suite`` in a subprocess, from an empty
+directory so no project's pytest configuration applies, with its output shown as it goes; then a
+table per backend says, for each rule of CONTRACT.md, how many tests passed, failed and were
+skipped, and why."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+__all__ = ["run_conformance", "summarize", "RULES", "RuleResult"]
+
+#: The contract's rules in CONTRACT.md order, and the suite's stateful model.
+RULES: tuple[str, ...] = (
+    "M1", "M2", "M3", "M4", "V1", "V2", "V3", "V4", "H1", "S1", "S2", "S3", "S4", "S5",
+    "A1", "A2", "A3", "A4", "A5", "A6", "A7", "A8", "A9", "W1", "B1", "B2", "B3", "B4", "N2", "holder model",
+)
+_RULE = re.compile(r"^test_((?:[A-Z][0-9]_)+)")
+
+
+@dataclass
+class RuleResult:
+    """How the tests of one rule fared against one backend."""
+
+    passed: int = 0
+    failed: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+    @property
+    def status(self) -> str:
+        if self.failed:
+            return "failed"
+        if self.passed:
+            return "passed"
+        return "skipped" if self.skipped else "not run"
+
+
+def rules_of(test: str) -> list[str]:
+    """The rules a suite test checks, from its name (``test_M3_...`` checks M3)."""
+    if test.startswith("test_stateful"):
+        return ["holder model"]
+    match = _RULE.match(test)
+    return [r for r in match.group(1).split("_") if r] if match else []
+
+
+def summarize(tests: Sequence[dict[str, Any]]) -> dict[str, dict[str, RuleResult]]:
+    """Per backend, per rule: the results of the suite's report (``--kvwire-report``)."""
+    out: dict[str, dict[str, RuleResult]] = {}
+    for test in tests:
+        backend = test.get("backend") or "(no backend)"
+        for rule in rules_of(test["test"]):
+            result = out.setdefault(backend, {}).setdefault(rule, RuleResult())
+            if test["outcome"] == "passed":
+                result.passed += 1
+            elif test["outcome"] == "failed":
+                result.failed.append(f"{test['test']}: {test.get('reason', '')}")
+            else:
+                reason = test.get("reason", "") or "skipped"
+                if reason not in result.skipped:
+                    result.skipped.append(reason)
+    return out
+
+
+def _table(backend: str, results: dict[str, RuleResult], profile: str) -> Table:
+    table = Table(title=f"kvwire conformance · {backend} · profile {profile}", show_lines=False)
+    table.add_column("rule")
+    table.add_column("result")
+    table.add_column("passed", justify="right")
+    table.add_column("failed", justify="right")
+    table.add_column("why skipped / what failed", overflow="fold")
+    style = {"passed": "[green]passed[/]", "failed": "[red]failed[/]", "skipped": "[yellow]skipped[/]",
+             "not run": "[dim]not run[/]"}
+    for rule in RULES:
+        result = results.get(rule, RuleResult())
+        if rule == "holder model" and rule not in results:
+            continue
+        notes = "; ".join(result.failed) if result.failed else "; ".join(result.skipped)
+        table.add_row(rule, style[result.status], str(result.passed), str(len(result.failed)), notes)
+    return table
+
+
+def run_conformance(names: list[str], profile: str = "quick", extra_args: Sequence[str] = ()) -> int:
+    """Run the suite against the installed backends ``names`` (every installed backend with a
+    harness when empty) under ``profile`` ("quick" or "thorough"), show pytest's output and a
+    per-rule table per backend, and return pytest's exit status (0: every test passed or was
+    skipped by capability; 1: a test failed; 2-5: pytest could not run it)."""
+    console = Console()
+    with tempfile.TemporaryDirectory(prefix="kvwire-conformance-") as tmp:
+        where = Path(tmp)
+        (where / "pytest.ini").write_text("[pytest]\n")
+        report = where / "report.json"
+        cmd = [sys.executable, "-m", "pytest", "--pyargs", "kvwire.testing.suite", "-p", "no:cacheprovider",
+               "-q", "-rfE", f"--kvwire-profile={profile}", f"--kvwire-report={report}",
+               *[f"--kvwire-backend={name}" for name in names], *extra_args]
+        code = subprocess.call(cmd, cwd=where)
+        if not report.exists():
+            console.print(f"[red]the conformance suite did not run[/] (pytest exit status {code}); see above")
+            return code if code else 4
+        data = json.loads(report.read_text())
+    results = summarize(data["tests"])
+    for backend in sorted(results):
+        console.print(_table(backend, results[backend], profile))
+    failed = sum(len(r.failed) for per in results.values() for r in per.values())
+    if code == 0:
+        console.print(f"[green]conformant[/]: every declared capability of {', '.join(sorted(results)) or 'nothing'} "
+                      "passed; skips name what the backend does not declare")
+    elif failed:
+        console.print(f"[red]not conformant[/]: {failed} rule check(s) failed; the table and the output above say "
+                      "which rule and why")
+    return code
