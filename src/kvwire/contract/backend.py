@@ -87,3 +87,8 @@ class Backend(abc.ABC):
     def shutdown(self) -> frozenset[Attempt]:
         """Stop taking submissions, end or cancel work in flight, and return the attempts whose
         memory access is not yet proven ended (B3). Idempotent; call until it returns empty."""
+
+    def close(self) -> None:
+        """Release what the backend holds (connections, threads, an owned store client) once
+        ``shutdown()`` has returned an empty set and the holder closed its registrations. The
+        default does nothing; idempotent."""

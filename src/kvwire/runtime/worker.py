@@ -175,6 +175,7 @@ class Worker:
             lease.release()
         self._kept.clear()
         self._registration.close()
+        self.backend.close()
 
     def __enter__(self) -> Worker:
         return self
