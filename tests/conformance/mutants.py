@@ -632,6 +632,56 @@ class SilentCancel(Mutant):
     attempt_type = _DoesNotWakeOnCancel
 
 
+class AcceptsUndeclaredMemory(Mutant):
+    """M1: registers a region of a kind it does not declare by leaving it out quietly."""
+
+    def register_regions(self, regions: Sequence[SlotRegion]) -> Registration:
+        kinds = self.inner.capabilities().memory_kinds
+        return self.inner.register_regions([r for r in regions if r.memory_kind in kinds])
+
+
+class PublishesNowhere(Mutant):
+    """S1: a publish reports every row held but offers them to another namespace."""
+
+    def make(self, op: str, view: View, hint: Hint, wake: WakeFn) -> Wrapped:
+        if op == "publish" and hint.kind == "store":
+            hint = Hint.of("store", namespace="nowhere")
+        return super().make(op, view, hint, wake)
+
+
+class _Scrubs(Wrapped):
+    scrubbed = False
+
+    def poll(self) -> Outcome | None:
+        out = self.inner.poll()
+        if out is not None and self.op == "publish" and not self.scrubbed and self.inner.quiesced():
+            self.scrubbed = True
+            for group in self.view.groups:
+                for address in group.addresses().tolist():
+                    ctypes.memset(int(address), 0, group.region.slot_bytes)
+        return out
+
+
+class ScrubsPublishedRows(Mutant):
+    """S2: zeroes the rows it published once done with them (it may only read them)."""
+
+    attempt_type = _Scrubs
+
+
+class _Reversed(Wrapped):
+    def poll(self) -> Outcome | None:
+        out = self.inner.poll()
+        if out is None or len(out.masks) < 2:
+            return out
+        return _outcome_like(out, out.masks[::-1])
+
+
+class ReversesGroups(Mutant):
+    """V1: hands the masks back in reverse group order."""
+
+    attempt_type = _Reversed
+
+
 class PeerMutant(Mutant, ServesPulls):
     """A serving peer that forwards everything, the serving protocol included."""
 
@@ -719,6 +769,10 @@ drifting_capabilities = MutantHarness("drifting-capabilities", DriftingCapabilit
 thread_bound_attempts = MutantHarness("thread-bound-attempts", ThreadBoundAttempts)
 shared_row_masks = MutantHarness("shared-row-masks", Mutant, setup=_cached_row_masks)
 silent_cancel = MutantHarness("silent-cancel", SilentCancel)
+accepts_undeclared_memory = MutantHarness("accepts-undeclared-memory", AcceptsUndeclaredMemory)
+publishes_nowhere = MutantHarness("publishes-nowhere", PublishesNowhere)
+scrubs_published_rows = MutantHarness("scrubs-published-rows", ScrubsPublishedRows)
+reverses_groups = MutantHarness("reverses-groups", ReversesGroups)
 
 faithful_peer = MutantHarness("faithful-peer-wrapper", PeerMutant, inner=LoopbackHarness())
 partial_prefix_fails = MutantHarness("partial-prefix-fails", PartialPrefixFails, inner=LoopbackHarness())

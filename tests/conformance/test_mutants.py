@@ -22,13 +22,17 @@ MUTANTS_FILE = Path(__file__).with_name("mutants.py")
 
 #: (harness object in mutants.py, the rule it breaks, -k selection of the suite's tests).
 MUTANTS: list[tuple[str, str, str]] = [
+    ("accepts_undeclared_memory", "M1", "M1"),
     ("skips_unrecognized_rows", "M4", "M4"),
     ("registers_part_of_a_batch", "M3", "M3"),
     ("writes_past_the_slot", "M2", "M2"),
+    ("reverses_groups", "V1", "V1"),
     ("changes_the_view", "V2", "V2"),
     ("shared_row_masks", "V3", "V3"),
     ("drops_overlapping_fetch_rows", "V4", "V4"),
     ("accepts_any_hint", "H1", "H1"),
+    ("publishes_nowhere", "S1", "S1"),
+    ("scrubs_published_rows", "S2", "S2"),
     ("escapes_on_rejection", "S3", "S3"),
     ("raises_plain_errors", "S4", "S4"),
     ("raises_faults", "S5", "S5"),

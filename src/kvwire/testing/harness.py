@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from importlib import metadata
+from typing import Any
 
 from kvwire.contract import Backend, Capabilities, Hint, MemoryKind
 from kvwire.testing.regions import DeviceMemory, HostMemory, RegionMemory, cuda_devices
@@ -82,7 +83,7 @@ class FaultPlan:
     publish: frozenset[bytes] = frozenset()
     #: For a store backend: :mod:`kvwire.testing.faults` records that a
     #: :class:`~kvwire.testing.faults.FaultyDriver` applies to each end's driver.
-    schedule: tuple[object, ...] = ()
+    schedule: tuple[Any, ...] = ()
 
     def __bool__(self) -> bool:
         return bool(self.fetch or self.publish or self.schedule)

@@ -156,7 +156,8 @@ def check_outcome(out: Outcome, view: View, op: str) -> None:
             f"A6: the mask of group {group.group_id} is a {type(mask).__name__}, not a plain numpy.ndarray")
         assert mask.dtype == np.bool_, f"A6: the mask of group {group.group_id} has dtype {mask.dtype}, not bool"
         assert mask.ndim == 1 and mask.size == group.rows, (
-            f"A5: the mask of group {group.group_id} has shape {mask.shape}; the group has {group.rows} rows")
+            f"V1/A5: the mask for group {group.group_id} has shape {mask.shape}, the group {group.rows} rows; an "
+            "outcome carries one mask per view group, in the view's order")
         assert not mask.flags.writeable, f"A6: the mask of group {group.group_id} is writable after hand-over"
     if out.is_failed:
         assert isinstance(out.reason, str) and out.reason.strip(), "A5: a failed outcome must say why"

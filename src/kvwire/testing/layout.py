@@ -204,7 +204,7 @@ class Bench:
             missed = rows[gi][~mask]
             self.sink.known[gi][self.sink.slots[gi][missed]] = False
         self.sink.verify("after a fetch concluded and quiesced")
-        self.source.verify("a fetch on the other end never touches this memory")
+        self.source.verify("source rows are only ever read: by a publish, never written")
 
     def forget_sink(self, select: Mapping[int, Sequence[int]] | None = None) -> None:
         """Mark the sink rows of ``select`` undefined (an attempt that may have written them)."""

@@ -53,10 +53,6 @@ UNKNOWN = -2
 SHUTDOWN_AFTER = 15
 
 
-def taken(slots: list[int]) -> set[int]:
-    return set(slots)
-
-
 def content(group: int, name: int, size: int) -> np.ndarray:
     """The bytes of name ``name`` in group ``group``: a function of the name alone (N1)."""
     return np.random.default_rng([group, name, size]).integers(0, 256, size=size, dtype=np.uint8)
@@ -214,13 +210,13 @@ class HolderModel(RuleBasedStateMachine):
             gid, size = GROUPS[gi]
             names = data.draw(st.lists(st.integers(0, NAMES - 1), unique=True, min_size=1, max_size=6), label="names")
             busy = self._busy("publish", gi)
-            slots = []
+            slots: list[int] = []
             for name in names:
-                where = [s for s in range(SLOTS) if self.source.holds[gi][s] == name and s not in taken(slots)]
+                where = [s for s in range(SLOTS) if self.source.holds[gi][s] == name and s not in slots]
                 if where:
                     slots.append(where[0])
                     continue
-                free = [s for s in range(SLOTS) if s not in busy and s not in taken(slots)]
+                free = [s for s in range(SLOTS) if s not in busy and s not in slots]
                 if not free:
                     break
                 slot = data.draw(st.sampled_from(free), label="slot")
@@ -258,7 +254,7 @@ class HolderModel(RuleBasedStateMachine):
                 swap = data.draw(st.lists(st.sampled_from(held), unique=True, max_size=count), label="held names")
                 names = (swap + [n for n in names if n not in swap])[:count]
             rows.append((gi, np.array(slots, dtype=np.int64), np.array(names, dtype=np.int64)))
-        held = frozenset(self.held)
+        held_now = frozenset(self.held)
         try:
             sub = self.ex.fetch(self._view(self.sink, rows))
         except SubmissionError as exc:
@@ -266,7 +262,7 @@ class HolderModel(RuleBasedStateMachine):
             self.check_memory()
             return
         assert "sink" not in self.shut, "B3: a fetch after shutdown() was accepted"
-        self.flight.append(InFlight(sub, rows, held))
+        self.flight.append(InFlight(sub, rows, held_now))
 
     @precondition(lambda self: bool(self.flight))
     @rule(data=st.data())

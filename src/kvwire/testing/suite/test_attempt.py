@@ -268,7 +268,8 @@ def test_A6_masks_are_plain_read_only_bool_and_never_change(kvwire_harness: Harn
     with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan,
                                                           kind) as bench:
         outcomes: list[tuple[Outcome, list[np.ndarray]]] = []
-        for select in ({0: [0, 1]}, {0: [2], 1: [0, 1, 2, 3]}, None, {1: []}):
+        selects: list[dict[int, list[int]] | None] = [{0: [0, 1]}, {0: [2], 1: [0, 1, 2, 3]}, None, {1: []}]
+        for select in selects:
             fetched = ex.transfer(bench, select if ex.store else None, None).fetched
             outcomes.append((fetched, [m.copy() for m in fetched.masks]))
             for out, copies in outcomes:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -52,7 +54,7 @@ def test_M1_undeclared_memory_kind_refused(kvwire_harness: Harness) -> None:
     with needs.open_exchange(kvwire_harness) as ex:
         for kind in missing:
             for backend in ex.ends.backends:
-                refused(lambda b=backend, k=kind: b.register_regions([fake_region(k)]),
+                refused(functools.partial(backend.register_regions, [fake_region(kind)]),
                          f"M1/M3: registering a {kind.value} region with a backend that declares "
                          f"{sorted(x.value for x in caps.memory_kinds)}")
 
@@ -124,7 +126,7 @@ def test_M3_refused_batch_leaves_nothing_registered(kvwire_harness: Harness) -> 
             bad_batches = [[*fresh, _sub_region(taken.region, 1, 2)], [*fresh, *fresh]]
             bad_batches += [[*fresh, fake_region(k)] for k in MemoryKind if k not in caps.memory_kinds]
             for batch in bad_batches:
-                refused(lambda b=batch: sink.register_regions(b), "M3: a batch with a bad region")
+                refused(functools.partial(sink.register_regions, batch), "M3: a batch with a bad region")
                 refused(lambda: ex.fetch(bench.sink_view()),
                          "M3/M4: a fetch into a region whose batch was refused (nothing may stay registered)")
                 bench.verify("after a refused batch and a refused fetch")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -191,13 +193,13 @@ def test_S4_wrong_submissions_raise_only_the_contract_refusals(kvwire_harness: H
         for missing in (k for k in MemoryKind if k not in caps.memory_kinds):
             region = fake_region(missing)
             names = np.arange(2 * 16, dtype=np.uint8).reshape(2, 16)
-            view = View((LayerGroupRows(0, CacheKind.PAGED, region, [0, 1], group.tokens, names),))
+            view = View((LayerGroupRows(0, CacheKind.PAGED, region, np.arange(2), group.tokens, names),))
             cases += [("publish", f"{missing.value} memory", view, None), ("fetch", f"{missing.value} memory", view, None)]
         for op, what, view, hint in cases:
             if not getattr(caps, op):
                 continue
             call = ex.publish if op == "publish" else ex.fetch
-            refused(lambda c=call, v=view, h=hint: c(v, h), f"S4: a {op} with {what}")
+            refused(functools.partial(call, view, hint), f"S4: a {op} with {what}")
         bench.verify("after refused submissions")
         stray.verify("after refused submissions")
         for backend in ex.ends.backends:
