@@ -9,6 +9,7 @@ import importlib
 from typing import Any
 
 _WHERE = {
+    "Cancel": "kvwire.runtime.worker",
     "Generation": "kvwire.runtime.worker",
     "TransferError": "kvwire.runtime.worker",
     "TransferResult": "kvwire.runtime.worker",

@@ -26,12 +26,46 @@ from kvwire.runtime.auth import PullGuard, sign_pull
 from kvwire.runtime.model import ModelConfig, TinyTransformer
 from kvwire.runtime.state import StateError, TransceiverState
 
-__all__ = ["Worker", "Generation", "TransferResult", "TransferError", "StateError"]
+__all__ = ["Worker", "Cancel", "Generation", "TransferResult", "TransferError", "StateError"]
 
 log = logging.getLogger(__name__)
 
 #: How long the holder waits for an attempt to quiesce after cancelling it at its deadline.
 QUIESCE_GRACE_S = 5.0
+
+
+class Cancel:
+    """A cancellation token for ``pull`` and ``publish``: ``cancel()`` from any thread asks the
+    transfer's attempt to stop. The transfer still waits for quiescence before it marks what
+    arrived and releases its lease, so a cancelled pull commits only rows that arrived whole."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._set = False
+        self._wakes: list[Callable[[], None]] = []
+
+    def cancel(self) -> None:
+        with self._lock:
+            self._set = True
+            wakes = list(self._wakes)
+        for wake in wakes:
+            wake()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._set
+
+    def _watch(self, wake: Callable[[], None]) -> None:
+        with self._lock:
+            self._wakes.append(wake)
+            fire = self._set
+        if fire:
+            wake()
+
+    def _unwatch(self, wake: Callable[[], None]) -> None:
+        with self._lock:
+            if wake in self._wakes:
+                self._wakes.remove(wake)
 
 
 class TransferError(RuntimeError):
@@ -268,9 +302,11 @@ class Worker:
         source: bytes,
         *,
         timeout_s: float | None = None,
+        cancel: Cancel | None = None,
     ) -> TransferResult:
         """Bring the prompt's whole blocks from ``source`` (a transceiver state): skip those held
-        here, fetch the rest, commit what arrived. A partial prefix is a success."""
+        here, fetch the rest, commit what arrived. A partial prefix is a success. ``cancel``
+        stops it early; whatever arrived whole before that is still committed."""
         state = self._check_state(source)
         tokens = np.asarray(prompt, dtype=np.int64)
         timeout = self.timeout_s if timeout_s is None else float(timeout_s)
@@ -293,7 +329,7 @@ class Worker:
                 hint = Hint.of("peer", timeout_s=timeout, **fields)
             else:
                 hint = Hint.of("store", timeout_s=timeout, namespace=state.namespace)
-            outcome = self._transfer(lease, "fetch", hint, timeout)
+            outcome = self._transfer(lease, "fetch", hint, timeout, cancel)
             moved = _whole_blocks(outcome)
             bound = self.lender.resume_bounds(request)
             if bound:
@@ -305,7 +341,7 @@ class Worker:
         return TransferResult(outcome.status.value, bound, wanted, moved, skipped, nbytes, seconds, outcome.reason)
 
     def publish(self, prompt: Sequence[int] | np.ndarray, *, timeout_s: float | None = None,
-                namespace: str | None = None) -> TransferResult:
+                namespace: str | None = None, cancel: Cancel | None = None) -> TransferResult:
         """Offer the prompt's whole blocks this cache holds to a store backend."""
         if self.capabilities.other_end is not OtherEnd.STORE or not self.capabilities.publish:
             raise TransferError(f"backend {self.plugin.name!r} does not publish to a store; peers pull instead")
@@ -318,13 +354,14 @@ class Worker:
         began = time.perf_counter()
         lease = self.lender.lend_names(self.lender.names(tokens), staging=self.staged)
         held = lease.found
-        outcome = self._transfer(lease, "publish", hint, timeout)
+        outcome = self._transfer(lease, "publish", hint, timeout, cancel)
         seconds = time.perf_counter() - began
         moved = _whole_blocks(outcome)
         nbytes = sum(int(np.count_nonzero(m)) * g.region.slot_bytes for m, g in zip(outcome.masks, lease.view.groups, strict=True))
         return TransferResult(outcome.status.value, held * B, wanted, moved, wanted - held, nbytes, seconds, outcome.reason)
 
-    def _transfer(self, lease: Lease, direction: str, hint: Hint, timeout: float) -> Outcome:
+    def _transfer(self, lease: Lease, direction: str, hint: Hint, timeout: float,
+                  cancel: Cancel | None = None) -> Outcome:
         """Lend → wait for the view → submit as it stands → wait for quiescence → mark →
         release. Refusals release at once (S3); any other raise keeps the lease (S4)."""
         try:
@@ -346,7 +383,7 @@ class Worker:
                 self._kept.append(lease)
                 lease = None  # type: ignore[assignment]
                 raise
-            outcome = self._settle(attempt, signal, timeout)
+            outcome = self._settle(attempt, signal, timeout, cancel)
             if outcome is None:
                 self._kept.append(lease)
                 lease = None  # type: ignore[assignment]
@@ -372,10 +409,20 @@ class Worker:
             if lease is not None:
                 lease.release()
 
-    def _settle(self, attempt: Attempt, signal: threading.Event, timeout: float) -> Outcome | None:
-        """Wait, woken by the backend, until the attempt concluded and quiesced. At the deadline
-        (plus a grace) cancel it; ``None`` if it still has not quiesced after that."""
+    def _settle(self, attempt: Attempt, signal: threading.Event, timeout: float,
+                cancel: Cancel | None = None) -> Outcome | None:
+        """Wait, woken by the backend, until the attempt concluded and quiesced. On ``cancel``, or
+        at the deadline (plus a grace), cancel it; ``None`` if it still has not quiesced after."""
         deadline = time.monotonic() + timeout + QUIESCE_GRACE_S
+        if cancel is not None:
+            cancel._watch(signal.set)
+        try:
+            return self._wait(attempt, signal, deadline, cancel)
+        finally:
+            if cancel is not None:
+                cancel._unwatch(signal.set)
+
+    def _wait(self, attempt: Attempt, signal: threading.Event, deadline: float, cancel: Cancel | None) -> Outcome | None:
         cancelled = False
         while True:
             signal.clear()
@@ -384,6 +431,12 @@ class Worker:
                 quiet = attempt.quiesced()
             if outcome is not None and quiet:
                 return outcome
+            if cancel is not None and cancel.cancelled and not cancelled and outcome is None:
+                with self._lock:
+                    attempt.cancel()
+                cancelled = True
+                deadline = min(deadline, time.monotonic() + QUIESCE_GRACE_S)
+                continue
             now = time.monotonic()
             if now >= deadline:
                 if cancelled:

@@ -1,0 +1,129 @@
+"""The seed's request-free pull, through the public API, over real UCX endpoints: worker B pulls
+a prompt's blocks straight from worker A's reuse tree given only A's transceiver state."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from kvwire.registry import PluginError, load
+
+try:
+    load("ucx").check and load("ucx").check() is None or pytest.skip("ucx library unavailable", allow_module_level=True)
+except PluginError as exc:  # pragma: no cover - only where the plugin is broken
+    pytest.skip(f"the ucx backend cannot load: {exc}", allow_module_level=True)
+
+from kvwire.runtime import ModelConfig, Worker  # noqa: E402
+
+MODEL = ModelConfig(layers=4, layers_per_group=2, heads=2, head_dim=16, block_tokens=16, max_tokens=1024, seed=3)
+
+
+def settled_pins(worker: Worker, timeout: float = 10.0) -> int:
+    """The worker's pins once its replies have settled: a serving worker releases a reply's lease
+    when that reply quiesces, just after the receiver has its rows."""
+    deadline = time.monotonic() + timeout
+    while worker.pins() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return worker.pins()
+
+
+def prompt(n: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, MODEL.vocab, n)
+
+
+@pytest.fixture
+def workers():
+    made = []
+
+    def make(name: str, **kw) -> Worker:
+        w = Worker(MODEL, backend="ucx", num_blocks=kw.pop("num_blocks", 128), name=name, timeout_s=10, **kw)
+        made.append(w)
+        return w
+
+    yield make
+    for w in made:
+        w.close()
+    for w in made:
+        assert w.pins() == 0, f"{w.name} kept pins"
+
+
+def test_seed_flow_pull_from_a_peers_reuse_tree(workers):
+    a, b = workers("A"), workers("B")
+    p = prompt(200)
+    local = a.generate(p, max_tokens=3)                 # 1. fills A's reuse tree
+    state = a.transceiver_state()                       # 2. opaque bytes
+    assert isinstance(state, bytes) and state
+    pulled = b.pull(p, source=state)                    # 3. B pulls with only the state
+    assert pulled.status == "delivered" and pulled.blocks_moved == 12 and pulled.cached_tokens == 192
+    remote = b.generate(p, max_tokens=3)
+    assert remote.cached_tokens == 192                  # the pulled blocks are used, not recomputed
+    assert torch.allclose(remote.logits, local.logits, rtol=1e-4, atol=1e-5)
+    assert remote.tokens == local.tokens
+    assert b.generate(p, max_tokens=1).cached_tokens > 0          # 4. a normal request reuses them
+    assert b.generate(prompt(80, seed=5)).cached_tokens < 192     # 5. an unrelated prompt does not
+    assert b.pull(p, source=state).blocks_moved == 0              # a second pull moves nothing
+    assert a.counters.pulls_served == 1
+
+
+def test_sender_evicted_part_of_the_prefix_receiver_gets_the_held_prefix(workers):
+    a, b = workers("A", num_blocks=12), workers("B")
+    p = prompt(160)                                     # 10 whole blocks
+    a.generate(p, max_tokens=1)
+    a.generate(prompt(120, seed=8), max_tokens=1)       # pressure: A must evict the LRU tail
+    held = a.cached_tokens(p) // 16
+    assert 0 < held < 10
+    pulled = b.pull(p, source=a.transceiver_state())
+    assert pulled.status == "delivered" and pulled.cached_tokens == held * 16
+    reference = workers("C").generate(p, max_tokens=2)
+    remote = b.generate(p, max_tokens=2)
+    assert torch.allclose(remote.logits, reference.logits, rtol=1e-4, atol=1e-5)
+    assert a.generate(prompt(50, seed=9)).tokens                 # both keep serving
+    assert b.pull(prompt(64, seed=10), source=a.transceiver_state()).status == "delivered"
+
+
+def test_signed_pulls_and_refusals(workers):
+    a = workers("A", pull_secret="s3cret", allowed_peers=["B"])
+    b = workers("B", pull_secret="s3cret")
+    intruder = workers("X", pull_secret="guess")
+    stranger = workers("C", pull_secret="s3cret")
+    p = prompt(64)
+    a.generate(p)
+    assert b.pull(p, source=a.transceiver_state()).cached_tokens == 64
+    forged = intruder.pull(p, source=a.transceiver_state())
+    assert forged.status == "failed" and "signature" in forged.reason and forged.cached_tokens == 0
+    other = stranger.pull(p, source=a.transceiver_state())
+    assert other.status == "failed" and "allowlist" in other.reason
+    assert a.guard.refused == {"forged": 1, "not-allowed": 1}
+    assert a.counters.pulls_declined == 2
+
+
+def test_concurrent_pulls_from_several_receivers_leave_no_pins(workers):
+    a = workers("A", num_blocks=256)
+    prompts = [prompt(64, seed=100 + s) for s in range(25)]   # 4 whole blocks each
+    for p in prompts:
+        a.generate(p)
+    state = a.transceiver_state()
+    receivers = [workers(f"R{i}", num_blocks=128) for i in range(4)]
+    results, errors = [], []
+
+    def run(r: Worker, k: int) -> None:
+        try:
+            for j in range(len(prompts)):
+                results.append(r.pull(prompts[(k * 7 + j) % len(prompts)], source=state))
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(r, i)) for i, r in enumerate(receivers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    assert len(results) == 100
+    assert all(r.status == "delivered" and r.blocks_moved == 4 and r.cached_tokens == 64 for r in results)
+    assert a.counters.pulls_served == 100
+    assert settled_pins(a) == 0
