@@ -91,6 +91,9 @@ class Mutant(Backend):
         wrapped = {id(a.inner): a for a in self._attempts()}
         return frozenset(wrapped.get(id(a), a) for a in pending)
 
+    def close(self) -> None:
+        self.inner.close()
+
     # Attempts are remembered so shutdown() can answer with the wrapped ones.
     def _attempts(self) -> list[Wrapped]:
         return self.__dict__.setdefault("_made", [])

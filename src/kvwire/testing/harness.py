@@ -149,10 +149,13 @@ class Harness(abc.ABC):
 
     def close(self, ends: Ends) -> None:
         """Tear the ends down. The default shuts each backend down until nothing is in flight
-        (B3), then runs ``ends.cleanup``. The suite closes its registrations itself."""
+        (B3), closes it (``Backend.close()``), then runs ``ends.cleanup``. The suite closes its
+        registrations itself, before this."""
         try:
             for backend in ends.backends:
                 shut_down(backend, timeout_s=max(10.0, self.quiesce_grace_s))
+            for backend in ends.backends:
+                backend.close()
         finally:
             if ends.cleanup is not None:
                 ends.cleanup()

@@ -200,9 +200,8 @@ class StoreHarness(Harness):
         try:
             for backend in ends.backends:
                 shut_down(backend, timeout_s=max(10.0, self.quiesce_grace_s))
-                close = getattr(backend, "close", None)
-                if callable(close):
-                    close()
+            for backend in ends.backends:
+                backend.close()
         finally:
             if ends.cleanup is not None:
                 ends.cleanup()

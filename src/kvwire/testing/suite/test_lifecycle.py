@@ -153,6 +153,10 @@ def test_B3_shutdown_refuses_later_submissions_and_is_idempotent(kvwire_harness:
         if caps.fetch:
             refused(lambda: ex.fetch(bench.sink_view()), "B3: a fetch after shutdown()", SubmissionRejected)
         bench.verify("after submissions refused at shutdown")
+        bench.close()
+        for backend in ex.ends.backends:
+            for _ in range(2):  # once shutdown() is empty and registrations closed: close(), idempotent
+                call_briefly(backend.close, "B3: close() after shutdown", limit_s=10.0)
 
 
 def test_B3_shutdown_ends_work_in_flight_before_it_returns_empty(kvwire_harness: Harness) -> None:
