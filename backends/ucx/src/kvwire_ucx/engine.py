@@ -49,6 +49,10 @@ _PROGRESS_ROUNDS = 64
 #: How long the ticket of a request the holder took but never answered stays answerable after
 #: the request went away (so the late answer learns why instead of 'unknown ticket').
 _TICKET_LINGER_S = 60.0
+#: How long the endpoint of a lost peer is left to UCX's failure handling before it is closed.
+_DYING_WAIT_S = 2.0
+#: The tag of the zero-byte probe sent to a peer presumed dead; no transfer ever uses it.
+_PROBE_TAG = (wire.MAX_TAG_BASE << wire.TAG_ROW_BITS) | _ROW_MASK
 
 _engines: weakref.WeakSet[Engine] = weakref.WeakSet()
 
@@ -129,6 +133,7 @@ class _Fetch:
         self.posted: collections.deque[tuple[Any, Any, int, int, int]] = collections.deque()
         self.inflight_bytes = 0
         self.received = 0
+        self.drained = False  # receives were completed by this end; no more rows count
         self.ended = False  # nothing more will be posted
         self.done = False  # forgotten by the engine
 
@@ -196,11 +201,17 @@ class Engine:
         self._transfer_ids = itertools.count(1)
         self._last_transfer = 0
         self._pull_ids = itertools.count(1)
-        self._tag_bases: set[int] = set()
+        # Tag bases are handed out in order from a random start and never reused (2**40 of
+        # them), so a stale message left by a drained receive can never match a later pull.
+        self._next_tag_base = secrets.randbelow(wire.MAX_TAG_BASE)
+        self._self_ep: Any = None
+        self._drains: list[tuple[Any, Any]] = []
+        self._empty = np.zeros(0, dtype=np.uint8)
         self._outbound: dict[tuple[str, int, int], _Connection] = {}
         self._connections: set[_Connection] = set()
         self._busy: set[_Fetch | _Reply] = set()
         self._failed_eps: list[_Connection] = []
+        self._dying: list[tuple[_Connection, float]] = []
         self._wakes: dict[int, WakeFn] = {}
         self._stopping = False
         self._stop_deadline: float | None = None
@@ -315,15 +326,13 @@ class Engine:
         return not self._thread.is_alive()
 
     def new_transfer(self) -> tuple[int, int]:
-        """A transfer id and a tag base unique among this worker's live transfers."""
-        transfer = next(self._transfer_ids)
-        self._last_transfer = transfer
+        """A transfer id and a tag base, neither ever used before by this engine."""
         with self._lock:
-            while True:
-                tag_base = secrets.randbits(40)
-                if tag_base not in self._tag_bases:
-                    self._tag_bases.add(tag_base)
-                    return transfer, tag_base
+            transfer = next(self._transfer_ids)
+            self._last_transfer = transfer
+            tag_base = self._next_tag_base
+            self._next_tag_base = (tag_base + 1) % wire.MAX_TAG_BASE  # MAX_TAG_BASE is the probe's
+            return transfer, tag_base
 
     # ---------------------------------------------------------------- conclusion and waking
 
@@ -409,7 +418,7 @@ class Engine:
         if self._failed_eps:
             failed, self._failed_eps = self._failed_eps, []
             for conn in failed:
-                self._close(conn, f"the UCX endpoint to {conn.label} failed (peer gone?)", lost=True)
+                self._close(conn, f"peer {conn.label} is gone: its UCX endpoint failed", lost=True)
 
     def _sleep_and_dispatch(self) -> None:
         timeout = _MAX_SLEEP_S
@@ -454,6 +463,22 @@ class Engine:
     def _teardown(self) -> None:
         for conn in list(self._connections):
             self._close(conn, "the backend shut down")
+        wait_until = time.monotonic() + 0.2
+        while self._dying and time.monotonic() < wait_until:
+            self._worker.progress()
+            self._bury()
+        self._bury(everything=True)
+        for _ in range(1000):  # let the drain messages go out before the endpoint closes
+            if not self._drains:
+                break
+            self._worker.progress()
+            self._drains = [d for d in self._drains if not d[0].completed]
+        if self._self_ep is not None:
+            try:
+                self._self_ep.close_blocking()
+            except Exception:
+                pass
+            self._self_ep = None
         with self._lock:
             for reply in self._replies.values():
                 reply.state = "gone"
@@ -538,7 +563,7 @@ class Engine:
             except (BlockingIOError, InterruptedError):
                 break
             except OSError as exc:
-                self._close(conn, f"control connection to {conn.label} failed: {exc.strerror or exc}", lost=True)
+                self._close(conn, f"peer {conn.label} is gone: control connection {exc.strerror or exc}", lost=True)
                 return
             del conn.out[:sent]
         want = bool(conn.out) or conn.connecting
@@ -562,14 +587,16 @@ class Engine:
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:
-            what = "could not connect to" if conn.connecting else "control connection failed to"
-            self._close(conn, f"{what} {conn.label}: {exc.strerror or exc}", lost=True)
+            if conn.connecting:
+                self._close(conn, f"could not connect to {conn.label}: {exc.strerror or exc}", lost=True)
+            else:
+                self._close(conn, f"peer {conn.label} is gone: control connection {exc.strerror or exc}", lost=True)
             return
         if not data:
             if conn.connecting:
                 self._close(conn, f"could not connect to {conn.label}: connection closed", lost=True)
             else:
-                self._close(conn, f"peer {conn.label} closed the connection", lost=True)
+                self._close(conn, f"peer {conn.label} is gone: it closed the control connection", lost=True)
             return
         try:
             messages = conn.reader.feed(data)
@@ -618,25 +645,64 @@ class Engine:
                 if reply.state == "waiting":
                     reply.state = "gone"
             if reply.attempt is not None:
-                self._fail(reply.attempt, f"requester {conn.label} is gone: {reason}")
+                self._fail(reply.attempt, f"the requester went away: {reason}")
             else:
                 self._forget_reply(reply)
         if conn.ep is not None:
-            try:
-                conn.ep.close_blocking()
-            except Exception as exc:
-                log.debug("closing the UCX endpoint to %s: %s", conn.label, exc)
+            if lost:
+                # Force-closing an endpoint whose peer just died can crash inside UCX
+                # (ucp_ep_close_nbx racing its own failure handling). UCX fails such an endpoint
+                # by itself and ucxx then closes it, cancelling its requests; a zero-byte probe
+                # makes UCX find out at once even when the endpoint is idle.
+                self._probe(conn)
+                self._dying.append((conn, time.monotonic() + _DYING_WAIT_S))
+            else:
+                self._close_endpoint(conn)
         for fetch in list(conn.fetches.values()):
+            self._drain(fetch)
             self._settle_fetch(fetch)
         for reply in list(conn.replies.values()):
             self._settle_reply(reply)
+
+    def _probe(self, conn: _Connection) -> None:
+        if conn.ep is None or not conn.ep.alive:
+            return
+        empty = Array(self._empty)
+        try:
+            self._drains.append((conn.ep.tag_send(empty, ucx_api.UCXXTag(_PROBE_TAG)), empty))
+        except UCXError:
+            pass  # the endpoint failed already
+
+    def _close_endpoint(self, conn: _Connection) -> None:
+        """Close the endpoint now, cancelling its requests (peer alive, or given up on)."""
+        ep, conn.ep = conn.ep, None
+        if ep is None or not ep.alive:
+            return  # ucxx closed it after an error, cancelling its requests
+        try:
+            ep.close_blocking()
+        except Exception as exc:
+            log.debug("closing the UCX endpoint to %s: %s", conn.label, exc)
+
+    def _bury(self, *, everything: bool = False) -> None:
+        """Let go of endpoints of lost peers once ucxx closed them; close those that outlive
+        their wait (or all, at teardown)."""
+        now = time.monotonic()
+        keep = []
+        for conn, until in self._dying:
+            if conn.ep is None or not conn.ep.alive:
+                conn.ep = None
+            elif everything or now >= until:
+                self._close_endpoint(conn)
+            else:
+                keep.append((conn, until))
+        self._dying = keep
 
     def _make_endpoint(self, conn: _Connection, worker_address: bytes) -> bool:
         try:
             address = ucx_api.UCXAddress.create_from_buffer(worker_address)
             conn.ep = ucx_api.UCXEndpoint.create_from_worker_address(self._worker, address, True)
         except Exception as exc:
-            self._drop(conn, f"peer {conn.label} sent a UCX worker address that UCX refuses: {exc}")
+            self._close(conn, f"peer {conn.label} is unreachable over UCX: {exc}", lost=True)
             return False
         failed = self._failed_eps
 
@@ -654,16 +720,20 @@ class Engine:
             if conn.hello:
                 self._drop(conn, f"peer {conn.label} sent a second Hello")
                 return
-            if conn.outbound and conn.address is not None and message.instance != conn.address.instance:
-                self._close(conn, f"another kvwire-ucx backend answers at {conn.label} (instance "
-                                  f"{message.instance:#x}, the address names {conn.address.instance:#x}); "
-                                  "the address is stale", lost=True)
+            if conn.outbound:
+                # The requesting end needs no endpoint: it receives on its worker, and a receive
+                # no peer will match is completed by _drain, never by closing an endpoint.
+                if conn.address is not None and message.instance != conn.address.instance:
+                    self._close(conn, f"another kvwire-ucx backend answers at {conn.label} (instance "
+                                      f"{message.instance:#x}, the address names {conn.address.instance:#x}); "
+                                      "the address is stale", lost=True)
+                    return
+                conn.hello = True
                 return
             if not self._make_endpoint(conn, message.worker_address):
                 return
             conn.hello = True
-            if not conn.outbound:
-                self._send(conn, wire.Hello(self.instance, bytes(self._worker.address)))
+            self._send(conn, wire.Hello(self.instance, bytes(self._worker.address)))
             return
         if not conn.hello:
             self._drop(conn, f"peer {conn.label} sent {type(message).__name__} before Hello")
@@ -761,7 +831,7 @@ class Engine:
                 offset = group.offsets[ri]
                 assert group.span is not None
                 buffer = Array(group.span[offset : offset + group.slot_bytes])
-                request = conn.ep.tag_recv(buffer, ucx_api.UCXXTag(tag_high | fetch.next_seq))
+                request = self._worker.tag_recv(buffer, ucx_api.UCXXTag(tag_high | fetch.next_seq))
                 fetch.posted.append((request, buffer, gi, ri, group.slot_bytes))
                 fetch.inflight_bytes += group.slot_bytes
                 fetch.next_seq += 1
@@ -784,6 +854,8 @@ class Engine:
         while posted and posted[0][0].completed:
             request, _buffer, gi, ri, size = posted.popleft()
             fetch.inflight_bytes -= size
+            if fetch.drained:
+                continue
             try:
                 request.check_error()
             except UCXError as exc:
@@ -819,14 +891,43 @@ class Engine:
             if fetch.attempt._outcome is not None:
                 self._forget_fetch(fetch)
 
+    def _drain(self, fetch: _Fetch) -> None:
+        """Complete the fetch's receives that no peer will ever match (its connection closed).
+
+        The Python API cannot cancel one request, and closing endpoints does not reliably cancel
+        unmatched receives (nor is it safe when the peer just died). A zero-byte message with the
+        same tag, sent to this worker itself, matches each such receive and completes it without
+        writing the row. A receive the peer's data already matched is not affected (it finishes,
+        or fails with the peer); the zero-byte message then stays unexpected, harmlessly, since
+        its tag is never used again."""
+        if not fetch.posted:
+            return
+        fetch.drained = True
+        if self._self_ep is None:
+            try:
+                own = ucx_api.UCXAddress.create_from_buffer(bytes(self._worker.address))
+                self._self_ep = ucx_api.UCXEndpoint.create_from_worker_address(self._worker, own, True)
+            except UCXError as exc:
+                log.error("kvwire-ucx cannot reach its own worker to drain receives: %s", exc)
+                return
+        tag_high = fetch.tag_base << wire.TAG_ROW_BITS
+        first = fetch.next_seq - len(fetch.posted)
+        for seq, (request, *_rest) in enumerate(fetch.posted, start=first):
+            if request.completed:
+                continue
+            empty = Array(self._empty)
+            try:
+                self._drains.append((self._self_ep.tag_send(empty, ucx_api.UCXXTag(tag_high | seq)), empty))
+            except UCXError as exc:
+                log.error("kvwire-ucx could not drain a receive of a closed connection: %s", exc)
+                return
+
     def _forget_fetch(self, fetch: _Fetch) -> None:
         if fetch.done:
             return
         fetch.done = True
         if fetch.conn is not None:
             fetch.conn.fetches.pop(fetch.transfer, None)
-        with self._lock:
-            self._tag_bases.discard(fetch.tag_base)
 
     def _on_decline(self, conn: _Connection, message: wire.Decline) -> None:
         fetch = conn.fetches.get(message.transfer)
@@ -874,8 +975,7 @@ class Engine:
         if fetch.done or not fetch.posted or fetch.conn is None:
             return
         self._close(fetch.conn, f"rows of a stopped pull did not finish within the grace of "
-                                f"{self.settings.grace_s:g}s; the peer {fetch.conn.label} stopped answering",
-                    lost=True)
+                                f"{self.settings.grace_s:g}s; the peer {fetch.conn.label} stopped answering")
 
     # ---------------------------------------------------------------- serving side
 
@@ -1086,7 +1186,7 @@ class Engine:
         if reply.done:
             return
         self._close(reply.conn, f"requester {reply.conn.label} did not finish a stopped transfer within the grace "
-                                f"of {self.settings.grace_s:g}s", lost=True)
+                                f"of {self.settings.grace_s:g}s")
 
     def _forget_reply(self, reply: _Reply) -> None:
         """Forget a reply's transfer. A request the holder holds but has not answered keeps its
@@ -1117,6 +1217,10 @@ class Engine:
         return self._conclude(attempt, Outcome.failed(reason, masks))
 
     def _reap(self) -> None:
+        if self._dying:
+            self._bury()
+        if self._drains:
+            self._drains = [d for d in self._drains if not d[0].completed]
         for transfer in list(self._busy):
             if isinstance(transfer, _Fetch):
                 self._reap_fetch(transfer)

@@ -1,0 +1,182 @@
+"""kvwire-ucx between two processes on loopback: the pull itself, and what a dead peer or a
+closed port does to it."""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("ucxx._lib.libucxx", reason="ucxx (ucxx-cu12==0.52.0) is not importable here")
+
+from ucx_holders import Pool, Requester, ReuseTree, ServingHolder, block_names, fill, row_pattern  # noqa: E402
+
+CHILD = Path(__file__).with_name("ucx_peer_process.py")
+GROUPS = (0, 1)
+
+
+class Child:
+    """A kvwire-ucx end in a subprocess; always killed and reaped by :meth:`stop`."""
+
+    def __init__(self, *args: object) -> None:
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(CHILD.parent), os.environ.get("PYTHONPATH", "")]))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-u", str(CHILD), *map(str, args)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+        )
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self.proc.stdout, selectors.EVENT_READ)
+
+    def read(self, timeout: float = 20) -> dict:
+        """The next JSON line the child prints, waiting at most ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._selector.select(left):
+                raise TimeoutError(f"the child said nothing within {timeout}s (exit code {self.proc.poll()})")
+            line = self.proc.stdout.readline()
+            if not line:
+                raise EOFError(f"the child exited with {self.proc.wait(5)}")
+            if line.startswith("{"):
+                return json.loads(line)
+
+    def ask(self, command: str) -> dict:
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        return self.read()
+
+    def wait_dead(self, timeout: float = 10) -> int:
+        return self.proc.wait(timeout)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.ask("quit")
+                self.proc.wait(10)
+            except Exception:
+                self.proc.kill()
+                self.proc.wait(10)
+        self._selector.close()
+        for stream in (self.proc.stdin, self.proc.stdout):
+            try:
+                stream.close()
+            except OSError:
+                pass
+
+
+@pytest.fixture
+def children():
+    started: list[Child] = []
+
+    def start(*args: object) -> Child:
+        child = Child(*args)
+        started.append(child)
+        return child
+
+    yield start
+    for child in started:
+        child.stop()
+
+
+@pytest.fixture
+def requester(make_backend):
+    def build(slot: int, blocks: int, **options) -> tuple[Requester, Pool]:
+        backend = make_backend(**options)
+        pool = Pool(GROUPS, blocks, slot)
+        backend.register_regions(pool.regions)
+        return Requester(backend, pool), pool
+
+    return build
+
+
+def test_pull_from_another_process(children, requester) -> None:
+    slot = 64 << 10
+    server = children("serve", slot, 12, 8)
+    address = bytes.fromhex(server.read()["address"])
+    req, pool = requester(slot, 24)
+    names = block_names(12)
+    for wanted, held in ((names[:8], 8), (names, 8), (block_names(3, prompt="cold"), 0)):
+        attempt, slots = req.fetch(address, wanted)
+        outcome = req.wait(attempt, slots, 10)
+        assert outcome.is_delivered
+        assert [m.tolist() for m in outcome.masks] == [[True] * held + [False] * (len(wanted) - held)] * 2
+        for g, gid in enumerate(GROUPS):
+            for slot_index, name in zip(slots[:held], wanted[:held], strict=True):
+                assert np.array_equal(pool.arrays[g][slot_index], row_pattern(name, gid, slot))
+    assert server.ask("pins") == {"pins": 0}
+
+
+def test_a_server_killed_mid_pull_fails_the_fetch_and_the_rows_come_back(children, requester) -> None:
+    slot = 1 << 20
+    server = children("kill-mid-pull", slot, 64, 64)
+    address = bytes.fromhex(server.read()["address"])
+    req, _ = requester(slot, 64, window_bytes=4 << 20)
+    started = time.monotonic()
+    attempt, slots = req.fetch(address, block_names(64), timeout_s=8)
+    outcome = req.wait(attempt, slots, 10)
+    assert server.wait_dead() == -signal.SIGKILL
+    assert outcome.is_failed, outcome
+    assert "is gone" in outcome.reason or "did not arrive" in outcome.reason
+    assert outcome.rows_delivered < 128
+    assert time.monotonic() - started < 8
+    assert attempt.quiesced() and not req.lent
+
+
+def test_a_server_killed_before_answering_fails_the_fetch_before_its_deadline(children, requester) -> None:
+    server = children("kill-on-request", 4096, 4, 4)
+    address = bytes.fromhex(server.read()["address"])
+    req, _ = requester(4096, 4)
+    started = time.monotonic()
+    attempt, slots = req.fetch(address, block_names(4), timeout_s=8)
+    outcome = req.wait(attempt, slots, 10)
+    assert server.wait_dead() == -signal.SIGKILL
+    assert outcome.is_failed and "is gone" in outcome.reason
+    assert time.monotonic() - started < 8
+    assert attempt.quiesced() and not req.lent
+
+
+def test_a_requester_killed_mid_pull_leaves_no_pin_on_the_server(children, make_backend, holders) -> None:
+    slot = 1 << 20
+    server = make_backend(window_bytes=4 << 20)
+    pool, tree, names = Pool(GROUPS, 64, slot), ReuseTree(), block_names(64)
+    server.register_regions(pool.regions)
+    fill(pool, tree, names)
+    published = threading.Event()
+    holder = ServingHolder(server, pool, tree, on_publish=lambda answer: published.set())
+    holders.append(holder)
+    client = children("request", slot, 64, server.address().hex())
+    assert client.read() == {"fetching": True}
+    assert published.wait(10)
+    deadline = time.monotonic() + 10
+    while server.stats().rows_sent < 1 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    client.proc.send_signal(signal.SIGKILL)
+    assert client.wait_dead() == -signal.SIGKILL
+    assert holder.wait_settled(1, 10)
+    outcome = holder.answers[0].outcome
+    assert outcome.is_failed and "gone" in outcome.reason, outcome
+    assert tree.wait_unpinned(5)
+
+
+def test_a_closed_port_fails_fast_with_a_clear_reason(requester) -> None:
+    from kvwire_ucx.address import PeerAddress
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    req, _ = requester(4096, 2)
+    started = time.monotonic()
+    attempt, slots = req.fetch(PeerAddress("127.0.0.1", port, 1).to_bytes(), block_names(2), timeout_s=8)
+    outcome = req.wait(attempt, slots, 5)
+    assert outcome.is_failed and "could not connect" in outcome.reason and "refused" in outcome.reason.lower()
+    assert time.monotonic() - started < 1
