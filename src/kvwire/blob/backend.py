@@ -175,7 +175,7 @@ class _BlobAttempt(Attempt):
 
     def __init__(self, core: _Core, op: str, view: View, wake: WakeFn, keys: list[str],
                  addresses: np.ndarray, sizes: np.ndarray, offsets: list[int], chunks: int,
-                 timeout_s: float) -> None:
+                 timeout_s: float, unorder: np.ndarray | None = None) -> None:
         self._core = core
         self._op = op
         self._view = view
@@ -184,6 +184,7 @@ class _BlobAttempt(Attempt):
         self._addresses = addresses
         self._sizes = sizes
         self._offsets = offsets
+        self._unorder = unorder  # issue order -> group-major order, when they differ
         self._delivered = np.zeros(len(keys), dtype=bool)
         self._fault: tuple[int, str] | None = None
         self._timeout_s = timeout_s
@@ -218,8 +219,9 @@ class _BlobAttempt(Attempt):
 
     def _masks_locked(self) -> tuple[np.ndarray, ...]:
         masks = self._view.row_masks()
+        delivered = self._delivered if self._unorder is None else self._delivered[self._unorder]
         for i, mask in enumerate(masks):
-            mask[:] = self._delivered[self._offsets[i]:self._offsets[i + 1]]
+            mask[:] = delivered[self._offsets[i]:self._offsets[i + 1]]
             mask.setflags(write=False)
         return masks
 
@@ -525,10 +527,19 @@ class BlobBackend(Backend):
                 raise InvalidSubmission(
                     f"fetch rows overlap: row {ra} of group {view.groups[ga].group_id} and row {rb} of "
                     f"group {view.groups[gb].group_id} locate the same memory (V4)")
+        unorder = None
         if len(addresses) == 1:
             flat_addresses, flat_sizes = addresses[0], sizes[0]
         elif addresses:
             flat_addresses, flat_sizes = np.concatenate(addresses), np.concatenate(sizes)
+            # Issue rows block by block across groups (row 0 of every group, then row 1, ...), so
+            # a store that fills up or a batch whose later part fails still holds whole blocks
+            # of a prefix in every group, which is what a resuming request can use.
+            within = np.concatenate([np.arange(offsets[i + 1] - offsets[i]) for i in range(len(offsets) - 1)])
+            order = np.argsort(within, kind="stable")
+            flat_addresses, flat_sizes = flat_addresses[order], flat_sizes[order]
+            keys = [keys[i] for i in order.tolist()]
+            unorder = np.argsort(order)
         else:
             flat_addresses = flat_sizes = np.zeros(0, dtype=np.uint64)
         if total_bytes <= self._chunk_bytes:
@@ -543,7 +554,7 @@ class BlobBackend(Backend):
                     f"the blob backend's queue is full ({core.max_in_flight} attempts in flight); "
                     "retry once one has concluded and quiesced")
             attempt = _BlobAttempt(core, op, view, wake, keys, flat_addresses, flat_sizes, offsets,
-                                   len(bounds) - 1, timeout_s)
+                                   len(bounds) - 1, timeout_s, unorder)
             core.active[attempt] = None
             if attempt._deadline < core.watch_until:
                 core.watch_until = attempt._deadline

@@ -136,6 +136,7 @@ class Worker:
         pull_secret: bytes | str | None = None,
         allowed_peers: Sequence[str] | None = None,
         observers: Sequence[object] = (),
+        instance: Backend | None = None,
     ) -> None:
         if config is None:
             config = load_config(backend=backend, validate=False)
@@ -153,7 +154,9 @@ class Worker:
         self.guard = PullGuard(self._secret, None if allowed is None else frozenset(allowed))
         self.observers = Observers(*observers)
         self.plugin = config.plugin()
-        self.backend: Backend = config.build()
+        # ``instance``: a backend built by the caller (fault injection, embedding) that stands
+        # for the configured plugin; the worker owns it from here on.
+        self.backend: Backend = instance if instance is not None else config.build()
         self.capabilities = self.backend.capabilities()
         self.model = TinyTransformer(self.model_config, self.device)
         layout = self.model_config.layout(num_blocks)
