@@ -73,7 +73,7 @@ def test_cancel_at_random_points_commits_only_whole_rows(backend):
         prompts = [np.random.default_rng(1000 + i).integers(0, MODEL.vocab, TOKENS) for i in range(10)]
         for p in prompts:
             a.generate(p[: 2 * 16])               # cheap pages for the first blocks...
-        from kvwire.cli.bench import _fill        # ...and random pages for the whole prompts
+        from kvwire.cli.bench import _fill  # ...and random pages for the whole prompts
         _fill(a, prompts)
         store = a.capabilities.other_end.value == "store"
         state = a.transceiver_state()

@@ -10,15 +10,14 @@ import time
 import numpy as np
 import pytest
 import torch
+from kvwire_memory.driver import MemoryDriver
+from kvwire_memory.store import named_store
+from test_cancel_and_faults import assert_committed_rows_equal_the_source, configured, settle  # noqa: E402
 
 from kvwire.blob import BlobBackend
 from kvwire.registry import BackendConfig
 from kvwire.runtime import ModelConfig, Worker
 from kvwire.testing.faults import FaultyDriver, Slow
-from kvwire_memory.driver import MemoryDriver
-from kvwire_memory.store import named_store
-
-from test_cancel_and_faults import assert_committed_rows_equal_the_source, configured, settle  # noqa: E402
 
 MODEL = ModelConfig(layers=4, layers_per_group=2, heads=2, head_dim=16, block_tokens=16, max_tokens=4096, seed=8)
 
@@ -68,7 +67,6 @@ def test_a_slow_store_fails_at_the_deadline_and_commits_nothing():
 def test_mooncake_master_killed_before_and_during_a_pull():
     pytest.importorskip("kvwire_mooncake")
     from kvwire_mooncake.master import MasterProcess
-
     from test_cancel_and_faults import usable
 
     if usable("mooncake"):

@@ -9,10 +9,9 @@ import time
 
 import numpy as np
 import pytest
+from test_cancel_and_faults import configured, settle  # noqa: E402  (same folder)
 
 from kvwire.runtime import ModelConfig, Worker
-
-from test_cancel_and_faults import configured, settle  # noqa: E402  (same folder)
 
 MODEL = ModelConfig(layers=2, layers_per_group=1, heads=2, head_dim=16, block_tokens=16, max_tokens=256, seed=4)
 RECEIVERS, PULLS_EACH, BLOCKS = 8, 125, 4
