@@ -14,7 +14,7 @@ from kvwire.contract.errors import SubmissionError
 from kvwire.testing import needs, profiles
 from kvwire.testing.exchange import Exchange
 from kvwire.testing.harness import FaultPlan, Harness
-from kvwire.testing.holder import refused
+from kvwire.testing.holder import Submission, refused
 from kvwire.testing.layout import Bench, ViewPlan, simple_plan
 from kvwire.testing.regions import fake_region
 from kvwire.testing.strategies import fault_plans, fault_schedules, selections, view_plans
@@ -109,9 +109,9 @@ def test_S3_rejected_after_shutdown_and_nothing_escaped(kvwire_harness: Harness)
 
 
 def test_S3_full_queue_rejected_and_nothing_escaped(kvwire_harness: Harness) -> None:
-    """With the other end held, ``max_in_flight`` publishes are taken and the next is rejected;
-    the rejected rows never reach the other end, and once the queue drains a submission is
-    taken again."""
+    """With the other end held, ``max_in_flight`` submissions are taken and the next is
+    rejected; the rejected one never reaches the other end, and once the queue drains a
+    submission is taken again."""
     caps = kvwire_harness.capabilities()
     needs.transfer(caps)
     kind = needs.usable_kind(kvwire_harness, caps)
@@ -119,32 +119,63 @@ def test_S3_full_queue_rejected_and_nothing_escaped(kvwire_harness: Harness) -> 
         bound = ex.caps.max_in_flight
         if bound > 256:
             pytest.skip(f"backend declares a queue bound of {bound}, too large to fill here")
-        if not ex.store:
-            pytest.skip("backend's other end is a peer; the queue test fills a store")
-        plan = simple_plan(groups=1, rows=bound + 1, seed=43)
-        with Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan, kind) as bench:
-            assert ex.ends.hold is not None
-            hold = ex.ends.hold()
-            accepted = []
-            for row in range(bound):
-                try:
-                    accepted.append(ex.publish(bench.source_view({0: [row]})))
-                except SubmissionError as exc:
-                    hold.release()
-                    raise AssertionError(
-                        f"S3: publish {row + 1} of {bound} was refused ({exc}), though the backend declares a queue "
-                        f"bound of {bound}") from exc
-            refused(lambda: ex.publish(bench.source_view({0: [bound]})),
-                    f"S3: publish {bound + 1} with {bound} in flight (declared bound {bound})", SubmissionRejected)
-            hold.release()
-            for sub in accepted:
-                ex.settle(sub)
-            fetched = ex.settle(ex.fetch(bench.sink_view()))
-            bench.apply_fetch(fetched)
-            assert fetched.masks[0][:bound].all(), f"S1: the publishes taken did not all arrive: {fetched!r}"
-            assert not fetched.masks[0][bound], "S3: the publish rejected for a full queue reached the store"
-            again = ex.settle(ex.publish(bench.source_view({0: [bound]})))
-            assert again.is_delivered, f"S3: after the queue drained, a publish must be taken and delivered: {again!r}"
+        if ex.store:
+            _fill_a_store(ex, kvwire_harness, kind, bound)
+        elif ex.serves_pulls:
+            _fill_with_pulls(ex, kvwire_harness, kind, bound)
+        else:
+            pytest.skip("backend's other end is a peer without the serve-pulls protocol; the suite cannot hold it")
+
+
+def _taken(what: str, row: int, bound: int, submit, on_fail) -> Submission:  # type: ignore[no-untyped-def]
+    try:
+        return submit()  # type: ignore[no-any-return]
+    except SubmissionError as exc:
+        on_fail()
+        raise AssertionError(f"S3: {what} {row + 1} of {bound} was refused ({exc}), though the backend declares a "
+                             f"queue bound of {bound}") from exc
+
+
+def _fill_a_store(ex: Exchange, harness: Harness, kind: MemoryKind, bound: int) -> None:
+    plan = simple_plan(groups=1, rows=bound + 1, seed=43)
+    with Bench(harness, ex.ends.source, ex.ends.sink, plan, kind) as bench:
+        assert ex.ends.hold is not None
+        hold = ex.ends.hold()
+        accepted = [_taken("publish", row, bound, functools.partial(ex.publish, bench.source_view({0: [row]})),
+                           hold.release) for row in range(bound)]
+        refused(lambda: ex.publish(bench.source_view({0: [bound]})),
+                f"S3: publish {bound + 1} with {bound} in flight (declared bound {bound})", SubmissionRejected)
+        hold.release()
+        for sub in accepted:
+            ex.settle(sub)
+        fetched = ex.settle(ex.fetch(bench.sink_view()))
+        bench.apply_fetch(fetched)
+        assert fetched.masks[0][:bound].all(), f"S1: the publishes taken did not all arrive: {fetched!r}"
+        assert not fetched.masks[0][bound], "S3: the publish rejected for a full queue reached the store"
+        again = ex.settle(ex.publish(bench.source_view({0: [bound]})))
+        assert again.is_delivered, f"S3: after the queue drained, a publish must be taken and delivered: {again!r}"
+
+
+def _fill_with_pulls(ex: Exchange, harness: Harness, kind: MemoryKind, bound: int) -> None:
+    plan = simple_plan(groups=1, rows=bound + 1, seed=43, shared_names=True)
+    with Bench(harness, ex.ends.source, ex.ends.sink, plan, kind) as bench:
+        holder = ex.holder()
+        ex.offer(bench)
+        pulls = [_taken("pull", row, bound, functools.partial(ex.fetch, bench.sink_view({0: [row]})), lambda: None)
+                 for row in range(bound)]
+        requests = holder.take(bound)  # held: the suite answers none yet
+        refused(lambda: ex.fetch(bench.sink_view({0: [bound]})),
+                f"S3: pull {bound + 1} with {bound} in flight (declared bound {bound})", SubmissionRejected)
+        for request in requests:
+            holder.finish(holder.answer(request))
+        bench.forget_sink({0: list(range(bound))})  # each pull's row is checked as it is applied
+        for row, sub in enumerate(pulls):
+            out = ex.settle(sub)
+            bench.apply_fetch(out, {0: [row]})
+            assert out.is_delivered and out.masks[0].all(), f"S1: a pull taken did not deliver: {out!r}"
+        assert not holder.serving.incoming(), "S3: the pull rejected for a full queue reached the serving end"
+        again = ex.fetch_settled(bench.sink_view({0: [bound]}))
+        assert again.is_delivered, f"S3: after the queue drained, a pull must be taken and delivered: {again!r}"
 
 
 def test_S3_refusals_consume_no_capacity(kvwire_harness: Harness) -> None:
