@@ -13,8 +13,6 @@ import pytest
 
 pytest.importorskip("ucxx._lib.libucxx", reason="ucxx (ucxx-cu12==0.52.0) is not importable here")
 
-from kvwire.contract import Hint, InvalidSubmission, MemoryKind, SlotRegion, SubmissionRejected  # noqa: E402
-from kvwire.contract.capabilities import SERVE_PULLS, OtherEnd  # noqa: E402
 from ucx_holders import (  # noqa: E402
     Answer,
     Pool,
@@ -25,6 +23,9 @@ from ucx_holders import (  # noqa: E402
     fill,
     row_pattern,
 )
+
+from kvwire.contract import Hint, InvalidSubmission, MemoryKind, SlotRegion, SubmissionRejected  # noqa: E402
+from kvwire.contract.capabilities import SERVE_PULLS, OtherEnd  # noqa: E402
 
 GROUPS = (0, 1)
 SLOT = 8192
@@ -98,6 +99,28 @@ def test_nothing_held_is_delivered_with_no_rows(pair) -> None:
     assert p.holder.wait_settled(1, 5)
     assert p.holder.answers[0].outcome.is_delivered
     assert p.tree.pinned() == 0
+
+
+def test_credentials_reach_the_serving_holder_unread(pair) -> None:
+    p = pair()
+    attempt, slots = p.req.fetch(p.a.address(), p.names[:2], credentials=b"\x00signed by b\xff")
+    assert p.req.wait(attempt, slots, 5).is_delivered
+    request = p.holder.answers[0].request
+    assert request.credentials == b"\x00signed by b\xff"
+    assert request.peer.startswith("127.0.0.1:")
+    assert request.slot_bytes == (SLOT, SLOT) and request.groups == GROUPS
+
+
+def test_the_registry_finds_the_plugin_and_its_harness() -> None:
+    from importlib import metadata
+
+    from kvwire.registry import load
+
+    plugin = load("ucx")
+    assert plugin.check() is None
+    assert SERVE_PULLS in plugin.capabilities.protocols
+    (entry,) = [e for e in metadata.entry_points(group="kvwire.harnesses") if e.name == "ucx"]
+    assert entry.load().name == "ucx"
 
 
 def test_a_decline_fails_the_fetch_with_the_peers_reason(pair) -> None:

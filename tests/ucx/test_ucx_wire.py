@@ -7,7 +7,6 @@ import struct
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from kvwire_ucx import wire
 from kvwire_ucx.address import AddressError, PeerAddress
 
@@ -24,7 +23,7 @@ def pulls(draw: st.DrawFn) -> wire.Pull:
     count = draw(st.integers(1, 40))
     names = draw(st.binary(min_size=count * width, max_size=count * width))
     return wire.Pull(draw(u64), draw(st.integers(0, wire.MAX_TAG_BASE)), draw(st.integers(1, 2**32 - 1)),
-                     tuple(zip(ids, slots, strict=True)), width, names)
+                     tuple(zip(ids, slots, strict=True)), width, names, draw(st.binary(max_size=64)))
 
 
 messages = st.one_of(

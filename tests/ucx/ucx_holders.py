@@ -235,7 +235,7 @@ class Requester:
         self._event = threading.Event()
 
     def fetch(self, address: bytes, names: Sequence[bytes], timeout_s: float | None = None,
-              slots: Sequence[int] | None = None) -> tuple[Attempt, list[int]]:
+              slots: Sequence[int] | None = None, **fields: bytes) -> tuple[Attempt, list[int]]:
         if slots is None:
             free = [s for s in range(self.pool.slots) if s not in self.lent]
             slots = free[: len(names)]
@@ -243,7 +243,8 @@ class Requester:
         self.lent.update(slots)
         view = self.pool.view(slots, list(names))
         try:
-            attempt = self.backend.fetch(view, Hint.of("peer", address=address, timeout_s=timeout_s), self._event.set)
+            hint = Hint.of("peer", address=address, timeout_s=timeout_s, **fields)
+            attempt = self.backend.fetch(view, hint, self._event.set)
         except Exception:
             self.lent.difference_update(slots)
             raise

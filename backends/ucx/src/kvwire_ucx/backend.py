@@ -103,6 +103,12 @@ class UcxBackend(Backend, ServesPulls):
             address = PeerAddress.from_bytes(raw)
         except AddressError as exc:
             raise InvalidSubmission(f"the peer hint's address is unusable: {exc}") from None
+        credentials = hint.get("credentials", b"")
+        if not isinstance(credentials, bytes) or len(credentials) > wire.MAX_CREDENTIAL_BYTES:
+            raise InvalidSubmission(
+                f"the peer hint's 'credentials' must be at most {wire.MAX_CREDENTIAL_BYTES} bytes, "
+                f"got {type(credentials).__name__} of {len(credentials) if isinstance(credentials, bytes) else '?'}"
+            )
         _check_view_shape(view)
         width, names = _pull_names(view)
         if view.overlapping_rows() is not None:
@@ -119,7 +125,7 @@ class UcxBackend(Backend, ServesPulls):
             raise SubmissionRejected(
                 f"kvwire-ucx has {self._settings.max_in_flight} attempts in flight (max_in_flight); retry later"
             )
-        fetch = _Fetch(attempt, address, timeout_s, groups, width, names)
+        fetch = _Fetch(attempt, address, timeout_s, groups, width, names, credentials)
         fetch.transfer, fetch.tag_base = self._engine.new_transfer()
         self._engine.submit(self._engine.start_fetch, fetch)
         return attempt
@@ -176,6 +182,17 @@ class UcxBackend(Backend, ServesPulls):
         if not remaining:
             self._engine.join(max(0.1, deadline - time.monotonic()))
         return remaining
+
+    def close(self) -> None:
+        """Release the listener, the connections and the progress thread. Call it after
+        :meth:`shutdown` returned an empty set; idempotent. Closing earlier shuts down first and
+        gives up on attempts still in flight after the grace."""
+        if not self._closed:
+            self._closed = True
+            self._engine.begin_shutdown()
+        self._engine.submit(self._engine._force_all)
+        if not self._engine.join(self._settings.grace_s + 5.0):
+            log.warning("kvwire-ucx progress thread on %s did not stop", self._engine.address)
 
     # ------------------------------------------------------------------ ServesPulls
 

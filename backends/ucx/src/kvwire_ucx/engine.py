@@ -113,8 +113,9 @@ class _Fetch:
     """Requester side of one pull."""
 
     def __init__(self, attempt: UcxAttempt, address: PeerAddress, timeout_s: float,
-                 groups: tuple[GroupRows, ...], width: int, names: bytes) -> None:
+                 groups: tuple[GroupRows, ...], width: int, names: bytes, credentials: bytes = b"") -> None:
         self.attempt = attempt
+        self.credentials = credentials
         self.address = address
         self.timeout_s = timeout_s
         self.deadline = time.monotonic() + timeout_s
@@ -779,7 +780,7 @@ class Engine:
         remaining_ms = int((fetch.deadline - time.monotonic()) * 1000)
         groups = tuple((g.group_id, g.slot_bytes) for g in fetch.groups)
         self._send(conn, wire.Pull(fetch.transfer, fetch.tag_base, max(1, min(remaining_ms, 2**32 - 1)),
-                                   groups, fetch.width, fetch.names))
+                                   groups, fetch.width, fetch.names, fetch.credentials))
         fetch.asked = True
         self._timer(fetch.deadline - time.monotonic(), lambda: self._fetch_deadline(fetch))
 
@@ -1007,6 +1008,7 @@ class Engine:
             slot_bytes=tuple(s for _, s in message.groups),
             names=names,
             peer=conn.label,
+            credentials=message.credentials,
         )
         reply = _Reply(pull_id, conn, message, request, time.monotonic() + timeout_s)
         conn.replies[message.transfer] = reply
@@ -1044,13 +1046,18 @@ class Engine:
         reply.attempt = attempt
         attempt._job = reply
         masks = attempt.view.row_masks()
-        if reply.state == "gone" or reply.conn.closed:
-            if reply.peer_done and not reply.conn.closed:
-                self._conclude(attempt, Outcome.cancelled(masks, by_peer=True,
-                                                          reason="the requester cancelled the pull"), quiesced=True)
-            else:
-                self._conclude(attempt, Outcome.failed("the requester is gone or its deadline passed before the "
-                                                       "answer", masks), quiesced=True)
+        if reply.conn.closed:
+            self._conclude(attempt, Outcome.failed("the requester went away before the answer", masks), quiesced=True)
+            self._forget_reply(reply)
+            return
+        if reply.peer_done:  # its Cancel arrived before this answer
+            self._conclude(attempt, Outcome.cancelled(masks, by_peer=True, reason="the requester cancelled the pull"),
+                           quiesced=True)
+            self._forget_reply(reply)
+            return
+        if reply.state == "gone":
+            self._conclude(attempt, Outcome.failed("the pull's deadline passed before the answer", masks),
+                           quiesced=True)
             self._forget_reply(reply)
             return
         if self._stopping:

@@ -55,6 +55,8 @@ MAX_ROWS = 1 << 24
 MAX_NAME_BYTES = 64
 MAX_REASON_BYTES = 1024
 MAX_WORKER_ADDRESS_BYTES = 4096
+#: The requester's credentials travel unread by either backend, at most this long.
+MAX_CREDENTIAL_BYTES = 4096
 #: A transfer's UCX tags are ``tag_base << 24 | row``; tag_base has 40 bits.
 TAG_ROW_BITS = 24
 MAX_TAG_BASE = (1 << 40) - 1
@@ -62,7 +64,7 @@ MAX_TAG_BASE = (1 << 40) - 1
 _HEADER = struct.Struct("<4sBBHI")
 HEADER_BYTES = _HEADER.size
 _U64 = struct.Struct("<Q")
-_PULL_HEAD = struct.Struct("<QQIHIB")  # transfer, tag_base, timeout_ms, groups, count, width
+_PULL_HEAD = struct.Struct("<QQIHIBH")  # transfer, tag_base, timeout_ms, groups, count, width, credentials
 _GROUP = struct.Struct("<IQ")  # group id, slot bytes
 _OFFER_HEAD = struct.Struct("<QH")
 _GO = struct.Struct("<QII")
@@ -103,7 +105,8 @@ class Hello:
 @dataclass(frozen=True, slots=True)
 class Pull:
     """R asks for ``count`` blocks by name (``names``: ``count * width`` bytes, prefix order),
-    the same blocks in every group of ``groups`` (``(group id, slot bytes)`` pairs)."""
+    the same blocks in every group of ``groups`` (``(group id, slot bytes)`` pairs).
+    ``credentials`` are the requester holder's, passed to the serving holder unread."""
 
     transfer: int
     tag_base: int
@@ -111,6 +114,7 @@ class Pull:
     groups: tuple[tuple[int, int], ...]
     width: int
     names: bytes
+    credentials: bytes = b""
 
     def __post_init__(self) -> None:
         _check_u64(self.transfer, "Pull.transfer")
@@ -134,6 +138,8 @@ class Pull:
             raise WireError(f"Pull names hold {len(self.names)} bytes, not a multiple of width {self.width}")
         if not 1 <= self.count <= MAX_BLOCKS:
             raise WireError(f"a Pull names 1..{MAX_BLOCKS} blocks, got {self.count}")
+        if len(self.credentials) > MAX_CREDENTIAL_BYTES:
+            raise WireError(f"Pull credentials exceed {MAX_CREDENTIAL_BYTES} bytes ({len(self.credentials)})")
 
     @property
     def count(self) -> int:
@@ -224,9 +230,10 @@ def encode(message: Message) -> bytes:
     elif isinstance(message, Pull):
         kind = MessageType.PULL
         head = _PULL_HEAD.pack(
-            message.transfer, message.tag_base, message.timeout_ms, len(message.groups), message.count, message.width
+            message.transfer, message.tag_base, message.timeout_ms, len(message.groups), message.count,
+            message.width, len(message.credentials),
         )
-        body = head + b"".join(_GROUP.pack(g, s) for g, s in message.groups) + message.names
+        body = head + b"".join(_GROUP.pack(g, s) for g, s in message.groups) + message.names + message.credentials
     elif isinstance(message, Offer):
         kind = MessageType.OFFER
         body = _OFFER_HEAD.pack(message.transfer, len(message.counts)) + struct.pack(
@@ -299,16 +306,18 @@ def _decode(kind: MessageType, reader: _Reader) -> Message:
             raise WireError(f"Hello worker address of {size} bytes exceeds {MAX_WORKER_ADDRESS_BYTES}")
         return Hello(instance, reader.take(size))
     if kind is MessageType.PULL:
-        transfer, tag_base, timeout_ms, ngroups, count, width = reader.unpack(_PULL_HEAD)
+        transfer, tag_base, timeout_ms, ngroups, count, width, credential_bytes = reader.unpack(_PULL_HEAD)
         if not 1 <= ngroups <= MAX_GROUPS:
             raise WireError(f"a Pull names 1..{MAX_GROUPS} groups, got {ngroups}")
         if not 1 <= count <= MAX_BLOCKS:
             raise WireError(f"a Pull names 1..{MAX_BLOCKS} blocks, got {count}")
         if not 1 <= width <= MAX_NAME_BYTES:
             raise WireError(f"Pull name width must be 1..{MAX_NAME_BYTES}, got {width}")
-        groups = tuple(reader.unpack(_GROUP) for _ in range(ngroups))
+        if credential_bytes > MAX_CREDENTIAL_BYTES:
+            raise WireError(f"Pull credentials of {credential_bytes} bytes exceed {MAX_CREDENTIAL_BYTES}")
+        groups = tuple((gid, slot) for gid, slot in (reader.unpack(_GROUP) for _ in range(ngroups)))
         names = reader.take(count * width)
-        return Pull(transfer, tag_base, timeout_ms, groups, width, names)
+        return Pull(transfer, tag_base, timeout_ms, groups, width, names, reader.take(credential_bytes))
     if kind is MessageType.OFFER:
         transfer, ngroups = reader.unpack(_OFFER_HEAD)
         if not 1 <= ngroups <= MAX_GROUPS:
