@@ -11,7 +11,12 @@ case "${1:-}" in
   demo) shift; exec kvwire demo "$@" ;;
   test)
     shift
-    # pytest exits 5 when it collected nothing: that is a broken run, never a pass.
-    exec python -m pytest "$@" ;;
+    # Everything: our tests, and the conformance suite against every installed backend that
+    # registers a harness (thorough profile). pytest exits 5 when it collected nothing: that
+    # is a broken run, never a pass. Arguments replace the default selection.
+    if [ "$#" -eq 0 ]; then
+      set -- tests --pyargs kvwire.testing.suite --kvwire-profile thorough
+    fi
+    exec python -m pytest -p no:cacheprovider "$@" ;;
   *) echo "usage: ./dev.sh demo|test [args...]" >&2; exit 2 ;;
 esac

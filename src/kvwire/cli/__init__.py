@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from rich.console import Console
 from rich.logging import RichHandler
+from rich.markup import escape
 from rich.table import Table
 
 from kvwire import __version__
@@ -29,7 +30,7 @@ def _cmd_backends(args: argparse.Namespace, console: Console) -> int:
     for row in rows:
         plugin = row.plugin
         contract = f"{plugin.contract_version[0]}.{plugin.contract_version[1]}" if plugin else "?"
-        caps = plugin.capabilities.summary() if plugin else ""
+        caps = escape(plugin.capabilities.summary()) if plugin else ""
         if row.problem:
             broken += 1
         status = "[green]ok[/]" if not row.problem else "[red]broken[/] (see below)"
@@ -86,6 +87,13 @@ def _cmd_bench(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _cmd_conformance(args: argparse.Namespace, console: Console) -> int:
+    from kvwire.testing.runner import run_conformance
+
+    extra = list(args.pytest_args or ())
+    return run_conformance(list(args.names), profile=args.profile, extra_args=extra)
+
+
 def _cmd_doctor(args: argparse.Namespace, console: Console) -> int:
     from kvwire.cli.doctor import diagnose, render
 
@@ -107,6 +115,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench.add_argument("--backend", action="append", metavar="NAME", help="backend to measure (repeatable; default: all that load)")
     bench.add_argument("--out", default="bench-out", metavar="DIR", help="where bench.json and bench.png go (default bench-out)")
     bench.add_argument("--quick", action="store_true", help="fewer, smaller points (a minute or so)")
+    conf = sub.add_parser("conformance", help="run the conformance suite against installed backends and summarize by rule")
+    conf.add_argument("names", nargs="*", metavar="NAME", help="backends to test (default: every one with a harness)")
+    conf.add_argument("--profile", choices=("quick", "thorough"), default="quick")
+    conf.add_argument("pytest_args", nargs=argparse.REMAINDER, help="after --: arguments passed to pytest")
     sub.add_parser("doctor", help="check plugins, their libraries, loopback ports and the GPU, with fixes")
     demo = sub.add_parser("demo", help="two workers: prefill on one, move its blocks to the other, decode there")
     _add_config_args(demo)
@@ -120,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    handlers = {"backends": _cmd_backends, "demo": _cmd_demo, "doctor": _cmd_doctor, "bench": _cmd_bench}
+    handlers = {"backends": _cmd_backends, "demo": _cmd_demo, "doctor": _cmd_doctor, "bench": _cmd_bench, "conformance": _cmd_conformance}
     try:
         return handlers[args.command](args, console)
     except Exception as exc:

@@ -170,6 +170,10 @@ class Harness(abc.ABC):
         finally:
             self.close(ends)
 
+    def finish(self) -> None:
+        """End what the harness keeps for the whole session (a server it started, pooled
+        clients). The suite calls it once, after the last test. The default does nothing."""
+
     def capabilities(self) -> Capabilities:
         """What the backend declares, without building one. The default asks the plugin
         registered under :attr:`name`."""

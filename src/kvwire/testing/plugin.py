@@ -209,6 +209,14 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     global _results
+    # Harnesses end their session-wide servers and clients here, before the summary is printed,
+    # so that nothing they log lands after it.
+    for target in session.config.stash.get(_TARGETS, []):
+        if target.harness is not None:
+            try:
+                target.harness.finish()
+            except Exception as exc:  # a harness that fails to finish must not hide the results
+                session.config.get_terminal_writer().line(f"kvwire: harness {target.name!r} failed to finish: {exc}")
     path = session.config.option.kvwire_report
     if not path or _results is None:
         return

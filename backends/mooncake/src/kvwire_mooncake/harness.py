@@ -121,6 +121,9 @@ class MooncakeHarness(StoreHarness):
                 self._busy.remove(slot)
                 self._free.append(slot)
 
+    def finish(self) -> None:
+        self.stop()
+
     def stop(self) -> None:
         """Close every pooled client (at once: each takes 1-2 s), then the master; clients
         first, since a client whose master is gone takes ~11 s to close. Idempotent."""
