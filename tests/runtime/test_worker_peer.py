@@ -10,12 +10,14 @@ import numpy as np
 import pytest
 import torch
 
-from kvwire.registry import PluginError, load
+from kvwire.registry import ConfigError, PluginError, load
 
 try:
-    load("ucx").check and load("ucx").check() is None or pytest.skip("ucx library unavailable", allow_module_level=True)
-except PluginError as exc:  # pragma: no cover - only where the plugin is broken
-    pytest.skip(f"the ucx backend cannot load: {exc}", allow_module_level=True)
+    _why = load("ucx").check() if load("ucx").check else None
+except (ConfigError, PluginError) as exc:  # not installed, or broken
+    _why = str(exc)
+if _why:
+    pytest.skip(f"the ucx backend is unavailable: {_why}", allow_module_level=True)
 
 from kvwire.runtime import ModelConfig, Worker  # noqa: E402
 

@@ -63,7 +63,7 @@ def _cmd_demo(args: argparse.Namespace, console: Console) -> int:
     from kvwire.cli.demo import render, run_demo
 
     config = _config(args)
-    report = run_demo(config, tokens=args.tokens, layers=args.layers, console=console)
+    report = run_demo(config, tokens=args.tokens, layers=args.layers, console=console, device=args.device)
     render(report, console)
     if args.json:
         with open(args.json, "w") as fh:
@@ -125,6 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument("--tokens", type=int, default=2048, help="prompt length in tokens (default 2048)")
     demo.add_argument("--layers", type=int, default=8, help="model layers (default 8, two per layer group)")
     demo.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    demo.add_argument("--device", default="cpu", help="where the caches live: cpu (default) or cuda[:N]")
     args = parser.parse_args(argv)
     console = Console()
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s",

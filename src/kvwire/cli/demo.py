@@ -68,6 +68,7 @@ def run_demo(
     seed: int = 7,
     console: Console | None = None,
     model_options: Mapping[str, Any] | None = None,
+    device: str = "cpu",
 ) -> DemoReport:
     """Run the demo; returns what it measured (the CLI prints it)."""
     from kvwire.runtime import ModelConfig, Worker
@@ -83,8 +84,8 @@ def run_demo(
         step = progress.add_task(f"starting {config.name} backend services", total=None)
         config = stack.enter_context(_services(config))
         progress.update(step, description="starting worker A and worker B")
-        a = stack.enter_context(Worker(model, config=config, num_blocks=blocks, name="worker-A"))
-        b = stack.enter_context(Worker(model, config=config, num_blocks=blocks, name="worker-B"))
+        a = stack.enter_context(Worker(model, config=config, num_blocks=blocks, name="worker-A", device=device))
+        b = stack.enter_context(Worker(model, config=config, num_blocks=blocks, name="worker-B", device=device))
         progress.update(step, description=f"worker A: prefill {tokens} tokens")
         began = time.perf_counter()
         local = a.generate(prompt, max_tokens=1)
@@ -100,7 +101,7 @@ def run_demo(
         progress.update(step, description="worker B: pull again (everything is held: nothing moves)")
         again = b.pull(prompt, source=state)
         progress.update(step, description="done", completed=1, total=1)
-        logits_equal = bool(torch.allclose(local.logits, remote.logits, rtol=1e-4, atol=1e-5))
+        logits_equal = bool(torch.allclose(local.logits, remote.logits, rtol=1e-4, atol=1e-4 if device != "cpu" else 1e-5))
         report = DemoReport(
             backend=config.name,
             prompt_tokens=tokens,
@@ -127,7 +128,7 @@ def render(report: DemoReport, console: Console) -> None:
     gbps = report.bytes_moved / report.transfer_seconds / 1e9 if report.transfer_seconds else 0.0
     rows = [
         ("prompt tokens", f"{report.prompt_tokens}"),
-        ("tokens cached on worker B", f"{report.cached_tokens}"),
+        ("prompt tokens reused on worker B (the last block is recomputed)", f"{report.cached_tokens}"),
         ("blocks moved", f"{report.blocks_moved}"),
         ("blocks skipped (already held)", f"{report.blocks_skipped}"),
         ("bytes moved", f"{report.bytes_moved / 2**20:.1f} MiB"),
