@@ -46,6 +46,8 @@ _MAX_SLEEP_S = 0.5
 _READ_BYTES = 1 << 16
 #: How many times one loop iteration progresses the worker before it looks at the sockets.
 _PROGRESS_ROUNDS = 64
+#: While UCX has events pending, the control sockets are looked at no more often than this.
+_SOCKET_POLL_S = 0.0002
 #: How long the ticket of a request the holder took but never answered stays answerable after
 #: the request went away (so the late answer learns why instead of 'unknown ticket').
 _TICKET_LINGER_S = 60.0
@@ -387,6 +389,7 @@ class Engine:
     # ---------------------------------------------------------------- the loop
 
     def _run(self) -> None:
+        polled = 0.0
         try:
             while True:
                 try:
@@ -397,7 +400,16 @@ class Engine:
                     self._flush_wakes()
                     if self._stopping and self._can_exit():
                         break
-                    self._sleep_and_dispatch()
+                    if self._commands:
+                        continue
+                    if self._worker.arm():
+                        self._wait_and_handle(self._sleep_timeout())
+                        polled = time.monotonic()
+                    elif time.monotonic() - polled >= _SOCKET_POLL_S:
+                        # UCX has events pending: progress on, but look at the sockets (and the
+                        # doorbell) now and then; commands are read from their queue directly.
+                        self._wait_and_handle(0.0)
+                        polled = time.monotonic()
                 except Exception:
                     log.exception("kvwire-ucx engine on port %d hit an unexpected error; continuing", self.port)
                     time.sleep(0.01)  # no tight loop on a persistent fault
@@ -419,16 +431,19 @@ class Engine:
         if self._failed_eps:
             failed, self._failed_eps = self._failed_eps, []
             for conn in failed:
+                # What the peer said before it went (a Cancel, an Ack) is still in the socket;
+                # hear it out first, so the outcome says what the peer meant.
+                while not conn.closed and self._on_readable(conn):
+                    pass
                 self._close(conn, f"peer {conn.label} is gone: its UCX endpoint failed", lost=True)
 
-    def _sleep_and_dispatch(self) -> None:
-        timeout = _MAX_SLEEP_S
-        if self._timers:
-            timeout = min(timeout, max(0.0, self._timers[0][0] - time.monotonic()))
-        if self._commands or self._wakes:
-            timeout = 0.0
-        elif not self._worker.arm():
-            timeout = 0.0  # UCX has events to progress
+    def _sleep_timeout(self) -> float:
+        if not self._timers:
+            return _MAX_SLEEP_S
+        return min(_MAX_SLEEP_S, max(0.0, self._timers[0][0] - time.monotonic()))
+
+    def _wait_and_handle(self, timeout: float) -> None:
+        """Wait up to ``timeout`` for the worker fd, the doorbell or a socket; handle sockets."""
         for key, events in self._selector.select(timeout):
             what = key.data
             if what == "worker":
@@ -582,32 +597,34 @@ class Engine:
             conn.connecting = False
         self._flush(conn)
 
-    def _on_readable(self, conn: _Connection) -> None:
+    def _on_readable(self, conn: _Connection) -> bool:
+        """Read once from the socket and handle the messages completed; whether it read any."""
         try:
             data = conn.sock.recv(_READ_BYTES)
         except (BlockingIOError, InterruptedError):
-            return
+            return False
         except OSError as exc:
             if conn.connecting:
                 self._close(conn, f"could not connect to {conn.label}: {exc.strerror or exc}", lost=True)
             else:
                 self._close(conn, f"peer {conn.label} is gone: control connection {exc.strerror or exc}", lost=True)
-            return
+            return False
         if not data:
             if conn.connecting:
                 self._close(conn, f"could not connect to {conn.label}: connection closed", lost=True)
             else:
                 self._close(conn, f"peer {conn.label} is gone: it closed the control connection", lost=True)
-            return
+            return False
         try:
             messages = conn.reader.feed(data)
         except wire.WireError as exc:
             self._drop(conn, f"peer {conn.label} sent a malformed control message: {exc}")
-            return
+            return False
         for message in messages:
             if conn.closed:
-                return
+                return False
             self._dispatch(conn, message)
+        return True
 
     def _drop(self, conn: _Connection, reason: str) -> None:
         """Close a connection whose peer sent garbage or broke the protocol, and count it."""
@@ -821,29 +838,33 @@ class Engine:
         conn = fetch.conn
         if fetch.ended or fetch.counts is None or conn is None or conn.closed:
             return
-        start = fetch.next_seq
+        start = seq = fetch.next_seq
         window = self.settings.window_bytes
         counts = fetch.counts
+        total = fetch.total
         tag_high = fetch.tag_base << wire.TAG_ROW_BITS
+        tag_recv, make_tag, append = self._worker.tag_recv, ucx_api.UCXXTag, fetch.posted.append
+        inflight = fetch.inflight_bytes
         gi, ri = fetch.cursor
+        group = fetch.groups[gi] if gi < len(fetch.groups) else None
         try:
-            while fetch.next_seq < fetch.total and (not fetch.posted or fetch.inflight_bytes < window):
-                group = fetch.groups[gi]
+            while seq < total and (inflight < window or not fetch.posted):
+                assert group is not None and group.span is not None
+                size = group.slot_bytes
                 offset = group.offsets[ri]
-                assert group.span is not None
-                buffer = Array(group.span[offset : offset + group.slot_bytes])
-                request = self._worker.tag_recv(buffer, ucx_api.UCXXTag(tag_high | fetch.next_seq))
-                fetch.posted.append((request, buffer, gi, ri, group.slot_bytes))
-                fetch.inflight_bytes += group.slot_bytes
-                fetch.next_seq += 1
+                buffer = Array(group.span[offset : offset + size])
+                append((tag_recv(buffer, make_tag(tag_high | seq)), buffer, gi, ri, size))
+                inflight += size
+                seq += 1
                 ri += 1
                 if ri == counts[gi]:
                     gi, ri = self._first_cursor(counts, gi + 1)
+                    group = fetch.groups[gi] if gi < len(fetch.groups) else None
         except UCXError as exc:
-            fetch.cursor = (gi, ri)
-            self._close(conn, f"posting a receive on the endpoint to {conn.label} failed: {exc}", lost=True)
+            fetch.cursor, fetch.next_seq, fetch.inflight_bytes = (gi, ri), seq, inflight
+            self._close(conn, f"posting a receive for a pull from {conn.label} failed: {exc}", lost=True)
             return
-        fetch.cursor = (gi, ri)
+        fetch.cursor, fetch.next_seq, fetch.inflight_bytes = (gi, ri), seq, inflight
         if fetch.next_seq > start:
             self._busy.add(fetch)
             self._send(conn, wire.Go(fetch.transfer, start, fetch.next_seq))
@@ -1096,17 +1117,19 @@ class Engine:
         tag_high = reply.tag_base << wire.TAG_ROW_BITS
         gi, ri = reply.cursor
         counts = reply.counts
+        tag_send, make_tag, append = conn.ep.tag_send, ucx_api.UCXXTag, reply.posted.append
+        group = reply.groups[gi]
         try:
             for seq in range(message.start, message.end):
-                group = reply.groups[gi]
-                offset = group.offsets[ri]
                 assert group.span is not None
+                offset = group.offsets[ri]
                 buffer = Array(group.span[offset : offset + group.slot_bytes])
-                request = conn.ep.tag_send(buffer, ucx_api.UCXXTag(tag_high | seq))
-                reply.posted.append((request, buffer, gi, ri))
+                append((tag_send(buffer, make_tag(tag_high | seq)), buffer, gi, ri))
                 ri += 1
                 if ri == counts[gi]:
                     gi, ri = self._first_cursor(counts, gi + 1)
+                    if gi < len(reply.groups):
+                        group = reply.groups[gi]
         except UCXError as exc:
             reply.cursor = (gi, ri)
             self._close(conn, f"sending to {conn.label} failed: {exc}", lost=True)

@@ -1,0 +1,342 @@
+"""kvwire-ucx pulls against raw ucxx tag send/recv moving the same bytes, in the same run.
+
+    .venv/bin/python bench/bench_ucx.py [--rows N] [--runs N] [--sizes 64K,256K,1M,4M] [--json PATH]
+                                        [--window-bytes N] [--raw-busy-poll]
+
+Two processes on loopback (``UCX_NET_DEVICES=lo``, endpoint error handling on for both paths).
+A serving process holds ``rows`` blocks of each row size; this process pulls them all:
+
+- kvwire: ``fetch`` on a ``UcxBackend`` (built through ``kvwire.registry``) of every block's name
+  from the serving backend, whose holder answers from a dict reuse tree with ``publish``; timed
+  from the ``fetch`` call until the attempt has concluded and quiesced (the request, the offer,
+  the windowed rows and the acknowledgement all inside the clock);
+- raw: this process posts one ``tag_recv`` per row into the same rows and sends an 8-byte "go"
+  message; the serving process then posts one ``tag_send`` per row from the same rows; timed
+  from the first ``tag_recv`` until every receive completed. Both ends progress their workers
+  and, when idle, sleep on the worker's epoll fd after ``arm()``, as kvwire-ucx's progress thread
+  does (``--raw-busy-poll`` spins instead: slower here, where two cores are shared).
+
+Each size gets a warm-up of each, then ``runs`` back-to-back pairs whose order alternates. Rates
+are payload / median seconds; a ratio is the median over pairs of raw seconds / kvwire seconds.
+The destination is zeroed before and checked byte for byte after every run. Goal: >= 0.9x raw.
+
+The serving process is driven over its stdin/stdout with JSON lines (no pickle)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import select
+import selectors
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
+
+import numpy as np  # noqa: E402
+
+KIB, MIB = 1 << 10, 1 << 20
+GO_TAG = 1 << 62
+RAW_TAG = 1 << 61
+
+
+def pattern(nbytes: int) -> np.ndarray:
+    """The bytes the serving process holds (cheap to make on both sides)."""
+    words = np.arange((nbytes + 7) // 8, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    return words.view(np.uint8)[:nbytes]
+
+
+def block_names(count: int) -> np.ndarray:
+    return np.arange(count * 4, dtype=np.uint64).reshape(count, 4).view(np.uint8).copy()  # 32-byte names
+
+
+def view_of(region: Any, rows: int, names: np.ndarray) -> Any:
+    from kvwire.contract import CacheKind, LayerGroupRows, TokenRange, View
+
+    slots = np.arange(rows, dtype=np.int64)
+    return View((LayerGroupRows(0, CacheKind.PAGED, region, slots, TokenRange(0, rows * 16), names[:rows]),))
+
+
+def wait_all(worker: Any, requests: list[Any], busy: bool = False) -> None:
+    """Progress until every request completed, looking at each once it is the oldest open one
+    (they complete about in order). Between progress calls with nothing to do, sleep on the
+    worker's epoll fd after ``arm()`` (as kvwire-ucx's progress thread does) unless ``busy``."""
+    i = 0
+    fd = worker.epoll_file_descriptor
+    while i < len(requests):
+        if requests[i].completed:
+            i += 1
+        elif not worker.progress_once() and not busy and worker.arm():
+            select.select([fd], [], [], 0.1)
+
+
+def ucx_worker() -> tuple[Any, Any]:
+    """A context and worker with the settings kvwire-ucx gives its own (loopback, tag + wakeup)."""
+    import ucxx._lib.libucxx as ucx_api
+
+    context = ucx_api.UCXContext(config_dict={"NET_DEVICES": "lo"},
+                                 feature_flags=(ucx_api.Feature.TAG, ucx_api.Feature.WAKEUP))
+    worker = ucx_api.UCXWorker(context)
+    worker.init_blocking_progress_mode()
+    return context, worker
+
+
+# ---------------------------------------------------------------------------- serving process
+
+def serve(max_bytes: int, busy: bool) -> None:
+    """The serving process: a kvwire-ucx backend whose holder answers every pull in full, and a
+    raw ucxx worker that sends rows when told."""
+    import ucxx._lib.libucxx as ucx_api
+    from ucxx._lib.arr import Array
+
+    from kvwire.contract import MemoryKind, SlotRegion
+    from kvwire.registry import load
+
+    memory = pattern(max_bytes).copy()
+    backend = load("ucx").build({"timeout_s": 60.0})
+    registration = None
+    tree: dict[bytes, int] = {}
+    region: SlotRegion | None = None
+    lock = threading.Lock()
+    wake = threading.Event()
+    stop = False
+
+    def holder() -> None:
+        live: list[Any] = []
+        while not stop:
+            wake.wait(0.5)
+            wake.clear()
+            for request in backend.incoming():  # type: ignore[attr-defined]
+                with lock:
+                    count = 0
+                    while count < request.blocks and request.names[count].tobytes() in tree:
+                        count += 1
+                    view = view_of(region, count, request.names)
+                live.append(backend.publish(view, request.ticket, wake.set))
+            live = [a for a in live if not (a.poll() is not None and a.quiesced())]
+
+    threading.Thread(target=holder, daemon=True).start()
+    backend.serve(wake.set)  # type: ignore[attr-defined]
+    _context, worker = ucx_worker()
+    peer_ep = None
+    say(kvwire=backend.address().hex(), raw=bytes(worker.address).hex())  # type: ignore[attr-defined]
+    for line in sys.stdin:
+        command = json.loads(line)
+        if command["do"] == "size":
+            size, rows = command["size"], command["rows"]
+            with lock:
+                if registration is not None:
+                    registration.close()
+                region = SlotRegion(1, memory.ctypes.data, size, rows, MemoryKind.HOST)
+                registration = backend.register_regions([region])
+                names = block_names(rows)
+                tree = {names[i].tobytes(): i for i in range(rows)}
+            say(ok=True)
+        elif command["do"] == "peer":
+            address = ucx_api.UCXAddress.create_from_buffer(bytes.fromhex(command["raw"]))
+            peer_ep = ucx_api.UCXEndpoint.create_from_worker_address(worker, address, True)
+            say(ok=True)
+        elif command["do"] == "raw":
+            assert peer_ep is not None
+            size, rows = command["size"], command["rows"]
+            go = np.zeros(1, dtype=np.uint64)
+            request = worker.tag_recv(Array(go), ucx_api.UCXXTag(GO_TAG))
+            say(ready=True)
+            wait_all(worker, [request], busy)
+            request.check_error()
+            buffers = [Array(memory[i * size:(i + 1) * size]) for i in range(rows)]
+            sends = [peer_ep.tag_send(b, ucx_api.UCXXTag(RAW_TAG | i)) for i, b in enumerate(buffers)]
+            wait_all(worker, sends, busy)
+            for s in sends:
+                s.check_error()
+            del buffers
+            say(sent=rows)
+        elif command["do"] == "quit":
+            break
+    stop = True
+    wake.set()
+    if peer_ep is not None:
+        peer_ep.close_blocking()
+    deadline = time.monotonic() + 5
+    while backend.shutdown() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if registration is not None:
+        registration.close()
+    backend.close()
+    say(bye=True)
+
+
+def say(**message: Any) -> None:
+    print(json.dumps(message), flush=True)
+
+
+# ---------------------------------------------------------------------------- pulling process
+
+class Server:
+    def __init__(self, max_bytes: int, busy: bool) -> None:
+        argv = [sys.executable, "-u", __file__, "--serve", str(max_bytes)] + (["--raw-busy-poll"] if busy else [])
+        self.proc = subprocess.Popen(argv,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(self.proc.stdout, selectors.EVENT_READ)  # type: ignore[arg-type]
+
+    def read(self, timeout: float = 120.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            if not self.selector.select(max(0.0, deadline - time.monotonic())):
+                raise TimeoutError(f"the serving process said nothing in {timeout} s")
+            line = self.proc.stdout.readline()  # type: ignore[union-attr]
+            if not line:
+                raise EOFError(f"the serving process exited with {self.proc.wait()}")
+            if line.startswith("{"):
+                return json.loads(line)
+
+    def send(self, **command: Any) -> None:
+        self.proc.stdin.write(json.dumps(command) + "\n")  # type: ignore[union-attr]
+        self.proc.stdin.flush()  # type: ignore[union-attr]
+
+    def ask(self, **command: Any) -> dict[str, Any]:
+        self.send(**command)
+        return self.read()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.ask(do="quit")
+                self.proc.wait(30)
+            except Exception:
+                self.proc.kill()
+                self.proc.wait(30)
+        self.selector.close()
+
+
+def parse_size(text: str) -> int:
+    text = text.strip().upper()
+    scale = {"K": KIB, "M": MIB}.get(text[-1], 1)
+    return int(text.rstrip("KM")) * scale
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=256, help="rows (blocks) per pull")
+    parser.add_argument("--runs", type=int, default=7, help="timed pairs per row size")
+    parser.add_argument("--sizes", default="64K,256K,1M,4M", help="row sizes")
+    parser.add_argument("--json", default=None, help="also write the results here")
+    parser.add_argument("--window-bytes", type=int, default=None, help="kvwire-ucx window_bytes option")
+    parser.add_argument("--raw-busy-poll", action="store_true",
+                        help="raw ends spin on progress() instead of sleeping on the epoll fd (slower on few cores)")
+    parser.add_argument("--serve", type=int, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve is not None:
+        serve(args.serve, args.raw_busy_poll)
+        return 0
+
+    import ucxx._lib.libucxx as ucx_api
+    from ucxx._lib.arr import Array
+
+    from kvwire.contract import Hint, MemoryKind, SlotRegion
+    from kvwire.registry import load
+
+    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    max_bytes = max(sizes) * args.rows
+    expected = pattern(max_bytes)
+    memory = np.zeros(max_bytes, dtype=np.uint8)
+    server = Server(max_bytes, args.raw_busy_poll)
+    results = []
+    try:
+        hello = server.read()
+        address = bytes.fromhex(hello["kvwire"])
+        options: dict[str, Any] = {"timeout_s": 60.0}
+        if args.window_bytes:
+            options["window_bytes"] = args.window_bytes
+        backend = load("ucx").build(options)
+        _context, worker = ucx_worker()
+        server.ask(do="peer", raw=bytes(worker.address).hex())
+        raw_ep = ucx_api.UCXEndpoint.create_from_worker_address(
+            worker, ucx_api.UCXAddress.create_from_buffer(bytes.fromhex(hello["raw"])), True)
+        woken = threading.Event()
+
+        def run_kvwire(size: int, region: SlotRegion, names: np.ndarray) -> float:
+            view = view_of(region, args.rows, names)
+            hint = Hint.of("peer", address=address)
+            started = time.perf_counter()
+            attempt = backend.fetch(view, hint, woken.set)
+            while not (attempt.poll() is not None and attempt.quiesced()):
+                woken.wait(60)
+                woken.clear()
+            seconds = time.perf_counter() - started
+            outcome = attempt.poll()
+            assert outcome is not None and outcome.is_delivered and outcome.masks[0].all(), outcome
+            return seconds
+
+        def run_raw(size: int) -> float:
+            server.send(do="raw", size=size, rows=args.rows)
+            assert server.read().get("ready")
+            go = np.ones(1, dtype=np.uint64)
+            started = time.perf_counter()
+            buffers = [Array(memory[i * size:(i + 1) * size]) for i in range(args.rows)]
+            receives = [worker.tag_recv(b, ucx_api.UCXXTag(RAW_TAG | i)) for i, b in enumerate(buffers)]
+            kick = raw_ep.tag_send(Array(go), ucx_api.UCXXTag(GO_TAG))
+            wait_all(worker, [kick, *receives], args.raw_busy_poll)
+            seconds = time.perf_counter() - started
+            for r in receives:
+                r.check_error()
+            del buffers
+            assert server.read().get("sent") == args.rows
+            return seconds
+
+        def timed(run: Callable[[], float], nbytes: int) -> float:
+            memory[:nbytes] = 0
+            seconds = run()
+            if not np.array_equal(memory[:nbytes], expected[:nbytes]):
+                raise AssertionError("the pulled bytes differ from the serving process's")
+            return seconds
+
+        wait = "busy polling" if args.raw_busy_poll else "epoll wake-ups"
+        print(f"kvwire-ucx vs raw ucxx tag send/recv; {args.rows} rows per pull, two processes on loopback, "
+              f"endpoint error handling on, raw with {wait}, {args.runs} runs (medians)")
+        print(f"{'row size':>9} {'payload':>9} {'kvwire GB/s':>12} {'raw GB/s':>9} {'ratio':>6}")
+        for size in sizes:
+            nbytes = size * args.rows
+            assert server.ask(do="size", size=size, rows=args.rows).get("ok")
+            region = SlotRegion(2, memory.ctypes.data, size, args.rows, MemoryKind.HOST)
+            registration = backend.register_regions([region])
+            names = block_names(args.rows)
+            kv: list[float] = []
+            raw: list[float] = []
+            timed(lambda: run_kvwire(size, region, names), nbytes)  # noqa: B023 - warm-up
+            timed(lambda: run_raw(size), nbytes)  # noqa: B023
+            for i in range(args.runs):
+                pair = [("kv", lambda: run_kvwire(size, region, names)), ("raw", lambda: run_raw(size))]  # noqa: B023
+                for which, run in (pair if i % 2 == 0 else pair[::-1]):
+                    (kv if which == "kv" else raw).append(timed(run, nbytes))
+            registration.close()
+            ratio = statistics.median(r / k for r, k in zip(raw, kv, strict=True))
+            kv_rate = nbytes / statistics.median(kv) / 1e9
+            raw_rate = nbytes / statistics.median(raw) / 1e9
+            results.append({"row_bytes": size, "rows": args.rows, "payload_bytes": nbytes, "kvwire_gbps": kv_rate,
+                            "raw_gbps": raw_rate, "ratio": ratio, "kvwire_s": kv, "raw_s": raw})
+            print(f"{size // KIB:>6} KiB {nbytes / MIB:>5.0f} MiB {kv_rate:>12.2f} {raw_rate:>9.2f} {ratio:>6.2f}",
+                  flush=True)
+        raw_ep.close_blocking()
+        deadline = time.monotonic() + 5
+        while backend.shutdown() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        backend.close()
+    finally:
+        server.stop()
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"machine": platform.node(), "cpus": os.cpu_count(), "results": results}, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
