@@ -154,9 +154,7 @@ class UcxBackend(Backend, ServesPulls):
             raise InvalidSubmission(f"pull {pull_id} is unknown or was already answered; answer each request once")
         attempt = UcxAttempt(self._engine, view, "publish", wake)
         if not self._engine.admit(attempt):
-            with self._engine._lock:
-                if reply.state == "answered":
-                    reply.state = "waiting"  # give the ticket back: nothing escaped
+            self._engine.unclaim_reply(reply)  # give the ticket back: nothing escaped
             raise SubmissionRejected(
                 f"kvwire-ucx has {self._settings.max_in_flight} attempts in flight (max_in_flight); retry later"
             )
@@ -176,8 +174,7 @@ class UcxBackend(Backend, ServesPulls):
             self._closed = True
             self._engine.begin_shutdown()
         deadline = time.monotonic() + self._settings.grace_s + 0.5
-        with self._engine.changed:
-            self._engine.changed.wait_for(lambda: not self._engine._live, max(0.0, deadline - time.monotonic()))
+        self._engine.wait_idle(max(0.0, deadline - time.monotonic()))
         remaining = self._engine.not_quiesced()
         if not remaining:
             self._engine.join(max(0.1, deadline - time.monotonic()))

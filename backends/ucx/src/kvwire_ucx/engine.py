@@ -16,6 +16,7 @@ import itertools
 import logging
 import os
 import secrets
+import select
 import selectors
 import socket
 import threading
@@ -242,7 +243,7 @@ class Engine:
                 exc.errno, f"kvwire-ucx cannot listen on {settings.listen_host}:{settings.listen_port}: {exc.strerror}"
             ) from None
         self.port = self._listener.getsockname()[1]
-        self.address = PeerAddress(settings.listen_host, self.port, self.instance)
+        self.address = PeerAddress(settings.advertise_host or settings.listen_host, self.port, self.instance)
         self._doorbell_r, self._doorbell_w = os.pipe()
         os.set_blocking(self._doorbell_r, False)
         os.set_blocking(self._doorbell_w, False)
@@ -277,6 +278,11 @@ class Engine:
                 return False
             self._live.add(attempt)
             return True
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until no attempt is in flight; whether that happened within ``timeout``."""
+        with self.changed:
+            return self.changed.wait_for(lambda: not self._live, timeout)
 
     def not_quiesced(self) -> frozenset[Attempt]:
         with self._lock:
@@ -315,6 +321,12 @@ class Engine:
             if reply.state == "waiting":
                 reply.state = "answered"
             return reply
+
+    def unclaim_reply(self, reply: _Reply) -> None:
+        """Undo :meth:`claim_reply` for a publish that was refused before anything escaped."""
+        with self._lock:
+            if reply.state == "answered" and reply.attempt is None:
+                reply.state = "waiting"
 
     def stats(self) -> WireStats:
         with self._lock:
@@ -479,10 +491,14 @@ class Engine:
     def _teardown(self) -> None:
         for conn in list(self._connections):
             self._close(conn, "the backend shut down")
-        wait_until = time.monotonic() + 0.2
+        # Endpoints of peers that died moments ago: give UCX the rest of their wait to fail
+        # them (closing them earlier is what crashes), progressing the worker meanwhile.
+        wait_until = max((until for _, until in self._dying), default=0.0)
         while self._dying and time.monotonic() < wait_until:
             self._worker.progress()
             self._bury()
+            if self._dying and self._worker.arm():
+                select.select([self._worker_fd], [], [], 0.01)
         self._bury(everything=True)
         for _ in range(1000):  # let the drain messages go out before the endpoint closes
             if not self._drains:

@@ -22,6 +22,7 @@ class UcxSettings:
 
     listen_host: str = "127.0.0.1"
     listen_port: int = 0
+    advertise_host: str = ""
     timeout_s: float = 30.0
     grace_s: float = 1.0
     max_in_flight: int = 256
@@ -33,6 +34,11 @@ class UcxSettings:
     def __post_init__(self) -> None:
         if not isinstance(self.listen_host, str) or not self.listen_host:
             raise ValueError(f"listen_host must be a host name or IP address, got {self.listen_host!r}")
+        if not isinstance(self.advertise_host, str):
+            raise ValueError(f"advertise_host must be a host name or IP address (or empty), got {self.advertise_host!r}")
+        if not self.advertise_host and self.listen_host in ("0.0.0.0", "::"):
+            raise ValueError(f"listening on the wildcard {self.listen_host!r} needs advertise_host: the address "
+                             "peers are given must name this host")
         if not isinstance(self.listen_port, int) or not 0 <= self.listen_port <= 65535:
             raise ValueError(f"listen_port must be 0..65535 (0 picks a free port), got {self.listen_port!r}")
         for name in ("timeout_s", "grace_s"):
@@ -63,6 +69,8 @@ OPTIONS: tuple[Option, ...] = (
            "address the control listener binds; peers connect to it (loopback by default)"),
     Option("listen_port", int, _DEFAULTS.listen_port, "control listener port; 0 picks a free one",
            minimum=0, maximum=65535),
+    Option("advertise_host", str, _DEFAULTS.advertise_host,
+           "host put in address() for peers to connect to; empty: listen_host"),
     Option("timeout_s", float, _DEFAULTS.timeout_s, "default deadline of an attempt; a hint's timeout_s wins",
            minimum=0.001),
     Option("grace_s", float, _DEFAULTS.grace_s,
