@@ -179,7 +179,7 @@ class Worker:
         self._replies: list[tuple[Attempt, Lease, PullRequest]] = []
         self.pull_filter: Callable[[PullRequest], str | None] | None = None
         if SERVE_PULLS in self.capabilities.protocols and isinstance(self.backend, ServesPulls):
-            self._serving = threading.Thread(target=self._serve_loop, name=f"kvwire-serve-{name}", daemon=True)
+            self._serving = threading.Thread(target=self._serve_loop, name=f"kvwire-serve-{self.name}", daemon=True)
             self._serving.start()
             with self._lock:
                 self.backend.serve(self._serve_signal.set)
@@ -264,9 +264,7 @@ class Worker:
         if self.capabilities.other_end is OtherEnd.PEER and isinstance(self.backend, ServesPulls):
             with self._lock:
                 address = self.backend.address()
-        namespace = str(self.config.options.get("namespace", "")) if self.capabilities.other_end is OtherEnd.STORE else ""
-        if self.capabilities.other_end is OtherEnd.STORE and not namespace:
-            namespace = str(self.plugin.resolve(self.config.options).get("namespace", "default"))
+        namespace = self._namespace() if self.capabilities.other_end is OtherEnd.STORE else ""
         return TransceiverState(
             worker=self.name,
             backend=self.plugin.name,
@@ -278,6 +276,10 @@ class Worker:
             scope_digest=self.lender.scope_digest,
             block_tokens=self.model_config.block_tokens,
         ).to_bytes()
+
+    def _namespace(self) -> str:
+        """The store namespace this worker's backend writes to (its option, or the default)."""
+        return str(self.plugin.resolve(self.config.options).get("namespace", "default"))
 
     def _check_state(self, raw: bytes) -> TransceiverState:
         state = TransceiverState.from_bytes(raw)
@@ -352,8 +354,7 @@ class Worker:
         timeout = self.timeout_s if timeout_s is None else float(timeout_s)
         B = self.model_config.block_tokens
         wanted = len(tokens) // B
-        ns = namespace or str(self.plugin.resolve(self.config.options).get("namespace", "default"))
-        hint = Hint.of("store", timeout_s=timeout, namespace=ns)
+        hint = Hint.of("store", timeout_s=timeout, namespace=namespace or self._namespace())
         began = time.perf_counter()
         lease = self.lender.lend_names(self.lender.names(tokens), staging=self.staged)
         held = lease.found
