@@ -145,6 +145,27 @@ def test_a_server_killed_before_answering_fails_the_fetch_before_its_deadline(ch
     assert attempt.quiesced() and not req.lent
 
 
+def test_a_server_frozen_mid_pull_fails_at_the_deadline_and_quiesces_within_the_grace(children, requester) -> None:
+    slot = 1 << 20
+    server = children("serve", slot, 64, 64)
+    address = bytes.fromhex(server.read()["address"])
+    req, _ = requester(slot, 64, window_bytes=8 << 20, grace_s=0.5)
+    started = time.monotonic()
+    attempt, slots = req.fetch(address, block_names(64), timeout_s=1.0)
+    deadline = started + 10
+    while req.backend.stats().rows_received < 2 and time.monotonic() < deadline:
+        time.sleep(0.0005)
+    server.proc.send_signal(signal.SIGSTOP)  # alive, holding its connections, sending nothing
+    try:
+        outcome = req.wait(attempt, slots, 5)
+        settled = time.monotonic() - started
+    finally:
+        server.proc.send_signal(signal.SIGKILL)
+    assert outcome.is_failed and "deadline" in outcome.reason
+    assert 0 < outcome.rows_delivered < 128
+    assert settled < 1.0 + 0.5 + 0.5, f"quiesced {settled:.2f}s after the fetch (deadline 1s, grace 0.5s)"
+
+
 def test_a_requester_killed_mid_pull_leaves_no_pin_on_the_server(children, make_backend, holders) -> None:
     slot = 1 << 20
     server = make_backend(window_bytes=4 << 20)

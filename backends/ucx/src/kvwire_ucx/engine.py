@@ -736,7 +736,7 @@ class Engine:
             address = ucx_api.UCXAddress.create_from_buffer(worker_address)
             conn.ep = ucx_api.UCXEndpoint.create_from_worker_address(self._worker, address, True)
         except Exception as exc:
-            self._close(conn, f"peer {conn.label} is unreachable over UCX: {exc}", lost=True)
+            self._close(conn, f"peer {conn.label} is gone: its UCX worker is unreachable ({exc})", lost=True)
             return False
         failed = self._failed_eps
 
@@ -754,20 +754,18 @@ class Engine:
             if conn.hello:
                 self._drop(conn, f"peer {conn.label} sent a second Hello")
                 return
-            if conn.outbound:
-                # The requesting end needs no endpoint: it receives on its worker, and a receive
-                # no peer will match is completed by _drain, never by closing an endpoint.
-                if conn.address is not None and message.instance != conn.address.instance:
-                    self._close(conn, f"another kvwire-ucx backend answers at {conn.label} (instance "
-                                      f"{message.instance:#x}, the address names {conn.address.instance:#x}); "
-                                      "the address is stale", lost=True)
-                    return
-                conn.hello = True
+            if conn.outbound and conn.address is not None and message.instance != conn.address.instance:
+                self._close(conn, f"another kvwire-ucx backend answers at {conn.label} (instance "
+                                  f"{message.instance:#x}, the address names {conn.address.instance:#x}); "
+                                  "the address is stale", lost=True)
                 return
+            # The requesting end receives on its worker; its endpoint to the serving end is what
+            # a forced close cancels when that peer stops sending mid-row.
             if not self._make_endpoint(conn, message.worker_address):
                 return
             conn.hello = True
-            self._send(conn, wire.Hello(self.instance, bytes(self._worker.address)))
+            if not conn.outbound:
+                self._send(conn, wire.Hello(self.instance, bytes(self._worker.address)))
             return
         if not conn.hello:
             self._drop(conn, f"peer {conn.label} sent {type(message).__name__} before Hello")
