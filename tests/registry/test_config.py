@@ -47,3 +47,45 @@ def test_missing_file_and_unknown_backend(tmp_path):
         load_config(tmp_path / "nope.toml", environ={})
     with pytest.raises(ConfigError, match="unknown backend 'nope'; installed backends:"):
         load_config(environ={"KVWIRE_BACKEND": "nope"})
+
+
+# --- fuzzing: any file or environment gives a config or a ConfigError, never anything else -----
+
+import json  # noqa: E402
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_values = st.one_of(st.integers(-10, 1 << 40), st.text(max_size=12), st.booleans(), st.floats(allow_nan=True))
+_keys = st.sampled_from(["capacity_bytes", "eviction", "timeout_s", "max_in_flight", "namespace", "store", "bogus"])
+
+
+def _toml(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string is a valid TOML basic string
+    return repr(value) if value == value else "nan"
+
+
+@settings(max_examples=150, suppress_health_check=[HealthCheck.function_scoped_fixture], deadline=None)
+@given(text=st.text(max_size=200))
+def test_any_file_text_gives_a_config_or_a_config_error(tmp_path, text):
+    try:
+        load_config(write(tmp_path, text), environ={})
+    except ConfigError as exc:
+        assert str(exc)
+
+
+@settings(max_examples=150, suppress_health_check=[HealthCheck.function_scoped_fixture], deadline=None)
+@given(options=st.dictionaries(_keys, _values, max_size=4), env=st.dictionaries(_keys, st.text(max_size=10), max_size=3))
+def test_any_options_give_validated_values_or_a_config_error_naming_the_key(tmp_path, options, env):
+    body = "[backend]\nname = \"memory\"\n[backend.options]\n" + "".join(f"{k} = {_toml(v)}\n" for k, v in options.items())
+    environ = {f"KVWIRE_BACKEND_{k.upper()}": v for k, v in env.items()}
+    try:
+        cfg = load_config(write(tmp_path, body), environ=environ)
+    except ConfigError as exc:
+        assert any(k in str(exc) for k in (*options, *env)) or "TOML" in str(exc), str(exc)
+    else:
+        resolved = cfg.resolved()
+        assert set(resolved) >= {"capacity_bytes", "eviction", "timeout_s", "max_in_flight", "namespace", "store"}
