@@ -152,8 +152,10 @@ def test_a_holder_that_never_answers_fails_the_fetch_at_its_deadline(pair) -> No
     assert p.holder.requests_seen == 1
 
 
-def test_a_mute_peer_fails_the_fetch_at_its_deadline(make_backend) -> None:
-    b = make_backend()
+def test_a_mute_peer_fails_the_fetch_at_its_deadline_and_it_quiesces_within_the_grace(make_backend) -> None:
+    """The fetch posted receives before asking; a peer that never answers could still be sending
+    them, so they end only when the grace runs out and the connection is closed."""
+    b = make_backend(grace_s=0.3)
     pool = Pool(GROUPS, 4, SLOT)
     b.register_regions(pool.regions)
     with socket.create_server(("127.0.0.1", 0)) as mute:
@@ -163,9 +165,13 @@ def test_a_mute_peer_fails_the_fetch_at_its_deadline(make_backend) -> None:
         req = Requester(b, pool)
         started = time.monotonic()
         attempt, slots = req.fetch(address, block_names(2), timeout_s=0.4)
+        req.wait_concluded(attempt, 5)
+        concluded = time.monotonic() - started
         outcome = req.wait(attempt, slots, 5)
+        quiesced = time.monotonic() - started
     assert outcome.is_failed and "deadline" in outcome.reason
-    assert time.monotonic() - started < 0.4 + 0.5
+    assert 0.4 <= concluded < 0.4 + 0.2
+    assert quiesced < 0.4 + 0.3 + 0.3
 
 
 def test_rows_of_another_slot_size_are_refused_by_the_serving_end(pair, holders) -> None:

@@ -23,7 +23,8 @@ def pulls(draw: st.DrawFn) -> wire.Pull:
     count = draw(st.integers(1, 40))
     names = draw(st.binary(min_size=count * width, max_size=count * width))
     return wire.Pull(draw(u64), draw(st.integers(0, wire.MAX_TAG_BASE)), draw(st.integers(1, 2**32 - 1)),
-                     tuple(zip(ids, slots, strict=True)), width, names, draw(st.binary(max_size=64)))
+                     tuple(zip(ids, slots, strict=True)), width, names, draw(st.binary(max_size=64)),
+                     draw(st.integers(0, count * ngroups)))
 
 
 messages = st.one_of(

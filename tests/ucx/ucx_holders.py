@@ -250,6 +250,19 @@ class Requester:
             raise
         return attempt, slots
 
+    def wait_concluded(self, attempt: Attempt, timeout: float) -> Outcome:
+        """Wait (on wakes, with a deadline) until the attempt concluded; keep its rows lent."""
+        deadline = time.monotonic() + timeout
+        while attempt.poll() is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"attempt did not conclude within {timeout}s")
+            self._event.wait(min(left, 0.1))
+            self._event.clear()
+        outcome = attempt.poll()
+        assert outcome is not None
+        return outcome
+
     def wait(self, attempt: Attempt, slots: Sequence[int], timeout: float) -> Outcome:
         """Wait (on wakes, with a deadline) until the attempt concluded and quiesced, then
         release its rows."""

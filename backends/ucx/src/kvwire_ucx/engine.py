@@ -131,13 +131,15 @@ class _Fetch:
         self.conn: _Connection | None = None
         self.asked = False  # the Pull went out
         self.counts: tuple[int, ...] | None = None
-        self.total = 0
+        self.total = 0  # rows offered
+        # rows are numbered block-major (row * groups + group); receives are posted below limit:
+        # every row until the offer, then up to the last offered one
+        self.limit = self.rows * len(groups)
         self.next_seq = 0
-        self.cursor = (0, 0)
         self.posted: collections.deque[tuple[Any, Any, int, int, int]] = collections.deque()
         self.inflight_bytes = 0
         self.received = 0
-        self.drained = False  # receives were completed by this end; no more rows count
+        self.drained = False  # every receive was completed by this end; no more rows count
         self.ended = False  # nothing more will be posted
         self.done = False  # forgotten by the engine
 
@@ -151,6 +153,8 @@ class _Reply:
         self.conn = conn
         self.transfer = message.transfer
         self.tag_base = message.tag_base
+        self.credit = message.credit
+        self.rows = message.count * len(message.groups)
         self.request = request
         self.expires_at = expires_at
         self.state = "waiting"  # waiting -> answered | gone
@@ -159,9 +163,10 @@ class _Reply:
         self.groups: tuple[GroupRows, ...] = ()
         self.counts: tuple[int, ...] = ()
         self.total = 0
-        self.go_end = 0
-        self.cursor = (0, 0)
+        self.limit = 0  # one past the last offered row's block-major number
+        self.go_end = 0  # rows named so far (credit, then Go)
         self.posted: collections.deque[tuple[Any, Any, int, int]] = collections.deque()
+        self.answered = False  # the pull's one Offer or Decline went out
         self.peer_done = False  # no more Go can come: the peer acked, cancelled or vanished
         self.done = False
 
@@ -792,7 +797,8 @@ class Engine:
     # ---------------------------------------------------------------- requester side
 
     def start_fetch(self, fetch: _Fetch) -> None:
-        """Engine side of ``fetch()``: connect (or reuse the connection) and ask."""
+        """Engine side of ``fetch()``: connect (or reuse the connection), post receives for the
+        first window of rows, and ask, giving that window as credit."""
         fetch.attempt._job = fetch
         if fetch.attempt._outcome is not None:  # cancelled before we got here
             fetch.ended = True
@@ -808,17 +814,25 @@ class Engine:
         conn = self._connect(fetch.address)
         fetch.conn = conn
         conn.fetches[fetch.transfer] = fetch
+        try:
+            self._post_receives(fetch)
+        except UCXError as exc:
+            fetch.ended = True
+            self._fail(fetch.attempt, f"posting receives failed: {exc}")
+            self._drain(fetch)
+            self._settle_fetch(fetch)
+            return
         remaining_ms = int((fetch.deadline - time.monotonic()) * 1000)
         groups = tuple((g.group_id, g.slot_bytes) for g in fetch.groups)
         self._send(conn, wire.Pull(fetch.transfer, fetch.tag_base, max(1, min(remaining_ms, 2**32 - 1)),
-                                   groups, fetch.width, fetch.names, fetch.credentials))
+                                   groups, fetch.width, fetch.names, fetch.credentials, fetch.next_seq))
         fetch.asked = True
         self._timer(fetch.deadline - time.monotonic(), lambda: self._fetch_deadline(fetch))
 
     def _on_offer(self, conn: _Connection, message: wire.Offer) -> None:
         fetch = conn.fetches.get(message.transfer)
         if fetch is None and message.transfer <= self._last_transfer:
-            return  # a pull we gave up on and told the peer so
+            return  # a pull whose receives are all complete; it needs no answer any more
         if fetch is None or fetch.counts is not None:
             self._drop(conn, f"peer {conn.label} offered rows for a pull it was not asked (transfer {message.transfer})")
             return
@@ -826,72 +840,69 @@ class Engine:
             self._drop(conn, f"peer {conn.label} offered {list(message.counts)} rows for a pull of {fetch.rows} "
                              f"blocks in {len(fetch.groups)} groups")
             return
-        fetch.counts = message.counts
-        fetch.total = sum(message.counts)
-        fetch.cursor = self._first_cursor(message.counts, 0)
-        if fetch.attempt._outcome is not None:
-            # concluded (cancelled or past its deadline) while the offer travelled; say so
+        counts = fetch.counts = message.counts
+        fetch.total = sum(counts)
+        width = len(fetch.groups)
+        fetch.limit = max(((c - 1) * width + g + 1 for g, c in enumerate(counts) if c), default=0)
+        # receives posted on credit for rows the peer does not hold will never be matched
+        self._drain(fetch, lambda gi, ri: ri >= counts[gi])
+        if fetch.ended or fetch.attempt._outcome is not None:
+            # stopped (cancelled, deadline) while the offer travelled: the peer knows (Cancel);
+            # the offered rows within the credit still arrive, then the attempt quiesces
             fetch.ended = True
-            self._send(conn, wire.Cancel(fetch.transfer, "the requester stopped before the offer arrived"))
             self._settle_fetch(fetch)
             return
         if fetch.total == 0:
             self._send(conn, wire.Ack(fetch.transfer, 0))
             fetch.ended = True
-            self._conclude(fetch.attempt, Outcome.delivered(fetch.attempt._masks), quiesced=True)
-            self._forget_fetch(fetch)
+            self._conclude(fetch.attempt, Outcome.delivered(fetch.attempt._masks))
+            self._settle_fetch(fetch)
             return
-        self._post_receives(fetch)
+        self._reap_fetch(fetch)
 
-    def _first_cursor(self, counts: tuple[int, ...], group: int) -> tuple[int, int]:
-        while group < len(counts) and counts[group] == 0:
-            group += 1
-        return (group, 0)
-
-    def _post_receives(self, fetch: _Fetch) -> None:
-        conn = fetch.conn
-        if fetch.ended or fetch.counts is None or conn is None or conn.closed:
-            return
+    def _post_receives(self, fetch: _Fetch) -> int:
+        """Post receives for the next rows (block-major numbers, skipping rows not offered) while
+        the window allows; returns the first number this call covered."""
         start = seq = fetch.next_seq
+        limit = fetch.limit
+        if seq >= limit:
+            return start
         window = self.settings.window_bytes
         counts = fetch.counts
-        total = fetch.total
+        groups = fetch.groups
+        width = len(groups)
         tag_high = fetch.tag_base << wire.TAG_ROW_BITS
         tag_recv, make_tag, append = self._worker.tag_recv, ucx_api.UCXXTag, fetch.posted.append
         inflight = fetch.inflight_bytes
-        gi, ri = fetch.cursor
-        group = fetch.groups[gi] if gi < len(fetch.groups) else None
         try:
-            while seq < total and (inflight < window or not fetch.posted):
-                assert group is not None and group.span is not None
+            while seq < limit and (inflight < window or not fetch.posted):
+                ri, gi = divmod(seq, width)
+                seq += 1
+                if counts is not None and ri >= counts[gi]:
+                    continue
+                group = groups[gi]
+                assert group.span is not None
                 size = group.slot_bytes
                 offset = group.offsets[ri]
                 buffer = Array(group.span[offset : offset + size])
-                append((tag_recv(buffer, make_tag(tag_high | seq)), buffer, gi, ri, size))
+                append((tag_recv(buffer, make_tag(tag_high | (seq - 1))), buffer, gi, ri, size))
                 inflight += size
-                seq += 1
-                ri += 1
-                if ri == counts[gi]:
-                    gi, ri = self._first_cursor(counts, gi + 1)
-                    group = fetch.groups[gi] if gi < len(fetch.groups) else None
-        except UCXError as exc:
-            fetch.cursor, fetch.next_seq, fetch.inflight_bytes = (gi, ri), seq, inflight
-            self._close(conn, f"posting a receive for a pull from {conn.label} failed: {exc}", lost=True)
-            return
-        fetch.cursor, fetch.next_seq, fetch.inflight_bytes = (gi, ri), seq, inflight
-        if fetch.next_seq > start:
-            self._busy.add(fetch)
-            self._send(conn, wire.Go(fetch.transfer, start, fetch.next_seq))
+        finally:
+            fetch.next_seq, fetch.inflight_bytes = seq, inflight
+            if fetch.posted:
+                self._busy.add(fetch)
+        return start
 
     def _reap_fetch(self, fetch: _Fetch) -> None:
         posted = fetch.posted
         masks = fetch.attempt._masks
+        counts = fetch.counts
         arrived = 0
         while posted and posted[0][0].completed:
             request, _buffer, gi, ri, size = posted.popleft()
             fetch.inflight_bytes -= size
-            if fetch.drained:
-                continue
+            if fetch.drained or (counts is not None and ri >= counts[gi]):
+                continue  # completed by this end, not by the peer's row
             try:
                 request.check_error()
             except UCXError as exc:
@@ -907,13 +918,23 @@ class Engine:
                 arrived += 1
         if arrived:
             self._count("rows_received", arrived)
-        if fetch.received == fetch.total and fetch.counts is not None and not fetch.ended:
-            fetch.ended = True
-            if fetch.conn is not None:
-                self._send(fetch.conn, wire.Ack(fetch.transfer, fetch.received))
-            self._conclude(fetch.attempt, Outcome.delivered(masks))
-        elif not fetch.ended:
-            self._post_receives(fetch)
+        if counts is not None and not fetch.ended:
+            conn = fetch.conn
+            if fetch.received == fetch.total:
+                fetch.ended = True
+                if conn is not None:
+                    self._send(conn, wire.Ack(fetch.transfer, fetch.received))
+                self._conclude(fetch.attempt, Outcome.delivered(masks))
+            elif conn is not None and not conn.closed and (
+                    fetch.inflight_bytes <= self.settings.window_bytes // 2 or not posted):
+                # refill in batches: fewer Go messages, longer runs of sends
+                try:
+                    start = self._post_receives(fetch)
+                except UCXError as exc:
+                    self._close(conn, f"posting a receive for a pull from {conn.label} failed: {exc}")
+                    return
+                if fetch.next_seq > start:
+                    self._send(conn, wire.Go(fetch.transfer, start, fetch.next_seq))
         self._settle_fetch(fetch)
 
     def _settle_fetch(self, fetch: _Fetch) -> None:
@@ -927,8 +948,10 @@ class Engine:
             if fetch.attempt._outcome is not None:
                 self._forget_fetch(fetch)
 
-    def _drain(self, fetch: _Fetch) -> None:
-        """Complete the fetch's receives that no peer will ever match (its connection closed).
+    def _drain(self, fetch: _Fetch, which: Callable[[int, int], bool] | None = None) -> None:
+        """Complete the fetch's posted receives that no peer will match: those ``which(group
+        index, row)`` selects (rows the peer did not offer), or all of them (the peer declined,
+        or the connection closed).
 
         The Python API cannot cancel one request, and closing endpoints does not reliably cancel
         unmatched receives (nor is it safe when the peer just died). A zero-byte message with the
@@ -936,9 +959,10 @@ class Engine:
         writing the row. A receive the peer's data already matched is not affected (it finishes,
         or fails with the peer); the zero-byte message then stays unexpected, harmlessly, since
         its tag is never used again."""
+        if which is None:
+            fetch.drained = True
         if not fetch.posted:
             return
-        fetch.drained = True
         if self._self_ep is None:
             try:
                 own = ucx_api.UCXAddress.create_from_buffer(bytes(self._worker.address))
@@ -947,15 +971,16 @@ class Engine:
                 log.error("kvwire-ucx cannot reach its own worker to drain receives: %s", exc)
                 return
         tag_high = fetch.tag_base << wire.TAG_ROW_BITS
-        first = fetch.next_seq - len(fetch.posted)
-        for seq, (request, *_rest) in enumerate(fetch.posted, start=first):
-            if request.completed:
+        width = len(fetch.groups)
+        for request, _buffer, gi, ri, _size in fetch.posted:
+            if request.completed or (which is not None and not which(gi, ri)):
                 continue
             empty = Array(self._empty)
             try:
-                self._drains.append((self._self_ep.tag_send(empty, ucx_api.UCXXTag(tag_high | seq)), empty))
+                tag = ucx_api.UCXXTag(tag_high | (ri * width + gi))
+                self._drains.append((self._self_ep.tag_send(empty, tag), empty))
             except UCXError as exc:
-                log.error("kvwire-ucx could not drain a receive of a closed connection: %s", exc)
+                log.error("kvwire-ucx could not complete a receive no peer will match: %s", exc)
                 return
 
     def _forget_fetch(self, fetch: _Fetch) -> None:
@@ -971,6 +996,8 @@ class Engine:
             return  # we gave up on it already
         fetch.ended = True
         if fetch.counts is None:
+            # the answer: nothing will be sent, so every receive posted on credit is ours to end
+            self._drain(fetch)
             self._fail(fetch.attempt, f"peer {conn.label} declined the pull: {message.reason}")
         else:
             self._fail(fetch.attempt, f"peer {conn.label} stopped the pull: {message.reason}")
@@ -1059,25 +1086,34 @@ class Engine:
         self._count("pulls_declined")
         self._send(conn, wire.Decline(transfer, wire.clip_reason(reason)))
 
+    def _answer_once(self, reply: _Reply, message: wire.Offer | wire.Decline) -> None:
+        """Send the pull's one answer (an Offer, or a Decline) unless it went already."""
+        if reply.answered or reply.conn.closed:
+            return
+        reply.answered = True
+        if isinstance(message, wire.Decline):
+            self._count("pulls_declined")
+        self._send(reply.conn, message)
+
     def _expire_waiting(self, reply: _Reply) -> None:
         with self._lock:
             if reply.state != "waiting":
                 return
             reply.state = "gone"
+        self._answer_once(reply, wire.Decline(reply.transfer, "the serving holder did not answer within the "
+                                                              "pull's deadline"))
         self._forget_reply(reply)
 
     def decline_reply(self, reply: _Reply, reason: str) -> None:
         """Engine side of ``decline()``."""
-        if reply.conn.closed or reply.peer_done:
-            self._forget_reply(reply)
-            return
-        self._decline_now(reply.conn, reply.transfer, reason)
+        self._answer_once(reply, wire.Decline(reply.transfer, reason))
         reply.peer_done = True
         self._forget_reply(reply)
 
     def answer(self, reply: _Reply, attempt: UcxAttempt, groups: tuple[GroupRows, ...],
                counts: tuple[int, ...], refusal: str | None, deadline: float) -> None:
-        """Engine side of ``publish(view, ticket)``: offer the rows, or refuse the pull."""
+        """Engine side of ``publish(view, ticket)``: offer the rows and send those within the
+        credit, or refuse the pull."""
         reply.attempt = attempt
         attempt._job = reply
         masks = attempt.view.row_masks()
@@ -1086,6 +1122,7 @@ class Engine:
             self._forget_reply(reply)
             return
         if reply.peer_done:  # its Cancel arrived before this answer
+            self._answer_once(reply, wire.Decline(reply.transfer, "the requester cancelled the pull"))
             self._conclude(attempt, Outcome.cancelled(masks, by_peer=True, reason="the requester cancelled the pull"),
                            quiesced=True)
             self._forget_reply(reply)
@@ -1095,14 +1132,20 @@ class Engine:
                            quiesced=True)
             self._forget_reply(reply)
             return
+        if attempt._outcome is not None:  # the holder cancelled it before it went out
+            self._answer_once(reply, wire.Decline(reply.transfer, "the serving end cancelled its answer"))
+            reply.peer_done = True
+            self._quiesce(attempt)
+            self._forget_reply(reply)
+            return
         if self._stopping:
-            self._decline_now(reply.conn, reply.transfer, "not serving: the serving end is shutting down")
+            self._answer_once(reply, wire.Decline(reply.transfer, "not serving: the serving end is shutting down"))
             reply.peer_done = True
             self._conclude(attempt, Outcome.cancelled(masks, reason="the backend shut down"), quiesced=True)
             self._forget_reply(reply)
             return
         if refusal is not None:
-            self._decline_now(reply.conn, reply.transfer, refusal)
+            self._answer_once(reply, wire.Decline(reply.transfer, wire.clip_reason(refusal)))
             reply.peer_done = True
             self._conclude(attempt, Outcome.failed(refusal, masks), quiesced=True)
             self._forget_reply(reply)
@@ -1110,47 +1153,54 @@ class Engine:
         reply.groups = groups
         reply.counts = counts
         reply.total = sum(counts)
-        reply.cursor = self._first_cursor(counts, 0)
-        self._send(reply.conn, wire.Offer(reply.transfer, counts))
+        width = len(counts)
+        reply.limit = max(((c - 1) * width + g + 1 for g, c in enumerate(counts) if c), default=0)
+        self._answer_once(reply, wire.Offer(reply.transfer, counts))
         if reply.total == 0:
-            reply.peer_done = True  # nothing to name; the requester concludes on the offer alone
+            reply.peer_done = True  # nothing to send; the requester concludes on the offer alone
             self._conclude(attempt, Outcome.delivered(masks), quiesced=True)
             self._forget_reply(reply)
             return
+        self._send_rows(reply, 0, reply.credit)
         self._timer(deadline - time.monotonic(), lambda: self._reply_deadline(reply))
+        self._settle_reply(reply)
+
+    def _send_rows(self, reply: _Reply, start: int, end: int) -> None:
+        """Send the offered rows among block-major numbers ``[start, end)``."""
+        conn = reply.conn
+        counts = reply.counts
+        groups = reply.groups
+        width = len(groups)
+        tag_high = reply.tag_base << wire.TAG_ROW_BITS
+        tag_send, make_tag, append = conn.ep.tag_send, ucx_api.UCXXTag, reply.posted.append
+        try:
+            for seq in range(start, min(end, reply.limit)):
+                ri, gi = divmod(seq, width)
+                if ri >= counts[gi]:
+                    continue
+                group = groups[gi]
+                assert group.span is not None
+                offset = group.offsets[ri]
+                buffer = Array(group.span[offset : offset + group.slot_bytes])
+                append((tag_send(buffer, make_tag(tag_high | seq)), buffer, gi, ri))
+        except UCXError as exc:
+            self._close(conn, f"sending to {conn.label} failed: {exc}", lost=True)
+            return
+        finally:
+            if reply.posted:
+                self._busy.add(reply)
+        reply.go_end = end
 
     def _on_go(self, conn: _Connection, message: wire.Go) -> None:
         reply = conn.replies.get(message.transfer)
         if reply is None or reply.attempt is None or not reply.counts:
             self._drop(conn, f"peer {conn.label} named rows of transfer {message.transfer}, which was not offered")
             return
-        if message.start != reply.go_end or message.end > reply.total or reply.peer_done:
+        if message.start != reply.go_end or message.end > reply.rows or reply.peer_done:
             self._drop(conn, f"peer {conn.label} named rows [{message.start}, {message.end}) of transfer "
-                             f"{message.transfer}; expected rows from {reply.go_end} up to {reply.total}")
+                             f"{message.transfer}; expected rows from {reply.go_end} up to {reply.rows}")
             return
-        tag_high = reply.tag_base << wire.TAG_ROW_BITS
-        gi, ri = reply.cursor
-        counts = reply.counts
-        tag_send, make_tag, append = conn.ep.tag_send, ucx_api.UCXXTag, reply.posted.append
-        group = reply.groups[gi]
-        try:
-            for seq in range(message.start, message.end):
-                assert group.span is not None
-                offset = group.offsets[ri]
-                buffer = Array(group.span[offset : offset + group.slot_bytes])
-                append((tag_send(buffer, make_tag(tag_high | seq)), buffer, gi, ri))
-                ri += 1
-                if ri == counts[gi]:
-                    gi, ri = self._first_cursor(counts, gi + 1)
-                    if gi < len(reply.groups):
-                        group = reply.groups[gi]
-        except UCXError as exc:
-            reply.cursor = (gi, ri)
-            self._close(conn, f"sending to {conn.label} failed: {exc}", lost=True)
-            return
-        reply.cursor = (gi, ri)
-        reply.go_end = message.end
-        self._busy.add(reply)
+        self._send_rows(reply, message.start, message.end)
 
     def _reap_reply(self, reply: _Reply) -> None:
         posted = reply.posted
@@ -1176,7 +1226,7 @@ class Engine:
         attempt = reply.attempt
         if attempt is None:
             return
-        if reply.peer_done or reply.go_end == reply.total or reply.conn.closed:
+        if reply.peer_done or reply.go_end >= reply.limit or reply.conn.closed:
             self._quiesce(attempt)
         if attempt._quiesced and attempt._outcome is not None and (reply.peer_done or reply.conn.closed):
             self._forget_reply(reply)
@@ -1194,7 +1244,10 @@ class Engine:
             self._conclude(reply.attempt, Outcome.cancelled(masks, by_peer=True, reason=message.reason or None))
             self._settle_reply(reply)
         elif reply.state == "gone":
+            # never answered: say so, so the requester can end the receives it posted on credit
+            self._answer_once(reply, wire.Decline(reply.transfer, "the requester cancelled the pull"))
             self._forget_reply(reply)
+        # else the holder's answer is on its way to answer(), which sees peer_done
 
     def _on_ack(self, conn: _Connection, message: wire.Ack) -> None:
         reply = conn.replies.get(message.transfer)
@@ -1295,12 +1348,13 @@ class Engine:
             for reply in list(conn.replies.values()):
                 if reply.attempt is None:
                     with self._lock:
-                        waiting = reply.state == "waiting"
-                        reply.state = "gone"
-                    if waiting and not reply.peer_done:
-                        self._decline_now(conn, reply.transfer, "not serving: the serving end is shutting down")
-                        reply.peer_done = True
-                    self._forget_reply(reply)
+                        claimed = reply.state == "answered"  # answer() is queued and will decline
+                        if not claimed:
+                            reply.state = "gone"
+                    if not claimed:
+                        self._answer_once(reply, wire.Decline(reply.transfer,
+                                                              "not serving: the serving end is shutting down"))
+                        self._forget_reply(reply)
                 else:
                     self._conclude(reply.attempt, Outcome.cancelled(reply.attempt.view.row_masks(),
                                                                     reason="the backend shut down"))

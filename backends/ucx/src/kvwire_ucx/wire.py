@@ -6,11 +6,18 @@ never executes anything, and raises :class:`WireError` for anything malformed; t
 the connection and counts it.
 
 The flow of one pull (requester R, serving end S), all on one TCP connection per pair:
-``Hello`` both ways (instance id and UCX worker address), R ``Pull`` -> S; S ``Offer`` (rows
-served per group) or ``Decline``; R posts receives for a window of rows and sends ``Go`` for
-exactly those rows; S sends exactly the rows each ``Go`` names; R ``Ack`` once every row
-arrived. Either end may stop: R ``Cancel``, S ``Decline``. A ``Go`` once sent is always
-honoured, so no receive or send is ever left unmatched while the connection lives."""
+``Hello`` both ways (instance id and UCX worker address). R posts receives for a first window of
+rows, then sends ``Pull`` naming the blocks, with ``credit`` = how many rows it posted. S answers
+every ``Pull`` exactly once, with ``Offer`` (rows served per group: a prefix) or ``Decline``;
+after an ``Offer`` it sends at once the offered rows within the credit. R then posts receives for
+further windows and names them with ``Go``; S sends the offered rows each ``Go`` names, and
+nothing else. R ``Ack`` once every offered row arrived. Either end may stop: R ``Cancel``, S
+``Decline`` (after an ``Offer``: stop). Credit and ``Go`` once given are always honoured, so no
+send waits for a receive that will not come; receives for rows not offered are completed by R
+itself once the answer says so.
+
+Rows are numbered block-major: row ``i`` of group index ``g`` is ``i * groups + g``; a
+transfer's UCX tag for a row is ``tag_base << 24 | number``."""
 
 from __future__ import annotations
 
@@ -64,7 +71,7 @@ MAX_TAG_BASE = (1 << 40) - 1
 _HEADER = struct.Struct("<4sBBHI")
 HEADER_BYTES = _HEADER.size
 _U64 = struct.Struct("<Q")
-_PULL_HEAD = struct.Struct("<QQIHIBH")  # transfer, tag_base, timeout_ms, groups, count, width, credentials
+_PULL_HEAD = struct.Struct("<QQIHIBHI")  # transfer, tag_base, timeout_ms, groups, count, width, credentials, credit
 _GROUP = struct.Struct("<IQ")  # group id, slot bytes
 _OFFER_HEAD = struct.Struct("<QH")
 _GO = struct.Struct("<QII")
@@ -106,7 +113,8 @@ class Hello:
 class Pull:
     """R asks for ``count`` blocks by name (``names``: ``count * width`` bytes, prefix order),
     the same blocks in every group of ``groups`` (``(group id, slot bytes)`` pairs).
-    ``credentials`` are the requester holder's, passed to the serving holder unread."""
+    ``credentials`` are the requester holder's, passed to the serving holder unread; ``credit``
+    is how many rows (block-major numbers ``[0, credit)``) R posted receives for already."""
 
     transfer: int
     tag_base: int
@@ -115,6 +123,7 @@ class Pull:
     width: int
     names: bytes
     credentials: bytes = b""
+    credit: int = 0
 
     def __post_init__(self) -> None:
         _check_u64(self.transfer, "Pull.transfer")
@@ -140,6 +149,8 @@ class Pull:
             raise WireError(f"a Pull names 1..{MAX_BLOCKS} blocks, got {self.count}")
         if len(self.credentials) > MAX_CREDENTIAL_BYTES:
             raise WireError(f"Pull credentials exceed {MAX_CREDENTIAL_BYTES} bytes ({len(self.credentials)})")
+        if not 0 <= self.credit <= self.count * len(self.groups):
+            raise WireError(f"Pull credit must be 0..{self.count * len(self.groups)} rows, got {self.credit}")
 
     @property
     def count(self) -> int:
@@ -231,7 +242,7 @@ def encode(message: Message) -> bytes:
         kind = MessageType.PULL
         head = _PULL_HEAD.pack(
             message.transfer, message.tag_base, message.timeout_ms, len(message.groups), message.count,
-            message.width, len(message.credentials),
+            message.width, len(message.credentials), message.credit,
         )
         body = head + b"".join(_GROUP.pack(g, s) for g, s in message.groups) + message.names + message.credentials
     elif isinstance(message, Offer):
@@ -306,7 +317,7 @@ def _decode(kind: MessageType, reader: _Reader) -> Message:
             raise WireError(f"Hello worker address of {size} bytes exceeds {MAX_WORKER_ADDRESS_BYTES}")
         return Hello(instance, reader.take(size))
     if kind is MessageType.PULL:
-        transfer, tag_base, timeout_ms, ngroups, count, width, credential_bytes = reader.unpack(_PULL_HEAD)
+        transfer, tag_base, timeout_ms, ngroups, count, width, credential_bytes, credit = reader.unpack(_PULL_HEAD)
         if not 1 <= ngroups <= MAX_GROUPS:
             raise WireError(f"a Pull names 1..{MAX_GROUPS} groups, got {ngroups}")
         if not 1 <= count <= MAX_BLOCKS:
@@ -317,7 +328,7 @@ def _decode(kind: MessageType, reader: _Reader) -> Message:
             raise WireError(f"Pull credentials of {credential_bytes} bytes exceed {MAX_CREDENTIAL_BYTES}")
         groups = tuple((gid, slot) for gid, slot in (reader.unpack(_GROUP) for _ in range(ngroups)))
         names = reader.take(count * width)
-        return Pull(transfer, tag_base, timeout_ms, groups, width, names, reader.take(credential_bytes))
+        return Pull(transfer, tag_base, timeout_ms, groups, width, names, reader.take(credential_bytes), credit)
     if kind is MessageType.OFFER:
         transfer, ngroups = reader.unpack(_OFFER_HEAD)
         if not 1 <= ngroups <= MAX_GROUPS:
