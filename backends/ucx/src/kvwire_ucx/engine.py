@@ -1265,7 +1265,7 @@ class Engine:
         if reply.done or reply.attempt is None:
             return
         self._fail(reply.attempt, f"the deadline passed while serving {reply.conn.label} "
-                                  f"({reply.go_end} of {reply.total} rows named)")
+                                  f"before it confirmed the {reply.total} rows offered")
         self._stop_reply(reply, "the serving end's deadline passed")
 
     def _stop_reply(self, reply: _Reply, reason: str) -> None:
