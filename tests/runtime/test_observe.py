@@ -48,3 +48,25 @@ def test_counts_add_up_and_a_raising_observer_is_harmless():
     assert (delivered, missed) == (4 * groups, 2 * groups)
     assert delivered + missed == 6 * groups                       # every submitted row counted once
     assert value("kvwire_bytes_total", **fetch) == pulled.bytes_moved
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.events: list[tuple[int, int]] = []
+
+    @hookimpl
+    def kvwire_blocks(self, worker: str, stored: int, evicted: int, pinned: int) -> None:
+        self.events.append((stored, evicted))
+
+
+def test_block_events_report_what_was_stored_and_evicted():
+    rec = Recorder()
+    with Worker(MODEL, backend="memory", options={"store": "blocks-events"}, name="W", num_blocks=8,
+                observers=(rec,)) as w:
+        rng = np.random.default_rng(2)
+        w.generate(rng.integers(0, MODEL.vocab, 16 * 5 + 1))        # stores 5 blocks
+        assert rec.events == [(5, 0)]
+        w.generate(rng.integers(0, MODEL.vocab, 16 * 5 + 1))        # 5 more: 8 slots, so 2+ evicted
+        stored, evicted = rec.events[-1]
+        assert stored == 5 and evicted >= 2
+        assert sum(s for s, _ in rec.events) - sum(e for _, e in rec.events) == w.lender.stats()["blocks_committed"]

@@ -173,6 +173,7 @@ class Worker:
         self._kept: list[Lease] = []     # S4: leases whose access may have escaped
         self.counters = _Counters()
         self._registration = self.backend.register_regions(regions)
+        self._tree_seen = (0, 0)  # (committed blocks, evictions) last announced
         self._closed = False
         self._serving: threading.Thread | None = None
         self._serve_signal = threading.Event()
@@ -251,6 +252,7 @@ class Worker:
             return Generation(tuple(out), cached, logits, prefill)
         finally:
             self.lender.close_request(request)
+            self._announce_blocks()
 
     def cached_tokens(self, prompt: Sequence[int] | np.ndarray) -> int:
         """How many leading tokens of ``prompt`` this cache holds as whole blocks."""
@@ -341,6 +343,7 @@ class Worker:
                 self.lender.commit(request, bound)
         finally:
             self.lender.close_request(request)
+            self._announce_blocks()
         seconds = time.perf_counter() - began
         nbytes = sum(int(np.count_nonzero(m)) * g.region.slot_bytes for m, g in zip(outcome.masks, lease.view.groups, strict=True))
         return TransferResult(outcome.status.value, bound, wanted, moved, skipped, nbytes, seconds, outcome.reason)
@@ -518,6 +521,17 @@ class Worker:
                                 requested=request.blocks, served=lease.found)
         self._replies.append((attempt, lease, request))
         self._serve_signal.set()  # look at the reply again soon, even if it settled already
+
+    def _announce_blocks(self) -> None:
+        """Tell observers how the reuse tree changed since the last time: blocks stored, evicted."""
+        stats = self.lender.stats()
+        committed, evictions = stats["blocks_committed"], stats["evictions"]
+        seen_committed, seen_evictions = self._tree_seen
+        evicted = evictions - seen_evictions
+        stored = committed - seen_committed + evicted
+        self._tree_seen = (committed, evictions)
+        if stored or evicted:
+            self.observers.announce("blocks", worker=self.name, stored=stored, evicted=evicted, pinned=stats["pins"])
 
     def pins(self) -> int:
         """Blocks pinned in this worker's cache right now (0 when nothing is lent or served)."""
