@@ -148,6 +148,9 @@ def _fill_a_store(ex: Exchange, harness: Harness, kind: MemoryKind, bound: int) 
         hold.release()
         for sub in accepted:
             ex.settle(sub)
+        # A submission that escaped despite the refusal runs behind the ones taken: let the
+        # store finish whatever it was asked, so the fetch below sees it if it landed.
+        hold.wait_idle(harness.quiesce_grace_s)
         fetched = ex.settle(ex.fetch(bench.sink_view()))
         bench.apply_fetch(fetched)
         assert fetched.masks[0][:bound].all(), f"S1: the publishes taken did not all arrive: {fetched!r}"
