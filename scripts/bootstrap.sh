@@ -39,7 +39,8 @@ fi
 [ -x "$venv/bin/python" ] || { say "creating $venv"; "$py" -m venv "$venv"; }
 pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
 # torch first and pinned: a looser request later is then already satisfied, never upgraded.
-"${pip[@]}" "torch==2.13.0"
+# setuptools >= 68 in the venv itself: tests build throwaway plugins without build isolation.
+"${pip[@]}" "torch==2.13.0" "setuptools>=68"
 mooncake_extra=cpu
 command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && mooncake_extra=cuda
 args=(-e ".[testing,bench]")
