@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -83,3 +85,21 @@ def test_bench_writes_a_readable_png_and_json(tmp_path):
     png = (tmp_path / "bench.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     assert "GB/s" in r.stdout
+
+
+@pytest.mark.parametrize("backend", ["mooncake", "ucx"])
+def test_demo_runs_on_the_other_in_repo_backends(tmp_path, backend):
+    from kvwire.registry import ConfigError, PluginError, load
+
+    try:
+        plugin = load(backend)
+        why = plugin.check() if plugin.check else None
+    except (ConfigError, PluginError) as exc:
+        why = str(exc)
+    if why:
+        pytest.skip(f"backend {backend} unavailable: {why}")
+    out = tmp_path / "demo.json"
+    r = kvwire("demo", "--backend", backend, "--tokens", "256", "--layers", "2", "--json", str(out))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    rep = json.loads(out.read_text())
+    assert rep["ok"] and rep["backend"] == backend and rep["blocks_moved"] == 16 and rep["pins_after"] == [0, 0]
