@@ -62,4 +62,12 @@ plugin = Plugin(
     summary="UCX peer-to-peer transfers; serves request-free pulls from a peer's reuse tree",
     check=ucx_problem,
     install_hint=INSTALL_HINT,
+    extra={"raw_bench": lambda options, row_bytes, rows, repeat: _raw_bench(options, row_bytes, rows, repeat)},
 )
+
+
+def _raw_bench(options: Any, row_bytes: int, rows: int, repeat: int) -> float:
+    """For ``kvwire bench``: median seconds of bare ucxx tag messages moving the same rows."""
+    from kvwire_ucx.raw import raw_bench
+
+    return raw_bench(options, row_bytes, rows, repeat)
