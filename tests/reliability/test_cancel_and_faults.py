@@ -33,13 +33,9 @@ def configured(name: str):
     why = usable(name)
     if why:
         pytest.skip(f"backend {name} unavailable: {why}")
-    plugin = load(name)
     options = {"store": f"cancel-{time.monotonic_ns()}"} if name == "memory" else {}
-    if plugin.local_services is None:
-        yield BackendConfig(name, options)
-        return
-    with plugin.local_services(plugin.resolve(options)) as extra:
-        yield BackendConfig(name, {**options, **dict(extra)})
+    with BackendConfig(name, options).services() as config:
+        yield config
 
 
 def settle(worker: Worker, timeout: float = 10.0) -> int:
@@ -77,14 +73,12 @@ def test_cancel_at_random_points_commits_only_whole_rows(backend):
         _fill(a, prompts)
         store = a.capabilities.other_end.value == "store"
         state = a.transceiver_state()
-        statuses = set()
         for p in prompts:
             if store:
                 assert a.publish(p).status == "delivered"
             cancel = Cancel()
             threading.Timer(rng.uniform(0, 0.01), cancel.cancel).start()
             result = b.pull(p, source=state, cancel=cancel)
-            statuses.add(result.status)
             assert result.status in ("delivered", "cancelled"), result
             held = assert_committed_rows_equal_the_source(a, b, p)
             assert result.cached_tokens == held * 16
@@ -93,7 +87,6 @@ def test_cancel_at_random_points_commits_only_whole_rows(backend):
         last = prompts[-1]
         assert b.pull(last, source=state).cached_tokens == TOKENS
         assert assert_committed_rows_equal_the_source(a, b, last) == TOKENS // 16
-    assert statuses  # the loop ran; which mix of statuses came up depends on timing
 
 
 @pytest.mark.parametrize("backend", ["memory", "mooncake", "ucx"])
@@ -114,7 +107,9 @@ def test_a_dead_or_silent_source_fails_within_the_deadline(backend):
             assert took < 2 + 6, f"took {took:.1f} s"
             if backend == "memory":
                 assert result.status == "delivered"      # an in-process store outlives its writer
-            else:
+            elif backend == "ucx":                       # nobody listens at the address any more
+                assert result.status == "failed" and result.cached_tokens == 0, result
+            else:                                        # the store may or may not still hold it
                 assert result.status in ("failed", "delivered")
                 if result.status == "failed":
                     assert result.reason

@@ -8,11 +8,10 @@ the time-to-first-token rows use the model on both sides."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import statistics
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -78,16 +77,6 @@ def _fill(worker, prompts: Sequence[np.ndarray]) -> None:
         worker.lender.close_request(req)
 
 
-@contextlib.contextmanager
-def _with_services(config: BackendConfig) -> Iterator[BackendConfig]:
-    plugin = config.plugin()
-    if plugin.local_services is None:
-        yield config
-        return
-    with plugin.local_services(plugin.resolve(config.options)) as extra:
-        yield BackendConfig(config.name, {**config.options, **dict(extra)}, config.source, config.worker)
-
-
 def _memcpy_seconds(nbytes: int, repeat: int) -> float:
     src = np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8)
     dst = np.empty_like(src)
@@ -138,7 +127,7 @@ def _ttft(config: BackendConfig, tokens: int, repeat: int = 3) -> tuple[float, f
     with Worker(model, config=config, num_blocks=blocks, name="ttft-A") as a, \
          Worker(model, config=config, num_blocks=blocks, name="ttft-B") as b:
         state = a.transceiver_state()
-        for i, p in enumerate(prompts):   # the first round pays connection and first-use costs
+        for p in prompts:   # the first round pays connection and first-use costs
             t = time.perf_counter()
             a.generate(p, max_tokens=1)
             local.append(time.perf_counter() - t)
@@ -175,7 +164,7 @@ def run_bench(
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("bench", total=steps)
         for name in chosen:
-            with _with_services(load_config(backend=name, environ={})) as config:
+            with load_config(backend=name, environ={}).services() as config:
                 plugin = config.plugin()
                 raw: Callable[..., float] | None = plugin.extra.get("raw_bench")
                 for row in rows:

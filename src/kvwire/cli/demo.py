@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,16 +50,6 @@ class DemoReport:
         return out
 
 
-@contextlib.contextmanager
-def _services(config: BackendConfig) -> Iterator[BackendConfig]:
-    plugin = config.plugin()
-    if plugin.local_services is None:
-        yield config
-        return
-    with plugin.local_services(plugin.resolve(config.options)) as extra:
-        yield BackendConfig(config.name, {**config.options, **dict(extra)}, config.source, config.worker)
-
-
 def run_demo(
     config: BackendConfig,
     *,
@@ -82,7 +72,7 @@ def run_demo(
         progress = stack.enter_context(Progress(SpinnerColumn(), TextColumn("{task.description}"),
                                                 TimeElapsedColumn(), console=console, transient=False))
         step = progress.add_task(f"starting {config.name} backend services", total=None)
-        config = stack.enter_context(_services(config))
+        config = stack.enter_context(config.services())
         progress.update(step, description="starting worker A and worker B")
         a = stack.enter_context(Worker(model, config=config, num_blocks=blocks, name="worker-A", device=device))
         b = stack.enter_context(Worker(model, config=config, num_blocks=blocks, name="worker-B", device=device))

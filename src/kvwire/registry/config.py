@@ -13,9 +13,10 @@ Environment (wins over the file): ``KVWIRE_BACKEND=memory`` and one
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,18 @@ class BackendConfig:
 
     def build(self) -> Backend:
         return self.plugin().build(self.options)
+
+    @contextlib.contextmanager
+    def services(self) -> Iterator[BackendConfig]:
+        """Start on loopback what the backend needs (the plugin's ``local_services``, e.g. a
+        store master) and yield this config pointed at it; stop it on exit. A plugin that needs
+        nothing yields this config unchanged."""
+        plugin = self.plugin()
+        if plugin.local_services is None:
+            yield self
+            return
+        with plugin.local_services(plugin.resolve(self.options)) as extra:
+            yield BackendConfig(self.name, {**self.options, **dict(extra)}, self.source, self.worker)
 
 
 def _read_file(path: Path) -> dict[str, Any]:

@@ -9,13 +9,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from kvwire.contract import Attempt, Backend, Hint, MemoryKind, Outcome
+from kvwire.contract import Attempt, Backend, Hint, MemoryKind, Outcome, View
 from kvwire.contract.capabilities import SERVE_PULLS, OtherEnd
 from kvwire.contract.errors import SubmissionError
 from kvwire.contract.serving import PullRequest, ServesPulls
@@ -113,7 +113,6 @@ class _Counters:
     pulls_declined: int = 0
     deadline_expiries: int = 0
     refusals: int = 0
-    extra: dict[str, int] = field(default_factory=dict)
 
 
 class Worker:
@@ -345,7 +344,7 @@ class Worker:
             self.lender.close_request(request)
             self._announce_blocks()
         seconds = time.perf_counter() - began
-        nbytes = sum(int(np.count_nonzero(m)) * g.region.slot_bytes for m, g in zip(outcome.masks, lease.view.groups, strict=True))
+        nbytes = _bytes_moved(outcome, lease.view)
         return TransferResult(outcome.status.value, bound, wanted, moved, skipped, nbytes, seconds, outcome.reason)
 
     def publish(self, prompt: Sequence[int] | np.ndarray, *, timeout_s: float | None = None,
@@ -364,7 +363,7 @@ class Worker:
         outcome = self._transfer(lease, "publish", hint, timeout, cancel)
         seconds = time.perf_counter() - began
         moved = _whole_blocks(outcome)
-        nbytes = sum(int(np.count_nonzero(m)) * g.region.slot_bytes for m, g in zip(outcome.masks, lease.view.groups, strict=True))
+        nbytes = _bytes_moved(outcome, lease.view)
         return TransferResult(outcome.status.value, held * B, wanted, moved, wanted - held, nbytes, seconds, outcome.reason)
 
     def _transfer(self, lease: Lease, direction: str, hint: Hint, timeout: float,
@@ -402,7 +401,7 @@ class Worker:
                 lease.mark_arrived(outcome.masks)
             delivered = outcome.rows_delivered
             rows = sum(m.size for m in outcome.masks)
-            nbytes = sum(int(np.count_nonzero(m)) * g.region.slot_bytes for m, g in zip(outcome.masks, lease.view.groups, strict=True))
+            nbytes = _bytes_moved(outcome, lease.view)
             self.counters.bytes_moved += nbytes
             self.observers.announce("transfer", worker=self.name, backend=self.plugin.name, direction=direction,
                                     rows=rows, delivered=delivered, nbytes=nbytes,
@@ -544,7 +543,7 @@ class Worker:
             "capabilities": self.capabilities.summary(),
             "staged": self.staged,
             "pins": self.pins(),
-            "counters": {k: v for k, v in vars(self.counters).items() if k != "extra"},
+            "counters": dict(vars(self.counters)),
         }
 
 
@@ -565,6 +564,11 @@ def _worker_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
             raise ConfigError("worker.allowed_peers must be a list of worker names")
         out[key] = value
     return out
+
+
+def _bytes_moved(outcome: Outcome, view: View) -> int:
+    """Bytes of the rows whose bits are true."""
+    return sum(int(np.count_nonzero(m)) * g.region.slot_bytes for m, g in zip(outcome.masks, view.groups, strict=True))
 
 
 def _whole_blocks(outcome: Outcome) -> int:
