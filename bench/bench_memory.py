@@ -22,6 +22,7 @@ import time
 import uuid
 
 import numpy as np
+from _waiting import Waiter  # noqa: E402  (bench/ is on sys.path when a bench runs)
 from kvwire_memory import MemoryDriver, MemoryStore, forget_store, named_store
 
 from kvwire.blob import BlobBackend
@@ -30,24 +31,6 @@ from kvwire.registry import load
 
 KIB, MIB = 1 << 10, 1 << 20
 HINT = Hint.of("store")
-
-
-class Waiter:
-    """A wake function the bench can block on."""
-
-    def __init__(self) -> None:
-        self.event = threading.Event()
-
-    def __call__(self) -> None:
-        self.event.set()
-
-    def settle(self, attempt: Attempt) -> None:
-        while not (attempt.poll() is not None and attempt.quiesced()):
-            if not self.event.wait(30.0):
-                raise TimeoutError(f"{attempt!r} did not settle in 30 s")
-            self.event.clear()
-        outcome = attempt.poll()
-        assert outcome is not None and outcome.is_delivered and outcome.rows_delivered == outcome.masks[0].size, outcome
 
 
 def region_of(array: np.ndarray, region_id: int) -> SlotRegion:

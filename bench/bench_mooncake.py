@@ -27,7 +27,6 @@ import json
 import multiprocessing
 import os
 import statistics
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,11 +37,11 @@ os.environ.setdefault("MC_LOG_LEVEL", "ERROR")
 os.environ.setdefault("MC_STORE_CLIENT_SETUP_RETRIES", "1")
 
 import numpy as np  # noqa: E402
+from _waiting import Waiter  # noqa: E402  (bench/ is on sys.path when a bench runs)
 from kvwire_mooncake.master import MasterProcess  # noqa: E402
 
 from kvwire.blob import BlobBackend  # noqa: E402
 from kvwire.contract import (  # noqa: E402
-    Attempt,
     CacheKind,
     Hint,
     LayerGroupRows,
@@ -56,24 +55,6 @@ from kvwire.registry import load  # noqa: E402
 KIB, MIB = 1 << 10, 1 << 20
 HINT = Hint.of("store", namespace="bench")
 WRITER_SEGMENT = 1 << 30
-
-
-class Waiter:
-    """A wake function the bench can block on."""
-
-    def __init__(self) -> None:
-        self.event = threading.Event()
-
-    def __call__(self) -> None:
-        self.event.set()
-
-    def settle(self, attempt: Attempt) -> None:
-        while not (attempt.poll() is not None and attempt.quiesced()):
-            if not self.event.wait(60.0):
-                raise TimeoutError(f"{attempt!r} did not settle in 60 s")
-            self.event.clear()
-        outcome = attempt.poll()
-        assert outcome is not None and outcome.is_delivered and outcome.masks[0].all(), outcome
 
 
 def region_of(array: np.ndarray, region_id: int) -> SlotRegion:
