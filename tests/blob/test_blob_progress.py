@@ -132,6 +132,31 @@ def test_the_deadline_fires_while_a_worker_is_stuck_in_the_store(store, make_bac
     assert attempt.poll() is outcome
 
 
+def test_a_short_deadline_fires_on_time_after_attempts_with_long_deadlines(store, make_backend):
+    # The deadline thread sleeps towards the nearest deadline it knows of, and attempts that
+    # conclude early do not wake it. An attempt with an earlier deadline, submitted after a
+    # long-deadline attempt concluded and while another is stuck in the store, still fails on time.
+    backend, driver, gate = blocked_backend(store, make_backend, op="get", call=None, timeout_s=60.0, workers=2)
+    src, dst = Slab.make(2, 64, seed=3), Slab.make(2, 64)
+    backend.register_regions([src.region, dst.region])
+    waker = Waker()
+    assert settle(backend.publish(view(group(src, [0, 1], [0, 1])), STORE, waker), waker).is_delivered
+    stuck_waker = Waker()
+    stuck = backend.fetch(view(group(dst, [0], [0])), STORE, stuck_waker)
+    assert driver.wait_blocked(1)
+    short_waker = Waker()
+    started = time.monotonic()
+    short = backend.fetch(view(group(dst, [1], [1])), Hint.of("store", timeout_s=0.2), short_waker)
+    short_waker.until(lambda: short.poll() is not None)
+    elapsed = time.monotonic() - started
+    assert short.poll().status is OutcomeStatus.FAILED and "deadline" in short.poll().reason
+    assert 0.15 <= elapsed < 3.0
+    assert stuck.poll() is None  # its own deadline is a minute away
+    gate.release.set()
+    assert settle(stuck, stuck_waker).is_delivered
+    assert settle(short, short_waker).is_failed
+
+
 def test_wake_comes_only_after_the_change_is_visible(store, make_backend):
     backend, driver, gate = blocked_backend(store, make_backend, op="put", call=1)
     src = Slab.make(2, 64, seed=6)

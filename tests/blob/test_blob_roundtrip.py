@@ -74,6 +74,22 @@ def test_store_keys_follow_the_documented_layout(store, make_backend, namespace)
     assert store_keys(namespace, 7, g.names) == expected
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    raw=st.binary(min_size=0, max_size=400),
+    width=st.integers(1, 64),
+    group_id=st.integers(0, 2**31),
+    namespace=st.sampled_from(["default", "a/b", "x.y:z@1+2=3-4", "n" * 128]),
+    step=st.sampled_from([1, -1, 2]),
+)
+def test_store_keys_equal_the_layout_row_by_row_for_any_names(raw, width, group_id, namespace, step):
+    rows = len(raw) // width
+    names_ = np.frombuffer(raw[: rows * width], dtype=np.uint8).reshape(rows, width)[::step]
+    keys = store_keys(namespace, group_id, names_)
+    assert keys == [f"kvw1/{namespace}/g{group_id}/{bytes(n).hex()}" for n in names_]
+    assert all(type(k) is str for k in keys)
+
+
 def test_scopes_never_collide_and_the_hint_namespace_wins(store, make_backend):
     a, b = pair(store, make_backend, namespace="option-ns")
     src, dst = Slab.make(4, 64, seed=2), Slab.make(4, 64)

@@ -29,6 +29,9 @@ class KeyStatus(enum.IntEnum):
     FAILED = 5         #: a fault; the batch result's reason says why
 
 
+_HIGHEST_STATUS = int(max(KeyStatus))
+
+
 @dataclass(frozen=True, slots=True)
 class BatchResult:
     """One status per key (uint8 :class:`KeyStatus` codes, read-only) and a reason for each key
@@ -41,7 +44,7 @@ class BatchResult:
         status = np.array(self.status, dtype=np.uint8, copy=True)
         if status.ndim != 1:
             raise ValueError(f"BatchResult.status must be one-dimensional, got shape {status.shape}")
-        if status.size and status.max() > max(KeyStatus):
+        if status.size and status.max() > _HIGHEST_STATUS:
             raise ValueError(f"BatchResult.status holds an unknown code {int(status.max())}")
         status.setflags(write=False)
         object.__setattr__(self, "status", status)
