@@ -194,13 +194,15 @@ class MooncakeDriver(StoreDriver):
         if refused is not None:
             return refused
         try:
+            keys = _as_list(keys)
             if self._check_existing:
-                exist = np.asarray(self._client.batch_is_exist(list(keys)), dtype=np.int64)
+                exist = np.asarray(self._client.batch_is_exist(keys), dtype=np.int64)
+                fresh = not exist.any()
             else:
-                exist = np.zeros(n, dtype=np.int64)
-            if not exist.any():  # the common case: nothing there yet, put every key
+                fresh = True
+            if fresh:  # the common case: nothing there yet, put every key
                 answer = self._client.batch_put_from(
-                    list(keys), np.asarray(addresses, dtype=np.uint64).tolist(),
+                    keys, np.asarray(addresses, dtype=np.uint64).tolist(),
                     np.asarray(sizes, dtype=np.uint64).tolist(),
                 )
                 return codes.put_result(np.asarray(answer, dtype=np.int64))
@@ -234,10 +236,12 @@ class MooncakeDriver(StoreDriver):
         try:
             sizes = np.asarray(sizes, dtype=np.int64)
             answer = self._client.batch_get_into(
-                list(keys), np.asarray(addresses, dtype=np.uint64).tolist(), sizes.tolist()
+                _as_list(keys), np.asarray(addresses, dtype=np.uint64).tolist(), sizes.tolist()
             )
             got = np.asarray(answer, dtype=np.int64)
             result = codes.get_result(got, sizes)
+            if not result.reasons:  # every row whole, or only misses
+                return result
             too_small = np.flatnonzero(got == -600)[:_EXPLAIN_AT_MOST]
             if too_small.size == 0:
                 return result
@@ -308,6 +312,11 @@ class MooncakeDriver(StoreDriver):
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
         return f"MooncakeDriver(master={self._master}, {state}, {len(self._registered)} region(s))"
+
+
+def _as_list(keys: Sequence[str]) -> list[str]:
+    """The keys as the list the client's batch calls take (a list is passed as it is)."""
+    return keys if type(keys) is list else list(keys)
 
 
 #: The ``MC_*`` values this module put into the environment: those it may change again.
