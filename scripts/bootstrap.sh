@@ -47,6 +47,7 @@ args=(-e ".[testing,bench]")
 for p in "${projects[@]}"; do
   case "$p" in
     backends/mooncake/) args+=(-e "${p}[${mooncake_extra}]") ;;
+    backends/ucx/) args+=(-e "${p}[nixl]") ;;
     *) args+=(-e "$p") ;;
   esac
 done

@@ -28,8 +28,9 @@ GROUPS = (0, 1)
 class Child:
     """A kvwire-ucx end in a subprocess; always killed and reaped by :meth:`stop`."""
 
-    def __init__(self, *args: object) -> None:
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(CHILD.parent), os.environ.get("PYTHONPATH", "")]))
+    def __init__(self, *args: object, mode: str = "two-sided") -> None:
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(CHILD.parent), os.environ.get("PYTHONPATH", "")]),
+                   KVWIRE_UCX_TEST_MODE=mode)
         self.proc = subprocess.Popen(
             [sys.executable, "-u", str(CHILD), *map(str, args)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
@@ -78,8 +79,8 @@ class Child:
 def children():
     started: list[Child] = []
 
-    def start(*args: object) -> Child:
-        child = Child(*args)
+    def start(*args: object, mode: str = "two-sided") -> Child:
+        child = Child(*args, mode=mode)
         started.append(child)
         return child
 

@@ -7,7 +7,9 @@ A serving end prints ``{"address": hex}`` and answers stdin commands ``pins`` (p
 ``{"pins": n}``) and ``quit``. ``kill-mid-pull`` SIGKILLs itself once its first rows went out;
 ``kill-on-request`` as soon as a request arrives, before answering. A requesting end pulls
 BLOCKS blocks from ADDRESS, prints ``{"fetching": true}`` and waits to be killed or told
-``quit``."""
+``quit``. The backend's ``mode`` option comes from ``KVWIRE_UCX_TEST_MODE`` (default two-sided);
+in the one-sided mode ``kill-mid-pull`` dies as soon as its answer went out (the requester reads
+the rows, so none are ever sent)."""
 
 from __future__ import annotations
 
@@ -31,7 +33,8 @@ def main(argv: list[str]) -> int:
     from kvwire_ucx.backend import UcxBackend
 
     mode, slot, blocks = argv[0], int(argv[1]), int(argv[2])
-    backend = UcxBackend(timeout_s=20, grace_s=0.5)
+    ucx_mode = os.environ.get("KVWIRE_UCX_TEST_MODE", "two-sided")
+    backend = UcxBackend(timeout_s=20, grace_s=0.5, mode=ucx_mode)
     pool = Pool(GROUPS, blocks, slot)
     backend.register_regions(pool.regions)
     holder = None
@@ -46,7 +49,7 @@ def main(argv: list[str]) -> int:
 
         def kill_when_sending(answer: object) -> None:
             def watch() -> None:
-                while backend.stats().rows_sent < 1:
+                while ucx_mode == "two-sided" and backend.stats().rows_sent < 1:
                     time.sleep(0.0005)
                 os.kill(os.getpid(), signal.SIGKILL)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -31,6 +32,7 @@ from kvwire.contract.serving import PullRequest, ServesPulls
 from kvwire_ucx import wire
 from kvwire_ucx.address import AddressError, PeerAddress
 from kvwire_ucx.engine import Engine, GroupRows, UcxAttempt, WireStats, _Fetch
+from kvwire_ucx.nixl import NixlAgent, NixlError
 from kvwire_ucx.regions import RegionTable
 from kvwire_ucx.settings import UcxSettings
 
@@ -82,7 +84,17 @@ class UcxBackend(Backend, ServesPulls):
         return self._capabilities
 
     def register_regions(self, regions: Sequence[SlotRegion]) -> Registration:
-        return self._regions.register(regions)
+        registration = self._regions.register(regions)
+        nixl = self._engine.nixl
+        if nixl is None or not registration.regions:
+            return registration
+        # one-sided mode: peers read these regions through NIXL, so NIXL must know them too
+        try:
+            handle = nixl.register(registration.regions)
+        except NixlError as exc:
+            registration.close()  # a refused batch leaves nothing registered (M3)
+            raise InvalidSubmission(str(exc)) from None
+        return _NixlRegistration(registration, nixl, handle)
 
     def fetch(self, view: View, hint: Hint, wake: WakeFn) -> Attempt:
         """Pull the view's named blocks from the peer the hint names; every group carries the
@@ -249,6 +261,33 @@ class UcxBackend(Backend, ServesPulls):
         attempt._quiesced = True
         self._engine.schedule_wake(attempt)
         return attempt
+
+
+class _NixlRegistration(Registration):
+    """A registration of the one-sided mode: the region table's, plus the same regions in NIXL.
+    Closing it (once; later closes do nothing) removes both."""
+
+    def __init__(self, inner: Registration, nixl: NixlAgent, handle: Any) -> None:
+        self._inner = inner
+        self._nixl = nixl
+        self._handle = handle
+        self._lock = threading.Lock()
+
+    @property
+    def regions(self) -> tuple[SlotRegion, ...]:
+        return self._inner.regions
+
+    def close(self) -> None:
+        with self._lock:
+            handle, self._handle = self._handle, None
+        if handle is None:
+            return
+        self._inner.close()
+        try:
+            self._nixl.deregister(handle)
+        except Exception as exc:
+            log.warning("kvwire-ucx: NIXL could not deregister regions %s: %s",
+                        [r.region_id for r in self._inner.regions], exc)
 
 
 def _check_view_shape(view: View) -> None:

@@ -34,6 +34,7 @@ from kvwire.contract.serving import PullRequest
 from kvwire_ucx import wire
 from kvwire_ucx._ucx import Array, UCXError, ucx_api
 from kvwire_ucx.address import PeerAddress, is_loopback
+from kvwire_ucx.nixl import NixlAgent, NixlError, coalesce
 from kvwire_ucx.settings import UcxSettings
 
 __all__ = ["Engine", "UcxAttempt", "WireStats", "GroupRows"]
@@ -56,6 +57,9 @@ _TICKET_LINGER_S = 60.0
 _DYING_WAIT_S = 2.0
 #: The tag of the zero-byte probe sent to a peer presumed dead; no transfer ever uses it.
 _PROBE_TAG = (wire.MAX_TAG_BASE << wire.TAG_ROW_BITS) | _ROW_MASK
+#: While a one-sided offer is out, the serving end progresses its NIXL agent at least this often
+#: (NIXL has no fd; a peer's connection wire-up waits for it).
+_NIXL_SERVE_POLL_S = 0.001
 
 _engines: weakref.WeakSet[Engine] = weakref.WeakSet()
 
@@ -71,6 +75,7 @@ class WireStats:
     pulls_declined: int = 0
     rows_sent: int = 0
     rows_received: int = 0
+    rows_read: int = 0  #: of rows_received, those read one-sided (NIXL READ)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -142,6 +147,13 @@ class _Fetch:
         self.drained = False  # every receive was completed by this end; no more rows count
         self.ended = False  # nothing more will be posted
         self.done = False  # forgotten by the engine
+        # one-sided (NIXL READ) pulls
+        self.one_sided = False
+        self.peer_agent = b""
+        self.chunks: collections.deque[tuple[int, int]] = collections.deque()  # block ranges still to read
+        self.chunk = (0, 0)
+        self.xfer: Any = None  # the NIXL read in flight
+        self.remote: tuple[np.ndarray, ...] = ()  # the offered rows' addresses at the peer
 
 
 class _Reply:
@@ -169,6 +181,7 @@ class _Reply:
         self.answered = False  # the pull's one Offer or Decline went out
         self.peer_done = False  # no more Go can come: the peer acked, cancelled or vanished
         self.done = False
+        self.one_sided = False  # answered with a ReadOffer: the requester reads the rows itself
 
 
 class _Connection:
@@ -189,6 +202,8 @@ class _Connection:
         self.replies: dict[int, _Reply] = {}
         self.closed = False
         self.want_write = False
+        self.nixl_sent = -1  # generation of this end's NIXL metadata the peer was sent
+        self.nixl_peer = b""  # the peer's NIXL agent, loaded from a ReadOffer on this connection
 
 
 class Engine:
@@ -197,6 +212,9 @@ class Engine:
     def __init__(self, settings: UcxSettings) -> None:
         self.settings = settings
         self.instance = secrets.randbits(63)
+        self._reads: set[_Fetch] = set()  # one-sided fetches with rows still to read, or a read in flight
+        self._read_replies: set[_Reply] = set()  # one-sided offers the requester has not finished
+        self._forget_agents: set[bytes] = set()
         self._lock = threading.Lock()
         self.changed = threading.Condition(self._lock)
         self._commands: collections.deque[tuple[Callable[..., None], tuple[Any, ...]]] = collections.deque()
@@ -234,6 +252,10 @@ class Engine:
         self._worker = ucx_api.UCXWorker(self._context)
         self._worker.init_blocking_progress_mode()
         self._worker_fd = self._worker.epoll_file_descriptor
+        # Before the listener, so that a missing or failing NIXL leaves nothing behind.
+        self.nixl: NixlAgent | None = None
+        if settings.mode == "one-sided":
+            self.nixl = NixlAgent(f"kvwire-ucx-{self.instance:016x}", loopback=is_loopback(settings.listen_host))
 
         family = socket.AF_INET6 if ":" in settings.listen_host else socket.AF_INET
         self._listener: socket.socket | None = socket.socket(family, socket.SOCK_STREAM)
@@ -419,6 +441,12 @@ class Engine:
                         break
                     if self._commands:
                         continue
+                    if self._reads:
+                        # reads in progress (NIXL has no fd): keep going, glancing at the sockets
+                        if time.monotonic() - polled >= _SOCKET_POLL_S:
+                            self._wait_and_handle(0.0)
+                            polled = time.monotonic()
+                        continue
                     if self._worker.arm():
                         self._wait_and_handle(self._sleep_timeout())
                         polled = time.monotonic()
@@ -455,9 +483,10 @@ class Engine:
                 self._close(conn, f"peer {conn.label} is gone: its UCX endpoint failed", lost=True)
 
     def _sleep_timeout(self) -> float:
+        cap = _NIXL_SERVE_POLL_S if self._read_replies else _MAX_SLEEP_S
         if not self._timers:
-            return _MAX_SLEEP_S
-        return min(_MAX_SLEEP_S, max(0.0, self._timers[0][0] - time.monotonic()))
+            return cap
+        return min(cap, max(0.0, self._timers[0][0] - time.monotonic()))
 
     def _wait_and_handle(self, timeout: float) -> None:
         """Wait up to ``timeout`` for the worker fd, the doorbell or a socket; handle sockets."""
@@ -533,6 +562,8 @@ class Engine:
                 os.close(fd)
             except OSError:
                 pass
+        if self.nixl is not None:
+            self.nixl.close()
         # endpoints went with their connections; the worker before its context
         self._worker = None
         self._context = None
@@ -675,6 +706,8 @@ class Engine:
             key = (conn.address.host, conn.address.port, conn.address.instance)
             if self._outbound.get(key) is conn:
                 del self._outbound[key]
+        if conn.nixl_peer:
+            self._forget_agents.add(conn.nixl_peer)  # once no read from it is in flight (_reap)
         for fetch in list(conn.fetches.values()):
             fetch.ended = True
             self._fail(fetch.attempt, reason)
@@ -778,6 +811,8 @@ class Engine:
         if conn.outbound:
             if isinstance(message, wire.Offer):
                 self._on_offer(conn, message)
+            elif isinstance(message, wire.ReadOffer):
+                self._on_read_offer(conn, message)
             elif isinstance(message, wire.Decline):
                 self._on_decline(conn, message)
             else:
@@ -814,8 +849,12 @@ class Engine:
         conn = self._connect(fetch.address)
         fetch.conn = conn
         conn.fetches[fetch.transfer] = fetch
+        # One-sided: ask the peer where the rows lie and read them; nothing is posted on credit.
+        # A peer in the other mode declines the pull.
+        fetch.one_sided = self.nixl is not None
         try:
-            self._post_receives(fetch)
+            if not fetch.one_sided:
+                self._post_receives(fetch)
         except UCXError as exc:
             fetch.ended = True
             self._fail(fetch.attempt, f"posting receives failed: {exc}")
@@ -825,7 +864,8 @@ class Engine:
         remaining_ms = int((fetch.deadline - time.monotonic()) * 1000)
         groups = tuple((g.group_id, g.slot_bytes) for g in fetch.groups)
         self._send(conn, wire.Pull(fetch.transfer, fetch.tag_base, max(1, min(remaining_ms, 2**32 - 1)),
-                                   groups, fetch.width, fetch.names, fetch.credentials, fetch.next_seq))
+                                   groups, fetch.width, fetch.names, fetch.credentials, fetch.next_seq,
+                                   one_sided=fetch.one_sided))
         fetch.asked = True
         self._timer(fetch.deadline - time.monotonic(), lambda: self._fetch_deadline(fetch))
 
@@ -833,7 +873,7 @@ class Engine:
         fetch = conn.fetches.get(message.transfer)
         if fetch is None and message.transfer <= self._last_transfer:
             return  # a pull whose receives are all complete; it needs no answer any more
-        if fetch is None or fetch.counts is not None:
+        if fetch is None or fetch.counts is not None or fetch.one_sided:
             self._drop(conn, f"peer {conn.label} offered rows for a pull it was not asked (transfer {message.transfer})")
             return
         if len(message.counts) != len(fetch.groups) or any(c > fetch.rows for c in message.counts):
@@ -859,6 +899,141 @@ class Engine:
             self._settle_fetch(fetch)
             return
         self._reap_fetch(fetch)
+
+    # ---------------------------------------------------------------- one-sided requester side
+
+    def _on_read_offer(self, conn: _Connection, message: wire.ReadOffer) -> None:
+        """The serving end said where the rows lie: read them (NIXL READ), block range by block
+        range, marking each range once it arrived whole."""
+        assert self.nixl is not None
+        fetch = conn.fetches.get(message.transfer)
+        known = fetch is not None or message.transfer <= self._last_transfer
+        if fetch is not None and (fetch.counts is not None or not fetch.one_sided):
+            known = False
+        if not known:
+            self._drop(conn, f"peer {conn.label} sent a ReadOffer for a pull it was not asked to answer so "
+                             f"(transfer {message.transfer})")
+            return
+        # Metadata is sent once per generation, so it is loaded even for a pull given up on.
+        problem = None
+        try:
+            if message.metadata:
+                self.nixl.load_peer(message.agent, message.generation, message.metadata)
+                conn.nixl_peer = message.agent
+        except NixlError as exc:
+            problem = f"peer {conn.label}'s NIXL agent is unusable: {exc}"
+        if fetch is None:
+            return  # given up on already; a ReadOffer needs no answer (the Cancel went out)
+        if len(message.counts) != len(fetch.groups) or any(c > fetch.rows for c in message.counts):
+            self._drop(conn, f"peer {conn.label} offered {list(message.counts)} rows for a pull of {fetch.rows} "
+                             f"blocks in {len(fetch.groups)} groups")
+            return
+        fetch.counts = message.counts
+        fetch.total = sum(message.counts)
+        if fetch.ended or fetch.attempt._outcome is not None:
+            fetch.ended = True  # stopped while the offer travelled; the peer was told (Cancel)
+            self._settle_fetch(fetch)
+            return
+        if fetch.total == 0:
+            self._send(conn, wire.Ack(fetch.transfer, 0))
+            fetch.ended = True
+            self._conclude(fetch.attempt, Outcome.delivered(fetch.attempt._masks))
+            self._settle_fetch(fetch)
+            return
+        if problem is None and not self.nixl.knows(message.agent, message.generation):
+            self._drop(conn, f"peer {conn.label} offered reads from NIXL agent {message.agent!r} "
+                             f"(generation {message.generation}) without sending its metadata")
+            return
+        if problem is not None:
+            self._read_failed(fetch, problem)
+            return
+        fetch.peer_agent = message.agent
+        fetch.remote = message.addresses
+        per_block = sum(g.slot_bytes for g in fetch.groups)
+        step = max(1, self.settings.window_bytes // max(1, per_block))
+        longest = max(message.counts)
+        fetch.chunks.extend((b, min(b + step, longest)) for b in range(0, longest, step))
+        self._reads.add(fetch)
+        self._advance_read(fetch)
+
+    def _advance_read(self, fetch: _Fetch) -> None:
+        """Finish the read in flight and start the next ones while they complete at once; end
+        the fetch when none is left, it stopped, or a read failed."""
+        nixl = self.nixl
+        assert nixl is not None
+        while True:
+            if fetch.xfer is not None:
+                try:
+                    finished = nixl.done(fetch.xfer)
+                except NixlError as exc:
+                    self._read_failed(fetch, f"reading rows from {fetch.address} failed: {exc}")
+                    return
+                if not finished:
+                    return
+                nixl.release(fetch.xfer)
+                fetch.xfer = None
+                self._mark_read(fetch)
+            if fetch.ended or fetch.attempt._outcome is not None:
+                fetch.ended = True
+                self._reads.discard(fetch)
+                self._settle_fetch(fetch)
+                return
+            if not fetch.chunks:
+                fetch.ended = True
+                self._reads.discard(fetch)
+                if fetch.conn is not None:
+                    self._send(fetch.conn, wire.Ack(fetch.transfer, fetch.received))
+                self._conclude(fetch.attempt, Outcome.delivered(fetch.attempt._masks))
+                self._settle_fetch(fetch)
+                return
+            fetch.chunk = fetch.chunks.popleft()
+            local, remote = self._read_descriptors(fetch, *fetch.chunk)
+            try:
+                fetch.xfer, _ = nixl.read(local, remote, fetch.peer_agent)
+            except NixlError as exc:
+                self._read_failed(fetch, f"reading rows from {fetch.address} failed: {exc}")
+                return
+
+    def _read_descriptors(self, fetch: _Fetch, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
+        """Local and remote descriptors of the offered rows of blocks ``[start, end)``, group by
+        group, rows adjacent on both sides merged."""
+        assert fetch.counts is not None
+        local, remote, sizes = [], [], []
+        for group, count, there in zip(fetch.groups, fetch.counts, fetch.remote, strict=True):
+            hi = min(end, count)
+            if hi <= start:
+                continue
+            assert group.span is not None
+            base = group.span.__array_interface__["data"][0]
+            local.append(np.asarray(group.offsets[start:hi], dtype=np.uint64) + np.uint64(base))
+            remote.append(there[start:hi])
+            sizes.append(np.full(hi - start, group.slot_bytes, dtype=np.uint64))
+        return coalesce(np.concatenate(local), np.concatenate(remote), np.concatenate(sizes))
+
+    def _mark_read(self, fetch: _Fetch) -> None:
+        assert fetch.counts is not None
+        start, end = fetch.chunk
+        rows = 0
+        for mask, count in zip(fetch.attempt._masks, fetch.counts, strict=True):
+            hi = min(end, count)
+            if hi > start:
+                mask[start:hi] = True
+                rows += hi - start
+        fetch.received += rows
+        self._count("rows_received", rows)
+        self._count("rows_read", rows)
+
+    def _read_failed(self, fetch: _Fetch, reason: str) -> None:
+        """A read could not start or failed: the rows read so far stay marked, the attempt fails
+        and the peer is told. Its handle (if any) is let go once NIXL says it stopped."""
+        if fetch.xfer is not None and self.nixl is not None and self.nixl.release(fetch.xfer):
+            fetch.xfer = None
+        fetch.ended = True
+        if self._fail(fetch.attempt, reason) and fetch.conn is not None and not fetch.conn.closed:
+            self._send(fetch.conn, wire.Cancel(fetch.transfer, wire.clip_reason(reason)))
+        if fetch.xfer is None:
+            self._reads.discard(fetch)
+        self._settle_fetch(fetch)
 
     def _post_receives(self, fetch: _Fetch) -> int:
         """Post receives for the next rows (block-major numbers, skipping rows not offered) while
@@ -939,7 +1114,7 @@ class Engine:
 
     def _settle_fetch(self, fetch: _Fetch) -> None:
         """Quiesce and forget the fetch once nothing is posted and nothing more will be."""
-        if fetch.posted:
+        if fetch.posted or fetch.xfer is not None:
             return
         self._busy.discard(fetch)
         if fetch.ended or fetch.attempt._outcome is not None:
@@ -987,6 +1162,7 @@ class Engine:
         if fetch.done:
             return
         fetch.done = True
+        self._reads.discard(fetch)
         if fetch.conn is not None:
             fetch.conn.fetches.pop(fetch.transfer, None)
 
@@ -1056,6 +1232,14 @@ class Engine:
         if not serving:
             self._decline_now(conn, message.transfer, "not serving: the peer's holder has not started serving pulls")
             return
+        mode = "one-sided" if self.nixl is not None else "two-sided"
+        if message.one_sided != (self.nixl is not None):
+            # Modes never mix: a process that loaded NIXL must not run two-sided rendezvous
+            # (see the README: UCX 1.21 can crash there when a peer dies).
+            asked = "one-sided" if message.one_sided else "two-sided"
+            self._decline_now(conn, message.transfer, f"this end serves {mode} pulls only (option mode={mode!r}); "
+                                                      f"the pull is {asked}")
+            return
         if waiting >= self.settings.max_pending_pulls:
             self._decline_now(conn, message.transfer,
                               f"busy: {waiting} pulls are already waiting for the serving holder")
@@ -1073,6 +1257,7 @@ class Engine:
             credentials=message.credentials,
         )
         reply = _Reply(pull_id, conn, message, request, time.monotonic() + timeout_s)
+        reply.one_sided = message.one_sided and self.nixl is not None
         conn.replies[message.transfer] = reply
         with self._lock:
             self._replies[pull_id] = reply
@@ -1150,6 +1335,9 @@ class Engine:
             self._conclude(attempt, Outcome.failed(refusal, masks), quiesced=True)
             self._forget_reply(reply)
             return
+        if reply.one_sided:
+            self._offer_reads(reply, attempt, groups, counts, deadline)
+            return
         reply.groups = groups
         reply.counts = counts
         reply.total = sum(counts)
@@ -1162,6 +1350,39 @@ class Engine:
             self._forget_reply(reply)
             return
         self._send_rows(reply, 0, reply.credit)
+        self._timer(deadline - time.monotonic(), lambda: self._reply_deadline(reply))
+        self._settle_reply(reply)
+
+    def _offer_reads(self, reply: _Reply, attempt: UcxAttempt, groups: tuple[GroupRows, ...],
+                     counts: tuple[int, ...], deadline: float) -> None:
+        """Answer a one-sided pull: tell the requester where the rows lie (with this end's NIXL
+        metadata when it changed) and wait for its Ack, Cancel, or the deadline."""
+        assert self.nixl is not None
+        generation, metadata = self.nixl.metadata()
+        if reply.conn.nixl_sent == generation:
+            metadata = b""
+        agent = self.nixl.name.encode()
+        counts = _fit_read_offer(counts, agent, metadata)
+        addresses = []
+        for group, count in zip(groups, counts, strict=True):
+            if count == 0 or group.span is None:
+                addresses.append(np.zeros(0, dtype=np.uint64))
+                continue
+            base = group.span.__array_interface__["data"][0]
+            addresses.append(np.asarray(group.offsets[:count], dtype=np.uint64) + np.uint64(base))
+        reply.groups = groups
+        reply.counts = counts
+        reply.total = sum(counts)
+        self._answer_once(reply, wire.ReadOffer(reply.transfer, counts, agent, generation, metadata,
+                                                tuple(addresses)))
+        reply.conn.nixl_sent = generation
+        masks = attempt.view.row_masks()
+        if reply.total == 0:
+            reply.peer_done = True
+            self._conclude(attempt, Outcome.delivered(masks), quiesced=True)
+            self._forget_reply(reply)
+            return
+        self._read_replies.add(reply)
         self._timer(deadline - time.monotonic(), lambda: self._reply_deadline(reply))
         self._settle_reply(reply)
 
@@ -1193,7 +1414,7 @@ class Engine:
 
     def _on_go(self, conn: _Connection, message: wire.Go) -> None:
         reply = conn.replies.get(message.transfer)
-        if reply is None or reply.attempt is None or not reply.counts:
+        if reply is None or reply.attempt is None or not reply.counts or reply.one_sided:
             self._drop(conn, f"peer {conn.label} named rows of transfer {message.transfer}, which was not offered")
             return
         if message.start != reply.go_end or message.end > reply.rows or reply.peer_done:
@@ -1226,7 +1447,8 @@ class Engine:
         attempt = reply.attempt
         if attempt is None:
             return
-        if reply.peer_done or reply.go_end >= reply.limit or reply.conn.closed:
+        if reply.peer_done or (not reply.one_sided and reply.go_end >= reply.limit) or reply.conn.closed:
+            self._read_replies.discard(reply)
             self._quiesce(attempt)
         if attempt._quiesced and attempt._outcome is not None and (reply.peer_done or reply.conn.closed):
             self._forget_reply(reply)
@@ -1291,6 +1513,7 @@ class Engine:
         if reply.done:
             return
         reply.done = True
+        self._read_replies.discard(reply)
         reply.conn.replies.pop(reply.transfer, None)
         with self._lock:
             if reply.state == "waiting":
@@ -1314,6 +1537,17 @@ class Engine:
         return self._conclude(attempt, Outcome.failed(reason, masks))
 
     def _reap(self) -> None:
+        if self._read_replies and self.nixl is not None:
+            self.nixl.progress()
+        if self._reads:
+            for fetch in list(self._reads):
+                self._advance_read(fetch)
+        if self._forget_agents and self.nixl is not None:
+            reading = {f.peer_agent for f in self._reads}
+            for agent in self._forget_agents - reading:
+                if not any(c.nixl_peer == agent and not c.closed for c in self._connections):
+                    self.nixl.forget_peer(agent)
+            self._forget_agents &= reading
         if self._dying:
             self._bury()
         if self._drains:
@@ -1374,3 +1608,18 @@ class Engine:
             engine.submit(engine._force_all)
         for engine in list(_engines):
             engine.join(timeout)
+
+
+def _fit_read_offer(counts: tuple[int, ...], agent: bytes, metadata: bytes) -> tuple[int, ...]:
+    """``counts`` cut to the longest common block prefix whose ReadOffer fits in one frame (a
+    shorter prefix is still a valid answer)."""
+    if wire.ReadOffer.body_bytes(counts, agent, metadata) <= wire.MAX_MESSAGE_BYTES:
+        return counts
+    lo, hi = 0, max(counts)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if wire.ReadOffer.body_bytes(tuple(min(c, mid) for c in counts), agent, metadata) <= wire.MAX_MESSAGE_BYTES:
+            lo = mid
+        else:
+            hi = mid - 1
+    return tuple(min(c, lo) for c in counts)

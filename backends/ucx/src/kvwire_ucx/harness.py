@@ -3,7 +3,12 @@
 ``source`` serves pulls (the suite plays its holder) and ``sink`` fetches from it with
 ``Hint.of("peer", address=source.address())``. Run the suite with::
 
-    pytest --pyargs kvwire.testing.suite --kvwire-backend ucx"""
+    pytest --pyargs kvwire.testing.suite --kvwire-backend ucx
+
+The opt-in one-sided mode (both ends ``mode="one-sided"``, rows read through NIXL) has its own
+harness object::
+
+    pytest --pyargs kvwire.testing.suite --kvwire-harness kvwire_ucx.harness:one_sided"""
 
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ GRACE_S = 0.5
 
 class UcxHarness(Harness):
     name = "ucx"
+    mode = "two-sided"
     #: grace_s, plus time for a forced close to complete the receives and sends still posted
     quiesce_grace_s = GRACE_S + 1.5
 
@@ -29,7 +35,13 @@ class UcxHarness(Harness):
             from kvwire_ucx.backend import UcxBackend
         except ImportError as exc:
             raise Unavailable(f"ucxx cannot be imported here: {exc}") from None
-        options: dict[str, object] = {"timeout_s": timeout_s, "grace_s": GRACE_S}
+        if self.mode == "one-sided":
+            from kvwire_ucx.nixl import nixl_problem
+
+            problem = nixl_problem()
+            if problem is not None:
+                raise Unavailable(problem)
+        options: dict[str, object] = {"timeout_s": timeout_s, "grace_s": GRACE_S, "mode": self.mode}
         if max_in_flight is not None:
             options["max_in_flight"] = max_in_flight
         source = UcxBackend(**options)  # type: ignore[arg-type]
@@ -45,4 +57,11 @@ class UcxHarness(Harness):
         return Ends(source, sink, publish_hint, Hint.of("peer", address=source.address()))
 
 
+class OneSidedUcxHarness(UcxHarness):
+    """Both ends in the one-sided mode: the requester reads the served rows through NIXL."""
+
+    mode = "one-sided"
+
+
 harness = UcxHarness()
+one_sided = OneSidedUcxHarness()

@@ -9,7 +9,12 @@ from typing import Any
 
 from kvwire.registry.plugin import Option
 
-__all__ = ["UcxSettings", "OPTIONS"]
+__all__ = ["UcxSettings", "OPTIONS", "MODES"]
+
+#: "two-sided" (default): rows travel as UCX tag messages into the rows the requester lent.
+#: "one-sided": pulls are answered with where the rows lie, and the requester reads them itself
+#: through NIXL; for trusted clusters only (see the README's trust model).
+MODES = ("two-sided", "one-sided")
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,8 +35,11 @@ class UcxSettings:
     max_pending_pulls: int = 1024
     max_connections: int = 1024
     net_devices: str = ""
+    mode: str = "two-sided"
 
     def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {list(MODES)}, got {self.mode!r}")
         if not isinstance(self.listen_host, str) or not self.listen_host:
             raise ValueError(f"listen_host must be a host name or IP address, got {self.listen_host!r}")
         if not isinstance(self.advertise_host, str):
@@ -86,4 +94,8 @@ OPTIONS: tuple[Option, ...] = (
            minimum=1),
     Option("net_devices", str, _DEFAULTS.net_devices,
            "UCX_NET_DEVICES for this backend's UCX context; empty: 'lo' when listening on loopback, else all"),
+    Option("mode", str, _DEFAULTS.mode,
+           "two-sided: rows move as tag messages into lent rows only; one-sided: pulls read the serving end's "
+           "registered memory through NIXL (faster; exposes every registered region to peers: trusted clusters "
+           "only; needs kvwire-ucx[nixl])", choices=MODES),
 )

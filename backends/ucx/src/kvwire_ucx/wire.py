@@ -17,13 +17,22 @@ send waits for a receive that will not come; receives for rows not offered are c
 itself once the answer says so.
 
 Rows are numbered block-major: row ``i`` of group index ``g`` is ``i * groups + g``; a
-transfer's UCX tag for a row is ``tag_base << 24 | number``."""
+transfer's UCX tag for a row is ``tag_base << 24 | number``.
+
+One-sided pulls (the opt-in ``mode="one-sided"``, for trusted clusters): R sends the ``Pull`` as
+type ``PULL_ONE_SIDED`` with no credit. A serving end in that mode answers with ``ReadOffer``
+instead of ``Offer``: the rows served per group, and where each lies in its memory, with its NIXL
+agent's name and metadata (remote keys of its registered regions; sent again only when they
+changed). R reads the rows itself (NIXL ``READ``), then ``Ack``s; no ``Go`` is used. A serving
+end declines a pull of the other mode: modes never mix (see the README)."""
 
 from __future__ import annotations
 
 import enum
 import struct
 from dataclasses import dataclass
+
+import numpy as np
 
 __all__ = [
     "Ack",
@@ -44,6 +53,7 @@ __all__ = [
     "MessageType",
     "Offer",
     "Pull",
+    "ReadOffer",
     "WIRE_VERSION",
     "WireError",
     "clip_reason",
@@ -64,6 +74,9 @@ MAX_REASON_BYTES = 1024
 MAX_WORKER_ADDRESS_BYTES = 4096
 #: The requester's credentials travel unread by either backend, at most this long.
 MAX_CREDENTIAL_BYTES = 4096
+#: A ReadOffer's NIXL agent name and metadata are at most this long.
+MAX_AGENT_NAME_BYTES = 64
+MAX_AGENT_METADATA_BYTES = 1 << 20
 #: A transfer's UCX tags are ``tag_base << 24 | row``; tag_base has 40 bits.
 TAG_ROW_BITS = 24
 MAX_TAG_BASE = (1 << 40) - 1
@@ -78,6 +91,7 @@ _GO = struct.Struct("<QII")
 _ACK = struct.Struct("<QI")
 _TEXT_HEAD = struct.Struct("<QH")
 _HELLO_HEAD = struct.Struct("<QH")
+_READ_OFFER_HEAD = struct.Struct("<QQBIH")  # transfer, metadata generation, name bytes, metadata bytes, groups
 
 
 class WireError(ValueError):
@@ -92,6 +106,8 @@ class MessageType(enum.IntEnum):
     GO = 5
     CANCEL = 6
     ACK = 7
+    PULL_ONE_SIDED = 8
+    READ_OFFER = 9
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,9 +140,12 @@ class Pull:
     names: bytes
     credentials: bytes = b""
     credit: int = 0
+    one_sided: bool = False  #: R asks to read the rows itself (encoded as type PULL_ONE_SIDED)
 
     def __post_init__(self) -> None:
         _check_u64(self.transfer, "Pull.transfer")
+        if self.one_sided and self.credit:
+            raise WireError(f"a one-sided Pull posts no receives, so its credit is 0, got {self.credit}")
         if not 0 <= self.tag_base <= MAX_TAG_BASE:
             raise WireError(f"Pull.tag_base must fit in 40 bits, got {self.tag_base}")
         if not 1 <= self.timeout_ms < 1 << 32:
@@ -170,6 +189,46 @@ class Offer:
             raise WireError(f"an Offer gives 1..{MAX_GROUPS} counts, got {len(self.counts)}")
         if any(not 0 <= c <= MAX_BLOCKS for c in self.counts):
             raise WireError(f"Offer counts must be 0..{MAX_BLOCKS}, got {list(self.counts)}")
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ReadOffer:
+    """S answers a one-sided pull: ``counts`` leading blocks per group (in the pull's order), and
+    ``addresses[g]``, the address in S's memory of each of those rows (uint64). ``agent`` names
+    S's NIXL agent; ``metadata`` is that agent's metadata at ``generation`` (its registered
+    regions and their remote keys), or empty when this connection was sent that generation
+    already."""
+
+    transfer: int
+    counts: tuple[int, ...]
+    agent: bytes
+    generation: int
+    metadata: bytes
+    addresses: tuple[np.ndarray, ...]
+
+    def __post_init__(self) -> None:
+        _check_u64(self.transfer, "ReadOffer.transfer")
+        _check_u64(self.generation, "ReadOffer.generation")
+        if not 1 <= len(self.counts) <= MAX_GROUPS:
+            raise WireError(f"a ReadOffer gives 1..{MAX_GROUPS} counts, got {len(self.counts)}")
+        if any(not 0 <= c <= MAX_BLOCKS for c in self.counts):
+            raise WireError(f"ReadOffer counts must be 0..{MAX_BLOCKS}, got {list(self.counts)}")
+        if not 1 <= len(self.agent) <= MAX_AGENT_NAME_BYTES:
+            raise WireError(f"ReadOffer.agent must be 1..{MAX_AGENT_NAME_BYTES} bytes, got {len(self.agent)}")
+        if len(self.metadata) > MAX_AGENT_METADATA_BYTES:
+            raise WireError(f"ReadOffer.metadata exceeds {MAX_AGENT_METADATA_BYTES} bytes ({len(self.metadata)})")
+        if len(self.addresses) != len(self.counts):
+            raise WireError(f"a ReadOffer gives addresses for {len(self.addresses)} groups and counts for "
+                            f"{len(self.counts)}")
+        for g, (c, a) in enumerate(zip(self.counts, self.addresses, strict=True)):
+            if not isinstance(a, np.ndarray) or a.dtype != np.uint64 or a.shape != (c,):
+                raise WireError(f"ReadOffer addresses of group {g} must be {c} uint64, got "
+                                f"{getattr(a, 'dtype', type(a).__name__)} {getattr(a, 'shape', '')}")
+
+    @staticmethod
+    def body_bytes(counts: tuple[int, ...], agent: bytes, metadata: bytes) -> int:
+        """How long the body of a ReadOffer with these counts is."""
+        return _READ_OFFER_HEAD.size + len(agent) + len(metadata) + 4 * len(counts) + 8 * sum(counts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,7 +282,7 @@ class Ack:
             raise WireError(f"Ack.rows must be 0..{MAX_ROWS}, got {self.rows}")
 
 
-Message = Hello | Pull | Offer | Decline | Go | Cancel | Ack
+Message = Hello | Pull | Offer | ReadOffer | Decline | Go | Cancel | Ack
 
 
 def clip_reason(reason: str) -> str:
@@ -239,7 +298,7 @@ def encode(message: Message) -> bytes:
         kind = MessageType.HELLO
         body = _HELLO_HEAD.pack(message.instance, len(message.worker_address)) + message.worker_address
     elif isinstance(message, Pull):
-        kind = MessageType.PULL
+        kind = MessageType.PULL_ONE_SIDED if message.one_sided else MessageType.PULL
         head = _PULL_HEAD.pack(
             message.transfer, message.tag_base, message.timeout_ms, len(message.groups), message.count,
             message.width, len(message.credentials), message.credit,
@@ -250,6 +309,13 @@ def encode(message: Message) -> bytes:
         body = _OFFER_HEAD.pack(message.transfer, len(message.counts)) + struct.pack(
             f"<{len(message.counts)}I", *message.counts
         )
+    elif isinstance(message, ReadOffer):
+        kind = MessageType.READ_OFFER
+        head = _READ_OFFER_HEAD.pack(message.transfer, message.generation, len(message.agent),
+                                     len(message.metadata), len(message.counts))
+        body = b"".join((head, message.agent, message.metadata,
+                         struct.pack(f"<{len(message.counts)}I", *message.counts),
+                         *(a.astype("<u8", copy=False).tobytes() for a in message.addresses)))
     elif isinstance(message, (Decline, Cancel)):
         kind = MessageType.DECLINE if isinstance(message, Decline) else MessageType.CANCEL
         raw = message.reason.encode()
@@ -316,7 +382,7 @@ def _decode(kind: MessageType, reader: _Reader) -> Message:
         if size > MAX_WORKER_ADDRESS_BYTES:
             raise WireError(f"Hello worker address of {size} bytes exceeds {MAX_WORKER_ADDRESS_BYTES}")
         return Hello(instance, reader.take(size))
-    if kind is MessageType.PULL:
+    if kind in (MessageType.PULL, MessageType.PULL_ONE_SIDED):
         transfer, tag_base, timeout_ms, ngroups, count, width, credential_bytes, credit = reader.unpack(_PULL_HEAD)
         if not 1 <= ngroups <= MAX_GROUPS:
             raise WireError(f"a Pull names 1..{MAX_GROUPS} groups, got {ngroups}")
@@ -328,13 +394,29 @@ def _decode(kind: MessageType, reader: _Reader) -> Message:
             raise WireError(f"Pull credentials of {credential_bytes} bytes exceed {MAX_CREDENTIAL_BYTES}")
         groups = tuple((gid, slot) for gid, slot in (reader.unpack(_GROUP) for _ in range(ngroups)))
         names = reader.take(count * width)
-        return Pull(transfer, tag_base, timeout_ms, groups, width, names, reader.take(credential_bytes), credit)
+        return Pull(transfer, tag_base, timeout_ms, groups, width, names, reader.take(credential_bytes), credit,
+                    one_sided=kind is MessageType.PULL_ONE_SIDED)
     if kind is MessageType.OFFER:
         transfer, ngroups = reader.unpack(_OFFER_HEAD)
         if not 1 <= ngroups <= MAX_GROUPS:
             raise WireError(f"an Offer gives 1..{MAX_GROUPS} counts, got {ngroups}")
         counts = struct.unpack(f"<{ngroups}I", reader.take(4 * ngroups))
         return Offer(transfer, tuple(counts))
+    if kind is MessageType.READ_OFFER:
+        transfer, generation, name_bytes, metadata_bytes, ngroups = reader.unpack(_READ_OFFER_HEAD)
+        if not 1 <= name_bytes <= MAX_AGENT_NAME_BYTES:
+            raise WireError(f"ReadOffer agent name must be 1..{MAX_AGENT_NAME_BYTES} bytes, got {name_bytes}")
+        if metadata_bytes > MAX_AGENT_METADATA_BYTES:
+            raise WireError(f"ReadOffer metadata of {metadata_bytes} bytes exceeds {MAX_AGENT_METADATA_BYTES}")
+        if not 1 <= ngroups <= MAX_GROUPS:
+            raise WireError(f"a ReadOffer gives 1..{MAX_GROUPS} counts, got {ngroups}")
+        agent = reader.take(name_bytes)
+        metadata = reader.take(metadata_bytes)
+        counts = struct.unpack(f"<{ngroups}I", reader.take(4 * ngroups))
+        if any(c > MAX_BLOCKS for c in counts):
+            raise WireError(f"ReadOffer counts must be 0..{MAX_BLOCKS}, got {list(counts)}")
+        addresses = tuple(np.frombuffer(reader.take(8 * c), dtype="<u8").astype(np.uint64) for c in counts)
+        return ReadOffer(transfer, tuple(counts), agent, generation, metadata, addresses)
     if kind in (MessageType.DECLINE, MessageType.CANCEL):
         transfer, size = reader.unpack(_TEXT_HEAD)
         if size > MAX_REASON_BYTES:

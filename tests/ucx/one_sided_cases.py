@@ -1,0 +1,216 @@
+"""kvwire-ucx's opt-in one-sided mode: pulls answered with where the rows lie, and read by the
+requester through NIXL (real agents, cma on loopback), in one process and across two; a pull
+between the two modes is declined; and the trust model, as the README states it, holds.
+
+Not collected by the main test run: ``test_ucx_one_sided.py`` runs this file in its own pytest
+process, because a process that loaded NIXL must not run two-sided transfers afterwards (the
+README says why), and the main run goes on with two-sided tests."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("ucxx._lib.libucxx", reason="ucxx (ucxx-cu12==0.52.0) is not importable here")
+from kvwire_ucx.nixl import nixl_problem  # noqa: E402
+
+if nixl_problem() is not None:
+    pytest.skip(nixl_problem(), allow_module_level=True)
+
+from test_ucx_processes import Child  # noqa: E402
+from ucx_holders import Pool, Requester, ReuseTree, ServingHolder, block_names, fill, row_pattern  # noqa: E402
+
+from kvwire.contract import InvalidSubmission, MemoryKind, SlotRegion  # noqa: E402
+
+GROUPS = (0, 1)
+SLOT = 16 << 10
+
+
+def check_rows(pool: Pool, slots: list[int], names: list[bytes]) -> None:
+    for g, gid in enumerate(pool.group_ids):
+        for slot, name in zip(slots, names, strict=True):
+            assert np.array_equal(pool.arrays[g][slot], row_pattern(name, gid, pool.slot_bytes)), (gid, slot)
+
+
+def serving_end(make_backend, holders, mode: str, held: int = 6, **options):
+    backend = make_backend(mode=mode, **options)
+    pool, tree = Pool(GROUPS, 32, SLOT), ReuseTree()
+    backend.register_regions(pool.regions)
+    names = block_names(10)
+    fill(pool, tree, names[:held], first_slot=3)
+    holder = ServingHolder(backend, pool, tree)
+    holders.append(holder)
+    return backend, pool, tree, names, holder
+
+
+def requesting_end(make_backend, mode: str, **options) -> tuple[Requester, Pool]:
+    backend = make_backend(mode=mode, **options)
+    pool = Pool(GROUPS, 32, SLOT, first_region_id=10)
+    backend.register_regions(pool.regions)
+    return Requester(backend, pool), pool
+
+
+def test_a_one_sided_pull_reads_the_held_prefix_byte_for_byte(make_backend, holders) -> None:
+    a, _, tree, names, holder = serving_end(make_backend, holders, "one-sided")
+    req, pool = requesting_end(make_backend, "one-sided", window_bytes=3 * 2 * SLOT)  # 3 blocks per read
+    for wanted, held in ((names[:6], 6), (names[:10], 6), (block_names(3, prompt="cold"), 0)):
+        attempt, slots = req.fetch(a.address(), wanted)
+        outcome = req.wait(attempt, slots, 10)
+        assert outcome.is_delivered, outcome
+        assert [m.tolist() for m in outcome.masks] == [[True] * held + [False] * (len(wanted) - held)] * 2
+        check_rows(pool, slots[:held], wanted[:held])
+    # the rows were read through NIXL, none sent as tag messages
+    assert req.backend.stats().rows_read == 24 and a.stats().rows_sent == 0
+    assert holder.wait_settled(3, 5) and all(x.outcome.is_delivered for x in holder.answers)
+    assert tree.wait_unpinned(5)
+
+
+@pytest.mark.parametrize(("server_mode", "requester_mode"), [("two-sided", "one-sided"), ("one-sided", "two-sided")])
+def test_a_pull_between_the_modes_is_declined_saying_why(make_backend, holders, server_mode, requester_mode) -> None:
+    a, _, tree, names, holder = serving_end(make_backend, holders, server_mode)
+    req, _ = requesting_end(make_backend, requester_mode)
+    attempt, slots = req.fetch(a.address(), names[:4])
+    outcome = req.wait(attempt, slots, 10)
+    assert outcome.is_failed and f"serves {server_mode} pulls only" in outcome.reason, outcome
+    assert outcome.rows_delivered == 0 and holder.requests_seen == 0 and tree.pinned() == 0
+    assert a.stats().rows_sent == 0 and req.backend.stats().rows_received == 0
+
+
+def test_new_regions_reach_the_reader_with_fresh_metadata(make_backend, holders) -> None:
+    """Metadata travels once per generation: a region registered after the first pull is
+    readable by the next pull over the same connection."""
+    a, _, _, names, holder = serving_end(make_backend, holders, "one-sided")
+    req, pool = requesting_end(make_backend, "one-sided")
+    attempt, slots = req.fetch(a.address(), names[:2])
+    assert req.wait(attempt, slots, 10).is_delivered
+    late = Pool(GROUPS, 8, SLOT, first_region_id=20)
+    a.register_regions(late.regions)
+    late_names = block_names(4, prompt="late")
+    fill(late, holder.tree, late_names)
+    holder.pool = late  # the serving holder now answers from the new regions
+    attempt, slots = req.fetch(a.address(), late_names)
+    outcome = req.wait(attempt, slots, 10)
+    assert outcome.is_delivered and outcome.rows_delivered == 8, outcome
+    check_rows(pool, slots, late_names)
+
+
+def test_trust_model_a_reader_reaches_every_registered_region_and_nothing_else(make_backend, holders) -> None:
+    """What the README says the one-sided mode exposes: once a peer has the serving end's
+    metadata, it can read any row of any registered region (here a block the holder never
+    offered), and nothing outside them. (In one process, NIXL needs the target agent progressed,
+    as its backend's thread does anyway; across processes a cma read needs nothing of the
+    target at all.)"""
+    a, served, _, names, _ = serving_end(make_backend, holders, "one-sided", held=2)
+    secret = Pool(GROUPS, 4, SLOT, first_region_id=30)
+    secret.arrays[0][:] = 0x5A  # registered, never offered to anyone
+    a.register_regions(secret.regions)
+    unregistered = np.full(SLOT, 0xA5, dtype=np.uint8)
+    req, pool = requesting_end(make_backend, "one-sided")
+    attempt, slots = req.fetch(a.address(), names[:2])
+    assert req.wait(attempt, slots, 10).is_delivered
+    reader = req.backend._engine.nixl
+    agent = a._engine.nixl.name.encode()
+    landing = pool.arrays[0][20]
+    local = np.array([[landing.ctypes.data, SLOT, 0]], dtype=np.uint64)
+
+    def read(address: int) -> None:
+        handle, done = reader.read(local, np.array([[address, SLOT, 0]], dtype=np.uint64), agent)
+        deadline = time.monotonic() + 5
+        while not done and time.monotonic() < deadline:
+            a._engine.nixl.progress()
+            done = reader.done(handle)
+        reader.release(handle)
+        assert done
+
+    read(secret.arrays[0].ctypes.data)
+    assert (landing == 0x5A).all(), "a registered region is readable by a peer holding the metadata"
+    from kvwire_ucx.nixl import NixlError
+
+    with pytest.raises(NixlError, match="could not set up a read"):
+        read(unregistered.ctypes.data)
+    del served
+
+
+def test_registration_is_atomic_and_closes_once(make_backend) -> None:
+    backend = make_backend(mode="one-sided")
+    pool = Pool(GROUPS, 4, SLOT)
+    registration = backend.register_regions(pool.regions)
+    overlapping = SlotRegion(9, pool.regions[0].base + SLOT, SLOT, 2, MemoryKind.HOST)
+    with pytest.raises(InvalidSubmission, match="overlaps"):
+        backend.register_regions([overlapping])
+    registration.close()
+    registration.close()
+    again = backend.register_regions([overlapping])  # the span is free again
+    again.close()
+
+
+def test_a_server_killed_as_it_answers_fails_the_read_and_the_rows_come_back(make_backend) -> None:
+    slot = 1 << 20
+    server = Child("kill-mid-pull", slot, 64, 64, mode="one-sided")
+    try:
+        address = bytes.fromhex(server.read()["address"])
+        req, _ = requesting_end_big(make_backend, slot)
+        started = time.monotonic()
+        attempt, slots = req.fetch(address, block_names(64), timeout_s=8)
+        outcome = req.wait(attempt, slots, 10)
+        assert server.wait_dead() == -signal.SIGKILL
+    finally:
+        server.stop()
+    assert outcome.is_failed, outcome
+    assert "gone" in outcome.reason or "failed" in outcome.reason, outcome.reason
+    assert time.monotonic() - started < 8
+    assert attempt.quiesced() and not req.lent
+
+
+def requesting_end_big(make_backend, slot: int) -> tuple[Requester, Pool]:
+    backend = make_backend(mode="one-sided", window_bytes=4 << 20)
+    pool = Pool(GROUPS, 64, slot)
+    backend.register_regions(pool.regions)
+    return Requester(backend, pool), pool
+
+
+def test_pull_from_another_process_one_sided(make_backend) -> None:
+    slot = 256 << 10
+    server = Child("serve", slot, 16, 12, mode="one-sided")
+    try:
+        address = bytes.fromhex(server.read()["address"])
+        req, pool = requesting_end_big(make_backend, slot)
+        names = block_names(16)
+        attempt, slots = req.fetch(address, names)
+        outcome = req.wait(attempt, slots, 10)
+        assert outcome.is_delivered and [m.tolist() for m in outcome.masks] == [[True] * 12 + [False] * 4] * 2
+        for g, gid in enumerate(GROUPS):
+            for slot_index, name in zip(slots[:12], names[:12], strict=True):
+                assert np.array_equal(pool.arrays[g][slot_index], row_pattern(name, gid, slot))
+        assert req.backend.stats().rows_read == 24
+        assert server.ask("pins") == {"pins": 0}
+    finally:
+        server.stop()
+
+
+def test_a_requester_killed_after_the_offer_leaves_no_pin_on_the_server(make_backend, holders) -> None:
+    slot = 1 << 20
+    server = make_backend(mode="one-sided")
+    pool, tree, names = Pool(GROUPS, 64, slot), ReuseTree(), block_names(64)
+    server.register_regions(pool.regions)
+    fill(pool, tree, names)
+    published = threading.Event()
+    holder = ServingHolder(server, pool, tree, on_publish=lambda answer: published.set())
+    holders.append(holder)
+    client = Child("request", slot, 64, server.address().hex(), mode="one-sided")
+    try:
+        assert client.read() == {"fetching": True}
+        assert published.wait(10)
+        client.proc.send_signal(signal.SIGKILL)
+        assert client.wait_dead() == -signal.SIGKILL
+        assert holder.wait_settled(1, 10)
+    finally:
+        client.stop()
+    outcome = holder.answers[0].outcome
+    # the requester may have finished reading (and acknowledged) before it died
+    assert outcome.is_delivered or (outcome.is_failed and "gone" in outcome.reason), outcome
+    assert tree.wait_unpinned(5)
