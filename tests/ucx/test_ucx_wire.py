@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import struct
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -21,15 +22,25 @@ def pulls(draw: st.DrawFn) -> wire.Pull:
     slots = draw(st.lists(st.integers(1, 2**40), min_size=ngroups, max_size=ngroups))
     width = draw(st.integers(1, wire.MAX_NAME_BYTES))
     count = draw(st.integers(1, 40))
+    one_sided = draw(st.booleans())
     names = draw(st.binary(min_size=count * width, max_size=count * width))
     return wire.Pull(draw(u64), draw(st.integers(0, wire.MAX_TAG_BASE)), draw(st.integers(1, 2**32 - 1)),
                      tuple(zip(ids, slots, strict=True)), width, names, draw(st.binary(max_size=64)),
-                     draw(st.integers(0, count * ngroups)))
+                     0 if one_sided else draw(st.integers(0, count * ngroups)), one_sided=one_sided)
+
+
+@st.composite
+def read_offers(draw: st.DrawFn) -> wire.ReadOffer:
+    counts = tuple(draw(st.lists(st.integers(0, 20), min_size=1, max_size=5)))
+    addresses = tuple(np.array(draw(st.lists(u64, min_size=c, max_size=c)), dtype=np.uint64) for c in counts)
+    return wire.ReadOffer(draw(u64), counts, draw(st.binary(min_size=1, max_size=wire.MAX_AGENT_NAME_BYTES)),
+                          draw(u64), draw(st.binary(max_size=600)), addresses)
 
 
 messages = st.one_of(
     st.builds(wire.Hello, u64, st.binary(min_size=1, max_size=300)),
     pulls(),
+    read_offers(),
     st.builds(wire.Offer, u64, st.lists(st.integers(0, wire.MAX_BLOCKS), min_size=1, max_size=8).map(tuple)),
     st.builds(wire.Decline, u64, reasons),
     st.integers(0, wire.MAX_ROWS - 1).flatmap(
@@ -78,7 +89,8 @@ def test_a_corrupted_frame_gives_a_clean_error_or_a_valid_message(message: wire.
     reader = wire.FrameReader()
     try:
         for decoded in reader.feed(bytes(frame)):
-            assert isinstance(decoded, (wire.Hello, wire.Pull, wire.Offer, wire.Decline, wire.Go, wire.Cancel, wire.Ack))
+            assert isinstance(decoded, (wire.Hello, wire.Pull, wire.Offer, wire.ReadOffer, wire.Decline, wire.Go, wire.Cancel,
+                                        wire.Ack))
     except wire.WireError:
         pass
 
@@ -127,3 +139,15 @@ def test_address_garbage_gives_a_clean_error(data: bytes) -> None:
         PeerAddress.from_bytes(data)
     except AddressError:
         pass
+
+
+def test_a_read_offer_with_addresses_that_do_not_match_its_counts_is_refused() -> None:
+    offer = wire.ReadOffer(7, (2, 1), b"agent", 1, b"meta", (np.arange(2, dtype=np.uint64), np.ones(1, np.uint64)))
+    frame = bytearray(wire.encode(offer))
+    assert wire.decode(bytes(frame)) == offer
+    with pytest.raises(wire.WireError, match="ends early"):
+        wire.decode_body(wire.MessageType.READ_OFFER, bytes(frame[wire.HEADER_BYTES:-8]))  # one address short
+    with pytest.raises(wire.WireError):
+        wire.ReadOffer(7, (2,), b"agent", 1, b"", (np.arange(3, dtype=np.uint64),))
+    with pytest.raises(wire.WireError, match="credit is 0"):
+        wire.Pull(1, 1, 1, ((0, 8),), 1, b"a", credit=1, one_sided=True)

@@ -225,6 +225,15 @@ class ReadOffer:
                 raise WireError(f"ReadOffer addresses of group {g} must be {c} uint64, got "
                                 f"{getattr(a, 'dtype', type(a).__name__)} {getattr(a, 'shape', '')}")
 
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ReadOffer):
+            return NotImplemented
+        return (self.transfer, self.counts, self.agent, self.generation, self.metadata) == (
+            other.transfer, other.counts, other.agent, other.generation, other.metadata
+        ) and all(np.array_equal(a, b) for a, b in zip(self.addresses, other.addresses, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]
+
     @staticmethod
     def body_bytes(counts: tuple[int, ...], agent: bytes, metadata: bytes) -> int:
         """How long the body of a ReadOffer with these counts is."""
