@@ -1,7 +1,19 @@
-"""kvwire-ucx pulls against raw ucxx tag send/recv moving the same bytes, in the same run.
+"""kvwire-ucx pulls against raw ucxx tag send/recv moving the same bytes, in the same run; or,
+with ``--mode one-sided``, kvwire-ucx's one-sided mode against a raw NIXL agent pair.
 
     .venv/bin/python bench/bench_ucx.py [--rows N] [--runs N] [--sizes 64K,256K,1M,4M] [--json PATH]
                                         [--window-bytes N] [--raw-busy-poll]
+    .venv/bin/python bench/bench_ucx.py --mode one-sided [--prompts 1k,4k,16k,64k,128k] [--token-bytes 4096]
+
+One-sided mode: a prompt of T tokens is T/16 blocks of one group, each block row 16 x
+``token-bytes``. kvwire: both backends ``mode="one-sided"``, timed as below (request, the holder's
+answer with the rows' addresses, the NIXL READs, the acknowledgement). raw: a ``nixl_agent`` in
+each process (UCX backend, same loopback settings), metadata exchanged once before any clock;
+timed from building the per-row descriptor lists through ``initialize_xfer("READ")`` and
+``transfer`` until the state is ``DONE``; "raw" gives NIXL one descriptor per row (as the rows
+are lent), "raw 1" one descriptor for the whole span (possible here because the rows are
+adjacent on both sides; kvwire-ucx merges adjacent rows itself). The raw pair has no request and
+no answer: it is the floor kvwire's protocol adds to. Ratios are raw seconds / kvwire seconds.
 
 Two processes on loopback (``UCX_NET_DEVICES=lo``, endpoint error handling on for both paths).
 A serving process holds ``rows`` blocks of each row size; this process pulls them all:
@@ -79,9 +91,9 @@ def wait_all(worker: Any, requests: list[Any], busy: bool = False) -> None:
 
 def ucx_worker() -> tuple[Any, Any]:
     """A context and worker with the settings kvwire-ucx gives its own (loopback, tag + wakeup)."""
-    import ucxx._lib.libucxx as ucx_api
+    from kvwire_ucx._ucx import context_config, ucx_api
 
-    context = ucx_api.UCXContext(config_dict={"NET_DEVICES": "lo"},
+    context = ucx_api.UCXContext(config_dict=context_config("lo"),
                                  feature_flags=(ucx_api.Feature.TAG, ucx_api.Feature.WAKEUP))
     worker = ucx_api.UCXWorker(context)
     worker.init_blocking_progress_mode()
@@ -90,17 +102,29 @@ def ucx_worker() -> tuple[Any, Any]:
 
 # ---------------------------------------------------------------------------- serving process
 
-def serve(max_bytes: int, busy: bool) -> None:
+def raw_nixl_agent(name: str, memory: np.ndarray) -> Any:
+    """A NIXL agent as kvwire-ucx makes its own (UCX backend, loopback, no progress thread), with
+    ``memory`` registered."""
+    from kvwire_ucx.nixl import _api
+
+    api = _api()
+    agent = api.nixl_agent(name, api.nixl_agent_config(enable_prog_thread=False, backends=[]))
+    agent.create_backend("UCX", {"ucx_devices": "lo"})
+    agent.register_memory([(memory.ctypes.data, memory.nbytes, 0, "")], "DRAM")
+    return agent
+
+
+def serve(max_bytes: int, busy: bool, mode: str) -> None:
     """The serving process: a kvwire-ucx backend whose holder answers every pull in full, and a
-    raw ucxx worker that sends rows when told."""
-    import ucxx._lib.libucxx as ucx_api
-    from ucxx._lib.arr import Array
+    raw ucxx worker that sends rows when told (two-sided) or a raw NIXL agent whose registered
+    memory the other process reads (one-sided)."""
+    from kvwire_ucx._ucx import Array, ucx_api
 
     from kvwire.contract import MemoryKind, SlotRegion
     from kvwire.registry import load
 
     memory = pattern(max_bytes).copy()
-    backend = load("ucx").build({"timeout_s": 60.0})
+    backend = load("ucx").build({"timeout_s": 60.0, "mode": mode})
     registration = None
     tree: dict[bytes, int] = {}
     region: SlotRegion | None = None
@@ -124,9 +148,21 @@ def serve(max_bytes: int, busy: bool) -> None:
 
     threading.Thread(target=holder, daemon=True).start()
     backend.serve(wake.set)  # type: ignore[attr-defined]
-    _context, worker = ucx_worker()
+    if mode == "one-sided":
+        agent = raw_nixl_agent("raw-server", memory)
+
+        def progress() -> None:  # NIXL's connection wire-up waits for the target to progress
+            while not stop:
+                agent.get_new_notifs()
+                time.sleep(0.001)
+
+        threading.Thread(target=progress, daemon=True).start()
+        say(kvwire=backend.address().hex(), nixl=agent.get_agent_metadata().hex(),  # type: ignore[attr-defined]
+            base=memory.ctypes.data)
+    else:
+        _context, worker = ucx_worker()
+        say(kvwire=backend.address().hex(), raw=bytes(worker.address).hex())  # type: ignore[attr-defined]
     peer_ep = None
-    say(kvwire=backend.address().hex(), raw=bytes(worker.address).hex())  # type: ignore[attr-defined]
     for line in sys.stdin:
         command = json.loads(line)
         if command["do"] == "size":
@@ -180,8 +216,9 @@ def say(**message: Any) -> None:
 # ---------------------------------------------------------------------------- pulling process
 
 class Server:
-    def __init__(self, max_bytes: int, busy: bool) -> None:
-        argv = [sys.executable, "-u", __file__, "--serve", str(max_bytes)] + (["--raw-busy-poll"] if busy else [])
+    def __init__(self, max_bytes: int, busy: bool, mode: str) -> None:
+        argv = [sys.executable, "-u", __file__, "--serve", str(max_bytes), "--mode", mode] + (
+            ["--raw-busy-poll"] if busy else [])
         self.proc = subprocess.Popen(argv,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.selector = selectors.DefaultSelector()
@@ -232,14 +269,19 @@ def main() -> int:
     parser.add_argument("--window-bytes", type=int, default=None, help="kvwire-ucx window_bytes option")
     parser.add_argument("--raw-busy-poll", action="store_true",
                         help="raw ends spin on progress() instead of sleeping on the epoll fd (slower on few cores)")
+    parser.add_argument("--mode", choices=("two-sided", "one-sided"), default="two-sided",
+                        help="kvwire-ucx mode; one-sided compares against a raw NIXL agent pair")
+    parser.add_argument("--prompts", default="1k,4k,16k,64k,128k", help="one-sided: prompt lengths in tokens")
+    parser.add_argument("--token-bytes", type=int, default=4096, help="one-sided: KV bytes per token")
     parser.add_argument("--serve", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve is not None:
-        serve(args.serve, args.raw_busy_poll)
+        serve(args.serve, args.raw_busy_poll, args.mode)
         return 0
+    if args.mode == "one-sided":
+        return main_one_sided(args)
 
-    import ucxx._lib.libucxx as ucx_api
-    from ucxx._lib.arr import Array
+    from kvwire_ucx._ucx import Array, ucx_api
 
     from kvwire.contract import Hint, MemoryKind, SlotRegion
     from kvwire.registry import load
@@ -248,7 +290,7 @@ def main() -> int:
     max_bytes = max(sizes) * args.rows
     expected = pattern(max_bytes)
     memory = np.zeros(max_bytes, dtype=np.uint8)
-    server = Server(max_bytes, args.raw_busy_poll)
+    server = Server(max_bytes, args.raw_busy_poll, "two-sided")
     results = []
     try:
         hello = server.read()
@@ -335,6 +377,117 @@ def main() -> int:
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"machine": platform.node(), "cpus": os.cpu_count(), "results": results}, fh, indent=1)
+    return 0
+
+
+def main_one_sided(args: argparse.Namespace) -> int:
+    from kvwire.contract import Hint, MemoryKind, SlotRegion
+    from kvwire.registry import load
+
+    row = 16 * args.token_bytes
+    cases = [(row, parse_size(p.upper().replace("K", "")) * (1024 if "k" in p.lower() else 1) // 16)
+             for p in args.prompts.split(",")]
+    max_bytes = max(size * rows for size, rows in cases)
+    expected = pattern(max_bytes)
+    memory = np.zeros(max_bytes, dtype=np.uint8)
+    server = Server(max_bytes, False, "one-sided")
+    results = []
+    try:
+        hello = server.read()
+        address = bytes.fromhex(hello["kvwire"])
+        options: dict[str, Any] = {"timeout_s": 60.0, "mode": "one-sided"}
+        if args.window_bytes:
+            options["window_bytes"] = args.window_bytes
+        backend = load("ucx").build(options)
+        agent = raw_nixl_agent("raw-client", memory)
+        peer = agent.add_remote_agent(bytes.fromhex(hello["nixl"]))
+        base = int(hello["base"])
+        woken = threading.Event()
+
+        def run_kvwire(view: Any) -> float:
+            started = time.perf_counter()
+            attempt = backend.fetch(view, Hint.of("peer", address=address), woken.set)
+            while not (attempt.poll() is not None and attempt.quiesced()):
+                woken.wait(60)
+                woken.clear()
+            seconds = time.perf_counter() - started
+            outcome = attempt.poll()
+            assert outcome is not None and outcome.is_delivered and outcome.masks[0].all(), outcome
+            return seconds
+
+        def run_raw(size: int, rows: int) -> float:
+            started = time.perf_counter()
+            if size < 0:  # one descriptor for the whole span
+                size, rows = -size * rows, 1
+            local = np.zeros((rows, 3), dtype=np.uint64)
+            remote = np.zeros((rows, 3), dtype=np.uint64)
+            offsets = np.arange(rows, dtype=np.uint64) * np.uint64(size)
+            local[:, 0], local[:, 1] = offsets + np.uint64(memory.ctypes.data), size
+            remote[:, 0], remote[:, 1] = offsets + np.uint64(base), size
+            handle = agent.initialize_xfer("READ", agent.get_xfer_descs(local, "DRAM"),
+                                           agent.get_xfer_descs(remote, "DRAM"), peer, b"")
+            state = agent.transfer(handle)
+            while state == "PROC":
+                state = agent.check_xfer_state(handle)
+            seconds = time.perf_counter() - started
+            agent.release_xfer_handle(handle)
+            assert state == "DONE", state
+            return seconds
+
+        def timed(run: Callable[[], float], nbytes: int) -> float:
+            memory[:nbytes] = 0
+            seconds = run()
+            if not np.array_equal(memory[:nbytes], expected[:nbytes]):
+                raise AssertionError("the pulled bytes differ from the serving process's")
+            return seconds
+
+        print(f"kvwire-ucx one-sided vs a raw NIXL agent pair (READ); two processes on loopback; "
+              f"{args.token_bytes} B per token, 16-token blocks; {args.runs} runs (medians)")
+        print(f"{'tokens':>7} {'payload':>9} {'kvwire GB/s':>12} {'tokens/s':>10} {'raw GB/s':>9} {'ratio':>6} "
+              f"{'worst':>6} {'raw 1 GB/s':>11} {'ratio':>6}")
+        region_id = 2
+        for size, rows in cases:
+            nbytes = size * rows
+            assert server.ask(do="size", size=size, rows=rows).get("ok")
+            region = SlotRegion(region_id, memory.ctypes.data, size, rows, MemoryKind.HOST)
+            region_id += 1
+            registration = backend.register_regions([region])
+            view = view_of(region, rows, block_names(rows))
+            times: dict[str, list[float]] = {"kv": [], "raw": [], "raw1": []}
+            runs = {"kv": lambda: run_kvwire(view), "raw": lambda: run_raw(size, rows),  # noqa: B023
+                    "raw1": lambda: run_raw(-size, rows)}  # noqa: B023
+            for run in runs.values():
+                timed(run, nbytes)  # warm-up
+            for i in range(args.runs):
+                order = list(runs) if i % 2 == 0 else list(runs)[::-1]
+                for which in order:
+                    times[which].append(timed(runs[which], nbytes))
+            registration.close()
+            kv, raw, raw1 = times["kv"], times["raw"], times["raw1"]
+            ratios = [r / k for r, k in zip(raw, kv, strict=True)]
+            ratios1 = [r / k for r, k in zip(raw1, kv, strict=True)]
+            kv_rate = nbytes / statistics.median(kv) / 1e9
+            raw_rate = nbytes / statistics.median(raw) / 1e9
+            tokens = rows * 16
+            results.append({"tokens": tokens, "row_bytes": size, "rows": rows, "payload_bytes": nbytes,
+                            "kvwire_gbps": kv_rate, "kvwire_tokens_per_s": tokens / statistics.median(kv),
+                            "raw_gbps": raw_rate, "ratio": statistics.median(ratios), "worst": min(ratios),
+                            "raw1_gbps": nbytes / statistics.median(raw1) / 1e9,
+                            "ratio1": statistics.median(ratios1), "kvwire_s": kv, "raw_s": raw, "raw1_s": raw1})
+            print(f"{tokens:>7} {nbytes / MIB:>5.0f} MiB {kv_rate:>12.2f} {tokens / statistics.median(kv):>10.3g} "
+                  f"{raw_rate:>9.2f} {statistics.median(ratios):>6.2f} {min(ratios):>6.2f} "
+                  f"{nbytes / statistics.median(raw1) / 1e9:>11.2f} {statistics.median(ratios1):>6.2f}", flush=True)
+        agent.remove_remote_agent(peer)
+        deadline = time.monotonic() + 5
+        while backend.shutdown() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        backend.close()
+    finally:
+        server.stop()
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"machine": platform.node(), "cpus": os.cpu_count(), "mode": "one-sided",
+                       "results": results}, fh, indent=1)
     return 0
 
 

@@ -32,7 +32,7 @@ from kvwire.contract import Attempt, Hint, Outcome, View
 from kvwire.contract.backend import WakeFn
 from kvwire.contract.serving import PullRequest
 from kvwire_ucx import wire
-from kvwire_ucx._ucx import Array, UCXError, ucx_api
+from kvwire_ucx._ucx import Array, UCXError, context_config, ucx_api
 from kvwire_ucx.address import PeerAddress, is_loopback
 from kvwire_ucx.nixl import NixlAgent, NixlError, coalesce
 from kvwire_ucx.settings import UcxSettings
@@ -245,7 +245,7 @@ class Engine:
         self._exited = threading.Event()
 
         net_devices = settings.net_devices or ("lo" if is_loopback(settings.listen_host) else "all")
-        config = {"NET_DEVICES": net_devices}
+        config = context_config(net_devices)
         self._context = ucx_api.UCXContext(
             config_dict=config, feature_flags=(ucx_api.Feature.TAG, ucx_api.Feature.WAKEUP)
         )

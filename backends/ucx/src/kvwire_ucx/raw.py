@@ -17,7 +17,9 @@ _TAG = 0x5241570000000000
 
 
 def _worker(ucx_api: Any, devices: str) -> tuple[Any, Any]:
-    context = ucx_api.UCXContext(config_dict={"NET_DEVICES": devices},
+    from kvwire_ucx._ucx import context_config
+
+    context = ucx_api.UCXContext(config_dict=context_config(devices),
                                  feature_flags=(ucx_api.Feature.TAG, ucx_api.Feature.WAKEUP))
     return context, ucx_api.UCXWorker(context)
 
