@@ -139,8 +139,8 @@ def serve(max_bytes: int, busy: bool, mode: str) -> None:
             wake.clear()
             for request in backend.incoming():  # type: ignore[attr-defined]
                 with lock:
-                    count = 0
-                    while count < request.blocks and request.names[count].tobytes() in tree:
+                    raw, width, count = request.names.tobytes(), request.names.shape[1], 0
+                    while count < request.blocks and raw[count * width:(count + 1) * width] in tree:
                         count += 1
                     view = view_of(region, count, request.names)
                 live.append(backend.publish(view, request.ticket, wake.set))
