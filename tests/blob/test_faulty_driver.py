@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kvwire_memory import MemoryDriver, MemoryStore
 
-from kvwire.blob import KeyStatus
+from kvwire.blob import BatchResult, KeyStatus
 from kvwire.testing.faults import Block, Decline, Evict, FailCall, FailKeys, FaultyDriver, Slow
 
 
@@ -128,3 +128,15 @@ def test_fault_records_are_plain_comparable_data_and_checked():
         Slow(delay_s=-1.0)
     with pytest.raises(TypeError, match="not a fault record"):
         FaultyDriver(MemoryDriver(MemoryStore(10)), ["fail"])  # type: ignore[list-item]
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 1024])
+def test_an_all_ok_batch_result_is_read_only_and_equals_a_uniform_one(n):
+    ok, uniform = BatchResult.ok(n), BatchResult.uniform(n, KeyStatus.OK)
+    np.testing.assert_array_equal(ok.status, uniform.status)
+    assert ok.status.dtype == np.uint8 and not ok.status.flags.writeable
+    assert ok.reasons == {} and ok.first_reason() is None
+    assert ok.where(KeyStatus.OK).all()
+    with pytest.raises(ValueError):
+        ok.status[:1] = int(KeyStatus.FAILED)
+    assert BatchResult.ok(n).where(KeyStatus.OK).sum() == n  # a shared array nobody could change

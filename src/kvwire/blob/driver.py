@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import abc
 import enum
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -32,6 +33,14 @@ class KeyStatus(enum.IntEnum):
 _HIGHEST_STATUS = int(max(KeyStatus))
 
 
+@functools.lru_cache(maxsize=64)
+def _all_ok(n: int) -> np.ndarray:
+    """A read-only array of ``n`` OK codes; shared, since nobody can write it."""
+    status = np.zeros(n, dtype=np.uint8)  # KeyStatus.OK is 0
+    status.setflags(write=False)
+    return status
+
+
 @dataclass(frozen=True, slots=True)
 class BatchResult:
     """One status per key (uint8 :class:`KeyStatus` codes, read-only) and a reason for each key
@@ -49,6 +58,14 @@ class BatchResult:
         status.setflags(write=False)
         object.__setattr__(self, "status", status)
         object.__setattr__(self, "reasons", dict(self.reasons))
+
+    @classmethod
+    def ok(cls, n: int) -> BatchResult:
+        """Every one of ``n`` keys ``OK``: the common answer, made without checking codes."""
+        result = object.__new__(cls)
+        object.__setattr__(result, "status", _all_ok(n))
+        object.__setattr__(result, "reasons", {})
+        return result
 
     @classmethod
     def uniform(cls, n: int, status: KeyStatus, reason: str | None = None) -> BatchResult:

@@ -6,6 +6,7 @@ hold ``/``, so a key splits back into its parts unambiguously."""
 
 from __future__ import annotations
 
+import functools
 import re
 
 import numpy as np
@@ -32,6 +33,16 @@ def check_namespace(namespace: object) -> str:
     return namespace
 
 
+@functools.lru_cache(maxsize=256)
+def _prefix(namespace: str, group_id: int) -> np.ndarray:
+    """``kvw1/{namespace}/g{group_id}/`` as read-only ASCII codes (a bad namespace raises, and
+    is not cached)."""
+    prefix = np.frombuffer(f"{KEY_PREFIX}/{check_namespace(namespace)}/g{group_id}/".encode("ascii"),
+                           dtype=np.uint8)
+    prefix.setflags(write=False)
+    return prefix
+
+
 def store_keys(namespace: str, group_id: int, names: np.ndarray) -> list[str]:
     """One key per row of ``names`` (shape ``(rows, width)`` uint8), built without a per-row
     Python loop: ``f"kvw1/{namespace}/g{group_id}/{name.hex()}"``."""
@@ -39,14 +50,16 @@ def store_keys(namespace: str, group_id: int, names: np.ndarray) -> list[str]:
     if names.ndim != 2:
         raise ValueError(f"names must have shape (rows, width), got {names.shape}")
     rows, width = names.shape
-    prefix = f"{KEY_PREFIX}/{check_namespace(namespace)}/g{int(group_id)}/".encode("ascii")
+    if not isinstance(namespace, str):
+        check_namespace(namespace)  # raises ValueError, as for any namespace it refuses
+    prefix = _prefix(namespace, int(group_id))
     if rows == 0:
         return []
-    start, end = len(prefix), len(prefix) + 2 * width
+    start, end = prefix.size, prefix.size + 2 * width
     # One line per key, "prefix + hex + \n", laid out in one buffer; bytes.hex, the decode and
     # the split each run in C over the whole batch.
     buf = np.empty((rows, end + 1), dtype=np.uint8)
-    buf[:, :start] = np.frombuffer(prefix, dtype=np.uint8)
+    buf[:, :start] = prefix
     buf[:, start:end] = np.frombuffer(names.tobytes().hex().encode("ascii"), dtype=np.uint8).reshape(rows, 2 * width)
     buf[:, end] = _NEWLINE
     return buf.tobytes()[:-1].decode("ascii").split("\n")

@@ -195,17 +195,17 @@ class MooncakeDriver(StoreDriver):
             return refused
         try:
             keys = _as_list(keys)
-            if self._check_existing:
-                exist = np.asarray(self._client.batch_is_exist(keys), dtype=np.int64)
-                fresh = not exist.any()
-            else:
-                fresh = True
+            found = self._client.batch_is_exist(keys) if self._check_existing else None
+            fresh = found is None or not any(found)  # no key there yet (a negative code is an error)
             if fresh:  # the common case: nothing there yet, put every key
                 answer = self._client.batch_put_from(
                     keys, np.asarray(addresses, dtype=np.uint64).tolist(),
                     np.asarray(sizes, dtype=np.uint64).tolist(),
                 )
+                if not any(answer):  # every key stored; checked on the list, before any numpy
+                    return BatchResult.ok(n)
                 return codes.put_result(np.asarray(answer, dtype=np.int64))
+            exist = np.asarray(found, dtype=np.int64)
             status = np.full(n, int(KeyStatus.FAILED), dtype=np.uint8)
             reasons: dict[int, str] = {}
             status[exist == 1] = int(KeyStatus.ALREADY_THERE)
@@ -234,10 +234,13 @@ class MooncakeDriver(StoreDriver):
         if refused is not None:
             return refused
         try:
-            sizes = np.asarray(sizes, dtype=np.int64)
+            wanted = np.asarray(sizes, dtype=np.int64).tolist()
             answer = self._client.batch_get_into(
-                _as_list(keys), np.asarray(addresses, dtype=np.uint64).tolist(), sizes.tolist()
+                _as_list(keys), np.asarray(addresses, dtype=np.uint64).tolist(), wanted
             )
+            if type(answer) is list and answer == wanted:  # every row read whole; compared before any numpy
+                return BatchResult.ok(n)
+            sizes = np.asarray(wanted, dtype=np.int64)
             got = np.asarray(answer, dtype=np.int64)
             result = codes.get_result(got, sizes)
             if not result.reasons:  # every row whole, or only misses
