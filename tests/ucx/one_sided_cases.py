@@ -214,3 +214,29 @@ def test_a_requester_killed_after_the_offer_leaves_no_pin_on_the_server(make_bac
     # the requester may have finished reading (and acknowledged) before it died
     assert outcome.is_delivered or (outcome.is_failed and "gone" in outcome.reason), outcome
     assert tree.wait_unpinned(5)
+
+
+def test_the_seed_flow_through_workers_in_the_one_sided_mode() -> None:
+    """The runtime over the one-sided mode: B pulls A's prompt blocks with only A's state, and
+    decodes exactly as a local prefill would."""
+    import torch
+
+    from kvwire.runtime import ModelConfig, Worker
+
+    model = ModelConfig(layers=4, layers_per_group=2, heads=2, head_dim=16, block_tokens=16, max_tokens=1024, seed=3)
+    a = Worker(model, backend="ucx", options={"mode": "one-sided"}, num_blocks=128, name="A", timeout_s=10)
+    b = Worker(model, backend="ucx", options={"mode": "one-sided"}, num_blocks=128, name="B", timeout_s=10)
+    try:
+        prompt = np.random.default_rng(0).integers(0, model.vocab, 200)
+        local = a.generate(prompt, max_tokens=3)
+        pulled = b.pull(prompt, source=a.transceiver_state())
+        assert pulled.status == "delivered" and pulled.blocks_moved == 12 and pulled.cached_tokens == 192
+        remote = b.generate(prompt, max_tokens=3)
+        assert remote.cached_tokens == 192 and remote.tokens == local.tokens
+        assert torch.allclose(remote.logits, local.logits, rtol=1e-4, atol=1e-5)
+        assert b.pull(prompt, source=a.transceiver_state()).blocks_moved == 0
+        assert b.backend.stats().rows_read == 24  # 12 blocks x 2 layer groups, read one-sided
+    finally:
+        a.close()
+        b.close()
+    assert a.pins() == 0 and b.pins() == 0
