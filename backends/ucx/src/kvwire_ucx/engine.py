@@ -1211,6 +1211,10 @@ class Engine:
             self._timer(self.settings.grace_s, lambda: self._force_fetch(fetch))
 
     def _force_fetch(self, fetch: _Fetch) -> None:
+        if fetch.xfer is not None and self.nixl is not None and self.nixl.release(fetch.xfer):
+            fetch.xfer = None  # a read still running after the grace: NIXL cancelled it
+            self._reads.discard(fetch)
+            self._settle_fetch(fetch)
         if fetch.done or not fetch.posted or fetch.conn is None:
             return
         self._close(fetch.conn, f"rows of a stopped pull did not finish within the grace of "
