@@ -57,9 +57,13 @@ _TICKET_LINGER_S = 60.0
 _DYING_WAIT_S = 2.0
 #: The tag of the zero-byte probe sent to a peer presumed dead; no transfer ever uses it.
 _PROBE_TAG = (wire.MAX_TAG_BASE << wire.TAG_ROW_BITS) | _ROW_MASK
-#: While a one-sided offer is out, the serving end progresses its NIXL agent at least this often
-#: (NIXL has no fd; a peer's connection wire-up waits for it).
-_NIXL_SERVE_POLL_S = 0.001
+#: While a one-sided offer is out, the serving end progresses its NIXL agent this often (NIXL
+#: has no fd). A peer that was just sent the metadata is probably wiring up a connection, which
+#: waits for that progress: then often; afterwards a cma or RDMA read needs nothing of the serving
+#: end, and polling every millisecond took a quarter of the reader's speed on two shared cores.
+_NIXL_WIREUP_POLL_S = 0.001
+_NIXL_WIREUP_S = 0.25
+_NIXL_SERVE_POLL_S = 0.005
 
 _engines: weakref.WeakSet[Engine] = weakref.WeakSet()
 
@@ -215,6 +219,7 @@ class Engine:
         self._reads: set[_Fetch] = set()  # one-sided fetches with rows still to read, or a read in flight
         self._read_replies: set[_Reply] = set()  # one-sided offers the requester has not finished
         self._forget_agents: set[bytes] = set()
+        self._wiring_until = 0.0  # until then a peer may be wiring up to this end's NIXL agent
         self._lock = threading.Lock()
         self.changed = threading.Condition(self._lock)
         self._commands: collections.deque[tuple[Callable[..., None], tuple[Any, ...]]] = collections.deque()
@@ -483,7 +488,9 @@ class Engine:
                 self._close(conn, f"peer {conn.label} is gone: its UCX endpoint failed", lost=True)
 
     def _sleep_timeout(self) -> float:
-        cap = _NIXL_SERVE_POLL_S if self._read_replies else _MAX_SLEEP_S
+        cap = _MAX_SLEEP_S
+        if self._read_replies:
+            cap = _NIXL_WIREUP_POLL_S if time.monotonic() < self._wiring_until else _NIXL_SERVE_POLL_S
         if not self._timers:
             return cap
         return min(cap, max(0.0, self._timers[0][0] - time.monotonic()))
@@ -1379,6 +1386,8 @@ class Engine:
         reply.total = sum(counts)
         self._answer_once(reply, wire.ReadOffer(reply.transfer, counts, agent, generation, metadata,
                                                 tuple(addresses)))
+        if metadata:
+            self._wiring_until = time.monotonic() + _NIXL_WIREUP_S
         reply.conn.nixl_sent = generation
         masks = attempt.view.row_masks()
         if reply.total == 0:
