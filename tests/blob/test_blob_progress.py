@@ -282,3 +282,46 @@ def test_cancel_wakes_from_a_backend_thread_never_inside_the_call(store, make_ba
     assert caller not in waker.seen
     gate.release.set()
     waker.until(attempt.quiesced)
+
+
+def test_chunks_go_in_order_to_the_worker_that_went_idle_last():
+    from kvwire.blob.backend import _Dispatch
+
+    dispatch = _Dispatch()
+    got: dict[str, list] = {"first": [], "second": []}
+
+    def worker(name: str) -> None:
+        parking = threading.Lock()
+        parking.acquire()
+        while (item := dispatch.get(parking)) is not None:
+            got[name].append(item)
+
+    def until(condition) -> None:  # type: ignore[no-untyped-def]
+        deadline = time.monotonic() + 5.0
+        while not condition():
+            assert time.monotonic() < deadline, "condition not reached in time"
+            time.sleep(0.001)
+
+    def idle() -> int:
+        with dispatch._lock:
+            return len(dispatch._idle)
+
+    first = threading.Thread(target=worker, args=("first",))
+    first.start()
+    until(lambda: idle() == 1)
+    second = threading.Thread(target=worker, args=("second",))
+    second.start()
+    until(lambda: idle() == 2)
+    for i in range(3):  # one at a time: each goes to the worker parked last, which parks again
+        dispatch.put(("chunk", i, i + 1))  # type: ignore[arg-type]
+        until(lambda i=i: len(got["second"]) == i + 1 and idle() == 2)
+    assert got == {"first": [], "second": [("chunk", 0, 1), ("chunk", 1, 2), ("chunk", 2, 3)]}
+    for i in range(3, 6):  # queued back to back: each runs exactly once, on one worker or the other
+        dispatch.put(("chunk", i, i + 1))  # type: ignore[arg-type]
+    until(lambda: len(got["first"]) + len(got["second"]) == 6)
+    assert sorted(got["first"] + got["second"][3:]) == [("chunk", i, i + 1) for i in range(3, 6)]
+    dispatch.put(None)
+    dispatch.put(None)
+    first.join(5)
+    second.join(5)
+    assert not first.is_alive() and not second.is_alive()

@@ -4,7 +4,10 @@
 How it keeps the contract:
 
 - **Progress (A3).** ``workers`` threads take chunks from one queue and call the driver; a
-  deadline thread concludes attempts whose deadline passed. Nobody needs to poll.
+  deadline thread concludes attempts whose deadline passed. Nobody needs to poll. A chunk is
+  handed to the worker that went idle last, so back-to-back submissions are served by one
+  thread while the others stay parked (a store call made from a thread that alternates with
+  another ran slower on a busy machine).
 - **Chunks.** A submission's rows are cut into chunks of about ``chunk_bytes`` (the rows whose
   bytes start within one ``chunk_bytes`` window, so at most ``chunk_bytes`` plus one row). One
   chunk is one driver call. Cancellation and the deadline are checked between chunks; a chunk
@@ -31,11 +34,11 @@ closes it."""
 
 from __future__ import annotations
 
+import collections
 import functools
 import itertools
 import logging
 import math
-import queue
 import threading
 import time
 import weakref
@@ -107,7 +110,7 @@ class _Core:
         #: something to do: an earlier deadline, a wake due, or stopping. Attempts that end
         #: before the deadline it sleeps towards do not wake it, so it costs the hot path nothing.
         self.watch = threading.Condition(lock)
-        self.queue: queue.SimpleQueue[tuple[_BlobAttempt, int, int] | None] = queue.SimpleQueue()
+        self.queue = _Dispatch()
         #: Attempts not yet both concluded and quiesced (an ordered set).
         self.active: dict[_BlobAttempt, None] = {}
         self.closed = False
@@ -136,6 +139,36 @@ class _Core:
             self.watch.notify()
         for _ in self.threads:
             self.queue.put(None)
+
+
+_Chunk = tuple["_BlobAttempt", int, int] | None
+
+
+class _Dispatch:
+    """Chunks in submission order, each handed to the worker that went idle most recently (a
+    stack of idle workers, each parked on its own lock). ``None`` tells one worker to exit."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._chunks: collections.deque[_Chunk] = collections.deque()
+        self._idle: list[threading.Lock] = []
+
+    def put(self, chunk: _Chunk) -> None:
+        with self._lock:
+            self._chunks.append(chunk)
+            if not self._idle:
+                return  # every worker is busy; the first to finish takes it
+            parked = self._idle.pop()
+        parked.release()
+
+    def get(self, parking: threading.Lock) -> _Chunk:
+        """The next chunk; waits on ``parking`` (a lock held by the caller) while there is none."""
+        while True:
+            with self._lock:
+                if self._chunks:
+                    return self._chunks.popleft()
+                self._idle.append(parking)
+            parking.acquire()  # released exactly once, by the put that took it off the stack
 
 
 class BlobRegistration(Registration):
@@ -328,8 +361,10 @@ _NO_KEYS = BatchResult(np.zeros(0, dtype=np.uint8))
 def _serve(core: _Core) -> None:
     """A worker: run chunks until told to stop."""
     driver = core.driver
+    parking = threading.Lock()
+    parking.acquire()
     while True:
-        item = core.queue.get()
+        item = core.queue.get(parking)
         if item is None:
             return
         attempt, lo, hi = item
