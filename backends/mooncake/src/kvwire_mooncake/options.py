@@ -46,8 +46,10 @@ OPTIONS: tuple[Option, ...] = (
            minimum=1),
     Option("check_existing", bool, True,
            "Ask which keys already exist before a put, to report them ALREADY_THERE (Mooncake's put of an "
-           "existing key answers 0 and keeps the first object). Costs one master round trip per store call "
-           "(~0.1-0.3 ms); false: every stored key reports OK. Either way the first object's bytes stay."),
+           "existing key answers 0 and keeps the first object, moving no bytes). Costs one master round "
+           "trip per store call (~0.1 ms for 16 keys, ~0.5 ms for 1024) and saves re-putting keys already "
+           "stored; false: every stored key reports OK. Either way the first object's bytes stay and a "
+           "publish marks the row held."),
     Option("workers", int, 2, "Threads that call the store.", minimum=1, maximum=64),
     Option("chunk_bytes", int, 64 << 20, "Bytes moved per store call at most.", minimum=1),
     Option("setup_retries", int, 2,
