@@ -388,3 +388,35 @@ def _port_of(backend) -> int:
     from kvwire_ucx.address import PeerAddress
 
     return PeerAddress.from_bytes(backend.address()).port
+
+
+def test_an_offer_that_crosses_a_cancel_is_still_told_the_pull_is_over(make_backend) -> None:
+    """The holder cancels; the serving end's offer (and its rows) arrives before the requester's
+    engine got round to the cancel. The serving end must still hear a Cancel at once, not wait
+    for an Ack that will never come until its deadline (found under load by the suite's N2)."""
+    a, b = make_backend(), make_backend(timeout_s=10.0)
+    pa, pb = Pool(GROUPS, 8, SLOT), Pool(GROUPS, 8, SLOT, first_region_id=10)
+    a.register_regions(pa.regions)
+    b.register_regions(pb.regions)
+    tree, names = ReuseTree(), block_names(4)
+    fill(pa, tree, names)
+    gate = threading.Event()
+    holder = ServingHolder(a, pa, tree, gate=gate)
+    try:
+        engine = b._engine
+        late = engine._after_local_cancel
+        engine._after_local_cancel = lambda attempt: engine._timer(1.0, lambda: late(attempt))  # the offer first
+        req = Requester(b, pb)
+        attempt, slots = req.fetch(a.address(), names)
+        deadline = time.monotonic() + 5
+        while holder.requests_seen < 1 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        attempt.cancel()
+        gate.set()
+        assert holder.wait_settled(1, 3), "the serving end waited for its deadline: no Cancel reached it"
+        outcome = holder.answers[0].outcome
+        assert outcome.is_cancelled and outcome.by_peer, outcome
+        assert tree.wait_unpinned(2)
+        assert req.wait(attempt, slots, 5).is_cancelled
+    finally:
+        holder.stop()

@@ -132,12 +132,13 @@ class ServingHolder:
     """Plays the serving end's lease holder on its own thread: on wake it takes the incoming
     requests, pins the held prefix, publishes it with the request's ticket, and unpins once the
     attempt quiesces. ``mode``: ``serve``, ``ignore`` (never answers), ``decline``,
-    ``wrong-slot`` (answers with rows of another size)."""
+    ``wrong-slot`` (answers with rows of another size). ``gate``: an event each answer waits for."""
 
     def __init__(self, backend, pool: Pool, tree: ReuseTree, mode: str = "serve",
                  decline_reason: str = "no thanks", on_publish: Callable[[Answer], None] | None = None,
-                 other_pool: Pool | None = None) -> None:
+                 other_pool: Pool | None = None, gate: threading.Event | None = None) -> None:
         self.backend = backend
+        self.gate = gate  # when given, each answer waits for it to be set
         self.pool = pool
         self.tree = tree
         self.mode = mode
@@ -181,6 +182,8 @@ class ServingHolder:
         if self.mode == "ignore":
             return None
         names = [request.names[i].tobytes() for i in range(request.blocks)]
+        if self.gate is not None:
+            self.gate.wait(10)
         if self.mode == "decline":
             self.backend.decline(request, self.decline_reason)
             answer = Answer(request, [], declined=self.decline_reason)

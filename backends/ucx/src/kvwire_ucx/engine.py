@@ -139,6 +139,7 @@ class _Fetch:
         self.rows = attempt.view.groups[0].rows if attempt.view.groups else 0
         self.conn: _Connection | None = None
         self.asked = False  # the Pull went out
+        self.told = False  # the serving end got this end's last word (Ack or Cancel), or needs none
         self.counts: tuple[int, ...] | None = None
         self.total = 0  # rows offered
         # rows are numbered block-major (row * groups + group); receives are posted below limit:
@@ -894,13 +895,14 @@ class Engine:
         # receives posted on credit for rows the peer does not hold will never be matched
         self._drain(fetch, lambda gi, ri: ri >= counts[gi])
         if fetch.ended or fetch.attempt._outcome is not None:
-            # stopped (cancelled, deadline) while the offer travelled: the peer knows (Cancel);
-            # the offered rows within the credit still arrive, then the attempt quiesces
+            # stopped (cancelled, deadline) while the offer travelled: the peer is told (Cancel,
+            # now if not yet); the offered rows within the credit still arrive, then it quiesces
             fetch.ended = True
+            self._tell(fetch, wire.Cancel(fetch.transfer, "the requester stopped the pull"))
             self._settle_fetch(fetch)
             return
         if fetch.total == 0:
-            self._send(conn, wire.Ack(fetch.transfer, 0))
+            self._tell(fetch, wire.Ack(fetch.transfer, 0))
             fetch.ended = True
             self._conclude(fetch.attempt, Outcome.delivered(fetch.attempt._masks))
             self._settle_fetch(fetch)
@@ -938,11 +940,12 @@ class Engine:
         fetch.counts = message.counts
         fetch.total = sum(message.counts)
         if fetch.ended or fetch.attempt._outcome is not None:
-            fetch.ended = True  # stopped while the offer travelled; the peer was told (Cancel)
+            fetch.ended = True  # stopped while the offer travelled
+            self._tell(fetch, wire.Cancel(fetch.transfer, "the requester stopped the pull"))
             self._settle_fetch(fetch)
             return
         if fetch.total == 0:
-            self._send(conn, wire.Ack(fetch.transfer, 0))
+            self._tell(fetch, wire.Ack(fetch.transfer, 0))
             fetch.ended = True
             self._conclude(fetch.attempt, Outcome.delivered(fetch.attempt._masks))
             self._settle_fetch(fetch)
@@ -989,7 +992,7 @@ class Engine:
                 fetch.ended = True
                 self._reads.discard(fetch)
                 if fetch.conn is not None:
-                    self._send(fetch.conn, wire.Ack(fetch.transfer, fetch.received))
+                    self._tell(fetch, wire.Ack(fetch.transfer, fetch.received))
                 self._conclude(fetch.attempt, Outcome.delivered(fetch.attempt._masks))
                 self._settle_fetch(fetch)
                 return
@@ -1036,8 +1039,8 @@ class Engine:
         if fetch.xfer is not None and self.nixl is not None and self.nixl.release(fetch.xfer):
             fetch.xfer = None
         fetch.ended = True
-        if self._fail(fetch.attempt, reason) and fetch.conn is not None and not fetch.conn.closed:
-            self._send(fetch.conn, wire.Cancel(fetch.transfer, wire.clip_reason(reason)))
+        self._fail(fetch.attempt, reason)
+        self._tell(fetch, wire.Cancel(fetch.transfer, wire.clip_reason(reason)))
         if fetch.xfer is None:
             self._reads.discard(fetch)
         self._settle_fetch(fetch)
@@ -1093,7 +1096,7 @@ class Engine:
                 self._fail(fetch.attempt, f"row {ri} of group {group.group_id} did not arrive from "
                                           f"{fetch.address}: {type(exc).__name__}: {exc}")
                 if fetch.conn is not None and not fetch.conn.closed:
-                    self._send(fetch.conn, wire.Cancel(fetch.transfer, f"a row did not arrive: {exc}"))
+                    self._tell(fetch, wire.Cancel(fetch.transfer, f"a row did not arrive: {exc}"))
             else:
                 masks[gi][ri] = True
                 fetch.received += 1
@@ -1105,7 +1108,7 @@ class Engine:
             if fetch.received == fetch.total:
                 fetch.ended = True
                 if conn is not None:
-                    self._send(conn, wire.Ack(fetch.transfer, fetch.received))
+                    self._tell(fetch, wire.Ack(fetch.transfer, fetch.received))
                 self._conclude(fetch.attempt, Outcome.delivered(masks))
             elif conn is not None and not conn.closed and (
                     fetch.inflight_bytes <= self.settings.window_bytes // 2 or not posted):
@@ -1165,6 +1168,14 @@ class Engine:
                 log.error("kvwire-ucx could not complete a receive no peer will match: %s", exc)
                 return
 
+    def _tell(self, fetch: _Fetch, message: wire.Ack | wire.Cancel) -> None:
+        """Send the serving end the fetch's last word (its Ack or a Cancel), once."""
+        if fetch.told:
+            return
+        fetch.told = True
+        if fetch.conn is not None and not fetch.conn.closed:
+            self._send(fetch.conn, message)
+
     def _forget_fetch(self, fetch: _Fetch) -> None:
         if fetch.done:
             return
@@ -1181,10 +1192,11 @@ class Engine:
         if fetch.counts is None:
             # the answer: nothing will be sent, so every receive posted on credit is ours to end
             self._drain(fetch)
+            fetch.told = True  # a declined pull is over at the serving end
             self._fail(fetch.attempt, f"peer {conn.label} declined the pull: {message.reason}")
         else:
             self._fail(fetch.attempt, f"peer {conn.label} stopped the pull: {message.reason}")
-            self._send(conn, wire.Cancel(fetch.transfer, "acknowledging the stop"))
+            self._tell(fetch, wire.Cancel(fetch.transfer, "acknowledging the stop"))
         self._settle_fetch(fetch)
 
     def _fetch_deadline(self, fetch: _Fetch) -> None:
@@ -1208,11 +1220,12 @@ class Engine:
         named by Go do not finish within the grace."""
         if fetch.done:
             return
-        already = fetch.ended
         fetch.ended = True
         conn = fetch.conn
-        if conn is not None and not conn.closed and fetch.asked and not already:
-            self._send(conn, wire.Cancel(fetch.transfer, reason))
+        if fetch.asked and not fetch.told:
+            # also when the offer arrived after the holder cancelled but before this ran: the
+            # serving end waits for an Ack or a Cancel, and only this end can end that wait
+            self._tell(fetch, wire.Cancel(fetch.transfer, reason))
         self._settle_fetch(fetch)
         if not fetch.done and conn is not None:
             self._timer(self.settings.grace_s, lambda: self._force_fetch(fetch))
