@@ -103,3 +103,21 @@ def test_demo_runs_on_the_other_in_repo_backends(tmp_path, backend):
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     rep = json.loads(out.read_text())
     assert rep["ok"] and rep["backend"] == backend and rep["blocks_moved"] == 16 and rep["pins_after"] == [0, 0]
+
+
+def test_doctor_shows_a_plugins_own_checks_and_survives_a_broken_one():
+    from types import SimpleNamespace
+
+    from kvwire.cli.doctor import _plugin_checks
+
+    good = SimpleNamespace(extra={"doctor": lambda: [("fast mode", False, "library missing", "pip install x")]})
+    (finding,) = _plugin_checks("backend demo", good)
+    assert finding.check == "backend demo: fast mode" and not finding.ok and not finding.essential
+    assert finding.fix == "pip install x"
+
+    def broken():
+        raise RuntimeError("boom")
+
+    (finding,) = _plugin_checks("backend demo", SimpleNamespace(extra={"doctor": broken}))
+    assert not finding.ok and "RuntimeError: boom" in finding.detail and not finding.essential
+    assert _plugin_checks("backend demo", SimpleNamespace(extra={})) == []

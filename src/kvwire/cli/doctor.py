@@ -71,7 +71,22 @@ def _plugins() -> list[Finding]:
         else:
             found.append(Finding(label, True, f"{row.entry.distribution} {row.entry.version}: "
                                  f"{row.plugin.capabilities.summary() if row.plugin else ''}"))
+            found.extend(_plugin_checks(label, row.plugin))
     return found
+
+
+def _plugin_checks(label: str, plugin: object) -> list[Finding]:
+    """A plugin's own optional checks: ``Plugin.extra["doctor"]``, a callable returning
+    ``(check, ok, detail, fix)`` tuples (optional features; never essential)."""
+    checks = getattr(plugin, "extra", {}).get("doctor")
+    if not callable(checks):
+        return []
+    try:
+        return [Finding(f"{label}: {check}", bool(ok), str(detail), str(fix), essential=False)
+                for check, ok, detail, fix in checks()]
+    except Exception as exc:  # noqa: BLE001 - a broken check is reported, never fatal
+        return [Finding(f"{label}: checks", False, f"its doctor checks raised {type(exc).__name__}: {exc}",
+                        "report it to the plugin's authors", essential=False)]
 
 
 def diagnose() -> list[Finding]:

@@ -62,8 +62,20 @@ plugin = Plugin(
     summary="UCX peer-to-peer transfers; serves request-free pulls from a peer's reuse tree",
     check=ucx_problem,
     install_hint=INSTALL_HINT,
-    extra={"raw_bench": lambda options, row_bytes, rows, repeat: _raw_bench(options, row_bytes, rows, repeat)},
+    extra={"raw_bench": lambda options, row_bytes, rows, repeat: _raw_bench(options, row_bytes, rows, repeat),
+           "doctor": lambda: _doctor()},
 )
+
+
+def _doctor() -> list[tuple[str, bool, str, str]]:
+    """For ``kvwire doctor``: whether the opt-in one-sided mode can run here."""
+    from kvwire_ucx.nixl import INSTALL_HINT, nixl_problem
+
+    problem = nixl_problem()
+    if problem is not None:
+        return [("one-sided mode", False, "unavailable: NIXL is not installed (the default two-sided mode works)",
+                 INSTALL_HINT)]
+    return [("one-sided mode", True, "NIXL found: mode='one-sided' is available (trusted clusters only)", "")]
 
 
 def _raw_bench(options: Any, row_bytes: int, rows: int, repeat: int) -> float:
