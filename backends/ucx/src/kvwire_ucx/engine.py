@@ -884,30 +884,39 @@ class Engine:
         if fetch is None or fetch.counts is not None or fetch.one_sided:
             self._drop(conn, f"peer {conn.label} offered rows for a pull it was not asked (transfer {message.transfer})")
             return
-        if len(message.counts) != len(fetch.groups) or any(c > fetch.rows for c in message.counts):
-            self._drop(conn, f"peer {conn.label} offered {list(message.counts)} rows for a pull of {fetch.rows} "
-                             f"blocks in {len(fetch.groups)} groups")
+        if not self._take_counts(conn, fetch, message.counts):
             return
-        counts = fetch.counts = message.counts
+        self._reap_fetch(fetch)
+
+    def _take_counts(self, conn: _Connection, fetch: _Fetch, counts: tuple[int, ...]) -> bool:
+        """Take the answer's rows per group (an Offer's or a ReadOffer's); whether rows are to
+        come. Drops a peer that offers what was not asked; ends the fetch when it was stopped
+        while the answer travelled (telling the peer) or when nothing is served."""
+        if len(counts) != len(fetch.groups) or any(c > fetch.rows for c in counts):
+            self._drop(conn, f"peer {conn.label} offered {list(counts)} rows for a pull of {fetch.rows} "
+                             f"blocks in {len(fetch.groups)} groups")
+            return False
+        fetch.counts = counts
         fetch.total = sum(counts)
-        width = len(fetch.groups)
-        fetch.limit = max(((c - 1) * width + g + 1 for g, c in enumerate(counts) if c), default=0)
-        # receives posted on credit for rows the peer does not hold will never be matched
-        self._drain(fetch, lambda gi, ri: ri >= counts[gi])
+        if not fetch.one_sided:
+            width = len(fetch.groups)
+            fetch.limit = max(((c - 1) * width + g + 1 for g, c in enumerate(counts) if c), default=0)
+            # receives posted on credit for rows the peer does not hold will never be matched
+            self._drain(fetch, lambda gi, ri: ri >= counts[gi])
         if fetch.ended or fetch.attempt._outcome is not None:
-            # stopped (cancelled, deadline) while the offer travelled: the peer is told (Cancel,
-            # now if not yet); the offered rows within the credit still arrive, then it quiesces
+            # stopped (cancelled, deadline) while the answer travelled: the peer is told (Cancel,
+            # now if not yet); rows already sent on credit still arrive, then it quiesces
             fetch.ended = True
             self._tell(fetch, wire.Cancel(fetch.transfer, "the requester stopped the pull"))
             self._settle_fetch(fetch)
-            return
+            return False
         if fetch.total == 0:
             self._tell(fetch, wire.Ack(fetch.transfer, 0))
             fetch.ended = True
             self._conclude(fetch.attempt, Outcome.delivered(fetch.attempt._masks))
             self._settle_fetch(fetch)
-            return
-        self._reap_fetch(fetch)
+            return False
+        return True
 
     # ---------------------------------------------------------------- one-sided requester side
 
@@ -933,22 +942,7 @@ class Engine:
             problem = f"peer {conn.label}'s NIXL agent is unusable: {exc}"
         if fetch is None:
             return  # given up on already; a ReadOffer needs no answer (the Cancel went out)
-        if len(message.counts) != len(fetch.groups) or any(c > fetch.rows for c in message.counts):
-            self._drop(conn, f"peer {conn.label} offered {list(message.counts)} rows for a pull of {fetch.rows} "
-                             f"blocks in {len(fetch.groups)} groups")
-            return
-        fetch.counts = message.counts
-        fetch.total = sum(message.counts)
-        if fetch.ended or fetch.attempt._outcome is not None:
-            fetch.ended = True  # stopped while the offer travelled
-            self._tell(fetch, wire.Cancel(fetch.transfer, "the requester stopped the pull"))
-            self._settle_fetch(fetch)
-            return
-        if fetch.total == 0:
-            self._tell(fetch, wire.Ack(fetch.transfer, 0))
-            fetch.ended = True
-            self._conclude(fetch.attempt, Outcome.delivered(fetch.attempt._masks))
-            self._settle_fetch(fetch)
+        if not self._take_counts(conn, fetch, message.counts):
             return
         if problem is None and not self.nixl.knows(message.agent, message.generation):
             self._drop(conn, f"peer {conn.label} offered reads from NIXL agent {message.agent!r} "
