@@ -76,6 +76,38 @@ def view_of(region: Any, rows: int, names: np.ndarray) -> Any:
     return View((LayerGroupRows(0, CacheKind.PAGED, region, slots, TokenRange(0, rows * 16), names[:rows]),))
 
 
+def pull(backend: Any, view: Any, address: bytes, woken: threading.Event) -> float:
+    """Seconds for one kvwire pull of ``view`` from ``address``, until concluded and quiesced;
+    every row must arrive."""
+    from kvwire.contract import Hint
+
+    started = time.perf_counter()
+    attempt = backend.fetch(view, Hint.of("peer", address=address), woken.set)
+    while not (attempt.poll() is not None and attempt.quiesced()):
+        woken.wait(60)
+        woken.clear()
+    seconds = time.perf_counter() - started
+    outcome = attempt.poll()
+    assert outcome is not None and outcome.is_delivered and outcome.masks[0].all(), outcome
+    return seconds
+
+
+def checked(run: Callable[[], float], memory: np.ndarray, expected: np.ndarray, nbytes: int) -> float:
+    """``run()``'s seconds, with the destination zeroed before and compared byte for byte after."""
+    memory[:nbytes] = 0
+    seconds = run()
+    if not np.array_equal(memory[:nbytes], expected[:nbytes]):
+        raise AssertionError("the pulled bytes differ from the serving process's")
+    return seconds
+
+
+def close(backend: Any) -> None:
+    deadline = time.monotonic() + 5
+    while backend.shutdown() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    backend.close()
+
+
 def wait_all(worker: Any, requests: list[Any], busy: bool = False) -> None:
     """Progress until every request completed, looking at each once it is the oldest open one
     (they complete about in order). Between progress calls with nothing to do, sleep on the
@@ -283,7 +315,7 @@ def main() -> int:
 
     from kvwire_ucx._ucx import Array, ucx_api
 
-    from kvwire.contract import Hint, MemoryKind, SlotRegion
+    from kvwire.contract import MemoryKind, SlotRegion
     from kvwire.registry import load
 
     sizes = [parse_size(s) for s in args.sizes.split(",")]
@@ -306,17 +338,7 @@ def main() -> int:
         woken = threading.Event()
 
         def run_kvwire(size: int, region: SlotRegion, names: np.ndarray) -> float:
-            view = view_of(region, args.rows, names)
-            hint = Hint.of("peer", address=address)
-            started = time.perf_counter()
-            attempt = backend.fetch(view, hint, woken.set)
-            while not (attempt.poll() is not None and attempt.quiesced()):
-                woken.wait(60)
-                woken.clear()
-            seconds = time.perf_counter() - started
-            outcome = attempt.poll()
-            assert outcome is not None and outcome.is_delivered and outcome.masks[0].all(), outcome
-            return seconds
+            return pull(backend, view_of(region, args.rows, names), address, woken)
 
         def run_raw(size: int) -> float:
             server.send(do="raw", size=size, rows=args.rows)
@@ -335,11 +357,7 @@ def main() -> int:
             return seconds
 
         def timed(run: Callable[[], float], nbytes: int) -> float:
-            memory[:nbytes] = 0
-            seconds = run()
-            if not np.array_equal(memory[:nbytes], expected[:nbytes]):
-                raise AssertionError("the pulled bytes differ from the serving process's")
-            return seconds
+            return checked(run, memory, expected, nbytes)
 
         wait = "busy polling" if args.raw_busy_poll else "epoll wake-ups"
         print(f"kvwire-ucx vs raw ucxx tag send/recv; {args.rows} rows per pull, two processes on loopback, "
@@ -368,10 +386,7 @@ def main() -> int:
             print(f"{size // KIB:>6} KiB {nbytes / MIB:>5.0f} MiB {kv_rate:>12.2f} {raw_rate:>9.2f} {ratio:>6.2f}",
                   flush=True)
         raw_ep.close_blocking()
-        deadline = time.monotonic() + 5
-        while backend.shutdown() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        backend.close()
+        close(backend)
     finally:
         server.stop()
     if args.json:
@@ -381,7 +396,7 @@ def main() -> int:
 
 
 def main_one_sided(args: argparse.Namespace) -> int:
-    from kvwire.contract import Hint, MemoryKind, SlotRegion
+    from kvwire.contract import MemoryKind, SlotRegion
     from kvwire.registry import load
 
     row = 16 * args.token_bytes
@@ -405,15 +420,7 @@ def main_one_sided(args: argparse.Namespace) -> int:
         woken = threading.Event()
 
         def run_kvwire(view: Any) -> float:
-            started = time.perf_counter()
-            attempt = backend.fetch(view, Hint.of("peer", address=address), woken.set)
-            while not (attempt.poll() is not None and attempt.quiesced()):
-                woken.wait(60)
-                woken.clear()
-            seconds = time.perf_counter() - started
-            outcome = attempt.poll()
-            assert outcome is not None and outcome.is_delivered and outcome.masks[0].all(), outcome
-            return seconds
+            return pull(backend, view, address, woken)
 
         def run_raw(size: int, rows: int) -> float:
             started = time.perf_counter()
@@ -435,11 +442,7 @@ def main_one_sided(args: argparse.Namespace) -> int:
             return seconds
 
         def timed(run: Callable[[], float], nbytes: int) -> float:
-            memory[:nbytes] = 0
-            seconds = run()
-            if not np.array_equal(memory[:nbytes], expected[:nbytes]):
-                raise AssertionError("the pulled bytes differ from the serving process's")
-            return seconds
+            return checked(run, memory, expected, nbytes)
 
         print(f"kvwire-ucx one-sided vs a raw NIXL agent pair (READ); two processes on loopback; "
               f"{args.token_bytes} B per token, 16-token blocks; {args.runs} runs (medians)")
@@ -478,10 +481,7 @@ def main_one_sided(args: argparse.Namespace) -> int:
                   f"{raw_rate:>9.2f} {statistics.median(ratios):>6.2f} {min(ratios):>6.2f} "
                   f"{nbytes / statistics.median(raw1) / 1e9:>11.2f} {statistics.median(ratios1):>6.2f}", flush=True)
         agent.remove_remote_agent(peer)
-        deadline = time.monotonic() + 5
-        while backend.shutdown() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        backend.close()
+        close(backend)
     finally:
         server.stop()
     if args.json:
