@@ -216,14 +216,6 @@ def _what(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
-def row_descriptors(addresses: np.ndarray, size: int) -> np.ndarray:
-    """``(n, 3)`` uint64 descriptors (address, length, device 0) for rows of ``size`` bytes."""
-    out = np.zeros((len(addresses), 3), dtype=np.uint64)
-    out[:, 0] = addresses
-    out[:, 1] = size
-    return out
-
-
 def coalesce(local: np.ndarray, remote: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Merge rows that are adjacent both here and there into single spans: ``local`` and
     ``remote`` are row addresses (uint64), ``sizes`` their lengths, all in transfer order.
