@@ -18,7 +18,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -163,6 +163,19 @@ class MooncakeDriver(StoreDriver):
 
     # -- store calls ----------------------------------------------------------------------------
 
+    def _batch(self, n: int, work: Callable[[int], BatchResult]) -> BatchResult:
+        """``work(n)`` for a batch of ``n`` keys, counted as a call in progress; an empty batch
+        and a refused call (closed, master unreachable) answer without it."""
+        if n == 0:
+            return BatchResult(np.empty(0, dtype=np.uint8))
+        refused = self._enter(n)
+        if refused is not None:
+            return refused
+        try:
+            return work(n)
+        finally:
+            self._leave()
+
     def _enter(self, n: int) -> BatchResult | None:
         """``None`` if the call may proceed (and counts it), else the answer for every key."""
         with self._cond:
@@ -187,78 +200,66 @@ class MooncakeDriver(StoreDriver):
                 self._cond.notify_all()
 
     def put(self, keys: Sequence[str], addresses: np.ndarray, sizes: np.ndarray) -> BatchResult:
-        n = len(keys)
-        if n == 0:
-            return BatchResult(np.empty(0, dtype=np.uint8))
-        refused = self._enter(n)
-        if refused is not None:
-            return refused
-        try:
-            keys = _as_list(keys)
-            found = self._client.batch_is_exist(keys) if self._check_existing else None
-            fresh = found is None or not any(found)  # no key there yet (a negative code is an error)
-            if fresh:  # the common case: nothing there yet, put every key
-                answer = self._client.batch_put_from(
-                    keys, np.asarray(addresses, dtype=np.uint64).tolist(),
-                    np.asarray(sizes, dtype=np.uint64).tolist(),
-                )
-                if not any(answer):  # every key stored; checked on the list, before any numpy
-                    return BatchResult.ok(n)
-                return codes.put_result(np.asarray(answer, dtype=np.int64))
-            exist = np.asarray(found, dtype=np.int64)
-            status = np.full(n, int(KeyStatus.FAILED), dtype=np.uint8)
-            reasons: dict[int, str] = {}
-            status[exist == 1] = int(KeyStatus.ALREADY_THERE)
-            for i in np.flatnonzero(exist < 0).tolist():
-                reasons[i] = codes.describe("exists check before put", int(exist[i]))
-            todo = np.flatnonzero(exist == 0)
-            if todo.size:
-                answer = self._client.batch_put_from(
-                    [keys[i] for i in todo.tolist()],
-                    np.asarray(addresses, dtype=np.uint64)[todo].tolist(),
-                    np.asarray(sizes, dtype=np.uint64)[todo].tolist(),
-                )
-                sub = codes.put_result(np.asarray(answer, dtype=np.int64))
-                status[todo] = sub.status
-                for j, why in sub.reasons.items():
-                    reasons[int(todo[j])] = why
-            return BatchResult(status, reasons)
-        finally:
-            self._leave()
+        return self._batch(len(keys), lambda n: self._put(keys, addresses, sizes, n))
+
+    def _put(self, keys: Sequence[str], addresses: np.ndarray, sizes: np.ndarray, n: int) -> BatchResult:
+        keys = _as_list(keys)
+        found = self._client.batch_is_exist(keys) if self._check_existing else None
+        fresh = found is None or not any(found)  # no key there yet (a negative code is an error)
+        if fresh:  # the common case: nothing there yet, put every key
+            answer = self._client.batch_put_from(
+                keys, np.asarray(addresses, dtype=np.uint64).tolist(),
+                np.asarray(sizes, dtype=np.uint64).tolist(),
+            )
+            if not any(answer):  # every key stored; checked on the list, before any numpy
+                return BatchResult.ok(n)
+            return codes.put_result(np.asarray(answer, dtype=np.int64))
+        exist = np.asarray(found, dtype=np.int64)
+        status = np.full(n, int(KeyStatus.FAILED), dtype=np.uint8)
+        reasons: dict[int, str] = {}
+        status[exist == 1] = int(KeyStatus.ALREADY_THERE)
+        for i in np.flatnonzero(exist < 0).tolist():
+            reasons[i] = codes.describe("exists check before put", int(exist[i]))
+        todo = np.flatnonzero(exist == 0)
+        if todo.size:
+            answer = self._client.batch_put_from(
+                [keys[i] for i in todo.tolist()],
+                np.asarray(addresses, dtype=np.uint64)[todo].tolist(),
+                np.asarray(sizes, dtype=np.uint64)[todo].tolist(),
+            )
+            sub = codes.put_result(np.asarray(answer, dtype=np.int64))
+            status[todo] = sub.status
+            for j, why in sub.reasons.items():
+                reasons[int(todo[j])] = why
+        return BatchResult(status, reasons)
 
     def get_into(self, keys: Sequence[str], addresses: np.ndarray, sizes: np.ndarray) -> BatchResult:
-        n = len(keys)
-        if n == 0:
-            return BatchResult(np.empty(0, dtype=np.uint8))
-        refused = self._enter(n)
-        if refused is not None:
-            return refused
-        try:
-            wanted = np.asarray(sizes, dtype=np.int64).tolist()
-            answer = self._client.batch_get_into(
-                _as_list(keys), np.asarray(addresses, dtype=np.uint64).tolist(), wanted
-            )
-            if type(answer) is list and answer == wanted:  # every row read whole; compared before any numpy
-                return BatchResult.ok(n)
-            sizes = np.asarray(wanted, dtype=np.int64)
-            got = np.asarray(answer, dtype=np.int64)
-            result = codes.get_result(got, sizes)
-            if not result.reasons:  # every row whole, or only misses
-                return result
-            too_small = np.flatnonzero(got == -600)[:_EXPLAIN_AT_MOST]
-            if too_small.size == 0:
-                return result
-            reasons = dict(result.reasons)
-            for i in too_small.tolist():
-                stored = int(self._client.get_size(keys[i]))
-                if stored >= 0 and stored != int(sizes[i]):
-                    reasons[i] = (
-                        f"size mismatch: the stored object has {stored} bytes, the row holds {int(sizes[i])} "
-                        f"({codes.describe('get', -600)})"
-                    )
-            return BatchResult(result.status, reasons)
-        finally:
-            self._leave()
+        return self._batch(len(keys), lambda n: self._get_into(keys, addresses, sizes, n))
+
+    def _get_into(self, keys: Sequence[str], addresses: np.ndarray, sizes: np.ndarray, n: int) -> BatchResult:
+        wanted = np.asarray(sizes, dtype=np.int64).tolist()
+        answer = self._client.batch_get_into(
+            _as_list(keys), np.asarray(addresses, dtype=np.uint64).tolist(), wanted
+        )
+        if type(answer) is list and answer == wanted:  # every row read whole; compared before any numpy
+            return BatchResult.ok(n)
+        sizes = np.asarray(wanted, dtype=np.int64)
+        got = np.asarray(answer, dtype=np.int64)
+        result = codes.get_result(got, sizes)
+        if not result.reasons:  # every row whole, or only misses
+            return result
+        too_small = np.flatnonzero(got == -600)[:_EXPLAIN_AT_MOST]
+        if too_small.size == 0:
+            return result
+        reasons = dict(result.reasons)
+        for i in too_small.tolist():
+            stored = int(self._client.get_size(keys[i]))
+            if stored >= 0 and stored != int(sizes[i]):
+                reasons[i] = (
+                    f"size mismatch: the stored object has {stored} bytes, the row holds {int(sizes[i])} "
+                    f"({codes.describe('get', -600)})"
+                )
+        return BatchResult(result.status, reasons)
 
     def exists(self, keys: Sequence[str]) -> np.ndarray:
         n = len(keys)
@@ -278,17 +279,11 @@ class MooncakeDriver(StoreDriver):
         return answer == 1
 
     def remove(self, keys: Sequence[str]) -> BatchResult:
-        n = len(keys)
-        if n == 0:
-            return BatchResult(np.empty(0, dtype=np.uint8))
-        refused = self._enter(n)
-        if refused is not None:
-            return refused
-        try:
-            answer = self._client.batch_remove(list(keys), False)
-            return codes.remove_result(np.asarray(answer, dtype=np.int64))
-        finally:
-            self._leave()
+        return self._batch(len(keys), lambda n: self._remove(keys, n))
+
+    def _remove(self, keys: Sequence[str], n: int) -> BatchResult:
+        answer = self._client.batch_remove(list(keys), False)
+        return codes.remove_result(np.asarray(answer, dtype=np.int64))
 
     # -- lifecycle ------------------------------------------------------------------------------
 
