@@ -62,6 +62,24 @@ def pair(make_backend, holders):
     return Pair
 
 
+def ends(make_backend, holders, groups, blocks: int, slot: int, *, requester: dict | None = None, **holder_options):
+    """A serving end holding ``blocks`` blocks (its holder registered in ``holders``) and a
+    requesting end (backend options ``requester``)."""
+
+    class Ends:
+        a, b = make_backend(), make_backend(**(requester or {}))
+        pa, pb = Pool(groups, blocks, slot), Pool(groups, blocks, slot, first_region_id=10)
+        tree, names = ReuseTree(), block_names(blocks)
+
+    Ends.a.register_regions(Ends.pa.regions)
+    Ends.b.register_regions(Ends.pb.regions)
+    fill(Ends.pa, Ends.tree, Ends.names)
+    Ends.holder = ServingHolder(Ends.a, Ends.pa, Ends.tree, **holder_options)
+    holders.append(Ends.holder)
+    Ends.req = Requester(Ends.b, Ends.pb)
+    return Ends
+
+
 def test_declares_a_peer_that_serves_pulls(make_backend) -> None:
     caps = make_backend().capabilities()
     assert caps.other_end is OtherEnd.PEER and caps.fetch and caps.publish and caps.cancellation
@@ -189,17 +207,11 @@ def test_rows_of_another_slot_size_are_refused_by_the_serving_end(pair, holders)
 
 def test_cancel_mid_transfer_stops_both_ends(make_backend, holders) -> None:
     slot = 256 << 10
-    a, b = make_backend(), make_backend(window_bytes=slot)  # one row per Go: a slow, steady pull
-    pa, pb = Pool((0,), 160, slot), Pool((0,), 160, slot, first_region_id=10)
-    a.register_regions(pa.regions)
-    b.register_regions(pb.regions)
-    tree, names = ReuseTree(), block_names(160)
-    fill(pa, tree, names)
     published = threading.Event()
-    holder = ServingHolder(a, pa, tree, on_publish=lambda answer: published.set())
-    holders.append(holder)
-    req = Requester(b, pb)
-    attempt, slots = req.fetch(a.address(), names)
+    e = ends(make_backend, holders, (0,), 160, slot, requester={"window_bytes": slot},  # one row per Go: slow
+             on_publish=lambda answer: published.set())
+    b, pb, tree, names, holder, req = e.b, e.pb, e.tree, e.names, e.holder, e.req
+    attempt, slots = req.fetch(e.a.address(), names)
     assert published.wait(5)
     deadline = time.monotonic() + 5
     while b.stats().rows_received < 3 and time.monotonic() < deadline:
@@ -282,15 +294,8 @@ def test_registration_refuses_overlap_atomically_and_closes_idempotently(make_ba
 
 def test_shutdown_with_work_in_flight_cancels_and_returns_once_quiet(make_backend, holders) -> None:
     slot = 256 << 10
-    a, b = make_backend(), make_backend(window_bytes=slot)
-    pa, pb = Pool((0,), 128, slot), Pool((0,), 128, slot, first_region_id=10)
-    a.register_regions(pa.regions)
-    b.register_regions(pb.regions)
-    tree, names = ReuseTree(), block_names(128)
-    fill(pa, tree, names)
-    holder = ServingHolder(a, pa, tree)
-    holders.append(holder)
-    req = Requester(b, pb)
+    e = ends(make_backend, holders, (0,), 128, slot, requester={"window_bytes": slot})
+    a, b, tree, names, holder, req = e.a, e.b, e.tree, e.names, e.holder, e.req
     attempt, slots = req.fetch(a.address(), names)
     deadline = time.monotonic() + 5
     while b.stats().rows_received < 2 and time.monotonic() < deadline:
@@ -311,15 +316,8 @@ def test_shutdown_with_work_in_flight_cancels_and_returns_once_quiet(make_backen
 
 def test_a_serving_end_that_shuts_down_mid_pull_fails_the_fetch(make_backend, holders) -> None:
     slot = 256 << 10
-    a, b = make_backend(), make_backend(window_bytes=slot)
-    pa, pb = Pool((0,), 128, slot), Pool((0,), 128, slot, first_region_id=10)
-    a.register_regions(pa.regions)
-    b.register_regions(pb.regions)
-    tree, names = ReuseTree(), block_names(128)
-    fill(pa, tree, names)
-    holder = ServingHolder(a, pa, tree)
-    holders.append(holder)
-    req = Requester(b, pb)
+    e = ends(make_backend, holders, (0,), 128, slot, requester={"window_bytes": slot})
+    a, tree, names, holder, req = e.a, e.tree, e.names, e.holder, e.req
     attempt, slots = req.fetch(a.address(), names)
     deadline = time.monotonic() + 5
     while a.stats().rows_sent < 2 and time.monotonic() < deadline:
@@ -390,33 +388,24 @@ def _port_of(backend) -> int:
     return PeerAddress.from_bytes(backend.address()).port
 
 
-def test_an_offer_that_crosses_a_cancel_is_still_told_the_pull_is_over(make_backend) -> None:
+def test_an_offer_that_crosses_a_cancel_is_still_told_the_pull_is_over(make_backend, holders) -> None:
     """The holder cancels; the serving end's offer (and its rows) arrives before the requester's
     engine got round to the cancel. The serving end must still hear a Cancel at once, not wait
     for an Ack that will never come until its deadline (found under load by the suite's N2)."""
-    a, b = make_backend(), make_backend(timeout_s=10.0)
-    pa, pb = Pool(GROUPS, 8, SLOT), Pool(GROUPS, 8, SLOT, first_region_id=10)
-    a.register_regions(pa.regions)
-    b.register_regions(pb.regions)
-    tree, names = ReuseTree(), block_names(4)
-    fill(pa, tree, names)
     gate = threading.Event()
-    holder = ServingHolder(a, pa, tree, gate=gate)
-    try:
-        engine = b._engine
-        late = engine._after_local_cancel
-        engine._after_local_cancel = lambda attempt: engine._timer(1.0, lambda: late(attempt))  # the offer first
-        req = Requester(b, pb)
-        attempt, slots = req.fetch(a.address(), names)
-        deadline = time.monotonic() + 5
-        while holder.requests_seen < 1 and time.monotonic() < deadline:
-            time.sleep(0.001)
-        attempt.cancel()
-        gate.set()
-        assert holder.wait_settled(1, 3), "the serving end waited for its deadline: no Cancel reached it"
-        outcome = holder.answers[0].outcome
-        assert outcome.is_cancelled and outcome.by_peer, outcome
-        assert tree.wait_unpinned(2)
-        assert req.wait(attempt, slots, 5).is_cancelled
-    finally:
-        holder.stop()
+    e = ends(make_backend, holders, GROUPS, 4, SLOT, requester={"timeout_s": 10.0}, gate=gate)
+    a, b, tree, names, holder, req = e.a, e.b, e.tree, e.names, e.holder, e.req
+    engine = b._engine
+    late = engine._after_local_cancel
+    engine._after_local_cancel = lambda attempt: engine._timer(1.0, lambda: late(attempt))  # the offer first
+    attempt, slots = req.fetch(a.address(), names)
+    deadline = time.monotonic() + 5
+    while holder.requests_seen < 1 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    attempt.cancel()
+    gate.set()
+    assert holder.wait_settled(1, 3), "the serving end waited for its deadline: no Cancel reached it"
+    outcome = holder.answers[0].outcome
+    assert outcome.is_cancelled and outcome.by_peer, outcome
+    assert tree.wait_unpinned(2)
+    assert req.wait(attempt, slots, 5).is_cancelled
