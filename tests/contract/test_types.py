@@ -144,19 +144,27 @@ def test_V_unique_group_ids():
         View((group([0]), group([1])))
 
 
-@given(rows=st.lists(st.tuples(st.integers(0, 1), st.integers(0, 15)), max_size=12))
+@given(rows=st.lists(st.tuples(st.integers(0, 2), st.integers(0, 15)), max_size=12))
 def test_V4_overlap_detection_matches_brute_force(rows):
     wide = SlotRegion(1, 4096 + 32, 64, 16, MemoryKind.HOST)  # shifted by half a slot: overlaps REGION
-    regions = (REGION, wide)
-    by_region: dict[int, list[int]] = {0: [], 1: []}
+    device = SlotRegion(2, 4096, 64, 16, MemoryKind.DEVICE, device=0)  # same addresses, other memory
+    regions = (REGION, wide, device)
+    by_region: dict[int, list[int]] = {0: [], 1: [], 2: []}
     for r, s in rows:
         by_region[r].append(s)
-    view = View(tuple(group(by_region[r], gid=r, region=regions[r]) for r in (0, 1)))
-    spans = [(regions[r].base + s * 64, regions[r].base + s * 64 + 64) for r in (0, 1) for s in by_region[r]]
-    brute = any(
-        a[0] < b[1] and b[0] < a[1] for i, a in enumerate(spans) for b in spans[i + 1:]
-    )
-    assert (view.overlapping_rows() is not None) == brute
+    view = View(tuple(group(by_region[r], gid=r, region=regions[r]) for r in (0, 1, 2)))
+    spans = {(r, i): (regions[r].memory_kind, regions[r].base + s * 64, regions[r].base + s * 64 + 64)
+             for r in (0, 1, 2) for i, s in enumerate(by_region[r])}
+
+    def clash(a, b):
+        return a[0] is b[0] and a[1] < b[2] and b[1] < a[2]
+
+    brute = any(clash(a, b) for i, a in enumerate(spans.values()) for b in list(spans.values())[i + 1:])
+    found = view.overlapping_rows()
+    assert (found is not None) == brute
+    if found is not None:  # the two rows named really overlap
+        (ga, ra), (gb, rb) = found
+        assert (ga, ra) != (gb, rb) and clash(spans[(ga, ra)], spans[(gb, rb)])
 
 
 # --- TokenRange --------------------------------------------------------------------------------

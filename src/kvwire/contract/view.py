@@ -173,26 +173,32 @@ class View:
 
     def overlapping_rows(self) -> tuple[tuple[int, int], tuple[int, int]] | None:
         """Two ``(group index, row)`` pairs whose memory overlaps, or ``None`` if every row's
-        memory is disjoint from every other's (V4). Vectorized: one sort over all rows."""
+        memory is disjoint from every other's (V4). Vectorized: rows already in ascending
+        address order (the usual case) are checked without a sort."""
         if self.rows < 2:
             return None
-        starts, ends, kinds, where = [], [], [], []
-        for gi, g in enumerate(self.groups):
-            s = g.addresses().astype(np.uint64)
-            starts.append(s)
-            ends.append(s + np.uint64(g.region.slot_bytes))
-            dom = hash((g.region.memory_kind, g.region.device))
-            kinds.append(np.full(g.rows, dom, dtype=np.int64))
-            where.append(np.stack([np.full(g.rows, gi), np.arange(g.rows)], axis=1))
-        start = np.concatenate(starts)
-        end = np.concatenate(ends)
-        dom_all = np.concatenate(kinds)
-        loc = np.concatenate(where)
-        order = np.lexsort((start, dom_all))
-        s, e, d = start[order], end[order], dom_all[order]
-        clash = (d[1:] == d[:-1]) & (s[1:] < e[:-1])
+        counts = [g.rows for g in self.groups]
+        start = np.concatenate([g.addresses() for g in self.groups])
+        end = start + np.repeat(np.array([g.region.slot_bytes for g in self.groups], dtype=np.uint64), counts)
+        domains: dict[tuple[object, int], int] = {}
+        keys = [domains.setdefault((g.region.memory_kind, g.region.device), len(domains)) for g in self.groups]
+        if len(domains) == 1:
+            if bool((start[1:] >= end[:-1]).all()):
+                return None
+            order = np.argsort(start, kind="stable")
+            same = np.ones(len(order) - 1, dtype=bool)
+        else:
+            domain = np.repeat(np.array(keys, dtype=np.int64), counts)
+            order = np.lexsort((start, domain))
+            same = domain[order[1:]] == domain[order[:-1]]
+        clash = same & (start[order[1:]] < end[order[:-1]])
         if not clash.any():
             return None
         i = int(np.argmax(clash))
-        a, b = loc[order[i]], loc[order[i + 1]]
-        return (int(a[0]), int(a[1])), (int(b[0]), int(b[1]))
+        bounds = np.cumsum(counts)
+
+        def where(flat: int) -> tuple[int, int]:
+            gi = int(np.searchsorted(bounds, flat, side="right"))
+            return gi, flat - (int(bounds[gi - 1]) if gi else 0)
+
+        return where(int(order[i])), where(int(order[i + 1]))
