@@ -253,7 +253,9 @@ class UcxBackend(Backend, ServesPulls):
                 )
             span, offsets = self._regions.locate(group, index)
             array = None if span is None else (span.writable if writable else span.readable)
-            out.append(GroupRows(group.group_id, group.region.slot_bytes, array, tuple(offsets.tolist())))
+            offsets = offsets.astype(np.uint64)
+            offsets.flags.writeable = False
+            out.append(GroupRows(group.group_id, group.region.slot_bytes, array, offsets))
         return tuple(out)
 
     def _concluded(self, attempt: UcxAttempt, outcome: Outcome) -> UcxAttempt:
@@ -307,7 +309,8 @@ def _pull_names(view: View) -> tuple[int, bytes]:
             raise InvalidSubmission(
                 f"group {index} (id {group.group_id}) carries no block names; a pull names the blocks it wants"
             )
-        if group.names.shape != first.names.shape or not np.array_equal(group.names, first.names):  # type: ignore[union-attr]
+        if group is not first and (group.names.shape != first.names.shape  # type: ignore[union-attr]
+                                   or not np.array_equal(group.names, first.names)):
             raise InvalidSubmission(
                 f"group {index} (id {group.group_id}) names other blocks than group 0; every group of a pull "
                 "carries the same names in prefix order"

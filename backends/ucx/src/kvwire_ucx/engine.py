@@ -44,8 +44,10 @@ log = logging.getLogger(__name__)
 _ROW_MASK = (1 << wire.TAG_ROW_BITS) - 1
 #: Upper bound on one sleep, so a lost wake-up of the worker fd costs at most this much.
 _MAX_SLEEP_S = 0.5
-#: Bytes read from a control socket per readable event.
+#: Bytes read from a control socket per call, and how many calls one readable event may make
+#: while each fills its buffer (a pull naming 8192 blocks is a 256 KiB frame).
 _READ_BYTES = 1 << 16
+_READS_PER_EVENT = 16
 #: How many times one loop iteration progresses the worker before it looks at the sockets.
 _PROGRESS_ROUNDS = 64
 #: While UCX has events pending, the control sockets are looked at no more often than this.
@@ -85,12 +87,12 @@ class WireStats:
 @dataclass(frozen=True, slots=True, eq=False)
 class GroupRows:
     """One group's rows as this engine moves them: byte views of the registered span and each
-    row's offset in it."""
+    row's byte offset in it (read-only uint64)."""
 
     group_id: int
     slot_bytes: int
     span: np.ndarray | None = field(repr=False)
-    offsets: tuple[int, ...] = field(repr=False)
+    offsets: np.ndarray = field(repr=False)
 
 
 class UcxAttempt(Attempt):
@@ -155,7 +157,8 @@ class _Fetch:
         # one-sided (NIXL READ) pulls
         self.one_sided = False
         self.peer_agent = b""
-        self.chunks: collections.deque[tuple[int, int]] = collections.deque()  # block ranges still to read
+        # block ranges still to read, each with its local and remote NIXL descriptors
+        self.chunks: collections.deque[tuple[int, int, np.ndarray, np.ndarray]] = collections.deque()
         self.chunk = (0, 0)
         self.xfer: Any = None  # the NIXL read in flight
         self.remote: tuple[np.ndarray, ...] = ()  # the offered rows' addresses at the peer
@@ -658,17 +661,28 @@ class Engine:
         self._flush(conn)
 
     def _on_readable(self, conn: _Connection) -> bool:
-        """Read once from the socket and handle the messages completed; whether it read any."""
+        """Read from the socket (until a read comes back short) and handle the messages
+        completed; whether it read any. An error or end of stream after some data is met on
+        the next event, once that data was handled."""
+        chunks: list[bytes] = []
         try:
-            data = conn.sock.recv(_READ_BYTES)
+            while len(chunks) < _READS_PER_EVENT:
+                chunk = conn.sock.recv(_READ_BYTES)
+                chunks.append(chunk)
+                if len(chunk) < _READ_BYTES:
+                    break
         except (BlockingIOError, InterruptedError):
-            return False
+            if not chunks:
+                return False
         except OSError as exc:
-            if conn.connecting:
-                self._close(conn, f"could not connect to {conn.label}: {exc.strerror or exc}", lost=True)
-            else:
-                self._close(conn, f"peer {conn.label} is gone: control connection {exc.strerror or exc}", lost=True)
-            return False
+            if not chunks:
+                if conn.connecting:
+                    self._close(conn, f"could not connect to {conn.label}: {exc.strerror or exc}", lost=True)
+                else:
+                    self._close(conn, f"peer {conn.label} is gone: control connection {exc.strerror or exc}",
+                                lost=True)
+                return False
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         if not data:
             if conn.connecting:
                 self._close(conn, f"could not connect to {conn.label}: connection closed", lost=True)
@@ -956,7 +970,11 @@ class Engine:
         per_block = sum(g.slot_bytes for g in fetch.groups)
         step = max(1, self.settings.window_bytes // max(1, per_block))
         longest = max(message.counts)
-        fetch.chunks.extend((b, min(b + step, longest)) for b in range(0, longest, step))
+        # every range's descriptors now, while the offer is in cache: between two large reads
+        # the same few numpy steps take ten times longer
+        for b in range(0, longest, step):
+            end = min(b + step, longest)
+            fetch.chunks.append((b, end, *self._read_descriptors(fetch, b, end)))
         self._reads.add(fetch)
         self._advance_read(fetch)
 
@@ -990,8 +1008,8 @@ class Engine:
                 self._conclude(fetch.attempt, Outcome.delivered(fetch.attempt._masks))
                 self._settle_fetch(fetch)
                 return
-            fetch.chunk = fetch.chunks.popleft()
-            local, remote = self._read_descriptors(fetch, *fetch.chunk)
+            start, end, local, remote = fetch.chunks.popleft()
+            fetch.chunk = (start, end)
             try:
                 fetch.xfer, _ = nixl.read(local, remote, fetch.peer_agent)
             except NixlError as exc:
@@ -1009,7 +1027,7 @@ class Engine:
                 continue
             assert group.span is not None
             base = group.span.__array_interface__["data"][0]
-            local.append(np.asarray(group.offsets[start:hi], dtype=np.uint64) + np.uint64(base))
+            local.append(group.offsets[start:hi] + np.uint64(base))
             remote.append(there[start:hi])
             sizes.append(np.full(hi - start, group.slot_bytes, dtype=np.uint64))
         return coalesce(np.concatenate(local), np.concatenate(remote), np.concatenate(sizes))
@@ -1062,7 +1080,7 @@ class Engine:
                 group = groups[gi]
                 assert group.span is not None
                 size = group.slot_bytes
-                offset = group.offsets[ri]
+                offset = int(group.offsets[ri])
                 buffer = Array(group.span[offset : offset + size])
                 append((tag_recv(buffer, make_tag(tag_high | (seq - 1))), buffer, gi, ri, size))
                 inflight += size
@@ -1387,7 +1405,7 @@ class Engine:
                 addresses.append(np.zeros(0, dtype=np.uint64))
                 continue
             base = group.span.__array_interface__["data"][0]
-            addresses.append(np.asarray(group.offsets[:count], dtype=np.uint64) + np.uint64(base))
+            addresses.append(group.offsets[:count] + np.uint64(base))
         reply.groups = groups
         reply.counts = counts
         reply.total = sum(counts)
@@ -1421,7 +1439,7 @@ class Engine:
                     continue
                 group = groups[gi]
                 assert group.span is not None
-                offset = group.offsets[ri]
+                offset = int(group.offsets[ri])
                 buffer = Array(group.span[offset : offset + group.slot_bytes])
                 append((tag_send(buffer, make_tag(tag_high | seq)), buffer, gi, ri))
         except UCXError as exc:
