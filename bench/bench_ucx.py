@@ -19,7 +19,7 @@ Two processes on loopback (``UCX_NET_DEVICES=lo``, endpoint error handling on fo
 A serving process holds ``rows`` blocks of each row size; this process pulls them all:
 
 - kvwire: ``fetch`` on a ``UcxBackend`` (built through ``kvwire.registry``) of every block's name
-  from the serving backend, whose holder answers from a dict reuse tree with ``publish``; timed
+  from the serving backend, whose holder answers from a sorted name table with ``publish``; timed
   from the ``fetch`` call until the attempt has concluded and quiesced (the request, the offer,
   the windowed rows and the acknowledgement all inside the clock);
 - raw: this process posts one ``tag_recv`` per row into the same rows and sends an 8-byte "go"
@@ -67,6 +67,17 @@ def pattern(nbytes: int) -> np.ndarray:
 
 def block_names(count: int) -> np.ndarray:
     return np.arange(count * 4, dtype=np.uint64).reshape(count, 4).view(np.uint8).copy()  # 32-byte names
+
+
+def held_prefix(tree: np.ndarray, names: np.ndarray) -> int:
+    """How many leading ``names`` (32-byte rows) the sorted ``tree`` holds; vectorized, as a
+    holder's reuse tree answers a lookup without a Python step per block."""
+    wanted = np.ascontiguousarray(names).view("S32").ravel()
+    if not len(tree):
+        return 0
+    at = np.minimum(np.searchsorted(tree, wanted), len(tree) - 1)
+    missing = np.flatnonzero(tree[at] != wanted)
+    return int(missing[0]) if len(missing) else len(wanted)
 
 
 def view_of(region: Any, rows: int, names: np.ndarray) -> Any:
@@ -158,7 +169,7 @@ def serve(max_bytes: int, busy: bool, mode: str) -> None:
     memory = pattern(max_bytes).copy()
     backend = load("ucx").build({"timeout_s": 60.0, "mode": mode})
     registration = None
-    tree: dict[bytes, int] = {}
+    tree = np.zeros(0, dtype="S32")  # the held names, sorted
     region: SlotRegion | None = None
     lock = threading.Lock()
     wake = threading.Event()
@@ -171,9 +182,7 @@ def serve(max_bytes: int, busy: bool, mode: str) -> None:
             wake.clear()
             for request in backend.incoming():  # type: ignore[attr-defined]
                 with lock:
-                    raw, width, count = request.names.tobytes(), request.names.shape[1], 0
-                    while count < request.blocks and raw[count * width:(count + 1) * width] in tree:
-                        count += 1
+                    count = held_prefix(tree, request.names)
                     view = view_of(region, count, request.names)
                 live.append(backend.publish(view, request.ticket, wake.set))
             live = [a for a in live if not (a.poll() is not None and a.quiesced())]
@@ -205,7 +214,7 @@ def serve(max_bytes: int, busy: bool, mode: str) -> None:
                 region = SlotRegion(1, memory.ctypes.data, size, rows, MemoryKind.HOST)
                 registration = backend.register_regions([region])
                 names = block_names(rows)
-                tree = {names[i].tobytes(): i for i in range(rows)}
+                tree = np.sort(names.view("S32").ravel())
             say(ok=True)
         elif command["do"] == "peer":
             address = ucx_api.UCXAddress.create_from_buffer(bytes.fromhex(command["raw"]))
