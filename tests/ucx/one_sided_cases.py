@@ -22,7 +22,16 @@ if nixl_problem() is not None:
     pytest.skip(nixl_problem(), allow_module_level=True)
 
 from test_ucx_processes import Child  # noqa: E402
-from ucx_holders import Pool, Requester, ReuseTree, ServingHolder, block_names, fill, row_pattern  # noqa: E402
+from ucx_holders import (  # noqa: E402
+    Pool,
+    Requester,
+    ReuseTree,
+    ServingHolder,
+    block_names,
+    check_timeline,
+    fill,
+    row_pattern,
+)
 
 from kvwire.contract import InvalidSubmission, MemoryKind, SlotRegion  # noqa: E402
 
@@ -67,6 +76,18 @@ def test_a_one_sided_pull_reads_the_held_prefix_byte_for_byte(make_backend, hold
     assert req.backend.stats().rows_read == 24 and a.stats().rows_sent == 0
     assert holder.wait_settled(3, 5) and all(x.outcome.is_delivered for x in holder.answers)
     assert tree.wait_unpinned(5)
+
+
+def test_a_one_sided_pulls_timeline_separates_the_round_trip_from_the_read(make_backend, holders) -> None:
+    a, _, tree, names, holder = serving_end(make_backend, holders, "one-sided")
+    req, _ = requesting_end(make_backend, "one-sided")
+    started = time.perf_counter()
+    attempt, slots = req.fetch(a.address(), names[:6])
+    assert req.wait(attempt, slots, 10).is_delivered
+    assert holder.wait_settled(1, 5)
+    wall = time.perf_counter() - started
+    check_timeline(attempt.timeline(), wall, ("asked", "answered", "concluded", "quiesced"))
+    check_timeline(holder.answers[0].attempt.timeline(), wall, ("answered", "concluded"), ("answered", "quiesced"))
 
 
 @pytest.mark.parametrize(("server_mode", "requester_mode"), [("two-sided", "one-sided"), ("one-sided", "two-sided")])

@@ -20,6 +20,7 @@ from ucx_holders import (  # noqa: E402
     ReuseTree,
     ServingHolder,
     block_names,
+    check_timeline,
     fill,
     row_pattern,
 )
@@ -97,6 +98,26 @@ def test_full_prefix_arrives_byte_for_byte(pair) -> None:
     assert p.holder.wait_settled(1, 5)
     assert p.holder.answers[0].outcome.is_delivered
     assert p.tree.wait_unpinned(5)
+
+
+def test_each_ends_timeline_separates_the_round_trip_from_the_rows(pair) -> None:
+    """Both attempts say when they reached each step: the requester asked, heard the answer,
+    concluded, quiesced; the serving end answered, then concluded and quiesced (in either order,
+    A2). A declined pull still says when its answer came."""
+    p = pair()
+    started = time.perf_counter()
+    attempt, slots = p.req.fetch(p.a.address(), p.names[:6])
+    assert p.req.wait(attempt, slots, 5).is_delivered
+    assert p.holder.wait_settled(1, 5)
+    wall = time.perf_counter() - started
+    check_timeline(attempt.timeline(), wall, ("asked", "answered", "concluded", "quiesced"))
+    check_timeline(p.holder.answers[0].attempt.timeline(), wall, ("answered", "concluded"), ("answered", "quiesced"))
+
+    declining = pair(mode="decline")
+    started = time.perf_counter()
+    attempt, slots = declining.req.fetch(declining.a.address(), declining.names[:6])
+    assert declining.req.wait(attempt, slots, 5).is_failed
+    check_timeline(attempt.timeline(), time.perf_counter() - started, ("asked", "answered", "concluded", "quiesced"))
 
 
 def test_partial_prefix_is_delivered_with_the_held_rows_marked(pair) -> None:

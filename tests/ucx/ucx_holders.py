@@ -289,3 +289,13 @@ def fill(pool: Pool, tree: ReuseTree, names: Sequence[bytes], first_slot: int = 
         for g, gid in enumerate(pool.group_ids):
             pool.arrays[g][slot] = row_pattern(name, gid, pool.slot_bytes)
         tree.insert(name, slot)
+
+
+def check_timeline(timeline: dict[str, float], wall: float, *orders: tuple[str, ...]) -> None:
+    """``timeline`` (an attempt's ``timeline()``) names exactly the steps in ``orders``, each
+    reached within ``wall`` seconds of the submission, and the steps of each order in that order."""
+    assert set(timeline) == {step for order in orders for step in order}, timeline
+    assert all(0.0 <= t <= wall for t in timeline.values()), (timeline, wall)
+    for order in orders:
+        times = [timeline[step] for step in order]
+        assert times == sorted(times), (order, timeline)

@@ -261,6 +261,8 @@ class UcxBackend(Backend, ServesPulls):
     def _concluded(self, attempt: UcxAttempt, outcome: Outcome) -> UcxAttempt:
         attempt._outcome = outcome
         attempt._quiesced = True
+        attempt._reached("concluded")
+        attempt._reached("quiesced")
         self._engine.schedule_wake(attempt)
         return attempt
 

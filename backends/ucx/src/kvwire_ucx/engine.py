@@ -108,12 +108,25 @@ class UcxAttempt(Attempt):
         self._outcome: Outcome | None = None
         self._quiesced = False
         self._job: _Fetch | _Reply | None = None
+        self._times = {"submitted": time.perf_counter()}
 
     def poll(self) -> Outcome | None:
         return self._outcome
 
     def quiesced(self) -> bool:
         return self._quiesced
+
+    def timeline(self) -> dict[str, float]:
+        """Seconds from the submission to each step the attempt reached so far, in order:
+        ``asked`` (a fetch's request went out), ``answered`` (a fetch heard the serving end's
+        answer; a publish sent it), ``concluded`` and ``quiesced``. For finding where a pull's
+        time goes: the request-answer round trip versus moving the rows."""
+        times = dict(self._times)
+        start = times.pop("submitted")
+        return {step: at - start for step, at in sorted(times.items(), key=lambda item: item[1])}
+
+    def _reached(self, step: str) -> None:
+        self._times.setdefault(step, time.perf_counter())
 
     def cancel(self) -> None:
         self._engine.cancel(self)
@@ -395,6 +408,7 @@ class Engine:
                     self._quiesce_locked(attempt)
                 return False
             attempt._outcome = outcome
+            attempt._reached("concluded")
             if quiesced:
                 self._quiesce_locked(attempt)
             elif attempt._quiesced:
@@ -412,6 +426,7 @@ class Engine:
 
     def _quiesce_locked(self, attempt: UcxAttempt) -> None:
         attempt._quiesced = True
+        attempt._reached("quiesced")
         if attempt._outcome is not None:
             self._live.discard(attempt)
             self.changed.notify_all()
@@ -889,6 +904,7 @@ class Engine:
                                    groups, fetch.width, fetch.names, fetch.credentials, fetch.next_seq,
                                    one_sided=fetch.one_sided))
         fetch.asked = True
+        fetch.attempt._reached("asked")
         self._timer(fetch.deadline - time.monotonic(), lambda: self._fetch_deadline(fetch))
 
     def _on_offer(self, conn: _Connection, message: wire.Offer) -> None:
@@ -906,6 +922,7 @@ class Engine:
         """Take the answer's rows per group (an Offer's or a ReadOffer's); whether rows are to
         come. Drops a peer that offers what was not asked; ends the fetch when it was stopped
         while the answer travelled (telling the peer) or when nothing is served."""
+        fetch.attempt._reached("answered")
         if len(counts) != len(fetch.groups) or any(c > fetch.rows for c in counts):
             self._drop(conn, f"peer {conn.label} offered {list(counts)} rows for a pull of {fetch.rows} "
                              f"blocks in {len(fetch.groups)} groups")
@@ -1200,6 +1217,7 @@ class Engine:
         fetch = conn.fetches.get(message.transfer)
         if fetch is None:
             return  # we gave up on it already
+        fetch.attempt._reached("answered")
         fetch.ended = True
         if fetch.counts is None:
             # the answer: nothing will be sent, so every receive posted on credit is ours to end
@@ -1312,6 +1330,8 @@ class Engine:
         if reply.answered or reply.conn.closed:
             return
         reply.answered = True
+        if reply.attempt is not None:
+            reply.attempt._reached("answered")
         if isinstance(message, wire.Decline):
             self._count("pulls_declined")
         self._send(reply.conn, message)
