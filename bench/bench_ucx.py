@@ -87,9 +87,10 @@ def view_of(region: Any, rows: int, names: np.ndarray) -> Any:
     return View((LayerGroupRows(0, CacheKind.PAGED, region, slots, TokenRange(0, rows * 16), names[:rows]),))
 
 
-def pull(backend: Any, view: Any, address: bytes, woken: threading.Event) -> float:
+def pull(backend: Any, view: Any, address: bytes, woken: threading.Event,
+         timelines: list[dict[str, float]] | None = None) -> float:
     """Seconds for one kvwire pull of ``view`` from ``address``, until concluded and quiesced;
-    every row must arrive."""
+    every row must arrive. The attempt's timeline goes to ``timelines``."""
     from kvwire.contract import Hint
 
     started = time.perf_counter()
@@ -100,6 +101,8 @@ def pull(backend: Any, view: Any, address: bytes, woken: threading.Event) -> flo
     seconds = time.perf_counter() - started
     outcome = attempt.poll()
     assert outcome is not None and outcome.is_delivered and outcome.masks[0].all(), outcome
+    if timelines is not None:
+        timelines.append(attempt.timeline())
     return seconds
 
 
@@ -428,8 +431,10 @@ def main_one_sided(args: argparse.Namespace) -> int:
         base = int(hello["base"])
         woken = threading.Event()
 
+        timelines: list[dict[str, float]] = []
+
         def run_kvwire(view: Any) -> float:
-            return pull(backend, view, address, woken)
+            return pull(backend, view, address, woken, timelines)
 
         def run_raw(size: int, rows: int) -> float:
             started = time.perf_counter()
@@ -455,8 +460,10 @@ def main_one_sided(args: argparse.Namespace) -> int:
 
         print(f"kvwire-ucx one-sided vs a raw NIXL agent pair (READ); two processes on loopback; "
               f"{args.token_bytes} B per token, 16-token blocks; {args.runs} runs (medians)")
+        print("  answer ms: kvwire's request until its answer arrived (the round trip, the serving holder's lookup")
+        print("  included); read ms: the answer until the pull concluded (the NIXL READs); raw 1 ms: raw 1's whole read")
         print(f"{'tokens':>7} {'payload':>9} {'kvwire GB/s':>12} {'tokens/s':>10} {'raw GB/s':>9} {'ratio':>6} "
-              f"{'worst':>6} {'raw 1 GB/s':>11} {'ratio':>6}")
+              f"{'worst':>6} {'raw 1 GB/s':>11} {'ratio':>6} {'answer ms':>10} {'read ms':>8} {'raw 1 ms':>9}")
         region_id = 2
         for size, rows in cases:
             nbytes = size * rows
@@ -470,6 +477,7 @@ def main_one_sided(args: argparse.Namespace) -> int:
                     "raw1": lambda: run_raw(-size, rows)}  # noqa: B023
             for run in runs.values():
                 timed(run, nbytes)  # warm-up
+            timelines.clear()
             for i in range(args.runs):
                 order = list(runs) if i % 2 == 0 else list(runs)[::-1]
                 for which in order:
@@ -481,14 +489,18 @@ def main_one_sided(args: argparse.Namespace) -> int:
             kv_rate = nbytes / statistics.median(kv) / 1e9
             raw_rate = nbytes / statistics.median(raw) / 1e9
             tokens = rows * 16
+            answer_ms = statistics.median(t["answered"] for t in timelines) * 1e3
+            read_ms = statistics.median(t["concluded"] - t["answered"] for t in timelines) * 1e3
             results.append({"tokens": tokens, "row_bytes": size, "rows": rows, "payload_bytes": nbytes,
                             "kvwire_gbps": kv_rate, "kvwire_tokens_per_s": tokens / statistics.median(kv),
                             "raw_gbps": raw_rate, "ratio": statistics.median(ratios), "worst": min(ratios),
                             "raw1_gbps": nbytes / statistics.median(raw1) / 1e9,
-                            "ratio1": statistics.median(ratios1), "kvwire_s": kv, "raw_s": raw, "raw1_s": raw1})
+                            "ratio1": statistics.median(ratios1), "answer_ms": answer_ms, "read_ms": read_ms,
+                            "kvwire_s": kv, "raw_s": raw, "raw1_s": raw1})
             print(f"{tokens:>7} {nbytes / MIB:>5.0f} MiB {kv_rate:>12.2f} {tokens / statistics.median(kv):>10.3g} "
                   f"{raw_rate:>9.2f} {statistics.median(ratios):>6.2f} {min(ratios):>6.2f} "
-                  f"{nbytes / statistics.median(raw1) / 1e9:>11.2f} {statistics.median(ratios1):>6.2f}", flush=True)
+                  f"{nbytes / statistics.median(raw1) / 1e9:>11.2f} {statistics.median(ratios1):>6.2f} "
+                  f"{answer_ms:>10.2f} {read_ms:>8.2f} {statistics.median(raw1) * 1e3:>9.2f}", flush=True)
         agent.remove_remote_agent(peer)
         close(backend)
     finally:
