@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from kvwire.contract.memory import SlotRegion
+from kvwire.contract.memory import MemoryKind, SlotRegion
 
 __all__ = ["CacheKind", "TokenRange", "LayerGroupRows", "View", "frozen_array"]
 
@@ -180,7 +180,7 @@ class View:
         counts = [g.rows for g in self.groups]
         start = np.concatenate([g.addresses() for g in self.groups])
         end = start + np.repeat(np.array([g.region.slot_bytes for g in self.groups], dtype=np.uint64), counts)
-        domains: dict[tuple[object, int], int] = {}
+        domains: dict[tuple[MemoryKind, int | None], int] = {}
         keys = [domains.setdefault((g.region.memory_kind, g.region.device), len(domains)) for g in self.groups]
         if len(domains) == 1:
             if bool((start[1:] >= end[:-1]).all()):

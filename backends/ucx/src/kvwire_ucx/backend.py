@@ -305,22 +305,23 @@ def _pull_names(view: View) -> tuple[int, bytes]:
     """The names every group of a fetch view carries (identical across groups)."""
     if not view.groups:
         return 1, b""
-    first = view.groups[0]
+    first: np.ndarray | None = None
     for index, group in enumerate(view.groups):
         if group.names is None:
             raise InvalidSubmission(
                 f"group {index} (id {group.group_id}) carries no block names; a pull names the blocks it wants"
             )
-        if group is not first and (group.names.shape != first.names.shape  # type: ignore[union-attr]
-                                   or not np.array_equal(group.names, first.names)):
+        if first is None:
+            first = group.names
+        elif group.names.shape != first.shape or not np.array_equal(group.names, first):
             raise InvalidSubmission(
                 f"group {index} (id {group.group_id}) names other blocks than group 0; every group of a pull "
                 "carries the same names in prefix order"
             )
-    assert first.names is not None
-    if first.rows > wire.MAX_BLOCKS:
-        raise InvalidSubmission(f"a pull names at most {wire.MAX_BLOCKS} blocks, got {first.rows}; split it")
-    return int(first.names.shape[1]), first.names.tobytes()
+    assert first is not None
+    if len(first) > wire.MAX_BLOCKS:
+        raise InvalidSubmission(f"a pull names at most {wire.MAX_BLOCKS} blocks, got {len(first)}; split it")
+    return int(first.shape[1]), first.tobytes()
 
 
 def _refusal(view: View, request: PullRequest) -> str | None:

@@ -1325,7 +1325,7 @@ class Engine:
         self._count("pulls_declined")
         self._send(conn, wire.Decline(transfer, wire.clip_reason(reason)))
 
-    def _answer_once(self, reply: _Reply, message: wire.Offer | wire.Decline) -> None:
+    def _answer_once(self, reply: _Reply, message: wire.Offer | wire.ReadOffer | wire.Decline) -> None:
         """Send the pull's one answer (an Offer, or a Decline) unless it went already."""
         if reply.answered or reply.conn.closed:
             return
