@@ -8,8 +8,9 @@ with ``--mode one-sided``, kvwire-ucx's one-sided mode against a raw NIXL agent 
 One-sided mode: a prompt of T tokens is T/16 blocks of one group, each block row 16 x
 ``token-bytes``. kvwire: both backends ``mode="one-sided"``, timed as below (request, the holder's
 answer with the rows' addresses, the NIXL READs, the acknowledgement). raw: a ``nixl_agent`` in
-each process (UCX backend, same loopback settings), metadata exchanged once before any clock;
-timed from building the per-row descriptor lists through ``initialize_xfer("READ")`` and
+each process (UCX backend, same loopback settings), metadata exchanged and the connection wired
+up once before any clock (then the serving process stops progressing its agent: a cma READ does
+not need it, and its polling thread would slow the kvwire end in that process); timed from building the per-row descriptor lists through ``initialize_xfer("READ")`` and
 ``transfer`` until the state is ``DONE``; "raw" gives NIXL one descriptor per row (as the rows
 are lent), "raw 1" one descriptor for the whole span (possible here because the rows are
 adjacent on both sides; kvwire-ucx merges adjacent rows itself). The raw pair has no request and
@@ -177,6 +178,7 @@ def serve(max_bytes: int, busy: bool, mode: str) -> None:
     lock = threading.Lock()
     wake = threading.Event()
     stop = False
+    wired = threading.Event()
 
     def holder() -> None:
         live: list[Any] = []
@@ -195,8 +197,10 @@ def serve(max_bytes: int, busy: bool, mode: str) -> None:
     if mode == "one-sided":
         agent = raw_nixl_agent("raw-server", memory)
 
-        def progress() -> None:  # NIXL's connection wire-up waits for the target to progress
-            while not stop:
+        def progress() -> None:
+            # NIXL's connection wire-up waits for the target to progress; once the other process
+            # says its agent is wired up, this thread stops taking turns at this process's GIL
+            while not stop and not wired.is_set():
                 agent.get_new_notifs()
                 time.sleep(0.001)
 
@@ -238,6 +242,9 @@ def serve(max_bytes: int, busy: bool, mode: str) -> None:
                 s.check_error()
             del buffers
             say(sent=rows)
+        elif command["do"] == "wired":
+            wired.set()
+            say(ok=True)
         elif command["do"] == "quit":
             break
     stop = True
@@ -458,6 +465,8 @@ def main_one_sided(args: argparse.Namespace) -> int:
         def timed(run: Callable[[], float], nbytes: int) -> float:
             return checked(run, memory, expected, nbytes)
 
+        run_raw(1, 1)  # wires the raw pair up while the serving process progresses its agent
+        assert server.ask(do="wired").get("ok")
         print(f"kvwire-ucx one-sided vs a raw NIXL agent pair (READ); two processes on loopback; "
               f"{args.token_bytes} B per token, 16-token blocks; {args.runs} runs (medians)")
         print("  answer ms: kvwire's request until its answer arrived (the round trip, the serving holder's lookup")
