@@ -111,3 +111,23 @@ def test_another_tenants_prompt_misses_in_a_shared_store(workers):
     forged = t.transceiver_state()  # T's own state, same store namespace as A's
     pulled = t.pull(p, source=forged)
     assert pulled.status == "delivered" and pulled.blocks_moved == 0 and pulled.cached_tokens == 16
+
+
+def test_a_config_files_worker_table_sets_name_deadline_and_pull_guard(tmp_path):
+    from kvwire.registry import ConfigError, load_config
+
+    good = tmp_path / "kvwire.toml"
+    good.write_text('[backend]\nname = "memory"\n[backend.options]\nstore = "worker-table"\n'
+                    '[worker]\nname = "prefill-0"\ntimeout_s = 7\npull_secret = "s3cret"\nallowed_peers = ["decode-0"]\n')
+    w = Worker(MODEL, config=load_config(good), num_blocks=16)
+    try:
+        assert (w.name, w.timeout_s) == ("prefill-0", 7.0)
+        assert w.guard.secret == b"s3cret" and w.guard.allowed == frozenset({"decode-0"})
+    finally:
+        w.close()
+    for table, problem in (('nmae = "x"', "unknown key worker.nmae"), ("timeout_s = true", "worker.timeout_s has the wrong type"),
+                           ("allowed_peers = [1]", "worker.allowed_peers must be a list of worker names")):
+        bad = tmp_path / "bad.toml"
+        bad.write_text(f'[backend]\nname = "memory"\n[worker]\n{table}\n')
+        with pytest.raises(ConfigError, match=problem):
+            Worker(MODEL, config=load_config(bad), num_blocks=16)

@@ -216,10 +216,9 @@ def write(points: Sequence[Point], out: Path) -> tuple[Path, Path]:
         rows = [p for p in points if p.backend == name and p.sweep == "row"]
         if rows:
             left.plot([p.row_bytes >> 10 for p in rows], [p.gbps for p in rows], "o-", label=f"kvwire {name}")
-            raws = [p for p in rows if p.raw_seconds]
+            raws = [(p.row_bytes >> 10, p.bytes / seconds / 1e9) for p in rows if (seconds := p.raw_seconds)]
             if raws:
-                left.plot([p.row_bytes >> 10 for p in raws], [p.bytes / p.raw_seconds / 1e9 for p in raws], "x--",
-                          label=f"raw {name}")
+                left.plot([x for x, _ in raws], [y for _, y in raws], "x--", label=f"raw {name}")
         prompts = [p for p in points if p.backend == name and p.sweep == "prompt"]
         if prompts:
             right.plot([p.tokens for p in prompts], [p.tokens / p.seconds / 1e3 for p in prompts], "o-", label=name)

@@ -68,9 +68,10 @@ class Option:
             raise ConfigError(f"{where}: {value!r} is a {type(value).__name__}; expected {self.describe()}")
         if self.choices is not None and value not in self.choices:
             raise ConfigError(f"{where}: {value!r} is not allowed; expected {self.describe()}")
-        if self.minimum is not None and value < self.minimum:
+        number = value if isinstance(value, (int, float)) else None  # bounds are declared for numbers only
+        if self.minimum is not None and number is not None and number < self.minimum:
             raise ConfigError(f"{where}: {value!r} is too small; expected {self.describe()}")
-        if self.maximum is not None and value > self.maximum:
+        if self.maximum is not None and number is not None and number > self.maximum:
             raise ConfigError(f"{where}: {value!r} is too large; expected {self.describe()}")
         return value
 

@@ -330,8 +330,10 @@ class Worker:
                 fields: dict[str, Any] = {"address": state.address}
                 if self._secret is not None:
                     view = lease.view
+                    names = view.groups[0].names
+                    assert names is not None  # the lender names every row it lends for a request
                     fields["credentials"] = sign_pull(self._secret, self.name, tuple(g.group_id for g in view.groups),
-                                                      view.groups[0].names)
+                                                      names)
                 hint = Hint.of("peer", timeout_s=timeout, **fields)
             else:
                 hint = Hint.of("store", timeout_s=timeout, namespace=state.namespace)
@@ -549,7 +551,7 @@ class Worker:
 
 
 
-_WORKER_KEYS = {"name": str, "timeout_s": (int, float), "pull_secret": str, "allowed_peers": list}
+_WORKER_KEYS: dict[str, type | tuple[type, ...]] = {"name": str, "timeout_s": (int, float), "pull_secret": str, "allowed_peers": list}
 
 
 def _worker_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
@@ -560,7 +562,7 @@ def _worker_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
             raise ConfigError(f"unknown key worker.{key}; allowed: " + ", ".join(f"worker.{k}" for k in _WORKER_KEYS))
         if not isinstance(value, _WORKER_KEYS[key]) or isinstance(value, bool):
             raise ConfigError(f"worker.{key} has the wrong type ({type(value).__name__})")
-        if key == "allowed_peers" and not all(isinstance(p, str) for p in value):
+        if key == "allowed_peers" and not (isinstance(value, list) and all(isinstance(p, str) for p in value)):
             raise ConfigError("worker.allowed_peers must be a list of worker names")
         out[key] = value
     return out
