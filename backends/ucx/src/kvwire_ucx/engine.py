@@ -987,8 +987,8 @@ class Engine:
         per_block = sum(g.slot_bytes for g in fetch.groups)
         step = max(1, self.settings.window_bytes // max(1, per_block))
         longest = max(message.counts)
-        # every range's descriptors now, while the offer is in cache: between two large reads
-        # the same few numpy steps take ten times longer
+        # every range's descriptors now: built between two 64 MiB reads, the same few numpy
+        # steps took ~0.15 ms each on a two-core host, against ~15 us up front
         for b in range(0, longest, step):
             end = min(b + step, longest)
             fetch.chunks.append((b, end, *self._read_descriptors(fetch, b, end)))
@@ -1326,7 +1326,7 @@ class Engine:
         self._send(conn, wire.Decline(transfer, wire.clip_reason(reason)))
 
     def _answer_once(self, reply: _Reply, message: wire.Offer | wire.ReadOffer | wire.Decline) -> None:
-        """Send the pull's one answer (an Offer, or a Decline) unless it went already."""
+        """Send the pull's one answer (an Offer or ReadOffer, or a Decline) unless it went already."""
         if reply.answered or reply.conn.closed:
             return
         reply.answered = True
