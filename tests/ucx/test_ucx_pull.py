@@ -430,3 +430,26 @@ def test_an_offer_that_crosses_a_cancel_is_still_told_the_pull_is_over(make_back
     assert outcome.is_cancelled and outcome.by_peer, outcome
     assert tree.wait_unpinned(2)
     assert req.wait(attempt, slots, 5).is_cancelled
+
+
+def test_a_cancel_that_finds_every_row_arrived_before_the_offer_still_tells_the_serving_end(make_backend, holders) -> None:
+    """Rows travel over UCX and the offer over the control socket, so the rows can land first.
+    A cancel in between left the requester with nothing posted: it forgot the pull without a
+    word, and the serving end waited for its deadline (seen under load, 1 run in ~20)."""
+    gate = threading.Event()
+    e = ends(make_backend, holders, GROUPS, 4, SLOT, requester={"timeout_s": 10.0}, gate=gate)
+    engine = e.b._engine
+    offer, late = engine._on_offer, engine._after_local_cancel
+    engine._on_offer = lambda conn, message: engine._timer(0.3, lambda: offer(conn, message))  # rows first
+    engine._after_local_cancel = lambda attempt: engine._timer(1.0, lambda: late(attempt))  # then the offer
+    attempt, slots = e.req.fetch(e.a.address(), e.names)
+    deadline = time.monotonic() + 5
+    while e.holder.requests_seen < 1 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    attempt.cancel()
+    gate.set()
+    assert e.holder.wait_settled(1, 3), "the serving end waited for its deadline: no Cancel reached it"
+    outcome = e.holder.answers[0].outcome
+    assert outcome.is_cancelled and outcome.by_peer, outcome
+    assert e.tree.wait_unpinned(2)
+    assert e.req.wait(attempt, slots, 5).is_cancelled

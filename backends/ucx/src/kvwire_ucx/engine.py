@@ -1152,7 +1152,10 @@ class Engine:
         self._settle_fetch(fetch)
 
     def _settle_fetch(self, fetch: _Fetch) -> None:
-        """Quiesce and forget the fetch once nothing is posted and nothing more will be."""
+        """Quiesce and forget the fetch once nothing is posted and nothing more will be. A fetch
+        forgotten before the serving end heard its last word says it now: the rows can arrive
+        ahead of the offer (they travel over UCX, the offer over the control socket), so a cancel
+        can find every receive complete before anything else would tell the serving end."""
         if fetch.posted or fetch.xfer is not None:
             return
         self._busy.discard(fetch)
@@ -1160,6 +1163,8 @@ class Engine:
             fetch.ended = True
             self._quiesce(fetch.attempt)
             if fetch.attempt._outcome is not None:
+                if fetch.asked:
+                    self._tell(fetch, wire.Cancel(fetch.transfer, "the requester stopped the pull"))
                 self._forget_fetch(fetch)
 
     def _drain(self, fetch: _Fetch, which: Callable[[int, int], bool] | None = None) -> None:
