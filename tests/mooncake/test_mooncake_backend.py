@@ -201,8 +201,12 @@ def test_a_publish_to_a_full_store_is_partly_declined_not_failed(
             dst = registered(backend, 1 << 20, 24)
             fetched = fetch(backend, dst, names)
             assert fetched.outcome.is_delivered
-            assert fetched.outcome.masks[0].tolist() == held.tolist()
-            assert np.array_equal(dst.array[held], expected[held])
+            found = fetched.outcome.masks[0]
+            # Above its high watermark (90 %) the master evicts a share of the objects in the
+            # background, so a row the store took may be gone by the fetch (seen under CPU
+            # load); a row it declined must never be found, and what is found is byte-exact.
+            assert found.any() and not (found & ~held).any(), (found.tolist(), held.tolist())
+            assert np.array_equal(dst.array[found], expected[found])
         finally:
             backend.close()
 

@@ -187,8 +187,12 @@ def test_a_store_without_space_declines_puts(tight: MooncakeDriver, rows_factory
                    for i in np.flatnonzero(declined))
         dst = rows_factory(tight, 1 << 20, int(ok.sum()))
         kept = [n for n, good in zip(names, ok, strict=True) if good]
-        assert statuses(tight.get_into(kept, dst.addresses(), dst.sizes())) == [KeyStatus.OK] * len(kept)
-        assert np.array_equal(dst.array, expected[ok])
+        read = np.array(statuses(tight.get_into(kept, dst.addresses(), dst.sizes())))
+        # above its high watermark the master evicts a share of the objects in the background,
+        # so an object it took may be gone by the read (seen under CPU load): a miss, never a fault
+        assert set(read.tolist()) <= {KeyStatus.OK, KeyStatus.MISSING} and (read == KeyStatus.OK).any(), read
+        whole = read == KeyStatus.OK
+        assert np.array_equal(dst.array[whole], expected[ok][whole])
     finally:
         tight.client.remove_all(True)
 
