@@ -413,35 +413,28 @@ def test_an_offer_that_crosses_a_cancel_is_still_told_the_pull_is_over(make_back
     """The holder cancels; the serving end's offer (and its rows) arrives before the requester's
     engine got round to the cancel. The serving end must still hear a Cancel at once, not wait
     for an Ack that will never come until its deadline (found under load by the suite's N2)."""
-    gate = threading.Event()
-    e = ends(make_backend, holders, GROUPS, 4, SLOT, requester={"timeout_s": 10.0}, gate=gate)
-    a, b, tree, names, holder, req = e.a, e.b, e.tree, e.names, e.holder, e.req
-    engine = b._engine
-    late = engine._after_local_cancel
-    engine._after_local_cancel = lambda attempt: engine._timer(1.0, lambda: late(attempt))  # the offer first
-    attempt, slots = req.fetch(a.address(), names)
-    deadline = time.monotonic() + 5
-    while holder.requests_seen < 1 and time.monotonic() < deadline:
-        time.sleep(0.001)
-    attempt.cancel()
-    gate.set()
-    assert holder.wait_settled(1, 3), "the serving end waited for its deadline: no Cancel reached it"
-    outcome = holder.answers[0].outcome
-    assert outcome.is_cancelled and outcome.by_peer, outcome
-    assert tree.wait_unpinned(2)
-    assert req.wait(attempt, slots, 5).is_cancelled
+    cancel_as_the_answer_goes_out(make_backend, holders, rows_first=False)
 
 
 def test_a_cancel_that_finds_every_row_arrived_before_the_offer_still_tells_the_serving_end(make_backend, holders) -> None:
     """Rows travel over UCX and the offer over the control socket, so the rows can land first.
     A cancel in between left the requester with nothing posted: it forgot the pull without a
     word, and the serving end waited for its deadline (seen under load, 1 run in ~20)."""
+    cancel_as_the_answer_goes_out(make_backend, holders, rows_first=True)
+
+
+def cancel_as_the_answer_goes_out(make_backend, holders, *, rows_first: bool) -> None:
+    """The requester's holder cancels while the serving holder is held back from answering,
+    then lets it answer; the requester's engine acts on the cancel only a second later, so the
+    offer (with ``rows_first``: the rows, the offer delayed behind them) reaches it first."""
     gate = threading.Event()
     e = ends(make_backend, holders, GROUPS, 4, SLOT, requester={"timeout_s": 10.0}, gate=gate)
     engine = e.b._engine
-    offer, late = engine._on_offer, engine._after_local_cancel
-    engine._on_offer = lambda conn, message: engine._timer(0.3, lambda: offer(conn, message))  # rows first
-    engine._after_local_cancel = lambda attempt: engine._timer(1.0, lambda: late(attempt))  # then the offer
+    late = engine._after_local_cancel
+    engine._after_local_cancel = lambda attempt: engine._timer(1.0, lambda: late(attempt))
+    if rows_first:
+        offer = engine._on_offer
+        engine._on_offer = lambda conn, message: engine._timer(0.3, lambda: offer(conn, message))
     attempt, slots = e.req.fetch(e.a.address(), e.names)
     deadline = time.monotonic() + 5
     while e.holder.requests_seen < 1 and time.monotonic() < deadline:
