@@ -71,6 +71,21 @@ def test_seed_flow_pull_from_a_peers_reuse_tree(workers):
     assert a.counters.pulls_served == 1
 
 
+def test_settle_waits_until_the_serving_end_has_its_pins_back(workers):
+    """The requester's pull returns as soon as its rows arrived; the serving end unpins when the
+    requester's acknowledgement reaches it, a moment later. settle() waits for that."""
+    a, b = workers("A"), workers("B")
+    p = prompt(200)
+    a.generate(p, max_tokens=1)
+    engine = b.backend._engine
+    tell = engine._tell
+    engine._tell = lambda fetch, message: engine._timer(0.3, lambda: tell(fetch, message))  # a slow Ack
+    assert b.pull(p, source=a.transceiver_state()).blocks_moved == 12
+    assert a.pins() > 0  # B is done; A still waits for the Ack
+    assert a.settle(5)
+    assert a.pins() == 0
+
+
 def test_sender_evicted_part_of_the_prefix_receiver_gets_the_held_prefix(workers):
     a, b = workers("A", num_blocks=12), workers("B")
     p = prompt(160)                                     # 10 whole blocks

@@ -90,6 +90,7 @@ def run_demo(
         remote = b.generate(prompt, max_tokens=1)
         progress.update(step, description="worker B: pull again (everything is held: nothing moves)")
         again = b.pull(prompt, source=state)
+        a.settle()  # A unpins once B's acknowledgement reaches it, just after B's pull returned
         progress.update(step, description="done", completed=1, total=1)
         logits_equal = bool(torch.allclose(local.logits, remote.logits, rtol=1e-4, atol=1e-4 if device != "cpu" else 1e-5))
         report = DemoReport(

@@ -177,6 +177,7 @@ class Worker:
         self._serving: threading.Thread | None = None
         self._serve_signal = threading.Event()
         self._replies: list[tuple[Attempt, Lease, PullRequest]] = []
+        self._served = threading.Condition()  # notified after each serving round
         self.pull_filter: Callable[[PullRequest], str | None] | None = None
         if SERVE_PULLS in self.capabilities.protocols and isinstance(self.backend, ServesPulls):
             self._serving = threading.Thread(target=self._serve_loop, name=f"kvwire-serve-{self.name}", daemon=True)
@@ -466,6 +467,8 @@ class Worker:
                 self._serve_once()
             except Exception:  # serving must outlive any one bad request
                 log.exception("%s: serving a pull failed", self.name)
+            with self._served:
+                self._served.notify_all()
 
     def _serve_once(self) -> None:
         assert isinstance(self.backend, ServesPulls)
@@ -533,6 +536,13 @@ class Worker:
         self._tree_seen = (committed, evictions)
         if stored or evicted:
             self.observers.announce("blocks", worker=self.name, stored=stored, evicted=evicted, pinned=stats["pins"])
+
+    def settle(self, timeout_s: float = 5.0) -> bool:
+        """Wait until every pull this worker answered has ended at its end too (the requester's
+        Ack arrives after the requester's pull returned) and its pins are back; whether that
+        happened within ``timeout_s``."""
+        with self._served:
+            return self._served.wait_for(lambda: not self._replies, timeout_s)
 
     def pins(self) -> int:
         """Blocks pinned in this worker's cache right now (0 when nothing is lent or served)."""
