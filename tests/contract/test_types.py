@@ -17,6 +17,7 @@ from kvwire.contract import (
     LayerGroupRows,
     MemoryKind,
     Outcome,
+    OutcomeStatus,
     SlotRegion,
     SubmissionRejected,
     TokenRange,
@@ -37,8 +38,13 @@ def test_exports_exactly_the_contract_names():
         "Backend", "Capabilities", "Attempt", "Outcome", "View", "LayerGroupRows", "SlotRegion",
         "MemoryKind", "Hint", "WakeFn", "InvalidSubmission", "SubmissionRejected", "TokenRange",
         "CacheKind", "CONTRACT_VERSION",
-    }
-    assert CONTRACT_VERSION[0] == 1
+        # what a backend written directly on the contract needs besides (contract 1.1)
+        "Registration", "OtherEnd", "OutcomeStatus", "Cause", "SubmissionError", "SERVE_PULLS",
+        "ServesPulls", "PullRequest", "RegionTable", "TableRegistration",
+    } | {name for name in ("LOOKUP", "Lookup", "LookupFailed") if name in c.__all__}
+    assert CONTRACT_VERSION == (1, 1)
+    for name in c.__all__:
+        assert getattr(c, name) is not None, name
 
 
 def test_contract_imports_no_torch_nor_other_kvwire_parts():
@@ -302,3 +308,33 @@ def test_errors_form_a_closed_hierarchy():
     assert issubclass(InvalidSubmission, SubmissionError)
     assert issubclass(SubmissionRejected, SubmissionError)
     assert not issubclass(InvalidSubmission, SubmissionRejected)
+
+
+# --- A10: structured causes (contract 1.1) ----------------------------------------------------
+
+def test_A10_failed_outcomes_take_failure_causes_only():
+    from kvwire.contract import Cause
+
+    masks = [np.zeros(2, dtype=bool)]
+    assert Outcome.failed("deadline passed", masks, Cause.DEADLINE).cause is Cause.DEADLINE
+    assert Outcome.failed("something", masks).cause is None  # a 1.0 backend gives none
+    for bad in (Cause.HOLDER_CANCELLED, Cause.PEER_CANCELLED):
+        with pytest.raises(ValueError, match="FAILED Outcome's cause"):
+            Outcome.failed("x", masks, bad)
+    with pytest.raises(TypeError, match="Cause"):
+        Outcome.failed("x", masks, "deadline")  # type: ignore[arg-type]
+
+
+def test_A10_cancelled_outcomes_name_who_cancelled():
+    from kvwire.contract import Cause
+
+    masks = [np.zeros(1, dtype=bool)]
+    assert Outcome.cancelled(masks).cause is Cause.HOLDER_CANCELLED
+    assert Outcome.cancelled(masks, by_peer=True).cause is Cause.PEER_CANCELLED
+    assert Outcome.cancelled(masks, cause=Cause.SHUTDOWN).cause is Cause.SHUTDOWN
+    with pytest.raises(ValueError, match="by_peer"):
+        Outcome.cancelled(masks, cause=Cause.PEER_CANCELLED)
+    with pytest.raises(ValueError, match="CANCELLED Outcome's cause"):
+        Outcome.cancelled(masks, cause=Cause.DEADLINE)
+    with pytest.raises(ValueError, match="no cause"):
+        Outcome(OutcomeStatus.DELIVERED, tuple(masks), cause=Cause.FAULT)

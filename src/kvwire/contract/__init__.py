@@ -1,14 +1,24 @@
-"""The kvwire contract, version 1: what a lease holder and a backend promise each other.
+"""The kvwire contract, version 1.1: what a lease holder and a backend promise each other.
 
-This package imports numpy and the standard library only. ``CONTRACT.md`` states the rules;
-each is a property the conformance suite (``kvwire.testing``) checks."""
+This package imports numpy and the standard library only. ``docs/contract.md`` (shipped beside
+this package as ``kvwire/contract/CONTRACT.md``) states the rules, clause by clause; each is a
+property the conformance suite (``kvwire.testing``) checks, and each suite test names its clause.
 
-from kvwire.contract.backend import Attempt, Backend, WakeFn
-from kvwire.contract.capabilities import CONTRACT_VERSION, Capabilities
-from kvwire.contract.errors import InvalidSubmission, SubmissionRejected
+The boundary: :class:`Backend`, :class:`Attempt`, :class:`Registration`, :data:`WakeFn`; the value
+types :class:`View`, :class:`LayerGroupRows`, :class:`SlotRegion`, :class:`Hint`,
+:class:`Outcome`, :class:`Capabilities`; the refusals under :class:`SubmissionError`; the optional
+protocol ``serve-pulls`` (:class:`ServesPulls`, :class:`PullRequest`); and the toolkit a backend
+written directly on the contract uses, :class:`RegionTable` (M3/M4 read once)."""
+
+from kvwire.contract.backend import Attempt, Backend, Registration, WakeFn
+from kvwire.contract.capabilities import CONTRACT_VERSION, SERVE_PULLS, Capabilities, OtherEnd
+from kvwire.contract.errors import InvalidSubmission, LookupFailed, SubmissionError, SubmissionRejected
 from kvwire.contract.hint import Hint
+from kvwire.contract.lookup import LOOKUP, Lookup
 from kvwire.contract.memory import MemoryKind, SlotRegion
-from kvwire.contract.outcome import Outcome
+from kvwire.contract.outcome import Cause, Outcome, OutcomeStatus
+from kvwire.contract.regions import RegionTable, TableRegistration
+from kvwire.contract.serving import PullRequest, ServesPulls
 from kvwire.contract.view import CacheKind, LayerGroupRows, TokenRange, View
 
 __all__ = [
@@ -27,4 +37,19 @@ __all__ = [
     "TokenRange",
     "CacheKind",
     "CONTRACT_VERSION",
+    # what a backend written directly on the contract needs besides
+    "Registration",
+    "OtherEnd",
+    "OutcomeStatus",
+    "Cause",
+    "SubmissionError",
+    "SERVE_PULLS",
+    "ServesPulls",
+    "PullRequest",
+    "RegionTable",
+    "TableRegistration",
+    # the optional protocol lookup (L1, contract 1.1)
+    "LOOKUP",
+    "Lookup",
+    "LookupFailed",
 ]

@@ -10,7 +10,7 @@ from kvwire.contract.memory import MemoryKind
 __all__ = ["Capabilities", "OtherEnd", "CONTRACT_VERSION", "SERVE_PULLS"]
 
 #: ``(major, minor)``. A minor only adds, off by default; the registry refuses another major.
-CONTRACT_VERSION: tuple[int, int] = (1, 0)
+CONTRACT_VERSION: tuple[int, int] = (1, 1)
 
 #: The optional protocol of a peer backend that answers request-free pulls from its reuse tree.
 SERVE_PULLS = "serve-pulls"

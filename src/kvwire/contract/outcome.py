@@ -8,13 +8,39 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Outcome", "OutcomeStatus"]
+__all__ = ["Outcome", "OutcomeStatus", "Cause"]
 
 
 class OutcomeStatus(enum.Enum):
     DELIVERED = "delivered"
     FAILED = "failed"
     CANCELLED = "cancelled"
+
+
+class Cause(enum.Enum):
+    """Why an attempt did not deliver (A10, contract 1.1): code and metrics branch on this, never
+    on the reason text. ``FAILED`` outcomes carry ``DEADLINE``, ``FAULT``, ``PEER_GONE``,
+    ``DECLINED`` or ``SHUTDOWN``; ``CANCELLED`` outcomes ``HOLDER_CANCELLED``, ``PEER_CANCELLED``
+    or ``SHUTDOWN``."""
+
+    #: The attempt's deadline passed before it concluded (A8).
+    DEADLINE = "deadline"
+    #: The other end answered with an error (a store call failed, a peer reported a fault).
+    FAULT = "fault"
+    #: The other end stopped answering or went away (connection lost, process died).
+    PEER_GONE = "peer-gone"
+    #: The other end refused the request (a declined pull, a full store that takes nothing).
+    DECLINED = "declined"
+    #: The holder called ``cancel()``.
+    HOLDER_CANCELLED = "holder-cancelled"
+    #: The peer cancelled its side.
+    PEER_CANCELLED = "peer-cancelled"
+    #: This backend shut down with the attempt in flight (B3).
+    SHUTDOWN = "shutdown"
+
+
+_FAILED_CAUSES = frozenset({Cause.DEADLINE, Cause.FAULT, Cause.PEER_GONE, Cause.DECLINED, Cause.SHUTDOWN})
+_CANCELLED_CAUSES = frozenset({Cause.HOLDER_CANCELLED, Cause.PEER_CANCELLED, Cause.SHUTDOWN})
 
 
 def _keep_or_copy(mask: object, index: int) -> np.ndarray:
@@ -40,6 +66,8 @@ def _keep_or_copy(mask: object, index: int) -> np.ndarray:
 class Outcome:
     """How an attempt ended: ``DELIVERED``, ``FAILED`` (with a reason) or ``CANCELLED``
     (locally, or by the peer), and one read-only bool delivery mask per view group.
+    ``cause`` (contract 1.1) says in a word why it did not deliver; ``None`` from a backend that
+    speaks 1.0. A cancelled outcome's cause defaults from ``by_peer``.
 
     For a fetch, a true bit means the row's bytes arrived whole and equal the source's; for a
     publish, that the other end now holds the row. A row the source simply does not hold is a
@@ -49,6 +77,7 @@ class Outcome:
     masks: tuple[np.ndarray, ...]
     reason: str | None = None
     by_peer: bool = False
+    cause: Cause | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.status, OutcomeStatus):
@@ -62,18 +91,34 @@ class Outcome:
             raise ValueError("a DELIVERED Outcome carries no failure reason")
         if self.by_peer and self.status is not OutcomeStatus.CANCELLED:
             raise ValueError("only a CANCELLED Outcome can be cancelled by the peer")
+        if self.cause is not None and not isinstance(self.cause, Cause):
+            raise TypeError(f"Outcome.cause must be a Cause or None, got {self.cause!r}")
+        if self.status is OutcomeStatus.DELIVERED and self.cause is not None:
+            raise ValueError("a DELIVERED Outcome carries no cause")
+        if self.status is OutcomeStatus.FAILED and self.cause is not None and self.cause not in _FAILED_CAUSES:
+            raise ValueError(f"a FAILED Outcome's cause is one of {sorted(c.name for c in _FAILED_CAUSES)}, "
+                             f"got {self.cause.name}")
+        if self.status is OutcomeStatus.CANCELLED:
+            if self.cause is None:
+                object.__setattr__(self, "cause", Cause.PEER_CANCELLED if self.by_peer else Cause.HOLDER_CANCELLED)
+            elif self.cause not in _CANCELLED_CAUSES:
+                raise ValueError(f"a CANCELLED Outcome's cause is one of "
+                                 f"{sorted(c.name for c in _CANCELLED_CAUSES)}, got {self.cause.name}")
+            elif (self.cause is Cause.PEER_CANCELLED) != self.by_peer:
+                raise ValueError("a CANCELLED Outcome's cause is PEER_CANCELLED exactly when by_peer is true")
 
     @classmethod
     def delivered(cls, masks: Iterable[np.ndarray]) -> Outcome:
         return cls(OutcomeStatus.DELIVERED, tuple(masks))
 
     @classmethod
-    def failed(cls, reason: str, masks: Iterable[np.ndarray]) -> Outcome:
-        return cls(OutcomeStatus.FAILED, tuple(masks), reason)
+    def failed(cls, reason: str, masks: Iterable[np.ndarray], cause: Cause | None = None) -> Outcome:
+        return cls(OutcomeStatus.FAILED, tuple(masks), reason, cause=cause)
 
     @classmethod
-    def cancelled(cls, masks: Iterable[np.ndarray], *, by_peer: bool = False, reason: str | None = None) -> Outcome:
-        return cls(OutcomeStatus.CANCELLED, tuple(masks), reason, by_peer)
+    def cancelled(cls, masks: Iterable[np.ndarray], *, by_peer: bool = False, reason: str | None = None,
+                  cause: Cause | None = None) -> Outcome:
+        return cls(OutcomeStatus.CANCELLED, tuple(masks), reason, by_peer, cause)
 
     @property
     def is_delivered(self) -> bool:
@@ -96,4 +141,5 @@ class Outcome:
         total = sum(m.size for m in self.masks)
         why = f", reason={self.reason!r}" if self.reason else ""
         peer = ", by_peer=True" if self.by_peer else ""
-        return f"Outcome({self.status.value}, {self.rows_delivered}/{total} rows{why}{peer})"
+        cause = f", cause={self.cause.value}" if self.cause is not None else ""
+        return f"Outcome({self.status.value}, {self.rows_delivered}/{total} rows{why}{peer}{cause})"
