@@ -1,27 +1,25 @@
-"""What the benches share: a wake function to block on until an attempt has settled."""
+"""What the benches share: every attempt a bench makes goes through the runtime's holder loop
+(``kvwire.runtime.holding``), as an engine's would; this adds only the benches' one check, that
+every row of the attempt was delivered."""
 
 from __future__ import annotations
 
-import threading
+from kvwire.contract import Backend, Hint, Outcome, View
+from kvwire.runtime.holding import AtDeadline, Direction, Wakes, submit, wait
 
-from kvwire.contract import Attempt
+__all__ = ["Mover", "Direction"]
 
 
-class Waiter:
-    """A wake function the bench can block on; ``settle`` waits until the attempt concluded and
-    quiesced and checks every row was delivered."""
+class Mover:
+    """Submits one view at a time and waits, woken by the backend, until the attempt concluded
+    and quiesced; raises if it did not in ``timeout_s`` or if any row was not delivered."""
 
     def __init__(self, timeout_s: float = 60.0) -> None:
-        self.event = threading.Event()
+        self.wakes = Wakes()  # one condition for every attempt of this mover
         self.timeout_s = timeout_s
 
-    def __call__(self) -> None:
-        self.event.set()
-
-    def settle(self, attempt: Attempt) -> None:
-        while not (attempt.poll() is not None and attempt.quiesced()):
-            if not self.event.wait(self.timeout_s):
-                raise TimeoutError(f"{attempt!r} did not settle in {self.timeout_s:g} s")
-            self.event.clear()
-        outcome = attempt.poll()
-        assert outcome is not None and outcome.is_delivered and all(m.all() for m in outcome.masks), outcome
+    def move(self, backend: Backend, op: Direction, view: View, hint: Hint) -> Outcome:
+        sub = submit(backend, op, view, hint, wakes=self.wakes)
+        outcome = wait(sub, self.timeout_s, at_deadline=AtDeadline.RETURN).result()
+        assert outcome.is_delivered and all(m.all() for m in outcome.masks), outcome
+        return outcome

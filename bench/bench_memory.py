@@ -17,17 +17,17 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import threading
 import time
 import uuid
 
 import numpy as np
-from _waiting import Waiter  # noqa: E402  (bench/ is on sys.path when a bench runs)
+from _waiting import Direction, Mover  # noqa: E402  (bench/ is on sys.path when a bench runs)
 from kvwire_memory import MemoryDriver, MemoryStore, forget_store, named_store
 
 from kvwire.blob import BlobBackend
-from kvwire.contract import Attempt, CacheKind, Hint, LayerGroupRows, MemoryKind, SlotRegion, TokenRange, View
+from kvwire.contract import CacheKind, Hint, LayerGroupRows, MemoryKind, SlotRegion, TokenRange, View
 from kvwire.registry import load
+from kvwire.runtime.holding import AtDeadline, Submission, WaitStatus, Wakes, submit, wait_all, wait_any
 
 KIB, MIB = 1 << 10, 1 << 20
 HINT = Hint.of("store")
@@ -63,15 +63,15 @@ def throughput(row_bytes: int, total_bytes: int, runs: int) -> tuple[float, floa
     writer.register_regions([src_region])
     reader.register_regions([dst_region])
     store = named_store(store_name, capacity_bytes=capacity, eviction=True)
-    waiter = Waiter()
+    mover = Mover()
     salt = iter(range(1, 1 << 30))
 
     def backend() -> float:
         s = next(salt)  # fresh names: every publish really stores (the store evicts the last run's)
         started = time.perf_counter()
-        waiter.settle(writer.publish(view_of(src_region, rows, s), HINT, waiter))
+        mover.move(writer, Direction.PUBLISH, view_of(src_region, rows, s), HINT)
         middle = time.perf_counter()
-        waiter.settle(reader.fetch(view_of(dst_region, rows, s), HINT, waiter))
+        mover.move(reader, Direction.FETCH, view_of(dst_region, rows, s), HINT)
         return middle - started
 
     def baseline() -> None:
@@ -110,7 +110,7 @@ def overhead(submissions: int, runs: int) -> dict[str, float]:
     backend = BlobBackend(MemoryDriver(store))
     backend.register_regions([region_of(src, 0), region_of(dst, 1)])
     src_region, dst_region = region_of(src, 0), region_of(dst, 1)
-    waiter = Waiter()
+    mover = Mover()
     views = [view_of(src_region, 1, s) for s in range(submissions)]
     fetch_views = [view_of(dst_region, 1, s) for s in range(submissions)]
     results: dict[str, list[float]] = {}
@@ -122,18 +122,18 @@ def overhead(submissions: int, runs: int) -> dict[str, float]:
         store.clear()
         started = time.perf_counter()
         for v in views:
-            waiter.settle(backend.publish(v, HINT, waiter))
+            mover.move(backend, Direction.PUBLISH, v, HINT)
         record("publish, sequential", time.perf_counter() - started)
         started = time.perf_counter()
         for v in fetch_views:
-            waiter.settle(backend.fetch(v, HINT, waiter))
+            mover.move(backend, Direction.FETCH, v, HINT)
         record("fetch, sequential", time.perf_counter() - started)
         store.clear()
         started = time.perf_counter()
-        pipelined(backend, views, "publish")
+        pipelined(backend, views, Direction.PUBLISH)
         record("publish, pipelined (window 32)", time.perf_counter() - started)
         started = time.perf_counter()
-        pipelined(backend, fetch_views, "fetch")
+        pipelined(backend, fetch_views, Direction.FETCH)
         record("fetch, pipelined (window 32)", time.perf_counter() - started)
         # The bare driver, for scale: what any backend must spend per row.
         store.clear()
@@ -148,32 +148,18 @@ def overhead(submissions: int, runs: int) -> dict[str, float]:
     return {label: statistics.median(values) for label, values in results.items()}
 
 
-def pipelined(backend: BlobBackend, views: list[View], op: str, window: int = 32) -> None:
-    cond = threading.Condition()
-    done = [0]
-
-    def wake() -> None:
-        with cond:
-            done[0] += 1
-            cond.notify_all()
-
-    submit = getattr(backend, op)
-    in_flight: list[Attempt] = []
-
-    def some_done() -> bool:
-        return any(a.quiesced() for a in in_flight)
-
-    def all_done() -> bool:
-        return all(a.quiesced() for a in in_flight)
-
+def pipelined(backend: BlobBackend, views: list[View], op: Direction, window: int = 32) -> None:
+    """Keeps up to ``window`` attempts in flight, one condition for all (the holder loop's
+    ``wait_any``); an attempt leaves the window once concluded and quiesced."""
+    wakes = Wakes()
+    in_flight: list[Submission] = []
     for v in views:
         if len(in_flight) >= window:
-            with cond:
-                cond.wait_for(some_done, timeout=30.0)
-            in_flight[:] = [a for a in in_flight if not a.quiesced()]
-        in_flight.append(submit(v, HINT, wake))
-    with cond:
-        assert cond.wait_for(all_done, timeout=30.0)
+            finished = {id(w.submission) for w in wait_any(in_flight, 30.0) if w.status is not WaitStatus.EXPIRED}
+            assert finished, "no attempt of the window concluded and quiesced within 30 s"
+            in_flight[:] = [s for s in in_flight if id(s) not in finished]
+        in_flight.append(submit(backend, op, v, HINT, wakes=wakes))
+    assert all(w.status is not WaitStatus.EXPIRED for w in wait_all(in_flight, 30.0, at_deadline=AtDeadline.RETURN))
 
 
 def main() -> None:

@@ -50,7 +50,7 @@ os.environ.setdefault("MC_LOG_LEVEL", "ERROR")
 os.environ.setdefault("MC_STORE_CLIENT_SETUP_RETRIES", "1")
 
 import numpy as np  # noqa: E402
-from _waiting import Waiter  # noqa: E402  (bench/ is on sys.path when a bench runs)
+from _waiting import Direction, Mover  # noqa: E402  (bench/ is on sys.path when a bench runs)
 from kvwire_mooncake.master import MasterProcess  # noqa: E402
 
 from kvwire.blob import BlobBackend, store_keys  # noqa: E402
@@ -155,7 +155,7 @@ class LocalReader:
     def __init__(self, master: str) -> None:
         self.backend = build(master, 0)
         self.client = self.backend.driver.client  # type: ignore[attr-defined]
-        self.waiter = Waiter()
+        self.mover = Mover()
 
     def prepare(self, rows: int, row_bytes: int) -> None:
         self.rows = rows
@@ -181,7 +181,7 @@ def fetch_once(reader: Any, path: str, salt: int, expect: str) -> float:
     if path == "kvwire":
         view = view_of(reader.region, reader.rows, salt)
         started = time.perf_counter()
-        reader.waiter.settle(reader.backend.fetch(view, HINT, reader.waiter))
+        reader.mover.move(reader.backend, Direction.FETCH, view, HINT)
         took = time.perf_counter() - started
     else:
         keys = raw_keys(reader.rows, salt)
@@ -263,7 +263,7 @@ def measure(writer: BlobBackend, reader: Reader, row_bytes: int, total: int, run
     registration = writer.register_regions([region])
     client = writer.driver.client  # type: ignore[attr-defined]
     pointers, sizes = region.addresses(np.arange(rows)).tolist(), [row_bytes] * rows
-    waiter = Waiter()
+    mover = Mover()
     reader.prepare(rows, row_bytes)
     figures = Figures()
 
@@ -271,7 +271,7 @@ def measure(writer: BlobBackend, reader: Reader, row_bytes: int, total: int, run
         salt = salts()
         view = view_of(region, rows, salt)
         started = time.perf_counter()
-        waiter.settle(writer.publish(view, HINT, waiter))
+        mover.move(writer, Direction.PUBLISH, view, HINT)
         publish_s = time.perf_counter() - started
         return publish_s, reader.fetch("kvwire", salt, expect)
 

@@ -1,7 +1,8 @@
 """The lease holder: a :class:`Worker` that drives a lender and a backend chosen by config,
 its transceiver state, request-free pulls, and a tiny deterministic model to prove transfers.
 
-Names load on first use, so ``kvwire.runtime.state`` decodes states without importing torch."""
+Names load on first use, so ``kvwire.runtime.holding`` (the holder loop) and
+``kvwire.runtime.state`` import without torch."""
 
 from __future__ import annotations
 
@@ -9,7 +10,18 @@ import importlib
 from typing import Any
 
 _WHERE = {
-    "Cancel": "kvwire.runtime.worker",
+    "AtDeadline": "kvwire.runtime.holding",
+    "Cancel": "kvwire.runtime.holding",
+    "Direction": "kvwire.runtime.holding",
+    "Submission": "kvwire.runtime.holding",
+    "Wakes": "kvwire.runtime.holding",
+    "WaitExpired": "kvwire.runtime.holding",
+    "WaitStatus": "kvwire.runtime.holding",
+    "Waited": "kvwire.runtime.holding",
+    "submit": "kvwire.runtime.holding",
+    "wait": "kvwire.runtime.holding",
+    "wait_all": "kvwire.runtime.holding",
+    "wait_any": "kvwire.runtime.holding",
     "Generation": "kvwire.runtime.worker",
     "TransferError": "kvwire.runtime.worker",
     "TransferResult": "kvwire.runtime.worker",

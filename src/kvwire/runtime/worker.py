@@ -23,6 +23,7 @@ from kvwire.lender import Lease, Lender, Scope
 from kvwire.observe import Observers
 from kvwire.registry import BackendConfig, ConfigError, load_config
 from kvwire.runtime.auth import PullGuard, sign_pull
+from kvwire.runtime.holding import QUIESCE_GRACE_S, AtDeadline, Cancel, Direction, WaitStatus, submit, wait
 from kvwire.runtime.model import ModelConfig, TinyTransformer
 from kvwire.runtime.state import StateError, TransceiverState
 
@@ -30,46 +31,8 @@ __all__ = ["Worker", "Cancel", "Generation", "TransferResult", "TransferError", 
 
 log = logging.getLogger(__name__)
 
-#: How long the holder waits for an attempt to quiesce after cancelling it at its deadline.
-QUIESCE_GRACE_S = 5.0
-
-
-class Cancel:
-    """A cancellation token for ``pull`` and ``publish``: ``cancel()`` from any thread asks the
-    transfer's attempt to stop. The transfer still waits for quiescence before it marks what
-    arrived and releases its lease, so a cancelled pull commits only rows that arrived whole."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._set = False
-        self._wakes: list[Callable[[], None]] = []
-
-    def cancel(self) -> None:
-        with self._lock:
-            self._set = True
-            wakes = list(self._wakes)
-        for wake in wakes:
-            wake()
-
-    @property
-    def cancelled(self) -> bool:
-        return self._set
-
-    def _watch(self, wake: Callable[[], None]) -> None:
-        with self._lock:
-            self._wakes.append(wake)
-            fire = self._set
-        if fire:
-            wake()
-
-    def _unwatch(self, wake: Callable[[], None]) -> None:
-        with self._lock:
-            if wake in self._wakes:
-                self._wakes.remove(wake)
-
-
 class TransferError(RuntimeError):
-    """A transfer could not be submitted or never settled; the message says why."""
+    """A transfer could not be submitted, or its attempt never quiesced; the message says why."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,7 +301,7 @@ class Worker:
                 hint = Hint.of("peer", timeout_s=timeout, **fields)
             else:
                 hint = Hint.of("store", timeout_s=timeout, namespace=state.namespace)
-            outcome = self._transfer(lease, "fetch", hint, timeout, cancel)
+            outcome = self._transfer(lease, Direction.FETCH, hint, timeout, cancel)
             moved = _whole_blocks(outcome)
             bound = self.lender.resume_bounds(request)
             if bound:
@@ -363,52 +326,58 @@ class Worker:
         began = time.perf_counter()
         lease = self.lender.lend_names(self.lender.names(tokens), staging=self.staged)
         held = lease.found
-        outcome = self._transfer(lease, "publish", hint, timeout, cancel)
+        outcome = self._transfer(lease, Direction.PUBLISH, hint, timeout, cancel)
         seconds = time.perf_counter() - began
         moved = _whole_blocks(outcome)
         nbytes = _bytes_moved(outcome, lease.view)
         return TransferResult(outcome.status.value, held * B, wanted, moved, wanted - held, nbytes, seconds, outcome.reason)
 
-    def _transfer(self, lease: Lease, direction: str, hint: Hint, timeout: float,
+    def _transfer(self, lease: Lease, direction: Direction, hint: Hint, timeout: float,
                   cancel: Cancel | None = None) -> Outcome:
         """Lend → wait for the view → submit as it stands → wait for quiescence → mark →
-        release. Refusals release at once (S3); any other raise keeps the lease (S4)."""
+        release, through the holder loop (``kvwire.runtime.holding``). Refusals release at once
+        (S3); any other raise, or an attempt that never quiesced, keeps the lease (S4, B3)."""
         try:
             if not lease.wait_ready(timeout):
                 raise TransferError(f"{self.name}: staging copies did not complete within {timeout:g} s")
-            signal = threading.Event()
             began = time.perf_counter()
-            submit = self.backend.fetch if direction == "fetch" else self.backend.publish
             try:
                 with self._lock:
-                    attempt = submit(lease.view, hint, signal.set)
+                    sub = submit(self.backend, direction, lease.view, hint)
                     self.counters.submissions += 1
             except SubmissionError as exc:
                 self.counters.refusals += 1
                 self.observers.announce("refused", worker=self.name, backend=self.plugin.name,
-                                        direction=direction, reason=str(exc))
+                                        direction=direction.value, reason=str(exc))
                 raise
             except BaseException:
                 self._kept.append(lease)
                 lease = None  # type: ignore[assignment]
                 raise
-            outcome = self._settle(attempt, signal, timeout, cancel)
-            if outcome is None:
-                self._kept.append(lease)
-                lease = None  # type: ignore[assignment]
-                raise TransferError(
-                    f"{self.name}: the {direction} attempt did not quiesce within {timeout + QUIESCE_GRACE_S:g} s; "
-                    "its lease is kept until the backend shuts down"
-                )
-            if direction == "fetch":
+            # The backend concludes by its deadline (A8); the holder gives it a grace beyond
+            # that, then cancels and gives it another grace to quiesce.
+            waited = wait(sub, timeout + QUIESCE_GRACE_S, at_deadline=AtDeadline.CANCEL,
+                          grace_s=QUIESCE_GRACE_S, cancel=cancel, lock=self._lock)
+            if waited.status is WaitStatus.UNWOKEN:
+                log.warning("%s: backend %s breaks W1: %s", self.name, self.plugin.name, waited.describe())
+            if waited.status is WaitStatus.EXPIRED:
+                if waited.keeps_lease:
+                    self._kept.append(lease)
+                    lease = None  # type: ignore[assignment]
+                kept = "; its lease is kept until the backend shuts down" if waited.keeps_lease else ""
+                raise TransferError(f"{self.name}: {waited.describe()}, waited up to "
+                                    f"{timeout + 2 * QUIESCE_GRACE_S:g} s{kept}")
+            outcome = waited.result()
+            if direction is Direction.FETCH:
                 lease.mark_arrived(outcome.masks)
             delivered = outcome.rows_delivered
             rows = sum(m.size for m in outcome.masks)
             nbytes = _bytes_moved(outcome, lease.view)
             self.counters.bytes_moved += nbytes
-            self.observers.announce("transfer", worker=self.name, backend=self.plugin.name, direction=direction,
-                                    rows=rows, delivered=delivered, nbytes=nbytes,
-                                    seconds=time.perf_counter() - began, status=outcome.status.value, reason=outcome.reason)
+            self.observers.announce("transfer", worker=self.name, backend=self.plugin.name,
+                                    direction=direction.value, rows=rows, delivered=delivered, nbytes=nbytes,
+                                    seconds=time.perf_counter() - began, status=outcome.status.value,
+                                    reason=outcome.reason)
             self.counters.rows_delivered += delivered
             self.counters.rows_missed += sum(m.size for m in outcome.masks) - delivered
             if outcome.reason and "deadline" in outcome.reason:
@@ -417,45 +386,6 @@ class Worker:
         finally:
             if lease is not None:
                 lease.release()
-
-    def _settle(self, attempt: Attempt, signal: threading.Event, timeout: float,
-                cancel: Cancel | None = None) -> Outcome | None:
-        """Wait, woken by the backend, until the attempt concluded and quiesced. On ``cancel``, or
-        at the deadline (plus a grace), cancel it; ``None`` if it still has not quiesced after."""
-        deadline = time.monotonic() + timeout + QUIESCE_GRACE_S
-        if cancel is not None:
-            cancel._watch(signal.set)
-        try:
-            return self._wait(attempt, signal, deadline, cancel)
-        finally:
-            if cancel is not None:
-                cancel._unwatch(signal.set)
-
-    def _wait(self, attempt: Attempt, signal: threading.Event, deadline: float, cancel: Cancel | None) -> Outcome | None:
-        cancelled = False
-        while True:
-            signal.clear()
-            with self._lock:
-                outcome = attempt.poll()
-                quiet = attempt.quiesced()
-            if outcome is not None and quiet:
-                return outcome
-            if cancel is not None and cancel.cancelled and not cancelled and outcome is None:
-                with self._lock:
-                    attempt.cancel()
-                cancelled = True
-                deadline = min(deadline, time.monotonic() + QUIESCE_GRACE_S)
-                continue
-            now = time.monotonic()
-            if now >= deadline:
-                if cancelled:
-                    return None
-                with self._lock:
-                    attempt.cancel()
-                cancelled = True
-                deadline = now + QUIESCE_GRACE_S
-                continue
-            signal.wait(deadline - now)
 
     # --- serving pulls ------------------------------------------------------------------------
 
