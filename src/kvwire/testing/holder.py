@@ -17,7 +17,7 @@ from kvwire.contract import Attempt, Backend, Hint, InvalidSubmission, Outcome, 
 from kvwire.contract.errors import SubmissionError
 
 __all__ = ["Wakes", "Submission", "submit", "settle", "check_outcome", "same_outcome", "call_briefly",
-           "wait_for", "refused", "BLOCKING_LIMIT_S"]
+           "wait_for", "refused", "speaks_causes", "BLOCKING_LIMIT_S"]
 
 T = TypeVar("T")
 
@@ -85,7 +85,7 @@ class Submission:
         assert isinstance(out, Outcome), (
             f"A5: poll() of a {self.op} must answer an Outcome or None, got {type(out).__name__}")
         if self.outcome is None:
-            check_outcome(out, self.view, self.op)
+            check_outcome(out, self.view, self.op, speaks_causes(self.backend))
             self.outcome = out
         else:
             same_outcome(self.outcome, out, self.op)
@@ -102,6 +102,16 @@ class Submission:
             assert q, f"A2: quiesced() of a {self.op} answered True before and False now; it stays true"
         self.quiesced_seen = bool(q)
         return bool(q)
+
+
+def speaks_causes(backend: Backend) -> bool:
+    """Whether ``backend`` declares contract 1.1 or later, and so owes a cause (A10) on every
+    failed and cancelled outcome."""
+    try:
+        version = backend.capabilities().contract_version
+    except Exception:  # B4's tests report a backend whose capabilities() fails
+        return False
+    return tuple(version) >= (1, 1)
 
 
 def submit(backend: Backend, op: str, view: View, hint: Hint) -> Submission:
@@ -124,6 +134,10 @@ def settle(sub: Submission, patience_s: float, *, quiesce: bool = True, purpose:
         seen = sub.wakes.count
         out = sub.poll()
         if out is not None and (not quiesce or sub.quiesced()):
+            # A1/A2: what was answered stays answered; ask once more, as a holder may.
+            sub.poll()
+            if quiesce:
+                sub.quiesced()
             return out
         if sub.wakes.wait_beyond(seen, deadline):
             continue
@@ -143,7 +157,7 @@ def settle(sub: Submission, patience_s: float, *, quiesce: bool = True, purpose:
             "a backend advances its own work and concludes every attempt by its deadline")
 
 
-def check_outcome(out: Outcome, view: View, op: str) -> None:
+def check_outcome(out: Outcome, view: View, op: str, cause_required: bool = False) -> None:
     """What every outcome must look like: one plain, read-only, one-dimensional bool mask per
     view group, as long as the group (A5, A6); a failure says why."""
     assert isinstance(out, Outcome), f"A5: expected an Outcome, got {type(out).__name__}"
@@ -161,12 +175,16 @@ def check_outcome(out: Outcome, view: View, op: str) -> None:
         assert not mask.flags.writeable, f"A6: the mask of group {group.group_id} is writable after hand-over"
     if out.is_failed:
         assert isinstance(out.reason, str) and out.reason.strip(), "A5: a failed outcome must say why"
+    if cause_required and not out.is_delivered:
+        assert out.cause is not None, (
+            f"A10: the backend speaks contract 1.1, so its {out.status.value} {op} outcome must carry a cause "
+            f"(kvwire.contract.Cause); got {out!r}")
 
 
 def same_outcome(first: Outcome, later: Outcome, op: str) -> None:
     """A1: a later poll gives the same outcome: same status, reason and masks."""
     assert later is first or (
-        later.status is first.status and later.reason == first.reason and later.by_peer == first.by_peer
+        later.status is first.status and later.reason == first.reason and later.by_peer == first.by_peer and later.cause is first.cause
         and len(later.masks) == len(first.masks)
         and all(np.array_equal(a, b) for a, b in zip(first.masks, later.masks, strict=True))
     ), f"A1: poll() of a {op} answered {first!r} and later {later!r}; it must give the same outcome"

@@ -45,13 +45,16 @@ class ReuseTree:
 
     def held_prefix(self, request: PullRequest) -> int:
         """How many leading names of ``request`` are held in every requested group, at the
-        requested row size."""
+        requested row size, each group's rows in one region (a view's group lies in one)."""
+        first: dict[int, SlotRegion] = {}
         for i in range(request.blocks):
             entry = self.rows.get(request.names[i].tobytes())
             if entry is None:
                 return i
             for gid, size in zip(request.groups, request.slot_bytes, strict=True):
                 if gid not in entry or entry[gid][0].slot_bytes != size:
+                    return i
+                if first.setdefault(gid, entry[gid][0]) is not entry[gid][0]:
                     return i
         return request.blocks
 
@@ -60,7 +63,7 @@ class ReuseTree:
         names = request.names[:count]
         groups = []
         for gid in request.groups:
-            region = self.regions[gid]
+            region = self.rows[names[0].tobytes()][gid][0] if count else self.regions[gid]
             slots = [self.rows[n.tobytes()][gid][1] for n in names]
             groups.append(LayerGroupRows(gid, CacheKind.PAGED, region, np.asarray(slots, dtype=np.int64),
                                          TokenRange(0, count * 16), names))
