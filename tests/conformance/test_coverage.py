@@ -1,4 +1,4 @@
-"""Every rule of CONTRACT.md that a backend can break has a suite test named after it, and
+"""Every rule of docs/contract.md that a backend can break has a suite test named after it, and
 docs/conformance.md maps exactly the suite's tests and the mutants that prove them."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The kvwire contract, version 1.1: what a lease holder and a backend promise each other.
 
-This package imports numpy and the standard library only. ``docs/contract.md`` (shipped beside
-this package as ``kvwire/contract/CONTRACT.md``) states the rules, clause by clause; each is a
+This package imports numpy and the standard library only. ``docs/contract.md`` (shipped in
+this package as ``kvwire/contract/contract.md``) states the rules, clause by clause; each is a
 property the conformance suite (``kvwire.testing``) checks, and each suite test names its clause.
 
 The boundary: :class:`Backend`, :class:`Attempt`, :class:`Registration`, :data:`WakeFn`; the value

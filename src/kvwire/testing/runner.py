@@ -3,7 +3,7 @@
 
 The suite runs as ``pytest --pyargs kvwire.testing.suite`` in a subprocess, from an empty
 directory so no project's pytest configuration applies, with its output shown as it goes; then a
-table per backend says, for each rule of CONTRACT.md, how many tests passed, failed and were
+table per backend says, for each rule of docs/contract.md, how many tests passed, failed and were
 skipped, and why."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from rich.table import Table
 
 __all__ = ["run_conformance", "summarize", "RULES", "RuleResult"]
 
-#: The contract's rules in CONTRACT.md order, and the suite's stateful model.
+#: The contract's rules in docs/contract.md order, and the suite's stateful model.
 RULES: tuple[str, ...] = (
     "M1", "M2", "M3", "M4", "V1", "V2", "V3", "V4", "H1", "S1", "S2", "S3", "S4", "S5",
     "A1", "A2", "A3", "A4", "A5", "A6", "A7", "A8", "A9", "W1", "B1", "B2", "B3", "B4", "N2", "holder model",

@@ -1,4 +1,4 @@
-"""The conformance suite: one test module per part of CONTRACT.md, every test named after the
+"""The conformance suite: one test module per part of docs/contract.md, every test named after the
 rule it checks (``test_M3_...``). Run it against an installed backend with::
 
     pytest --pyargs kvwire.testing.suite --kvwire-backend NAME
