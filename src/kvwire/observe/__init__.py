@@ -6,16 +6,28 @@ from __future__ import annotations
 
 import logging
 from importlib import metadata
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
 from kvwire.observe.hooks import ObserverSpec, hookimpl, hookspec
 
-__all__ = ["Observers", "ObserverSpec", "hookimpl", "hookspec", "OBSERVER_GROUP"]
+if TYPE_CHECKING:
+    from kvwire.contract.outcome import Cause
+
+__all__ = ["Observers", "ObserverSpec", "hookimpl", "hookspec", "OBSERVER_GROUP", "cause_label", "UNSPECIFIED"]
 
 log = logging.getLogger(__name__)
 OBSERVER_GROUP = "kvwire.observers"
+
+#: The label of an outcome that did not deliver and names no cause (a contract 1.0 backend).
+UNSPECIFIED = "unspecified"
+
+
+def cause_label(cause: Cause | None) -> str:
+    """The metric label of an outcome's cause: its value, or :data:`UNSPECIFIED` for ``None``.
+    Never guessed from the reason text."""
+    return UNSPECIFIED if cause is None else cause.value
 
 
 class Observers:

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pluggy
+
+if TYPE_CHECKING:
+    from kvwire.contract.outcome import Cause, OutcomeStatus
+    from kvwire.runtime.holding import Direction
 
 hookspec = pluggy.HookspecMarker("kvwire")
 hookimpl = pluggy.HookimplMarker("kvwire")
@@ -14,13 +20,16 @@ class ObserverSpec:
     """What an observer may implement; each hook is optional and must not block."""
 
     @hookspec
-    def kvwire_transfer(self, worker: str, backend: str, direction: str, rows: int, delivered: int,
-                        nbytes: int, seconds: float, status: str, reason: str | None) -> None:
-        """A fetch or publish attempt settled: ``rows`` submitted, ``delivered`` of them arrived
-        (or are held by the store), ``nbytes`` moved, ``status`` the outcome's."""
+    def kvwire_transfer(self, worker: str, backend: str, direction: Direction, rows: int, delivered: int,
+                        nbytes: int, seconds: float, status: OutcomeStatus, reason: str | None,
+                        cause: Cause | None) -> None:
+        """A fetch or publish attempt concluded and quiesced: ``rows`` submitted, ``delivered`` of
+        them arrived (or are held by the store), ``nbytes`` moved; ``status`` and ``cause`` are
+        the outcome's (``cause`` is ``None`` when delivered, or from a contract 1.0 backend).
+        Branch on ``cause``, never on ``reason``'s text (A10)."""
 
     @hookspec
-    def kvwire_refused(self, worker: str, backend: str, direction: str, reason: str) -> None:
+    def kvwire_refused(self, worker: str, backend: str, direction: Direction, reason: str) -> None:
         """A submission was refused (``SubmissionRejected`` or ``InvalidSubmission``)."""
 
     @hookspec

@@ -9,7 +9,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -18,9 +18,10 @@ import torch
 from kvwire.contract import Attempt, Backend, Hint, MemoryKind, Outcome, View
 from kvwire.contract.capabilities import SERVE_PULLS, OtherEnd
 from kvwire.contract.errors import SubmissionError
+from kvwire.contract.outcome import Cause
 from kvwire.contract.serving import PullRequest, ServesPulls
 from kvwire.lender import Lease, Lender, Scope
-from kvwire.observe import Observers
+from kvwire.observe import Observers, cause_label
 from kvwire.registry import BackendConfig, ConfigError, load_config
 from kvwire.runtime.auth import PullGuard, sign_pull
 from kvwire.runtime.holding import QUIESCE_GRACE_S, AtDeadline, Cancel, Direction, WaitStatus, submit, wait
@@ -75,6 +76,8 @@ class _Counters:
     pulls_served: int = 0
     pulls_declined: int = 0
     deadline_expiries: int = 0
+    #: outcomes that did not deliver, by cause (``"unspecified"`` from a contract 1.0 backend)
+    causes: dict[str, int] = field(default_factory=dict)
     refusals: int = 0
 
 
@@ -348,7 +351,7 @@ class Worker:
             except SubmissionError as exc:
                 self.counters.refusals += 1
                 self.observers.announce("refused", worker=self.name, backend=self.plugin.name,
-                                        direction=direction.value, reason=str(exc))
+                                        direction=direction, reason=str(exc))
                 raise
             except BaseException:
                 self._kept.append(lease)
@@ -375,12 +378,15 @@ class Worker:
             nbytes = _bytes_moved(outcome, lease.view)
             self.counters.bytes_moved += nbytes
             self.observers.announce("transfer", worker=self.name, backend=self.plugin.name,
-                                    direction=direction.value, rows=rows, delivered=delivered, nbytes=nbytes,
-                                    seconds=time.perf_counter() - began, status=outcome.status.value,
-                                    reason=outcome.reason)
+                                    direction=direction, rows=rows, delivered=delivered, nbytes=nbytes,
+                                    seconds=time.perf_counter() - began, status=outcome.status,
+                                    reason=outcome.reason, cause=outcome.cause)
             self.counters.rows_delivered += delivered
             self.counters.rows_missed += sum(m.size for m in outcome.masks) - delivered
-            if outcome.reason and "deadline" in outcome.reason:
+            if not outcome.is_delivered:
+                cause = cause_label(outcome.cause)
+                self.counters.causes[cause] = self.counters.causes.get(cause, 0) + 1
+            if outcome.cause is Cause.DEADLINE:
                 self.counters.deadline_expiries += 1
             return outcome
         finally:
@@ -485,7 +491,7 @@ class Worker:
             "capabilities": self.capabilities.summary(),
             "staged": self.staged,
             "pins": self.pins(),
-            "counters": dict(vars(self.counters)),
+            "counters": {k: dict(v) if isinstance(v, dict) else v for k, v in vars(self.counters).items()},
         }
 
 
