@@ -17,6 +17,20 @@ case "${1:-}" in
     if [ "$#" -eq 0 ]; then
       set -- tests --pyargs kvwire.testing.suite --kvwire-profile thorough
     fi
+    # Every backend this repository ships must load here: a broken import fails the run, it
+    # never turns into skips (kvwire.testing.require).
+    KVWIRE_REQUIRE="$(python - <<'PY'
+import pathlib, tomllib
+names = []
+for pyproject in sorted(pathlib.Path(".").glob("*/*/pyproject.toml")):
+    if pyproject.parts[0] not in ("backends", "examples"):
+        continue
+    eps = tomllib.loads(pyproject.read_text()).get("project", {}).get("entry-points", {})
+    names += list(eps.get("kvwire.backends", {}))
+print(",".join(names))
+PY
+)"
+    export KVWIRE_REQUIRE
     exec python -m pytest -p no:cacheprovider "$@" ;;
   *) echo "usage: ./dev.sh demo|test [args...]" >&2; exit 2 ;;
 esac

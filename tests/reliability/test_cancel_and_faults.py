@@ -15,6 +15,7 @@ import torch
 
 from kvwire.registry import BackendConfig, PluginError, load
 from kvwire.runtime import Cancel, ModelConfig, Worker
+from kvwire.testing.require import backend_usable
 
 MODEL = ModelConfig(layers=4, layers_per_group=2, heads=4, head_dim=32, block_tokens=16, max_tokens=8192, seed=21)
 TOKENS = 1024  # 64 blocks, 4 MiB per pull
@@ -30,9 +31,7 @@ def usable(name: str) -> str | None:
 
 @contextlib.contextmanager
 def configured(name: str):
-    why = usable(name)
-    if why:
-        pytest.skip(f"backend {name} unavailable: {why}")
+    backend_usable(name)  # skips, or fails when the run requires the backend
     options = {"store": f"cancel-{time.monotonic_ns()}"} if name == "memory" else {}
     with BackendConfig(name, options).services() as config:
         yield config

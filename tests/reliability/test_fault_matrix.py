@@ -65,12 +65,10 @@ def test_a_slow_store_fails_at_the_deadline_and_commits_nothing():
 
 
 def test_mooncake_master_killed_before_and_during_a_pull():
-    pytest.importorskip("kvwire_mooncake")
-    from kvwire_mooncake.master import MasterProcess
-    from test_cancel_and_faults import usable
+    from kvwire.testing.require import backend_usable
 
-    if usable("mooncake"):
-        pytest.skip(f"mooncake unavailable: {usable('mooncake')}")
+    backend_usable("mooncake")  # skips, or fails when the run requires the backend
+    from kvwire_mooncake.master import MasterProcess
     with MasterProcess() as master:
         config = BackendConfig("mooncake", {"master": master.address, "timeout_s": 6.0})
         with Worker(MODEL, config=config, name="A", num_blocks=200) as a, \

@@ -8,7 +8,9 @@ Run the suite against an installed backend::
 
 Options: ``--kvwire-backend NAME`` (repeatable; default: every installed backend with a
 harness), ``--kvwire-harness module:object`` (a harness not installed as a distribution),
-``--kvwire-profile quick|thorough``, ``--kvwire-patience SECONDS`` (how long to wait for a change
+``--kvwire-profile quick|thorough``, ``--kvwire-require NAME[,NAME...]`` (backends that must load:
+a run fails before any test when one cannot, and tests needing its library fail instead of
+skipping), ``--kvwire-patience SECONDS`` (how long to wait for a change
 a backend owes), ``--kvwire-no-shrink`` (report failing examples unshrunk), ``--kvwire-report
 PATH`` (a JSON record of every suite test, for tools).
 
@@ -65,6 +67,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="report a failing example as found, without shrinking it (faster; for testing the suite itself)",
     )
     group.addoption(
+        "--kvwire-require",
+        action="append",
+        default=[],
+        metavar="NAME[,NAME...]",
+        help="fail the run, before any test, when one of these backends cannot load or be tested "
+             "(also KVWIRE_REQUIRE); tests that need its library fail instead of skipping",
+    )
+    group.addoption(
         "--kvwire-report",
         default=None,
         metavar="PATH",
@@ -86,6 +96,14 @@ def pytest_configure(config: pytest.Config) -> None:
                       shrink=not config.option.kvwire_no_shrink)
     if config.option.kvwire_report:
         config.stash[_RESULTS] = {}
+    from kvwire.testing import require
+
+    names = require.parse(config.option.kvwire_require)
+    require.set_required(names)
+    if names:
+        found = require.problems(names)
+        if found:
+            raise pytest.UsageError("kvwire: " + "\nkvwire: ".join(found))
     if config.option.kvwire_backend or config.option.kvwire_harness:
         _targets(config)  # a backend asked for by name that cannot be tested is a usage error
 
