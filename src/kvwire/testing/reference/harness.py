@@ -1,0 +1,180 @@
+"""Conformance harnesses of the reference backends, usable as
+``--kvwire-harness kvwire.testing.reference.harness:store_harness`` (or ``:peer_harness``).
+
+Both support holds and fault plans through :mod:`kvwire.testing.gate`, the way any harness of a
+backend not built on :class:`kvwire.blob.BlobBackend` can: the store harness puts a
+:class:`ControlledStore` between each backend and the shared :class:`ReferenceStore`; the peer
+harness gives the fabric a :class:`ControlledLink`. Neither backend is registered as a plugin,
+so each harness answers :meth:`~kvwire.testing.harness.Harness.capabilities` itself."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from kvwire.contract import Capabilities, Hint
+from kvwire.testing.gate import CallFaults, Gate, faulted_rows
+from kvwire.testing.harness import Ends, FaultPlan, Harness, Unavailable
+from kvwire.testing.reference.peer import Fabric, Fault, Link, Message, ReferencePeer, Request, Rows, peer_capabilities
+from kvwire.testing.reference.store import (
+    ReferenceStore,
+    ReferenceStoreBackend,
+    RowStatus,
+    StoreReply,
+    _capabilities,
+)
+
+__all__ = ["ReferenceStoreHarness", "ReferencePeerHarness", "ControlledStore", "ControlledLink", "store_harness",
+           "peer_harness"]
+
+NAMESPACE = "conformance"
+
+
+class ControlledStore:
+    """A :class:`~kvwire.testing.reference.store.StoreEnd` in front of ``store``: each call waits
+    at ``gate`` while it is held; rows a :class:`FaultPlan` names, and the calls its ``schedule``
+    hits, answer ``FAILED`` (or raise) at the store."""
+
+    def __init__(self, store: ReferenceStore, gate: Gate, plan: FaultPlan | None, schedule: CallFaults) -> None:
+        self.store = store
+        self.gate = gate
+        self.plan = plan
+        self.schedule = schedule
+
+    def put(self, namespace: str, group_id: int, names: np.ndarray, rows: np.ndarray) -> StoreReply:
+        with self.gate.passage():
+            verdict = self.schedule.arrive("put", len(names), self._evict(namespace, group_id, names))
+            if verdict.raises:
+                raise RuntimeError(verdict.raises)
+            failed = verdict.failed | faulted_rows(self.plan, "publish", names)
+            go = ~(failed | verdict.declined)
+            status = np.full(len(names), RowStatus.FAILED, dtype=np.uint8)
+            status[verdict.declined & ~failed] = RowStatus.DECLINED
+            status[go] = self.store.put(namespace, group_id, names[go], rows[go]).status
+            return StoreReply(status, None, verdict.reason if failed.any() else "")
+
+    def get(self, namespace: str, group_id: int, names: np.ndarray, slot_bytes: int) -> StoreReply:
+        with self.gate.passage():
+            verdict = self.schedule.arrive("get", len(names), self._evict(namespace, group_id, names))
+            if verdict.raises:
+                raise RuntimeError(verdict.raises)
+            failed = verdict.failed | faulted_rows(self.plan, "fetch", names)
+            reply = self.store.get(namespace, group_id, names[~failed], slot_bytes)
+            status = np.full(len(names), RowStatus.FAILED, dtype=np.uint8)
+            data = np.zeros((len(names), slot_bytes), dtype=np.uint8)
+            status[~failed] = reply.status
+            assert reply.data is not None
+            data[~failed] = reply.data
+            return StoreReply(status, data, verdict.reason if failed.any() else reply.reason)
+
+    def _evict(self, namespace: str, group_id: int, names: np.ndarray) -> Callable[[np.ndarray], None]:
+        return lambda rows: self.store.remove(namespace, group_id, names[rows])
+
+
+class ReferenceStoreHarness(Harness):
+    name = "reference-store"
+    #: A deadline concludes at once; the attempt quiesces when the store call in progress for it
+    #: returns (one copy of a group's rows in this process).
+    quiesce_grace_s = 2.0
+    max_in_flight = 64
+
+    def capabilities(self) -> Capabilities:
+        return _capabilities(self.max_in_flight)
+
+    def distribution(self) -> str:
+        return "kvwire.testing.reference.store (the reference store backend shipped with kvwire)"
+
+    def open(self, *, timeout_s: float, max_in_flight: int | None = None, faults: FaultPlan | None = None,
+             hold: bool = False) -> Ends:
+        store = ReferenceStore()
+        gate = Gate()
+        schedule = CallFaults(faults.schedule if faults is not None else ())
+        end = ControlledStore(store, gate, faults, schedule)
+        source, sink = (self.make_backend(end, timeout_s=timeout_s, max_in_flight=max_in_flight or self.max_in_flight)
+                        for _ in range(2))
+        hint = Hint.of("store", namespace=NAMESPACE)
+        return Ends(source, sink, hint, hint, hold=gate.hold,
+                    extra={"store": store, "gate": gate, "schedule": schedule})
+
+    def make_backend(self, end: ControlledStore, *, timeout_s: float, max_in_flight: int) -> ReferenceStoreBackend:
+        """One end. Mutants of the reference backend override this."""
+        return ReferenceStoreBackend(end, namespace="default", timeout_s=timeout_s, max_in_flight=max_in_flight)
+
+    def close(self, ends: Ends) -> None:
+        _release(ends)
+        super().close(ends)
+
+
+class ControlledLink(Link):
+    """The fabric's link under a harness: messages handled by the serving peer wait at ``gate``
+    while it is held (it answers nothing), and the rows of names a :class:`FaultPlan` lists
+    reach the requester as a fault instead."""
+
+    def __init__(self, gate: Gate, plan: FaultPlan | None, serving: bytes) -> None:
+        self.gate = gate
+        self.plan = plan
+        self.serving = serving
+        self.names: dict[int, np.ndarray] = {}
+
+    def handle(self, at: bytes, message: Message, handler: Callable[[Message], None]) -> None:
+        if isinstance(message, Request) and self.plan:
+            self.names[message.ticket] = message.names
+        if isinstance(message, Rows) and self.plan and message.ticket in self.names:
+            count = message.data[0].shape[0] if message.data else 0
+            names = self.names.pop(message.ticket)[:count]
+            hit = faulted_rows(self.plan, "fetch", names) | faulted_rows(self.plan, "publish", names)
+            if hit.any():
+                message = Fault(message.ticket, f"injected fault: the server failed block {int(np.argmax(hit))}")
+        if at == self.serving:
+            with self.gate.passage():
+                handler(message)
+        else:
+            handler(message)
+
+
+class ReferencePeerHarness(Harness):
+    name = "reference-peer"
+    #: A fetch quiesces with its conclusion unless its rows are being written (one copy).
+    quiesce_grace_s = 2.0
+    max_in_flight = 16
+
+    def capabilities(self) -> Capabilities:
+        return peer_capabilities(self.max_in_flight)
+
+    def distribution(self) -> str:
+        return "kvwire.testing.reference.peer (the reference peer backend shipped with kvwire)"
+
+    def open(self, *, timeout_s: float, max_in_flight: int | None = None, faults: FaultPlan | None = None,
+             hold: bool = False) -> Ends:
+        if faults is not None and faults.schedule:
+            raise Unavailable("fault schedules are store-driver records; the reference peer injects faults by name")
+        gate = Gate()
+        fabric = Fabric()
+        bound = max_in_flight or self.max_in_flight
+        source = self.make_peer(fabric, "serving", timeout_s=timeout_s, max_in_flight=bound)
+        sink = self.make_peer(fabric, "pulling", timeout_s=timeout_s, max_in_flight=bound)
+        fabric.link = ControlledLink(gate, faults, source.address())
+        return Ends(source, sink, Hint.of("ticket", id=0), Hint.of("peer", address=source.address()),
+                    hold=gate.hold, extra={"gate": gate, "fabric": fabric})
+
+    def make_peer(self, fabric: Fabric, name: str, *, timeout_s: float, max_in_flight: int) -> ReferencePeer:
+        """One end. Mutants of the reference peer override this."""
+        return ReferencePeer(fabric, name, timeout_s=timeout_s, max_in_flight=max_in_flight)
+
+    def close(self, ends: Ends) -> None:
+        _release(ends)
+        super().close(ends)
+
+
+def _release(ends: Ends) -> None:
+    gate = ends.extra.get("gate")
+    if isinstance(gate, Gate):
+        gate.release()
+    schedule = ends.extra.get("schedule")
+    if isinstance(schedule, CallFaults):
+        schedule.release_all()
+
+
+store_harness = ReferenceStoreHarness()
+peer_harness = ReferencePeerHarness()

@@ -1,0 +1,503 @@
+"""The reference peer backend: :class:`ReferencePeer`, written directly on ``kvwire.contract``,
+that pulls blocks by name from another peer and serves such pulls (``serve-pulls``, N2), over an
+in-process network (:class:`Fabric`).
+
+The wire protocol, one message per arrow, each message handled on the receiving peer's worker
+thread (nothing shares an attempt across peers; they learn of each other only by messages)::
+
+    requester                                   server
+    fetch(view, Hint.of("peer", address=...))
+        ---- Request(ticket, groups, names) ---->  incoming() after a wake; the holder pins
+                                                   the held prefix and answers publish(view,
+                                                   ticket), or decline(request, reason)
+        <--- Rows(ticket, bytes of the prefix) --  the answer has copied its rows out: it
+                                                   quiesces, and waits for the Ack
+    writes the rows, concludes delivered
+        ---- Ack(ticket) ----------------------->  the answer concludes delivered
+        <--- Declined(ticket, reason) ---------    (instead of Rows) the fetch fails, DECLINED
+    cancel() or deadline: concludes at once
+        ---- Cancel(ticket) -------------------->  drops the request if not yet taken, or ends
+                                                   the answer: cancelled by the peer, so its
+                                                   holder unpins (N2)
+
+Where each clause is met: M3/M4 in :class:`~kvwire.contract.RegionTable`; H1, V4 and S3 in
+:meth:`ReferencePeer.fetch` and :meth:`ReferencePeer.publish` (every check before the queue slot,
+the slot before any message); A1-A4, A8, W1 in :mod:`kvwire.testing.reference.core`; N2 in the
+message handlers below. A requester marks exactly the rows the server sent (a prefix, possibly
+empty: a partial prefix delivers).
+
+The grace after a deadline (A8): a requester's fetch quiesces with its conclusion unless its
+worker is writing the answer's rows at that moment (one copy); an answer quiesces once its rows
+are copied out."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kvwire.contract import (
+    CONTRACT_VERSION,
+    SERVE_PULLS,
+    Backend,
+    Capabilities,
+    Cause,
+    Hint,
+    InvalidSubmission,
+    MemoryKind,
+    OtherEnd,
+    OutcomeStatus,
+    PullRequest,
+    RegionTable,
+    ServesPulls,
+    SlotRegion,
+    SubmissionRejected,
+    TableRegistration,
+    View,
+    WakeFn,
+)
+from kvwire.contract.regions import Located
+from kvwire.testing.reference.core import ReferenceAttempt, Reactor, read_rows, write_rows
+
+__all__ = ["ReferencePeer", "Fabric", "Link", "Request", "Rows", "Ack", "Cancel", "Declined", "Fault",
+           "peer_capabilities"]
+
+_PEER_FIELDS = frozenset({"address", "credentials"})
+
+
+def peer_capabilities(max_in_flight: int = 16) -> Capabilities:
+    return Capabilities(
+        contract_version=CONTRACT_VERSION,
+        fetch=True,
+        publish=True,
+        memory_kinds=frozenset({MemoryKind.HOST}),
+        other_end=OtherEnd.PEER,
+        content_addressed=True,
+        max_in_flight=max_in_flight,
+        cancellation=True,
+        protocols=frozenset({SERVE_PULLS}),
+    )
+
+
+# -- messages ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    ticket: int
+    reply_to: bytes
+    groups: tuple[int, ...]
+    slot_bytes: tuple[int, ...]
+    names: np.ndarray
+    credentials: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
+class Rows:
+    """The served prefix: ``data[g]`` holds the rows of requested group ``g`` (shape ``(count,
+    slot_bytes)``)."""
+
+    ticket: int
+    reply_to: bytes
+    data: tuple[np.ndarray, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    ticket: int
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    ticket: int
+
+
+@dataclass(frozen=True, slots=True)
+class Declined:
+    ticket: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    """The server failed the answer (a fault at the other end: the fetch fails with FAULT)."""
+
+    ticket: int
+    reason: str
+
+
+Message = Request | Rows | Ack | Cancel | Declined | Fault
+
+
+class Link:
+    """How a message reaches a peer. The plain link hands it over; a harness replaces it to hold
+    or fault messages (:mod:`kvwire.testing.reference.harness`)."""
+
+    def send(self, fabric: Fabric, to: bytes, message: Message) -> bool:
+        """Deliver ``message`` to the peer at ``to``; false when nobody answers there."""
+        with fabric.lock:
+            peer = fabric.peers.get(to)
+        if peer is None:
+            return False
+        return peer.receive(message)
+
+    def handle(self, at: bytes, message: Message, handler: Callable[[Message], None]) -> None:
+        """Called on the receiving peer's worker thread: let the peer at ``at`` act on
+        ``message`` (``handler``). A harness's link may wait here, or hand over another message."""
+        handler(message)
+
+
+@dataclass
+class Fabric:
+    """The in-process network: peers by address."""
+
+    peers: dict[bytes, ReferencePeer] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    link: Link = field(default_factory=Link)
+    tickets: itertools.count = field(default_factory=lambda: itertools.count(1))  # type: ignore[type-arg]
+
+
+class _Pull(ReferenceAttempt):
+    """A requester's fetch: where its rows go, and the server it asked."""
+
+    def __init__(self, reactor: Reactor, view: View, wake: WakeFn, timeout_s: float, located: tuple[Located, ...],
+                 server: bytes, ticket: int) -> None:
+        super().__init__(reactor, "fetch", view, wake, timeout_s)
+        self.located = located
+        self.server = server
+        self.ticket = ticket
+        self.peer: ReferencePeer | None = None
+
+    def conclude_locked(self, status: OutcomeStatus, cause: Cause | None = None, reason: str | None = None,
+                        *, by_peer: bool = False) -> bool:
+        concluded = super().conclude_locked(status, cause, reason, by_peer=by_peer)
+        if concluded and self.peer is not None:
+            self.peer._pull_ended_locked(self)
+        return concluded
+
+
+class _Answer(ReferenceAttempt):
+    """A server's publish answering a pull."""
+
+    def __init__(self, reactor: Reactor, view: View, wake: WakeFn, timeout_s: float, located: tuple[Located, ...],
+                 ticket: int, reply_to: bytes) -> None:
+        super().__init__(reactor, "publish", view, wake, timeout_s)
+        self.located = located
+        self.ticket = ticket
+        self.reply_to = reply_to
+
+
+class ReferencePeer(Backend, ServesPulls):
+    """One peer on a :class:`Fabric`, reachable at ``address()``. Fetches pull from the peer a
+    ``Hint.of("peer", address=...)`` names; publishes answer pulls (``Hint`` of kind ``ticket``
+    from a :class:`~kvwire.contract.PullRequest`)."""
+
+    def __init__(self, fabric: Fabric, name: str, *, timeout_s: float = 30.0, max_in_flight: int = 16) -> None:
+        self._fabric = fabric
+        self._name = name
+        self._timeout_s = float(timeout_s)
+        self._capabilities = peer_capabilities(max_in_flight)
+        self._table = RegionTable(self._capabilities.memory_kinds)
+        self._reactor = Reactor(f"kvwire-reference-peer-{name}", max_in_flight)
+        # requester side: pulls waiting for the server's answer, and messages to send
+        self._pulls: dict[int, _Pull] = {}
+        self._outbox: list[tuple[bytes, Message]] = []
+        # server side, by ticket: requests not yet taken through incoming(), requests taken and
+        # not yet answered, where each request's answer goes, and answers waiting for an Ack
+        self._requests: dict[int, PullRequest] = {}
+        self._taken: set[int] = set()
+        self._withdrawn: set[int] = set()  # taken, then cancelled by the requester before the answer
+        self._replies: dict[int, bytes] = {}
+        self._answers: dict[int, _Answer] = {}
+        self._serving_wake: WakeFn | None = None
+        with fabric.lock:
+            if self.address() in fabric.peers:
+                raise ValueError(f"a peer named {name!r} is already on this fabric")
+            fabric.peers[self.address()] = self
+
+    # -- declared and registered ---------------------------------------------------------------
+
+    def capabilities(self) -> Capabilities:
+        return self._capabilities
+
+    def address(self) -> bytes:
+        return f"reference/{self._name}".encode()
+
+    def register_regions(self, regions: Sequence[SlotRegion]) -> TableRegistration:
+        return self._table.register(regions)
+
+    def _send(self, to: bytes, message: Message) -> bool:
+        return self._fabric.link.send(self._fabric, to, message)
+
+    # -- requesting: fetch --------------------------------------------------------------------
+
+    def fetch(self, view: View, hint: Hint, wake: WakeFn) -> ReferenceAttempt:
+        """Pull the view's blocks by name from the peer the hint names."""
+        reactor = self._reactor
+        if reactor.closed:
+            raise SubmissionRejected("this peer is shut down; it takes no fetch")
+        server, credentials = self._peer_of(hint)
+        located = self._table.locate_view(view)
+        if view.overlapping_rows() is not None:
+            raise InvalidSubmission("fetch rows overlap: two rows locate the same memory (V4)")
+        if not view.groups:
+            raise InvalidSubmission("a pull names at least one layer group")
+        first = view.groups[0].names
+        for group in view.groups:
+            if group.names is None:
+                raise InvalidSubmission(f"group {group.group_id} carries no names; a pull names its blocks")
+            if first is None or not np.array_equal(group.names, first):
+                raise InvalidSubmission("a pull names each block once for every group: the groups' names must agree")
+        assert first is not None
+        ticket = next(self._fabric.tickets)
+        timeout_s = self._timeout_s if hint.timeout_s is None else hint.timeout_s
+        pull = _Pull(reactor, view, wake, timeout_s, located, server, ticket)
+        pull.peer = self
+        with reactor.lock:
+            reactor.admit_locked(pull, "fetch")
+            self._pulls[ticket] = pull
+        request = Request(ticket, self.address(), tuple(g.group_id for g in view.groups),
+                          tuple(g.region.slot_bytes for g in view.groups), first, credentials)
+        if not self._send(server, request):
+            with reactor.lock:
+                self._pulls.pop(ticket, None)
+                pull.conclude_locked(OutcomeStatus.FAILED, Cause.PEER_GONE,
+                                     f"no peer answers at {server!r}")
+        return pull
+
+    def _peer_of(self, hint: Hint) -> tuple[bytes, bytes]:
+        """H1: ``Hint.of("peer", address=bytes[, credentials=bytes])``, nothing else."""
+        if not isinstance(hint, Hint) or hint.kind != "peer":
+            raise InvalidSubmission(f"a fetch takes a hint of kind 'peer' naming the serving peer, got {hint!r}")
+        unknown = sorted(k for k, _ in hint.fields if k not in _PEER_FIELDS)
+        if unknown:
+            raise InvalidSubmission(f"peer hint field(s) {', '.join(map(repr, unknown))} are not understood; a peer "
+                                    f"hint carries: {', '.join(sorted(_PEER_FIELDS))}")
+        address, credentials = hint.get("address"), hint.get("credentials", b"")
+        if not isinstance(address, bytes) or not address:
+            raise InvalidSubmission(f"peer hint field 'address' must be non-empty bytes, got {address!r}")
+        if not isinstance(credentials, bytes):
+            raise InvalidSubmission(f"peer hint field 'credentials' must be bytes, got {type(credentials).__name__}")
+        return address, credentials
+
+    # -- serving (N2) ---------------------------------------------------------------------------
+
+    def serve(self, wake: WakeFn) -> None:
+        with self._reactor.lock:
+            self._serving_wake = wake
+
+    def incoming(self) -> tuple[PullRequest, ...]:
+        with self._reactor.lock:
+            taken = tuple(self._requests.values())
+            self._taken.update(self._requests)
+            self._requests.clear()
+        return taken
+
+    def decline(self, request: PullRequest, reason: str) -> None:
+        ticket = _ticket_of(request.ticket)
+        with self._reactor.lock:
+            reply_to = self._replies.pop(ticket, None) if ticket in self._taken else None
+            self._taken.discard(ticket)
+            self._withdrawn.discard(ticket)
+        if reply_to is not None:
+            self._send(reply_to, Declined(ticket, str(reason) or "declined"))
+
+    def publish(self, view: View, hint: Hint, wake: WakeFn) -> ReferenceAttempt:
+        """Answer a pull: send the view's rows (the held prefix, in the request's group order)."""
+        reactor = self._reactor
+        if reactor.closed:
+            raise SubmissionRejected("this peer is shut down; it takes no publish")
+        if not isinstance(hint, Hint) or hint.kind != "ticket" or not isinstance(hint.get("id"), int):
+            raise InvalidSubmission(f"a peer publishes only to answer a pull, with the request's ticket; got {hint!r}")
+        if {k for k, _ in hint.fields} != {"id"}:
+            raise InvalidSubmission(f"a ticket hint carries only 'id', got {hint!r}")
+        ticket = _ticket_of(hint)
+        located = self._table.locate_view(view)
+        counts = {g.rows for g in view.groups}
+        if len(counts) > 1:
+            raise InvalidSubmission(f"an answer sends the same prefix in every group, got row counts {sorted(counts)}")
+        timeout_s = self._timeout_s if hint.timeout_s is None else hint.timeout_s
+        with reactor.lock:
+            if ticket in self._withdrawn:
+                # The requester cancelled after the holder took its request: the answer ends at
+                # once, cancelled by the peer, and touches nothing.
+                answer = _Answer(reactor, view, wake, timeout_s, located, ticket, b"")
+                reactor.admit_locked(answer, "publish")
+                self._withdrawn.discard(ticket)
+                answer.conclude_locked(OutcomeStatus.CANCELLED, Cause.PEER_CANCELLED,
+                                       "the requesting peer cancelled the pull", by_peer=True)
+                return answer
+            if ticket not in self._taken:
+                raise InvalidSubmission(f"ticket {ticket} names no pull this peer has taken through incoming() "
+                                        "and not yet answered")
+            answer = _Answer(reactor, view, wake, timeout_s, located, ticket, self._replies[ticket])
+            reactor.admit_locked(answer, "publish")
+            self._taken.discard(ticket)
+            del self._replies[ticket]
+            self._answers[ticket] = answer
+        reactor.run(lambda: self._send_rows(answer))
+        return answer
+
+    def _send_rows(self, answer: _Answer) -> None:
+        """Worker: copy the answer's rows out, quiesce, send them; conclude on the Ack."""
+        with self._reactor.lock:
+            if not answer.touch_locked():
+                return
+        data = tuple(read_rows(loc, g.region.slot_bytes) for g, loc in zip(answer.view.groups, answer.located,
+                                                                           strict=True))
+        with self._reactor.lock:
+            answer.untouch_locked()
+            answer.end_access_locked()  # A2: quiesced before concluded; the Ack concludes it
+        if not self._send(answer.reply_to, Rows(answer.ticket, self.address(), data)):
+            with self._reactor.lock:
+                self._answers.pop(answer.ticket, None)
+                answer.conclude_locked(OutcomeStatus.FAILED, Cause.PEER_GONE, "the requesting peer is gone")
+
+    # -- receiving ----------------------------------------------------------------------------
+
+    def receive(self, message: Message) -> bool:
+        """Called by the fabric from the sender's thread: queue ``message`` for our worker."""
+        with self._reactor.lock:
+            if self._reactor.closed and not isinstance(message, (Cancel, Ack)):
+                closed = True
+            else:
+                closed = False
+        if closed:
+            if isinstance(message, Request):
+                self._send(message.reply_to, Declined(message.ticket, "the serving peer shut down"))
+            return True
+        self._reactor.run(lambda: self._fabric.link.handle(self.address(), message, self._handle))
+        return True
+
+    def _handle(self, message: Message) -> None:
+        """Worker: act on one message (through the fabric's link, which may hold or fault it)."""
+        if isinstance(message, Request):
+            self._on_request(message)
+        elif isinstance(message, Rows):
+            self._on_rows(message)
+        elif isinstance(message, Ack):
+            with self._reactor.lock:
+                answer = self._answers.pop(message.ticket, None)
+                if answer is not None:
+                    # The requester holds the served prefix now (A5: the rows the other end holds).
+                    for mask, group in zip(answer.moved, answer.view.groups, strict=True):
+                        mask[: group.rows] = True
+                    answer.conclude_locked(OutcomeStatus.DELIVERED)
+        elif isinstance(message, Cancel):
+            self._on_cancel(message)
+        else:
+            with self._reactor.lock:
+                pull = self._pulls.get(message.ticket)
+                if pull is not None:
+                    if isinstance(message, Declined):
+                        # The server holds nothing for a declined pull: nothing to tell it.
+                        del self._pulls[message.ticket]
+                        pull.conclude_locked(OutcomeStatus.FAILED, Cause.DECLINED, message.reason)
+                    else:
+                        # A fault: the pull ends, and the Cancel it sends ends the server's answer.
+                        pull.conclude_locked(OutcomeStatus.FAILED, Cause.FAULT, message.reason)
+
+    def _on_request(self, message: Request) -> None:
+        with self._reactor.lock:
+            wake = self._serving_wake
+            if wake is not None:
+                request = PullRequest(Hint.of("ticket", id=message.ticket), message.groups, message.slot_bytes,
+                                      message.names, peer=message.reply_to.decode(errors="replace"),
+                                      credentials=message.credentials)
+                self._requests[message.ticket] = request
+                self._replies[message.ticket] = message.reply_to
+                self._reactor.later_locked(wake)  # W1: after the request is visible
+        if wake is None:
+            self._send(message.reply_to, Declined(message.ticket, "the peer is not serving pulls"))
+
+    def _on_rows(self, message: Rows) -> None:
+        with self._reactor.lock:
+            pull = self._pulls.pop(message.ticket, None)
+            # A pull that ended (cancel, deadline) already told the server with a Cancel.
+            if pull is None or not pull.touch_locked():
+                return
+        count = message.data[0].shape[0] if message.data else 0
+        fits = len(message.data) == len(pull.view.groups) and all(
+            d.shape == (count, g.region.slot_bytes) and count <= g.rows
+            for d, g in zip(message.data, pull.view.groups, strict=False))
+        if fits:
+            for group, located, data in zip(pull.view.groups, pull.located, message.data, strict=True):
+                write_rows(located, group.region.slot_bytes, np.arange(count), data)
+        delivered = False
+        with self._reactor.lock:
+            pull.untouch_locked()
+            if not fits:
+                pull.conclude_locked(OutcomeStatus.FAILED, Cause.FAULT, "the server's answer does not fit the pull")
+            elif pull.outcome is None:
+                for mask in pull.moved:
+                    mask[:count] = True  # N2: the served prefix, nothing beyond
+                delivered = pull.conclude_locked(OutcomeStatus.DELIVERED)
+        # The server's answer ends either way: held by us (Ack), or not (Cancel: cancelled while
+        # its rows were being written, or they did not fit).
+        self._send(message.reply_to, Ack(message.ticket) if delivered else Cancel(message.ticket))
+
+    def _on_cancel(self, message: Cancel) -> None:
+        with self._reactor.lock:
+            self._requests.pop(message.ticket, None)
+            if message.ticket in self._taken:
+                self._taken.discard(message.ticket)
+                self._withdrawn.add(message.ticket)
+            self._replies.pop(message.ticket, None)
+            answer = self._answers.pop(message.ticket, None)
+            if answer is not None:
+                answer.conclude_locked(OutcomeStatus.CANCELLED, Cause.PEER_CANCELLED,
+                                       "the requesting peer cancelled the pull", by_peer=True)
+
+    # -- a pull that ends before its answer tells the server (N2) -----------------------------
+
+    def _pull_ended_locked(self, pull: _Pull) -> None:
+        """``pull`` concluded. If no answer ended it (a cancel, the deadline, shutdown), tell the
+        server, so that its holder's pins do not wait for the answer's own deadline."""
+        if self._pulls.pop(pull.ticket, None) is not None:
+            self._outbox.append((pull.server, Cancel(pull.ticket)))
+            self._reactor.run(self._flush)
+
+    def _flush(self) -> None:
+        """Send what the outbox holds, outside the lock (a peer never sends while holding it)."""
+        with self._reactor.lock:
+            out, self._outbox = self._outbox, []
+        for to, message in out:
+            self._send(to, message)
+
+    # -- lifecycle (B3) -----------------------------------------------------------------------
+
+    def shutdown(self) -> frozenset[ReferenceAttempt]:
+        reactor = self._reactor
+        with reactor.lock:
+            reactor.closed = True
+            self._table.close()
+            for attempt in list(reactor.live):
+                attempt.conclude_locked(OutcomeStatus.CANCELLED, Cause.SHUTDOWN, "the peer shut down")
+            pending_requests = [(t, self._replies.get(t)) for t in (*self._requests, *self._taken)]
+            self._requests.clear()
+            self._taken.clear()
+            self._withdrawn.clear()
+            self._replies.clear()
+            pending = frozenset(a for a in reactor.live if not a.quiesced())
+        self._flush()
+        for ticket, reply_to in pending_requests:
+            if reply_to is not None:
+                self._send(reply_to, Declined(ticket, "the serving peer shut down"))
+        if not pending:
+            with self._fabric.lock:
+                if self._fabric.peers.get(self.address()) is self:
+                    del self._fabric.peers[self.address()]
+            reactor.stop()
+        return pending
+
+    def __repr__(self) -> str:
+        return f"ReferencePeer({self._name!r}, {len(self._reactor.live)} in flight)"
+
+
+def _ticket_of(hint: Hint) -> int:
+    ticket = hint.get("id")
+    if not isinstance(ticket, int) or isinstance(ticket, bool):
+        raise InvalidSubmission(f"a ticket hint carries an int 'id', got {hint!r}")
+    return ticket
