@@ -175,11 +175,25 @@ class Harness(abc.ABC):
         clients). The suite calls it once, after the last test. The default does nothing."""
 
     def capabilities(self) -> Capabilities:
-        """What the backend declares, without building one. The default asks the plugin
-        registered under :attr:`name`."""
-        from kvwire.registry import load
+        """What the backend declares. The default asks the plugin registered under :attr:`name`
+        (without building a backend); for a harness whose backend is not an installed plugin
+        (``--kvwire-harness`` under a new name) it builds one pair of ends once and asks the
+        source backend. Override it to declare without building."""
+        from kvwire.registry import ConfigError, load
 
-        return load(self.name).capabilities
+        try:
+            return load(self.name).capabilities
+        except ConfigError:
+            pass  # not an installed plugin: ask a built backend
+        cached = getattr(self, "_built_capabilities", None)
+        if cached is None:
+            ends = self.open(timeout_s=60.0)
+            try:
+                cached = ends.source.capabilities()
+            finally:
+                self.close(ends)
+            self._built_capabilities = cached
+        return cached
 
     def distribution(self) -> str:
         """``"name version"`` of the distribution that provides the backend, for the report."""

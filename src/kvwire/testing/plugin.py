@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -192,6 +193,49 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         }
 
 
+#: A failure message names the clause it enforces first: "A7: ...", "S3.1/H1: ...".
+_BROKEN = re.compile(r"^\s*(?:AssertionError: )?((?:[AMVHSWBNL][0-9]{1,2})(?:\.[0-9]+)?)(?=[:/ ])")
+
+
+def _failures(exc: BaseException) -> list[BaseException]:
+    """The leaf exceptions of ``exc``: a hypothesis ``ExceptionGroup`` holds one per distinct
+    failing example."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _failures(inner)]
+    return [exc]
+
+
+def broken_rules(exc: BaseException) -> tuple[list[str], str]:
+    """The clauses a suite failure names (from each leaf's message) and the first leaf's
+    message, so a report says which rule broke even when a test of another rule tripped on it."""
+    rules: list[str] = []
+    first = ""
+    for leaf in _failures(exc):
+        text = str(leaf).strip()
+        if not first and text:
+            first = f"{type(leaf).__name__}: {text.splitlines()[0]}" if not isinstance(leaf, AssertionError) \
+                else text.splitlines()[0]
+        match = _BROKEN.match(text)
+        if match and match.group(1) not in rules:
+            rules.append(match.group(1))
+    return rules, first
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    outcome = yield
+    report: pytest.TestReport = outcome.get_result()
+    if call.excinfo is None or not report.failed or "kvwire_target" not in getattr(item, "fixturenames", ()):
+        return
+    rules, first = broken_rules(call.excinfo.value)
+    report.user_properties.append(("kvwire_rules", rules))
+    report.user_properties.append(("kvwire_reason", first))
+    test_rule = item.name.removeprefix("test_").split("_")[0]
+    if rules:
+        where = "" if rules[0].split(".")[0] == test_rule else f" (found by {getattr(item, 'originalname', item.name)})"
+        report.sections.append(("kvwire: rule broken", f"{', '.join(rules)}{where}: {first}"))
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     results = _results
     if results is None:
@@ -206,7 +250,9 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         entry["reason"] = reason.removeprefix("Skipped: ")
     elif report.failed:
         entry["outcome"] = "failed"
-        entry["reason"] = _first_line(report.longreprtext)
+        props = dict(report.user_properties)
+        entry["reason"] = props.get("kvwire_reason") or _first_line(report.longreprtext)
+        entry["broken"] = list(props.get("kvwire_rules", []))
 
 
 def _first_line(text: str) -> str:
