@@ -141,7 +141,7 @@ class LenderMachine(RuleBasedStateMachine):
         )
         moves = any(c != upto for c in m.checkpoints.values())
         busy = busy or moves and any(
-            lm.owner is m and lm.lease.kind is LeaseKind.READ and not lm.lease.staged and lm.lease._state
+            lm.owner is m and lm.lease.kind is LeaseKind.READ and not lm.lease.staged and lm.lease.rows.state
             for lm in self.leases
         )
         if busy:
@@ -201,7 +201,7 @@ class LenderMachine(RuleBasedStateMachine):
             assert torch.equal(self.location(lease, k)[int(group.slots[row])], page(key, spec)), \
                 f"{lease} group {group.group_id} row {row} does not hold what its name promises"
             if lease.staged and group.kind is CacheKind.PAGED:  # a staged state is a snapshot; the model may move on
-                pool_slot = int(lease._block_slots[row])
+                pool_slot = int(lease.rows.block_slots[row])
                 assert torch.equal(self.lender.pool(group.group_id)[pool_slot], page(key, spec))
 
     @precondition(lambda self: self.open_requests())
@@ -209,7 +209,7 @@ class LenderMachine(RuleBasedStateMachine):
     def lend_read(self, data: st.DataObject, staging: bool) -> None:
         m = data.draw(st.sampled_from(self.open_requests()))
         rows = m.request.committed_blocks + int(any(m.checkpoints.values()))
-        if any(m.checkpoints.values()) and any(lm.lease._state for lm in self.writing(m)):
+        if any(m.checkpoints.values()) and any(lm.lease.rows.state for lm in self.writing(m)):
             try:
                 self.lender.lend_read(m.request, staging=staging)
             except LeaseError:
@@ -224,7 +224,7 @@ class LenderMachine(RuleBasedStateMachine):
         lease = self.lender.lend_read(m.request, staging=staging)
         assert lease.kind is LeaseKind.READ
         paged_rows = m.request.committed_blocks
-        lm = LeaseModel(lease, m, rows if staging else 0, paged_rows + len(lease._state))
+        lm = LeaseModel(lease, m, rows if staging else 0, paged_rows + len(lease.rows.state))
         lm.keys = self._read_keys(lease, m)
         self.leases.append(lm)
         self._check_read_rows(lm)
@@ -245,7 +245,7 @@ class LenderMachine(RuleBasedStateMachine):
             )
             for lm in self.writing(m)
         ) or wants_state and any(
-            lm.owner is m and lm.lease.kind is LeaseKind.READ and not lm.lease.staged and lm.lease._state
+            lm.owner is m and lm.lease.kind is LeaseKind.READ and not lm.lease.staged and lm.lease.rows.state
             for lm in self.leases
         )
         if clash:
@@ -270,7 +270,7 @@ class LenderMachine(RuleBasedStateMachine):
                 if g.kind is CacheKind.STATE:
                     m.checkpoints[g.group_id] = None
         assert sum(g.kind is CacheKind.STATE for g in lease.view.groups) == (len(self.states) if wants_state else 0)
-        self.leases.append(LeaseModel(lease, m, rows if staging else 0, (end - first) + len(lease._state)))
+        self.leases.append(LeaseModel(lease, m, rows if staging else 0, (end - first) + len(lease.rows.state)))
 
     @rule(prompt_index=st.integers(0, 50), start=st.integers(0, 2), corrupt=st.integers(-1, 3),
           staging=st.booleans(), foreign=st.booleans())
@@ -341,7 +341,7 @@ class LenderMachine(RuleBasedStateMachine):
                     pool_slot = owner.request.state_slots[group.group_id]
                 else:
                     key = group.name(row)
-                    pool_slot = int(lease._block_slots[row])
+                    pool_slot = int(lease.rows.block_slots[row])
                 target[int(slot)] = page(key, spec) if bits[row] else garbage(spec)
                 if lease.staged and not bits[row]:
                     untouched[(group.group_id, pool_slot)] = self.lender.pool(group.group_id)[pool_slot].clone()
@@ -398,7 +398,7 @@ class LenderMachine(RuleBasedStateMachine):
 
     @invariant()
     def pins_balance(self) -> None:
-        expected = sum(m.request.block_table.size + len(m.request._extra_pins) + int(bool(self.states))
+        expected = sum(m.request.block_table.size + len(m.request.extra_pins) + int(bool(self.states))
                        for m in self.requests)
         expected += sum(lm.pins for lm in self.leases)
         assert self.lender.pins() == expected

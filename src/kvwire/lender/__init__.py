@@ -4,7 +4,7 @@ the lease holder (the runtime) drives it and a backend together."""
 
 from kvwire.lender.errors import CacheFull, LeaseError, LenderError, StagingBusy
 from kvwire.lender.layout import CacheLayout, GroupSpec, Scope
-from kvwire.lender.lease import Lease, LeaseKind
+from kvwire.lender.lease import Lease, LeasedRows, LeaseKind, LeaseOwner
 from kvwire.lender.lender import Lender
 from kvwire.lender.names import NAME_BYTES
 from kvwire.lender.request import Request
@@ -17,6 +17,8 @@ __all__ = [
     "Request",
     "Lease",
     "LeaseKind",
+    "LeaseOwner",
+    "LeasedRows",
     "LenderError",
     "CacheFull",
     "StagingBusy",

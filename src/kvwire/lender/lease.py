@@ -11,19 +11,17 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from kvwire.contract import View
 from kvwire.lender.errors import LeaseError
+from kvwire.lender.request import Request
 
-if TYPE_CHECKING:
-    from kvwire.lender.lender import Lender
-    from kvwire.lender.request import Request
-
-__all__ = ["Lease", "LeaseKind"]
+__all__ = ["Lease", "LeaseKind", "LeaseOwner", "LeasedRows"]
 
 log = logging.getLogger(__name__)
 
@@ -34,30 +32,56 @@ class LeaseKind(enum.Enum):
     NAMES = "names"    # rows found by name in the reuse tree, to serve a request-free pull
 
 
+@dataclass(frozen=True, slots=True)
+class LeasedRows:
+    """What a lease holds in its lender's cache, as the lender lent it (read-only arrays): the
+    pool slots of its PAGED rows, the request's block index of each (a WRITE lease), the view
+    group of each PAGED group in layout order, ``(view group, group id, state slot)`` per STATE
+    row, and its staging rows (PAGED rows, then one state row), if staged."""
+
+    block_slots: np.ndarray
+    block_index: np.ndarray | None
+    paged_pos: tuple[int, ...]
+    state: tuple[tuple[int, int, int], ...]
+    stage_rows: np.ndarray | None
+
+    def __post_init__(self) -> None:
+        for array in (self.block_slots, self.block_index, self.stage_rows):
+            if array is not None:
+                array.setflags(write=False)
+
+
+class LeaseOwner(Protocol):
+    """What a :class:`Lease` asks of the lender that lent it; it asks nothing else."""
+
+    def lease_marked(self, lease: Lease, masks: tuple[np.ndarray, ...]) -> None:
+        """A WRITE lease's checked masks: make its marked rows valid rows of its request. Called
+        once, with the lease's lock held."""
+
+    def lease_released(self, lease: Lease) -> None:
+        """Give back the lease's pins, staging rows and write claims. Called once, with the
+        lease's lock held."""
+
+
 class Lease:
-    """Made only by a :class:`~kvwire.lender.Lender`. Usable as a context manager: leaving the
-    ``with`` block releases it, also when the block raises."""
+    """Made only by a lender (a :class:`LeaseOwner`), complete: its view and the event that
+    completes the copies into the view's rows are given at construction. Usable as a context
+    manager: leaving the ``with`` block releases it, also when the block raises."""
 
     __slots__ = (
-        "_lender", "kind", "view", "found", "request", "_block_slots", "_block_index", "_paged_pos", "_state",
-        "_stage_rows", "_event", "_masks", "_released", "_lock", "staged",
+        "_owner", "kind", "view", "found", "request", "rows", "_event", "_masks", "_released", "_lock", "staged",
     )
 
-    def __init__(self, lender: Lender, kind: LeaseKind, view: View, *, found: int, request: Request | None,
-                 block_slots: np.ndarray, block_index: np.ndarray | None, paged_pos: tuple[int, ...],
-                 state: tuple[tuple[int, int, int], ...], stage_rows: np.ndarray | None, event: Any) -> None:
-        self._lender = lender
+    def __init__(self, owner: LeaseOwner, kind: LeaseKind, view: View, rows: LeasedRows, *, found: int,
+                 request: Request | None, event: Any) -> None:
+        self._owner = owner
         self.kind = kind
         self.view = view
         #: Rows of each PAGED group: for a NAMES lease, how many leading names the tree held.
         self.found = found
         self.request = request
-        self._block_slots = block_slots
-        self._block_index = block_index
-        self._paged_pos = paged_pos  # view group index of each PAGED group, in layout order
-        self._state = state  # (view group index, group id, state slot) per STATE row
-        self._stage_rows = stage_rows
-        self.staged = stage_rows is not None
+        self.rows = rows
+        self.staged = rows.stage_rows is not None
         self._event = event
         self._masks: tuple[np.ndarray, ...] | None = None
         self._released = False
@@ -112,7 +136,7 @@ class Lease:
                 raise LeaseError("mark_arrived was already called on this lease; masks are taken once")
             self._masks = checked
             if self.kind is LeaseKind.WRITE:
-                self._lender._settle_write(self, checked)
+                self._owner.lease_marked(self, checked)
         return int(sum(int(np.count_nonzero(m)) for m in checked))
 
     def _check_masks(self, masks: Sequence[np.ndarray]) -> tuple[np.ndarray, ...]:
@@ -146,10 +170,10 @@ class Lease:
             if self._released:
                 return
             self._released = True
-            if self._event is not None and self._stage_rows is not None:
+            if self._event is not None and self.staged:
                 # A staging copy may still be writing the rows about to be given back.
                 self._event.synchronize()
-            self._lender._return(self)
+            self._owner.lease_released(self)
 
     def __enter__(self) -> Lease:
         return self

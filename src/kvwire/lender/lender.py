@@ -18,8 +18,8 @@ import torch
 from kvwire.contract import CacheKind, LayerGroupRows, MemoryKind, SlotRegion, TokenRange, View
 from kvwire.lender.errors import CacheFull, LeaseError
 from kvwire.lender.layout import CacheLayout, Scope
-from kvwire.lender.lease import Lease, LeaseKind
-from kvwire.lender.names import chain_names, name_keys, names_array, state_name, token_array
+from kvwire.lender.lease import Lease, LeasedRows, LeaseKind
+from kvwire.lender.names import chain_names, name_keys, names_array, token_array
 from kvwire.lender.request import Request
 from kvwire.lender.staging import StagingArea
 from kvwire.lender.tree import ReuseTree
@@ -188,9 +188,9 @@ class Lender:
                 self._state_refs[state_slot] += 1
             table = np.concatenate([shared, fresh]).astype(np.int64)
             request = Request(
-                next(self._ids), toks, capacity, self._bt, table,
+                next(self._ids), toks, capacity, self._bt, self.scope_digest, table,
                 {self.layout.groups[i].group_id: state_slot for i in self._state},
-                keys, names_array(keys), len(self._paged), int(shared.size),
+                keys, len(self._paged), int(shared.size),
             )
             self._open_requests[request.request_id] = request
         log.debug("opened %r", request)
@@ -202,20 +202,7 @@ class Lender:
         new = token_array(tokens)
         with self._lock:
             self._check_open(request)
-            end = request._length + new.size
-            if end > request._token_buf.size:
-                raise ValueError(
-                    f"request {request.request_id} has room for {request._token_buf.size} tokens; "
-                    f"extending by {new.size} would make {end} (open it with a larger max_new_tokens)"
-                )
-            request._token_buf[request._length:end] = new
-            request._length = end
-            known = len(request._keys)
-            parent = request._keys[-1] if known else self.scope_digest
-            more = chain_names(request._token_buf[:end], self._bt, parent, known)
-            if more:
-                request._keys.extend(more)
-                request._names = np.concatenate([request._names, names_array(more)])
+            request.extend(new)
 
     def commit(self, request: Request, upto_tokens: int, *, state_tokens: int | None = None) -> None:
         """Declares the request's pages written for tokens ``[0, upto_tokens)`` (the model calls
@@ -225,62 +212,36 @@ class Lender:
         STATE groups' checkpoint becomes ``state_tokens`` (default ``upto_tokens``): the token at
         which the model wrote the state. The model must not write a state slot that an unstaged
         read lease lends; a commit that would move such a state raises :class:`LeaseError`."""
+        checkpoint = upto_tokens if state_tokens is None else state_tokens
         with self._lock:
             self._check_open(request)
-            if not 0 <= upto_tokens <= request._length:
-                raise ValueError(
-                    f"upto_tokens must lie in [0, {request._length}] for request {request.request_id}, got {upto_tokens}"
-                )
-            stop = upto_tokens // self._bt
-            start = request._committed
-            if stop > start and request._writing[start:stop].any():
-                busy = start + int(np.argmax(request._writing[start:stop]))
-                raise LeaseError(
-                    f"block {busy} of request {request.request_id} is lent for writing; release the write lease before commit"
-                )
-            checkpoint = upto_tokens if state_tokens is None else state_tokens
-            if self._state:
-                if request._state_writing:
-                    raise LeaseError(f"the state of request {request.request_id} is lent for writing; release first")
-                moves = any(c != checkpoint for c in request._checkpoints.values())
-                if moves and request._state_reading:
-                    raise LeaseError(
-                        f"the state of request {request.request_id} is lent for reading in place; release that "
-                        "lease (or lend it staged, which reads a copy) before the state moves"
-                    )
-                if not 0 <= checkpoint <= request._length:
-                    raise ValueError(f"state_tokens must lie in [0, {request._length}], got {checkpoint}")
-            request._valid[:, :stop] = True
+            request.check_commit(upto_tokens, checkpoint, bool(self._state))
             tree = self._tree
-            table = request._block_table
-            keys = request._keys
-            for i in range(start, stop):
-                held = tree.index.get(keys[i])
+            table = request.block_table
+            extra: list[int] = []
+            for i in range(request.committed_blocks, upto_tokens // self._bt):
+                key = request.block_key(i)
+                held = tree.index.get(key)
                 slot = int(table[i])
                 if held is None:
-                    parent = tree.index.get(keys[i - 1], -1) if i else -1
-                    tree.insert(slot, keys[i], i, parent)
+                    parent = tree.index.get(request.block_key(i - 1), -1) if i else -1
+                    tree.insert(slot, key, i, parent)
                 elif held != slot:
                     tree.pin(np.array([held], dtype=np.int64))
-                    request._extra_pins.append(held)
-            request._committed = max(start, stop)
-            request._computed = max(request._computed, upto_tokens)
-            for i in self._state:
-                request._checkpoints[self.layout.groups[i].group_id] = checkpoint
+                    extra.append(held)
+            request.committed(upto_tokens, checkpoint, extra)
 
     def close_request(self, request: Request) -> None:
         """Drops the request's pins; idempotent. Its committed blocks stay in the tree (evictable
         once no lease pins them); the others are free once no lease pins them."""
         with self._lock:
-            if request._closed:
+            extra = request.close()
+            if extra is None:
                 return
-            request._closed = True
             self._open_requests.pop(request.request_id, None)
-            self._tree.unpin(request._block_table)
-            if request._extra_pins:
-                self._tree.unpin(np.array(request._extra_pins, dtype=np.int64))
-                request._extra_pins.clear()
-            for slot in set(request._state_slots.values()):
+            self._tree.unpin(request.block_table)
+            self._tree.unpin(extra)
+            for slot in set(request.state_slots.values()):
                 self._state_refs[slot] -= 1
         log.debug("closed %r", request)
 
@@ -289,25 +250,7 @@ class Lender:
         stops it (a block counts when committed or marked arrived whole); a STATE group counts
         only at its exact checkpoint, which must not pass the paged bound (else 0)."""
         with self._lock:
-            length = request._length
-            if self._paged:
-                whole = length // self._bt
-                complete = request._valid[:, :whole].all(axis=0)
-                gap = int(np.argmin(complete)) if not complete.all() else whole
-                bound = gap * self._bt
-                if gap >= request._computed // self._bt:
-                    bound = max(bound, min(request._computed, length))
-            else:
-                bound = length
-            if not self._state:
-                return bound
-            points = set(request._checkpoints.values())
-            if len(points) != 1:
-                return 0
-            (point,) = points
-            if point is None or point > bound:
-                return 0
-            return point
+            return request.resume_bounds(bool(self._paged), bool(self._state))
 
     # -- leases ------------------------------------------------------------------------------
 
@@ -317,27 +260,22 @@ class Lender:
         staging rows, filled from the pool before the lease is ready."""
         with self._lock:
             self._check_open(request)
-            count = request._committed
-            slots = request._block_table[:count]
-            names = request._names[:count]
+            count = request.committed_blocks
+            slots = request.block_table[:count]
+            names = request.names[:count]
             state_rows = []
             for i in self._state:
                 gid = self.layout.groups[i].group_id
-                point = request._checkpoints[gid]
+                point = request.checkpoint(gid)
                 if point:
-                    parent = request._keys[point // self._bt - 1] if point >= self._bt else self.scope_digest
-                    name = state_name(request._token_buf, self._bt, point, gid, parent)
-                    state_rows.append((i, gid, request._state_slots[gid], point, name))
-            if state_rows and request._state_writing:
-                raise LeaseError(
-                    f"the state of request {request.request_id} is lent for writing; mark and release that lease first"
-                )
+                    state_rows.append((i, gid, request.state_slots[gid], point, request.state_name(gid, point)))
+            if state_rows:
+                request.check_state_free(for_write=False)
             stage = self._take_staging(staging, count, bool(state_rows))
             self._tree.pin(slots)
             for *_, slot, _, _ in state_rows:
                 self._state_refs[slot] += 1
-            if state_rows and not staging:
-                request._state_reading += 1
+            request.begin_read(bool(state_rows) and not staging)
             self._leases_open += 1
         return self._make_lease(LeaseKind.READ, request, slots, None, names, TokenRange(0, count * self._bt),
                                 state_rows, stage, copy_in=True)
@@ -352,51 +290,33 @@ class Lender:
         with self._lock:
             self._check_open(request)
             end = request.prompt_tokens // self._bt
-            committed = request._committed
+            committed = request.committed_blocks
             if first_block is None:
-                complete = request._valid[:, :end].all(axis=0)
-                first_block = int(np.argmin(complete)) if not complete.all() else end
+                first_block = request.first_incomplete_block()
             if not committed <= first_block <= end:
                 raise ValueError(
                     f"first_block must lie in [{committed}, {end}] for request {request.request_id} "
                     f"(blocks before {committed} are committed and shared; the prompt has {end} whole blocks), got {first_block}"
                 )
-            if request._writing[first_block:end].any():
-                busy = first_block + int(np.argmax(request._writing[first_block:end]))
-                raise LeaseError(f"block {busy} of request {request.request_id} is already lent for writing")
+            request.check_writable(first_block, end)
             state_rows = []
             point = end * self._bt
             if self._state and point > 0:
-                parent = request._keys[end - 1]
                 for i in self._state:
                     gid = self.layout.groups[i].group_id
-                    if request._checkpoints[gid] != point:
-                        name = state_name(request._token_buf, self._bt, point, gid, parent)
-                        state_rows.append((i, gid, request._state_slots[gid], point, name))
-                if state_rows and request._state_writing:
-                    raise LeaseError(f"the state of request {request.request_id} is already lent for writing")
-                if state_rows and request._state_reading:
-                    raise LeaseError(
-                        f"the state of request {request.request_id} is lent for reading in place; release that lease first"
-                    )
+                    if request.checkpoint(gid) != point:
+                        state_rows.append((i, gid, request.state_slots[gid], point, request.state_name(gid, point)))
+                if state_rows:
+                    request.check_state_free(for_write=True)
             index = np.arange(first_block, end, dtype=np.int64)
-            slots = request._block_table[first_block:end]
+            slots = request.block_table[first_block:end]
             stage = self._take_staging(staging, index.size, bool(state_rows))
             self._tree.pin(slots)
-            request._writing[first_block:end] = True
-            if not staging:
-                # The fetch writes these rows in place and may leave any bytes in those it does
-                # not deliver (A7): until marked, they are not valid in any group.
-                request._valid[:, first_block:end] = False
-                request._computed = min(request._computed, first_block * self._bt)
-                for _, gid, _, _, _ in state_rows:
-                    request._checkpoints[gid] = None
-            if state_rows:
-                request._state_writing = True
+            request.begin_write(first_block, end, [r[1] for r in state_rows], in_place=not staging)
             for *_, slot, _, _ in state_rows:
                 self._state_refs[slot] += 1
             self._leases_open += 1
-        return self._make_lease(LeaseKind.WRITE, request, slots, index, request._names[first_block:end],
+        return self._make_lease(LeaseKind.WRITE, request, slots, index, request.names[first_block:end],
                                 TokenRange(first_block * self._bt, end * self._bt), state_rows, stage,
                                 copy_in=False)
 
@@ -421,7 +341,7 @@ class Lender:
     def _check_open(self, request: Request) -> None:
         if not isinstance(request, Request):
             raise TypeError(f"expected a Request from open_request, got {type(request).__name__}")
-        if request._closed:
+        if request.closed:
             raise LeaseError(f"request {request.request_id} is closed")
         if self._open_requests.get(request.request_id) is not request:
             raise LeaseError(f"request {request.request_id} was not opened by this lender")
@@ -448,8 +368,7 @@ class Lender:
                 state.append((len(paged_pos) + len(state), by_group[i][1], by_group[i][2]))
             elif self.layout.groups[i].kind is CacheKind.PAGED:
                 paged_pos.append(len(paged_pos) + len(state))
-        lease = Lease(self, kind, View(()), found=n, request=request, block_slots=slots, block_index=index,
-                      paged_pos=tuple(paged_pos), state=tuple(state), stage_rows=stage, event=None)
+        held = LeasedRows(slots, index, tuple(paged_pos), tuple(state), stage)
         try:
             staging = self._staging
             stage_paged = stage[:n] if stage is not None else slots
@@ -464,7 +383,7 @@ class Lender:
                                                np.frombuffer(name, dtype=np.uint8).reshape(1, -1)))
                 elif g.kind is CacheKind.PAGED:
                     rows.append(LayerGroupRows(g.group_id, CacheKind.PAGED, region, stage_paged, tokens, names))
-            lease.view = View(tuple(rows))
+            view = View(tuple(rows))
             event = None
             if copy_in and stage is not None:
                 assert staging is not None
@@ -476,57 +395,55 @@ class Lender:
                 # The backend must not touch the rows before work already queued on them ends.
                 event = torch.cuda.Event()
                 event.record(torch.cuda.current_stream(self.device))
-            lease._event = event
         except BaseException:
-            lease.release()
+            self._give_back(kind, request, held)
             raise
         with self._lock:
             self._leases_lent += 1
-        return lease
+        return Lease(self, kind, view, held, found=n, request=request, event=event)
 
-    def _settle_write(self, lease: Lease, masks: tuple[np.ndarray, ...]) -> None:
+    # -- the LeaseOwner interface: called only by the leases this lender made ------------------
+
+    def lease_marked(self, lease: Lease, masks: tuple[np.ndarray, ...]) -> None:
         """Makes a write lease's marked rows valid rows of its request; for a staged lease copies
         only those rows into the pool first. The lease's lock is held; the lender's is not."""
-        request = lease.request
-        assert request is not None and lease._block_index is not None
+        request, held = lease.request, lease.rows
+        assert request is not None and held.block_index is not None
         n = lease.found
-        paged_masks = [masks[k] for k in lease._paged_pos]
-        if lease._stage_rows is not None and self._staging is not None:
+        paged_masks = [masks[k] for k in held.paged_pos]
+        if held.stage_rows is not None and self._staging is not None:
             groups, slots, rows = [], [], []
             for k, i in enumerate(self._paged):
                 hit = paged_masks[k]
                 groups.append(i)
-                slots.append(lease._block_slots[hit])
-                rows.append(lease._stage_rows[:n][hit])
-            for k, gid, slot in lease._state:
+                slots.append(held.block_slots[hit])
+                rows.append(held.stage_rows[:n][hit])
+            for k, gid, slot in held.state:
                 if masks[k][0]:
                     groups.append(self._group_pos[gid])
                     slots.append(np.array([slot], dtype=np.int64))
-                    rows.append(lease._stage_rows[n:n + 1])
+                    rows.append(held.stage_rows[n:n + 1])
             self._staging.copy_out(self._pools, groups, slots, rows)
         with self._lock:
-            for k, hit in enumerate(paged_masks):
-                request._valid[k, lease._block_index[hit]] = True
-            for k, gid, _ in lease._state:
-                if masks[k][0]:
-                    request._checkpoints[gid] = lease.view.groups[k].tokens.end
+            request.arrived([held.block_index[hit] for hit in paged_masks],
+                            {gid: lease.view.groups[k].tokens.end for k, gid, _ in held.state if masks[k][0]})
             self._rows_marked += int(sum(int(np.count_nonzero(m)) for m in masks))
 
-    def _return(self, lease: Lease) -> None:
+    def lease_released(self, lease: Lease) -> None:
         """Gives back a lease's pins, staging rows and write claims. The lease's lock is held."""
+        self._give_back(lease.kind, lease.request, lease.rows)
+
+    def _give_back(self, kind: LeaseKind, request: Request | None, held: LeasedRows) -> None:
         with self._lock:
-            self._tree.unpin(lease._block_slots)
-            for _, _, slot in lease._state:
+            self._tree.unpin(held.block_slots)
+            for _, _, slot in held.state:
                 self._state_refs[slot] -= 1
-            if lease._stage_rows is not None and self._staging is not None:
-                self._staging.give(lease._stage_rows)
-            request = lease.request
-            if lease.kind is LeaseKind.WRITE and request is not None and lease._block_index is not None:
-                request._writing[lease._block_index] = False
-                if lease._state:
-                    request._state_writing = False
-            elif lease.kind is LeaseKind.READ and request is not None and lease._state and not lease.staged:
-                request._state_reading -= 1
+            if held.stage_rows is not None and self._staging is not None:
+                self._staging.give(held.stage_rows)
+            if kind is LeaseKind.WRITE and request is not None and held.block_index is not None:
+                request.end_write(held.block_index, bool(held.state))
+            elif kind is LeaseKind.READ and request is not None:
+                request.end_read(bool(held.state) and held.stage_rows is None)
             self._leases_open -= 1
 
     # -- accounting --------------------------------------------------------------------------
