@@ -36,12 +36,20 @@ def test_poll_never_blocks_while_every_worker_is_stuck_in_the_store(store, make_
     wakers = [Waker() for _ in range(3)]
     attempts = [backend.publish(view(group(src, [i], [i])), STORE, w) for i, w in enumerate(wakers)]
     assert driver.wait_blocked(2)
-    started = time.perf_counter()
-    for _ in range(1000):
-        for attempt in attempts:
-            assert attempt.poll() is None
-            assert not attempt.quiesced()
-    assert time.perf_counter() - started < 1.0  # 6000 calls; a blocking poll would hang here
+    answers: list[tuple[object, bool]] = []
+
+    def ask() -> None:
+        for _ in range(1000):
+            for attempt in attempts:
+                answers.append((attempt.poll(), attempt.quiesced()))
+
+    # 6000 calls while the store is held: a poll or quiesced that waited for the store could
+    # only finish after the release below, so the asking thread must be done before it.
+    asker = threading.Thread(target=ask)
+    asker.start()
+    asker.join(60.0)
+    assert not asker.is_alive(), "poll()/quiesced() waited for the held store"
+    assert answers == [(None, False)] * 3000
     gate.release.set()
     for attempt, waker in zip(attempts, wakers, strict=True):
         assert settle(attempt, waker).is_delivered

@@ -25,6 +25,7 @@ from kvwire.contract import (
 )
 from kvwire.contract.capabilities import OtherEnd
 from kvwire.contract.errors import SubmissionError
+from kvwire.testing.strategies import hints, masks
 
 REGION = SlotRegion(0, 4096, 64, 16, MemoryKind.HOST)
 
@@ -338,3 +339,35 @@ def test_A10_cancelled_outcomes_name_who_cancelled():
         Outcome.cancelled(masks, cause=Cause.DEADLINE)
     with pytest.raises(ValueError, match="no cause"):
         Outcome(OutcomeStatus.DELIVERED, tuple(masks), cause=Cause.FAULT)
+
+
+# --- moved from the conformance suite: no backend can fail these, they check the contract's types
+
+@settings(max_examples=100, deadline=None)
+@given(data=st.one_of(st.binary(max_size=256), hints().map(lambda h: h.to_bytes()),
+                      hints().map(lambda h: h.to_bytes()[:-1])))
+def test_H1_decoding_hint_bytes_executes_nothing(data: bytes) -> None:
+    """Any bytes decode to a hint or raise ``ValueError`` saying why; nothing else happens."""
+    try:
+        decoded = Hint.from_bytes(data)
+    except ValueError as exc:
+        assert str(exc), "H1: a refused hint encoding must say why"
+        return
+    assert isinstance(decoded, Hint) and decoded.to_bytes() == data, "H1: decoding must round-trip exactly"
+
+
+@settings(max_examples=100, deadline=None)
+@given(mask=masks(), dtype=st.sampled_from([np.uint8, np.int64, np.float32]))
+def test_A6_mask_type_rules(mask: np.ndarray, dtype: type) -> None:
+    """``Outcome`` keeps read-only plain bool masks, copies any other bool mask (a masked array
+    included), and refuses non-bool ones with ``TypeError``."""
+    out = Outcome.delivered([mask])
+    if not mask.flags.writeable:
+        assert out.masks[0] is mask, "A6: a read-only plain bool mask is kept as it is"
+    else:
+        assert out.masks[0] is not mask and not out.masks[0].flags.writeable, "A6: a writable mask is copied"
+    with pytest.raises(TypeError):
+        Outcome.delivered([mask.astype(dtype)])
+    masked = np.ma.masked_array(mask, mask=np.zeros(mask.shape, dtype=bool))
+    kept = Outcome.delivered([masked]).masks[0]
+    assert type(kept) is np.ndarray and not kept.flags.writeable, "A6: a masked array is copied to a plain one"

@@ -15,7 +15,7 @@ from kvwire.testing.exchange import Exchange
 from kvwire.testing.harness import Harness
 from kvwire.testing.holder import call_briefly, same_outcome, settle, wait_for
 from kvwire.testing.layout import Bench, ViewPlan, simple_plan
-from kvwire.testing.strategies import masks, view_plans
+from kvwire.testing.strategies import view_plans
 
 #: Bytes the holder writes into rows it got back, to see whether a backend writes after.
 SENTINEL = 0x5A
@@ -279,26 +279,6 @@ def test_A6_masks_are_plain_read_only_bool_and_never_change(kvwire_harness: Harn
                     assert np.array_equal(mask, copy), (
                         f"A6: a mask handed over in {out!r} changed during later work on the backend")
 
-
-def test_A6_mask_type_rules(kvwire_harness: Harness) -> None:
-    """The outcome type the backend hands over keeps read-only plain bool masks, copies any
-    other bool mask, and refuses non-bool ones with ``TypeError``."""
-
-    @profiles.examples(max_examples=max(20, profiles.active().examples * 2))
-    @given(mask=masks(), dtype=st.sampled_from([np.uint8, np.int64, np.float32]))
-    def run(mask: np.ndarray, dtype: type) -> None:
-        out = Outcome.delivered([mask])
-        if not mask.flags.writeable:
-            assert out.masks[0] is mask, "A6: a read-only plain bool mask is kept as it is"
-        else:
-            assert out.masks[0] is not mask and not out.masks[0].flags.writeable, "A6: a writable mask is copied"
-        with pytest.raises(TypeError):
-            Outcome.delivered([mask.astype(dtype)])
-        masked = np.ma.masked_array(mask, mask=np.zeros(mask.shape, dtype=bool))
-        kept = Outcome.delivered([masked]).masks[0]
-        assert type(kept) is np.ndarray and not kept.flags.writeable, "A6: a masked array is copied to a plain one"
-
-    run()
 
 
 # -- A7 ----------------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from kvwire.testing import needs, profiles
 from kvwire.testing.exchange import Exchange
 from kvwire.testing.harness import FaultPlan, Harness, Hold, shut_down
 from kvwire.testing.holder import Submission, Wakes, refused, settle, speaks_causes
-from kvwire.testing.layout import Bench, GroupPlan, ViewPlan, simple_plan
+from kvwire.testing.layout import Bench, GroupPlan, ViewPlan
 
 SENTINEL = 0xA5
 MiB = 1 << 20
