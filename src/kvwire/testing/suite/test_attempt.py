@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvwire.contract import CacheKind, Hint, Outcome
+from kvwire.contract import CacheKind, Cause, Hint, Outcome
 from kvwire.testing import needs, profiles
 from kvwire.testing.exchange import Exchange
 from kvwire.testing.harness import Harness
-from kvwire.testing.holder import call_briefly, same_outcome, settle, wait_for
+from kvwire.testing.holder import call_briefly, same_outcome, settle, speaks_causes, wait_for
 from kvwire.testing.layout import Bench, ViewPlan, simple_plan
 from kvwire.testing.strategies import view_plans
 
@@ -149,6 +149,30 @@ def test_A3_fetch_progresses_without_poll(kvwire_harness: Harness) -> None:
         assert all(m.all() for m in out.masks), f"A5: every row was held: {out!r}"
 
 
+def test_A3_a_serving_publish_progresses_without_poll(kvwire_harness: Harness) -> None:
+    """A3.1-A3.3 at the serving end: an answer nobody polls still reaches the requester, and its
+    conclusion and quiescence come with a wake."""
+    caps = kvwire_harness.capabilities()
+    needs.serve_pulls(caps)
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = simple_plan(groups=2, rows=3, seed=85, shared_names=True)
+    patience = profiles.active().patience_s
+    with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan,
+                                                          kind) as bench:
+        ex.offer(bench)
+        sub = ex.fetch(bench.sink_view())
+        holder = ex.holder()
+        (request,) = holder.take(1)
+        answer = holder.answer(request)  # never polled until the requester has everything
+        assert answer.publish is not None
+        out = ex.settle(sub)
+        bench.apply_fetch(out)
+        assert out.is_delivered and all(m.all() for m in out.masks), f"A3: an unpolled answer did not arrive: {out!r}"
+        wait_for(lambda: answer.publish.wakes.count > 0, patience, "A3/W1: a wake from the unpolled answer")
+        holder.finish(answer)
+
+
 def test_A3_publish_progresses_without_poll(kvwire_harness: Harness) -> None:
     """A publish nobody polls still reaches the other end: a fetch on the other end finds it."""
     caps = kvwire_harness.capabilities()
@@ -188,6 +212,9 @@ def test_A4_cancel_is_idempotent_yields_cancelled_and_still_quiesces(kvwire_harn
         out = settle(sub, profiles.active().patience_s, quiesce=False,
                      purpose="A4: cancel() must conclude an attempt the other end holds")
         assert out.is_cancelled, f"A4: cancel() before the conclusion must yield a cancelled outcome, got {out!r}"
+        if speaks_causes(sub.backend):
+            assert out.cause is Cause.HOLDER_CANCELLED and not out.by_peer, (
+                f"A10: a holder's cancel gives cause HOLDER_CANCELLED, not by the peer: {out!r}")
         hold.release()
         ex.settle(sub, purpose="A4: a cancelled attempt still quiesces")
         bench.forget_sink()
@@ -338,8 +365,11 @@ def test_A8_a_held_attempt_fails_by_its_deadline(kvwire_harness: Harness, source
         took = time.monotonic() - started
         hold.release()
         assert out.is_failed, f"A8: a fetch the other end never answered must fail by its deadline, got {out!r}"
-        assert any(w in (out.reason or "").lower() for w in ("deadline", "timeout", "timed out")), (
-            f"A8: the failure must say the deadline passed, said {out.reason!r}")
+        if speaks_causes(sub.backend):
+            assert out.cause is Cause.DEADLINE, f"A10: a deadline failure's cause is DEADLINE: {out!r}"
+        else:
+            assert any(w in (out.reason or "").lower() for w in ("deadline", "timeout", "timed out")), (
+                f"A8: the failure must say the deadline passed, said {out.reason!r}")
         assert took <= deadline_s + slack_s, (
             f"A8: the deadline was {deadline_s:g} s (from the {source}); the attempt concluded after {took:.2f} s")
         grace = kvwire_harness.quiesce_grace_s
