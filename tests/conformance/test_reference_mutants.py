@@ -1,0 +1,137 @@
+"""The suite against single-clause mutants of the reference backends (``reference_mutants.py``):
+each must fail on a test named after the clause it breaks; the unbroken reference backends must
+pass.
+
+Each run is a real ``pytest --pyargs kvwire.testing.suite`` in a subprocess, selected with ``-k``
+to the broken clause's tests. A mutant the suite does not catch yet is marked
+``xfail(strict=True)`` with the scenario that exposes it: once the suite catches it the mark
+fails, and is removed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+MUTANTS_FILE = Path(__file__).with_name("reference_mutants.py")
+
+
+def _survives(why: str) -> Any:
+    return pytest.mark.xfail(strict=True, reason=f"suite does not catch this yet: {why}")
+
+
+#: (harness object in reference_mutants.py, the clauses a catching test may be named after (the
+#: first is the one broken; others are clauses the same bug necessarily breaks too), -k selection,
+#: marks).
+MUTANTS: list[tuple[str, tuple[str, ...], str, tuple[Any, ...]]] = [
+    # store
+    ("deadline_from_start", ("A8",), "A8", ()),
+    ("ignores_hint_timeout", ("A8",), "A8", ()),
+    ("deadline_without_cause", ("A10",), "A10 or A8", ()),
+    ("polls_once", ("A1",), "A1", ()),
+    ("quiesces_at_conclusion", ("A2",), "A2", ()),
+    ("quiesced_flips_back", ("A2",), "A2", ()),
+    ("no_wake_for_late_quiescence", ("W1",), "W1 or A4 or A8", ()),
+    ("wakes_before_outcome", ("W1",), "W1", ()),
+    ("keys_by_name_only", ("N1", "A7"), "N1 or A7", ()),
+    ("fetch_falls_back_to_own_namespace", ("H1", "A7"), "H1 or A7", ()),
+    ("ignores_hint_namespace", ("H1",), "H1", ()),
+    ("accepts_unknown_hint_fields", ("H1",), "H1", ()),
+    ("stores_before_validating", ("S3", "M4"), "S3 or M4", ()),
+    ("rejected_still_wakes", ("S3",), "S3", ()),
+    ("rejection_consumes_slot", ("S3",), "S3", ()),
+    ("shares_queue_between_instances", ("B1",), "B1", ()),
+    ("regions_at_module_level", ("B1",), "B1", ()),
+    ("drifting_bound", ("B4",), "B4", ()),
+    ("admits_one_beyond_bound", ("S3", "B4"), "S3 or B4", ()),
+    ("overlap_by_slot_index", ("V4",), "V4", ()),
+    ("overlap_within_group_only", ("V4",), "V4", ()),
+    ("masks_in_slot_order", ("A9", "A7"), "A9 or A7", ()),
+    ("misses_beyond_thousand_rows", ("A9",), "A9", ()),
+    ("publish_mask_false_for_held_rows", ("A5",), "A5", ()),
+    ("all_miss_is_failure", ("A5",), "A5", ()),
+    ("fault_as_miss_after_first", ("A5",), "A5", ()),
+    # peer
+    ("cuts_large_rows", ("A7",), "A7", ()),
+    ("cancel_not_told", ("N2",), "N2", ()),
+    ("marks_beyond_served", ("N2", "A7"), "N2 or A7", ()),
+    ("incoming_repeats", ("N2",), "N2", ()),
+    ("wakes_only_when_empty", ("W1",), "W1", ()),
+    ("decline_as_fault", ("A10",), "A10 or N2", ()),
+    ("peer_ignores_hint_timeout", ("A8",), "A8", ()),
+    ("peer_accepts_unknown_hint_fields", ("H1",), "H1", ()),
+    ("peer_requests_before_admission", ("S3",), "S3", ()),
+    ("answer_quiesces_before_copy", ("A2",), "A2", ()),
+    ("shutdown_keeps_pulls", ("B3",), "B3", ()),
+]
+
+UNBROKEN = ["reference_store", "reference_peer"]
+
+
+def run_suite(tmp_path: Path, *args: str) -> tuple[int, list[dict[str, Any]], str]:
+    """Run the suite in a subprocess from an empty directory (no project configuration applies);
+    return its exit status, its per-test report and its output."""
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    report = tmp_path / "report.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KVWIRE_", "PYTEST_"))}
+    cmd = [sys.executable, "-m", "pytest", "--pyargs", "kvwire.testing.suite", "-q", "-p", "no:cacheprovider",
+           f"--kvwire-profile={os.environ.get('KVWIRE_MUTANT_PROFILE', 'quick')}", f"--kvwire-report={report}",
+           "--hypothesis-seed=0", *args]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    tests = json.loads(report.read_text())["tests"] if report.exists() else []
+    return proc.returncode, tests, proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="module")
+def mutant_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Future]]:  # type: ignore[type-arg]
+    """Every mutant's suite run, started at once, three side by side (most of a run waits on a
+    deadline or a wake that never comes)."""
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        yield {
+            mutant: pool.submit(run_suite, tmp_path_factory.mktemp(mutant), f"--kvwire-harness={MUTANTS_FILE}:{mutant}",
+                                "-k", select, "--kvwire-patience=3", "--kvwire-no-shrink")
+            for mutant, _, select, _ in MUTANTS
+        }
+
+
+@pytest.mark.parametrize(("mutant", "rules", "select"),
+                         [pytest.param(m, r, s, marks=marks, id=m) for m, r, s, marks in MUTANTS])
+def test_suite_catches_the_reference_mutant(mutant_runs: dict[str, Future], mutant: str,  # type: ignore[type-arg]
+                                            rules: tuple[str, ...], select: str) -> None:
+    code, tests, output = mutant_runs[mutant].result()
+    failed = [t["test"] for t in tests if t["outcome"] == "failed"]
+    assert code == 1, f"the suite did not fail against {mutant} (exit {code}):\n{output[-3000:]}"
+    assert any(name.startswith(f"test_{rule}_") for name in failed for rule in rules), (
+        f"the suite failed against {mutant}, but not on a {'/'.join(rules)} test (failed: {failed}):\n"
+        f"{output[-3000:]}")
+
+
+@pytest.mark.parametrize("harness", UNBROKEN)
+def test_suite_passes_the_unbroken_reference(tmp_path: Path, harness: str) -> None:
+    """The harness plumbing of the mutants breaks nothing by itself: each mutant's failure is its
+    one change."""
+    code, tests, output = run_suite(tmp_path, f"--kvwire-harness={MUTANTS_FILE}:{harness}")
+    failed = [t["nodeid"] for t in tests if t["outcome"] == "failed"]
+    assert code == 0 and not failed, f"the suite failed {harness}: {failed}\n{output[-3000:]}"
+
+
+def test_every_reference_mutant_is_listed() -> None:
+    """Every mutant harness in reference_mutants.py is listed above: none goes unchecked."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("kvwire_reference_mutants", MUTANTS_FILE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    kinds = (module.StoreMutantHarness, module.PeerMutantHarness)
+    harnesses = {name for name, value in vars(module).items() if isinstance(value, kinds)}
+    assert harnesses - set(UNBROKEN) == {m[0] for m in MUTANTS}
+    peers = {name for name, value in vars(module).items() if isinstance(value, module.PeerMutantHarness)}
+    assert len(MUTANTS) >= 24 and len(peers - set(UNBROKEN)) >= 8
