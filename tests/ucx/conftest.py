@@ -14,7 +14,9 @@ import pytest
 def make_backend() -> Iterator[Callable[..., Any]]:
     """Build a ``UcxBackend`` (options as keywords); every one is shut down after the test and
     must quiesce within a few seconds."""
-    pytest.importorskip("ucxx._lib.libucxx", reason="ucxx (ucxx-cu12==0.52.0) is not importable here")
+    from kvwire.testing.require import backend_module
+
+    backend_module("ucxx._lib.libucxx", "ucx", "ucxx-cu12==0.52.0")  # skips, or fails when the run requires ucx
     from kvwire_ucx.backend import UcxBackend
 
     built: list[UcxBackend] = []

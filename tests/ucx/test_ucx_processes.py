@@ -17,7 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("ucxx._lib.libucxx", reason="ucxx (ucxx-cu12==0.52.0) is not importable here")
+from kvwire.testing.require import backend_module
+
+backend_module("ucxx._lib.libucxx", "ucx", "ucxx-cu12==0.52.0")  # skips, or fails when the run requires ucx
 
 from ucx_holders import Pool, Requester, ReuseTree, ServingHolder, block_names, fill, row_pattern  # noqa: E402
 

@@ -11,7 +11,9 @@ import time
 import numpy as np
 import pytest
 
-pytest.importorskip("ucxx._lib.libucxx", reason="ucxx (ucxx-cu12==0.52.0) is not importable here")
+from kvwire.testing.require import backend_module
+
+backend_module("ucxx._lib.libucxx", "ucx", "ucxx-cu12==0.52.0")  # skips, or fails when the run requires ucx
 
 from ucx_holders import (  # noqa: E402
     Answer,
