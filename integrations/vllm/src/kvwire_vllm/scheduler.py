@@ -1,0 +1,238 @@
+"""The connector's scheduler half: how much of a prompt the store holds, what to load into which
+blocks, which blocks to save, and when a finished request's blocks may be freed.
+
+It runs in vLLM's engine-core process and moves no bytes; it asks the backend the optional
+``lookup`` question (contract L1) when the backend declares it."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from kvwire.contract import Backend, Hint
+from kvwire.contract.errors import SubmissionError
+from kvwire_vllm.config import ConnectorConfig
+from kvwire_vllm.metadata import BlockPlan, KvwireMetadata, StepPlan
+from kvwire_vllm.names import block_names, scope_digest
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request
+
+try:  # contract 1.1's optional protocol L1; absent from older kvwire
+    from kvwire.contract import LOOKUP, LookupFailed
+except ImportError:  # pragma: no cover - kvwire before L1
+    LOOKUP = None
+
+    class LookupFailed(Exception):  # type: ignore[no-redef]
+        """Stands in for kvwire's own before L1."""
+
+__all__ = ["SchedulerSide", "layout_of", "store_namespace"]
+
+log = logging.getLogger(__name__)
+
+
+def layout_of(kv_cache_config: KVCacheConfig) -> tuple[int, list[str], dict[str, Any]]:
+    """Block size, attention layer names (their index is the kvwire group id) and the layout
+    facts that go into the scope. Refuses layouts a one-group connector cannot serve."""
+    groups = kv_cache_config.kv_cache_groups
+    if len(groups) != 1:
+        raise ValueError(f"KvwireConnector serves models with one KV cache group (attention only); this one has "
+                         f"{len(groups)} (hybrid or sliding-window models are not supported yet)")
+    spec = groups[0].kv_cache_spec
+    layout = {
+        "spec": type(spec).__name__,
+        "block_size": int(spec.block_size),
+        "num_kv_heads": int(getattr(spec, "num_kv_heads", 0)),
+        "head_size": int(getattr(spec, "head_size", 0)),
+        "dtype": str(getattr(spec, "dtype", "")),
+        "layers": list(groups[0].layer_names),
+    }
+    return int(spec.block_size), list(groups[0].layer_names), layout
+
+
+def store_namespace(namespace: str, tp_rank: int, tp_size: int) -> str:
+    """The namespace one tensor-parallel shard stores under: each shard holds other heads."""
+    return namespace if tp_size == 1 else f"{namespace}/tp{tp_rank}of{tp_size}"
+
+
+def scope_of(vllm_config: VllmConfig, layout: dict[str, Any]) -> bytes:
+    model = vllm_config.model_config
+    parallel = vllm_config.parallel_config
+    scope: dict[str, Any] = {
+        "model": str(model.model),
+        "revision": str(model.revision),
+        "model_dtype": str(model.dtype),
+        "kv_cache_dtype": str(vllm_config.cache_config.cache_dtype),
+        "tp": int(parallel.tensor_parallel_size),
+        "pp": int(parallel.pipeline_parallel_size),
+        "layout": layout,
+    }
+    load_format = str(vllm_config.load_config.load_format)
+    if load_format == "dummy":  # random weights: only the same seed computes the same KV
+        scope["dummy_seed"] = int(model.seed if model.seed is not None else 0)
+    return scope_digest(scope)
+
+
+@dataclass
+class _Tracked:
+    """A request the scheduler side follows from allocation to finish."""
+
+    request: Request
+    next_save: int  # index of the first block not yet saved (or loaded, or a local hit)
+    load: BlockPlan | None = None
+    loaded_blocks: int = 0
+    failed_blocks: int = 0
+    saved_blocks: int = 0
+
+
+class SchedulerSide:
+    def __init__(self, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, config: ConnectorConfig) -> None:
+        self.config = config
+        self.block_size, self.layers, layout = layout_of(kv_cache_config)
+        self.scope = scope_of(vllm_config, layout)
+        self.groups = tuple(range(len(self.layers)))
+        parallel = vllm_config.parallel_config
+        self.namespace = store_namespace(config.namespace(), 0, int(parallel.tensor_parallel_size))
+        self.backend: Backend | None = None
+        plugin = config.plugin()
+        if config.lookup and LOOKUP is not None and LOOKUP in plugin.capabilities.protocols:
+            self.backend = plugin.build(config.options)
+        elif config.lookup:
+            log.warning("kvwire backend %r does not answer lookups (contract L1): the scheduler assumes the store "
+                        "holds every whole block of a prompt and vLLM recomputes what a load misses",
+                        config.backend)
+        self.kv_cache_manager: KVCacheManager | None = None
+        self._tracked: dict[str, _Tracked] = {}
+        self._matched: dict[str, tuple[int, int]] = {}  # req_id -> (first block, blocks) of the last answer
+        self._loads: list[BlockPlan] = []
+        self._saving: set[str] = set()
+        self.lookups = 0
+
+    # -- how much the store holds --------------------------------------------------------------
+
+    def names(self, request: Request, first: int, end: int) -> np.ndarray:
+        return block_names(self.scope, request.block_hashes[first:end])
+
+    def loadable_blocks(self, request: Request) -> int:
+        """Whole blocks of the prompt a load may cover: one token is always left to compute."""
+        return min(len(request.block_hashes), (request.num_tokens - 1) // self.block_size)
+
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int, bool]:
+        """Leading whole blocks past the local hit that the store holds (all of them, when the
+        backend cannot be asked), to load asynchronously."""
+        first = num_computed_tokens // self.block_size
+        end = self.loadable_blocks(request)
+        held = 0
+        if end > first:
+            held = end - first if self.backend is None else self._lookup(self.names(request, first, end))
+        # Remembered even when nothing is held: blocks below ``first`` are local hits, not saved again.
+        self._matched[request.request_id] = (first, held)
+        if held <= 0:
+            return 0, False
+        return held * self.block_size, True
+
+    def _lookup(self, names: np.ndarray) -> int:
+        """How many leading names the store holds in every layer; 0 when it cannot say."""
+        assert self.backend is not None
+        hint = Hint.of("store", timeout_s=self.config.timeout_s, namespace=self.namespace)
+        try:
+            mask = np.asarray(self.backend.lookup(self.groups, names, hint,  # type: ignore[attr-defined]
+                                                  timeout_s=self.config.timeout_s), dtype=bool)
+        except (LookupFailed, SubmissionError) as exc:  # advice only: no answer means nothing to load
+            log.warning("kvwire lookup failed, loading nothing for this request: %s: %s", type(exc).__name__, exc)
+            return 0
+        self.lookups += 1
+        missing = np.flatnonzero(~mask)
+        return int(missing[0]) if missing.size else int(mask.size)
+
+    # -- allocation and the step's plan ----------------------------------------------------------
+
+    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
+        req_id = request.request_id
+        first, held = self._matched.pop(req_id, (request.num_computed_tokens // self.block_size, 0))
+        tracked = self._tracked.get(req_id)
+        if tracked is None or num_external_tokens > 0:
+            tracked = self._tracked[req_id] = _Tracked(request, next_save=first)
+        if num_external_tokens <= 0:
+            return
+        count = num_external_tokens // self.block_size
+        if count != held:
+            log.warning("request %s: vLLM allocated %d external tokens, kvwire matched %d blocks; loading %d",
+                        req_id, num_external_tokens, held, min(count, held))
+            count = min(count, held)
+        block_ids = blocks.get_block_ids()[0][first:first + count]
+        plan = BlockPlan(req_id, first, tuple(int(b) for b in block_ids),
+                         self.names(request, first, first + count).tobytes())
+        tracked.load = plan
+        tracked.next_save = first + count
+        self._loads.append(plan)
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KvwireMetadata:
+        saves: list[BlockPlan] = []
+        for req_id, scheduled in scheduler_output.num_scheduled_tokens.items():
+            tracked = self._tracked.get(req_id)
+            if tracked is None:
+                continue
+            request = tracked.request
+            computed = request.num_computed_tokens + scheduled
+            end = min(computed, request.num_prompt_tokens, len(request.block_hashes) * self.block_size)
+            end //= self.block_size
+            if end <= tracked.next_save:
+                continue
+            assert self.kv_cache_manager is not None
+            block_ids = self.kv_cache_manager.get_block_ids(req_id)[0][tracked.next_save:end]
+            saves.append(BlockPlan(req_id, tracked.next_save, tuple(int(b) for b in block_ids),
+                                   self.names(request, tracked.next_save, end).tobytes()))
+            tracked.saved_blocks += end - tracked.next_save
+            tracked.next_save = end
+            self._saving.add(req_id)
+        plan = StepPlan(tuple(self._loads), tuple(saves), tuple(sorted(scheduler_output.preempted_req_ids or ())),
+                        idle=scheduler_output.total_num_scheduled_tokens == 0)
+        self._loads = []
+        return KvwireMetadata(plan.to_bytes())
+
+    def update_connector_output(self, output: KVConnectorOutput) -> None:
+        bad = output.invalid_block_ids or set()
+        for req_id in output.finished_recving or ():
+            tracked = self._tracked.get(req_id)
+            if tracked is None or tracked.load is None:
+                continue
+            load = tracked.load
+            failed = [i for i, b in enumerate(load.block_ids) if b in bad]
+            tracked.failed_blocks += len(failed)
+            tracked.loaded_blocks += len(load.block_ids) - len(failed)
+            if failed:  # vLLM recomputes from the first block that did not arrive: save those again
+                tracked.next_save = min(tracked.next_save, load.first + failed[0])
+            tracked.load = None
+
+    def request_finished(self, request: Request, block_ids: Sequence[int]) -> tuple[bool, dict[str, Any] | None]:
+        """Blocks with saves submitted stay allocated until the worker reports the saves ended."""
+        req_id = request.request_id
+        tracked = self._tracked.pop(req_id, None)
+        self._matched.pop(req_id, None)
+        delay = req_id in self._saving
+        self._saving.discard(req_id)
+        params = None
+        if tracked is not None:
+            params = {"kvwire": {"loaded_blocks": tracked.loaded_blocks, "failed_blocks": tracked.failed_blocks,
+                                 "save_blocks": tracked.saved_blocks, "at": time.time()}}
+        return delay, params
+
+    def shutdown(self) -> None:
+        backend, self.backend = self.backend, None
+        if backend is None:
+            return
+        if backend.shutdown():  # it only answered lookups: no attempt can be in flight
+            log.error("kvwire lookup backend reports attempts in flight at shutdown; not closing it")
+            return
+        backend.close()

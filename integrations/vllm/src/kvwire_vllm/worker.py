@@ -1,0 +1,266 @@
+"""The connector's worker half: a kvwire lease holder over vLLM's own paged KV tensors.
+
+Each attention layer's cache tensor is one :class:`SlotRegion` whose slots are vLLM's blocks, so
+a request's block ids are the rows of every layer group and bytes move straight between vLLM's
+cache and the backend: no staging copy, no Python bytes. Loads and saves are submitted and left
+to the backend's threads; each step polls them without blocking. A save keeps its request's
+blocks allocated (the scheduler side delays their freeing) until its attempt has quiesced."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from kvwire.contract import Backend, Registration, CacheKind, Hint, LayerGroupRows, MemoryKind, SlotRegion, TokenRange, View
+from kvwire.contract.errors import SubmissionError
+from kvwire.runtime.holding import Direction, Wakes
+from kvwire_vllm import holder
+from kvwire_vllm.config import ConnectorConfig
+from kvwire_vllm.holder import QUIESCE_GRACE_S, Transfer
+from kvwire_vllm.metadata import BlockPlan, StepPlan
+from kvwire_vllm.scheduler import layout_of, store_namespace
+from kvwire_vllm.stats import KvwireStats
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+
+__all__ = ["WorkerSide", "regions_of"]
+
+log = logging.getLogger(__name__)
+
+#: On a step with nothing scheduled and transfers in flight, sleep on the backend's wake up to
+#: this long instead of letting the engine spin through empty steps.
+IDLE_WAIT_S = 0.02
+
+
+def regions_of(kv_caches: Mapping[str, torch.Tensor], layers: list[str]) -> tuple[SlotRegion, ...]:
+    """One region per layer, in ``layers`` order (region id = kvwire group id = index): a layer's
+    tensor must be ``[blocks, ...]`` with each block one contiguous span of host memory."""
+    missing = [name for name in layers if name not in kv_caches]
+    if missing:
+        raise ValueError(f"vLLM registered no KV cache for layer(s) {missing}; it registered {sorted(kv_caches)}")
+    regions = []
+    for index, name in enumerate(layers):
+        t = kv_caches[name]
+        if t.device.type != "cpu":
+            raise ValueError(f"layer {name}: KV cache on {t.device}; kvwire-vllm registers host memory only so far")
+        block = t[0]
+        if not (block.is_contiguous() and t.stride(0) == block.numel()):
+            raise ValueError(f"layer {name}: KV cache of shape {tuple(t.shape)} and strides {t.stride()} does not "
+                             "keep each block in one contiguous span (blocks must be the outermost dimension)")
+        regions.append(SlotRegion(index, t.data_ptr(), t.stride(0) * t.element_size(), t.shape[0], MemoryKind.HOST))
+    for i, a in enumerate(regions):
+        for b in regions[i + 1:]:
+            if a.overlaps(b):
+                raise ValueError(f"layers {layers[a.region_id]} and {layers[b.region_id]} share KV memory; "
+                                 "kvwire-vllm needs one cache per layer")
+    return tuple(regions)
+
+
+class WorkerSide:
+    def __init__(self, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, config: ConnectorConfig) -> None:
+        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+        self.config = config
+        self.block_size, self.layers, _ = layout_of(kv_cache_config)
+        tp_size = int(vllm_config.parallel_config.tensor_parallel_size)
+        rank = get_tensor_model_parallel_rank() if tp_size > 1 else 0
+        self.namespace = store_namespace(config.namespace(), rank, tp_size)
+        self.backend: Backend | None = config.plugin().build(config.options)
+        self.registration: Registration | None = None
+        self.regions: tuple[SlotRegion, ...] = ()
+        self.wakes = Wakes()  # one for every attempt of this worker
+        self._plan = StepPlan()
+        self._loads: dict[str, Transfer] = {}
+        self._saves: dict[str, list[Transfer]] = {}
+        self._with_saves: set[str] = set()  # requests whose blocks the scheduler keeps until we say
+        self._finished: set[str] = set()  # ... and that have finished: report once their saves end
+        self._errors: set[int] = set()
+        self._refused: set[str] = set()  # loads refused at submission, reported done next step
+        self._kept: list[Transfer] = []  # never quiesced: their memory is not ours to reuse
+        self.stats = KvwireStats()
+
+    # -- registration ------------------------------------------------------------------------
+
+    def register_kv_caches(self, kv_caches: Mapping[str, torch.Tensor]) -> None:
+        assert self.backend is not None
+        self.regions = regions_of(kv_caches, self.layers)
+        self.registration = self.backend.register_regions(self.regions)
+        log.info("kvwire: registered %d KV regions of %d blocks x %d bytes with backend %r",
+                 len(self.regions), self.regions[0].slot_count, self.regions[0].slot_bytes, self.config.backend)
+
+    # -- the step --------------------------------------------------------------------------------
+
+    def bind(self, plan: StepPlan) -> None:
+        self._plan = plan
+
+    def view_of(self, plan: BlockPlan) -> View:
+        names = plan.name_array()
+        tokens = TokenRange(plan.first * self.block_size, (plan.first + len(plan.block_ids)) * self.block_size)
+        return View(tuple(LayerGroupRows(region.region_id, CacheKind.PAGED, region, np.asarray(plan.block_ids),
+                                         tokens, names) for region in self.regions))
+
+    def _start(self, op: Direction, plan: BlockPlan) -> Transfer | None:
+        assert self.backend is not None
+        hint = Hint.of("store", timeout_s=self.config.timeout_s, namespace=self.namespace)
+        try:
+            return holder.start(self.backend, op, plan.req_id, self.view_of(plan), plan.block_ids, hint, self.wakes,
+                                self.config.timeout_s + QUIESCE_GRACE_S)
+        except SubmissionError as exc:  # nothing escaped (S3)
+            log.warning("kvwire %s of request %s refused: %s", op.value, plan.req_id, exc)
+            return None
+
+    def handle_preemptions(self) -> None:
+        """A preempted request's blocks go back to the pool before this step's forward: its saves
+        must have quiesced by then."""
+        for req_id in self._plan.preempted:
+            for transfer in self._saves.pop(req_id, []):
+                if holder.wait_out(transfer):
+                    self._account_save(transfer)
+                else:
+                    self._keep(transfer)
+
+    def start_load_kv(self) -> None:
+        if self.registration is None:
+            return
+        for plan in self._plan.loads:
+            transfer = self._start(Direction.FETCH, plan)
+            if transfer is None:  # refused: every block is a load error, the request is done waiting
+                self._errors.update(plan.block_ids)
+                self.stats.add(load_error_blocks=len(plan.block_ids))
+                self._refused.add(plan.req_id)
+            else:
+                self._loads[plan.req_id] = transfer
+
+    def wait_for_save(self) -> None:
+        if self.registration is None:
+            return
+        for plan in self._plan.saves:
+            self._with_saves.add(plan.req_id)
+            transfer = self._start(Direction.PUBLISH, plan)
+            if transfer is None:
+                self.stats.add(save_failures=1)
+            else:
+                self._saves.setdefault(plan.req_id, []).append(transfer)
+
+    @property
+    def idle(self) -> bool:
+        return self._plan.idle
+
+    def _in_flight(self) -> list[Transfer]:
+        return [*self._loads.values(), *(t for ts in self._saves.values() for t in ts)]
+
+    def get_finished(self, finished_req_ids: Iterable[str]) -> tuple[set[str], set[str]]:
+        """Requests that finished and whose saves have all quiesced, and requests whose load has
+        quiesced (whatever it delivered; what it missed goes to :meth:`take_load_errors`)."""
+        for req_id in finished_req_ids:
+            load = self._loads.get(req_id)
+            if load is not None:  # aborted mid-load: stop it; reported once quiesced
+                load.cancel()
+            if req_id in self._with_saves:
+                self._finished.add(req_id)
+        received, self._refused = self._refused, set()
+        ended = holder.finished(self._in_flight())
+        if not ended and self._plan.idle and (self._loads or self._saves):
+            # Nothing to compute this step: sleep on the backend's wake rather than let the
+            # engine spin through empty steps on two cores the transfer needs.
+            holder.doze(self._in_flight(), IDLE_WAIT_S)
+            ended = holder.finished(self._in_flight())
+        for transfer in ended:
+            if transfer.op is Direction.FETCH:
+                del self._loads[transfer.req_id]
+                self._account_load(transfer)
+                received.add(transfer.req_id)
+            else:
+                left = [t for t in self._saves[transfer.req_id] if t is not transfer]
+                if left:
+                    self._saves[transfer.req_id] = left
+                else:
+                    del self._saves[transfer.req_id]
+                self._account_save(transfer)
+        for transfer in self._in_flight():
+            if transfer.cancelled and time.monotonic() > transfer.deadline + QUIESCE_GRACE_S:
+                self._keep(transfer)
+        sent = {r for r in self._finished if r not in self._saves}
+        self._finished -= sent
+        self._with_saves -= sent
+        return sent, received
+
+    def _keep(self, transfer: Transfer) -> None:
+        """An attempt that did not quiesce a grace after it was cancelled: its request keeps
+        waiting (its memory may still be touched) until ``backend.shutdown()`` says otherwise."""
+        if transfer not in self._kept:
+            log.error("kvwire %s of request %s did not quiesce %.0f s after its deadline; its blocks stay held",
+                      transfer.op.value, transfer.req_id, QUIESCE_GRACE_S)
+            self._kept.append(transfer)
+            if transfer.op is Direction.PUBLISH and transfer not in self._saves.get(transfer.req_id, []):
+                self._saves.setdefault(transfer.req_id, []).append(transfer)
+
+    def _whole(self, transfer: Transfer) -> np.ndarray:
+        """Per block: whether it arrived (fetch) or is held (publish) in every layer."""
+        outcome = transfer.outcome
+        assert outcome is not None
+        return np.logical_and.reduce(np.stack(outcome.masks)) if outcome.masks else np.zeros(0, dtype=bool)
+
+    def _account_load(self, transfer: Transfer) -> None:
+        whole = self._whole(transfer)
+        missed = [b for b, ok in zip(transfer.block_ids, whole.tolist(), strict=True) if not ok]
+        self._errors.update(missed)
+        moved = int(whole.sum())
+        self.stats.add(loads=1, load_blocks=moved, load_bytes=moved * sum(r.slot_bytes for r in self.regions),
+                       load_seconds=time.perf_counter() - transfer.started, load_error_blocks=len(missed))
+        if missed:
+            log.warning("kvwire load of request %s: %d of %d blocks did not arrive (%r); vLLM recomputes them",
+                        transfer.req_id, len(missed), len(transfer.block_ids), transfer.outcome)
+
+    def _account_save(self, transfer: Transfer) -> None:
+        whole = self._whole(transfer)
+        moved = int(whole.sum())
+        self.stats.add(saves=1, save_blocks=moved, save_bytes=moved * sum(r.slot_bytes for r in self.regions),
+                       save_seconds=time.perf_counter() - transfer.started,
+                       save_failures=int(moved < len(transfer.block_ids)))
+
+    def take_load_errors(self) -> set[int]:
+        errors, self._errors = self._errors, set()
+        return errors
+
+    def take_stats(self) -> KvwireStats | None:
+        if self.stats.is_empty():
+            return None
+        stats, self.stats = self.stats, KvwireStats()
+        return stats
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+
+    def shutdown(self, timeout_s: float = 30.0) -> None:
+        """Cancel what is in flight, call ``backend.shutdown()`` until no attempt can touch vLLM's
+        memory, then close the registration and the backend. Idempotent."""
+        backend, self.backend = self.backend, None
+        if backend is None:
+            return
+        for transfer in self._in_flight():
+            transfer.cancel()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            seen = self.wakes.count
+            pending = backend.shutdown()
+            if not pending:
+                break
+            if time.monotonic() >= deadline:
+                log.error("kvwire: %d attempt(s) still touch vLLM's KV memory after %.0f s; leaving the backend "
+                          "and its registration open", len(pending), timeout_s)
+                return
+            self.wakes.wait_beyond(seen, min(deadline, time.monotonic() + 0.1))
+        self._loads.clear()
+        self._saves.clear()
+        self._kept.clear()
+        if self.registration is not None:
+            self.registration.close()
+            self.registration = None
+        backend.close()

@@ -1,0 +1,44 @@
+"""Fixtures for the vLLM connector tests: the vLLM venv (or a clear reason it is missing), a real
+``mooncake_master`` on free loopback ports, and a tiny dummy-weight model folder."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from engines import VLLM_PYTHON, write_model  # noqa: E402
+
+
+def need_vllm_venv() -> None:
+    """Fail under CI, skip elsewhere, when .venv-vllm is missing."""
+    if VLLM_PYTHON.exists():
+        return
+    reason = f"{VLLM_PYTHON} is missing: run scripts/bootstrap_vllm.sh (./dev.sh test does)"
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        pytest.fail(reason)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def vllm_venv() -> Path:
+    need_vllm_venv()
+    return VLLM_PYTHON
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_model(tmp_path_factory.mktemp("vllm") / "tiny-llama")
+
+
+@pytest.fixture(scope="session")
+def master(vllm_venv: Path) -> Iterator[object]:
+    from kvwire_mooncake.master import MasterProcess
+
+    with MasterProcess(lease_ttl_ms=200) as m:
+        yield m

@@ -1,0 +1,75 @@
+"""One vLLM engine in its own process, driven over stdin/stdout with JSON lines.
+
+Run with ``.venv-vllm/bin/python engine_driver.py SPEC_JSON``. SPEC: ``model`` (a folder with a
+config.json: dummy weights), ``kv_transfer_config`` (or null for no connector), ``max_model_len``.
+Requests are lines ``{"op": "generate", "prompts": [[ids...]], "max_tokens": n}``,
+``{"op": "reset_prefix_cache"}`` or ``{"op": "quit"}``; every answer is one stdout line starting
+with ``@@driver `` (vLLM's own logging goes to stderr and other stdout lines). Startup ends with
+``{"ready": true}``, or ``{"ready": false, "error": ...}`` and exit status 3."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+
+MARK = "@@driver "
+
+
+def say(obj: object) -> None:
+    sys.stdout.write(MARK + json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def main() -> int:
+    spec = json.loads(sys.argv[1])
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(spec.get("kv_cache_gib", 1)))
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    kwargs = dict(
+        model=spec["model"], load_format="dummy", skip_tokenizer_init=True, enforce_eager=True,
+        dtype="float32", block_size=32, gpu_memory_utilization=0.3, enable_prefix_caching=True,
+        max_model_len=int(spec.get("max_model_len", 4096)), seed=0,
+        max_num_batched_tokens=int(spec.get("max_num_batched_tokens", spec.get("max_model_len", 4096))),
+    )
+    if spec.get("kv_transfer_config") is not None:
+        kwargs["kv_transfer_config"] = spec["kv_transfer_config"]
+    try:
+        llm = LLM(**kwargs)
+    except Exception as exc:
+        say({"ready": False, "error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()})
+        return 3
+    say({"ready": True})
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        req = json.loads(line)
+        op = req.get("op")
+        try:
+            if op == "quit":
+                break
+            if op == "reset_prefix_cache":
+                say({"ok": bool(llm.reset_prefix_cache())})
+            elif op == "generate":
+                params = SamplingParams(temperature=0, max_tokens=int(req.get("max_tokens", 1)),
+                                        detokenize=False, ignore_eos=True)
+                prompts = [TokensPrompt(prompt_token_ids=p) for p in req["prompts"]]
+                began = time.perf_counter()
+                outs = llm.generate(prompts, params, use_tqdm=False)
+                seconds = time.perf_counter() - began
+                say({"seconds": seconds, "outputs": [
+                    {"tokens": list(o.outputs[0].token_ids), "num_cached_tokens": o.num_cached_tokens,
+                     "kv_transfer_params": o.kv_transfer_params} for o in outs]})
+            else:
+                say({"error": f"unknown op {op!r}"})
+        except Exception as exc:
+            say({"error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()})
+    del llm
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""Test-side helpers: a tiny model folder, and vLLM engines in their own processes (run with
+``.venv-vllm/bin/python``), driven over a pipe with JSON lines. Imports nothing of vLLM."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import subprocess
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
+DRIVER = Path(__file__).with_name("engine_driver.py")
+MARK = "@@driver "
+#: Engine start measured ~23 s here; a loaded 2-core machine may take several times that.
+START_TIMEOUT_S = 240.0
+CALL_TIMEOUT_S = 240.0
+
+TINY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128,
+    "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "vocab_size": 1024, "max_position_embeddings": 32768, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+    "torch_dtype": "float32", "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": False,
+}
+
+
+def write_model(folder: Path, config: dict[str, Any] | None = None) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config or TINY_LLAMA))
+    return folder
+
+
+def kvwire_transfer_config(backend: str, options: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {"kv_connector": "KvwireConnector", "kv_connector_module_path": "kvwire_vllm", "kv_role": "kv_both",
+            "kv_connector_extra_config": {"backend": backend, "options": options, **extra}}
+
+
+class EngineError(RuntimeError):
+    """The engine did not start or did not answer; the message carries its log's tail."""
+
+
+class Engine:
+    """One vLLM engine process. ``start()`` returns once it is ready (or raises
+    :class:`EngineError`); ``call()`` sends one request and waits for its answer."""
+
+    def __init__(self, name: str, model: Path, kv_transfer_config: dict[str, Any] | None,
+                 env: dict[str, str] | None = None, max_model_len: int = 4096, log_dir: Path | None = None) -> None:
+        self.name = name
+        spec = {"model": str(model), "kv_transfer_config": kv_transfer_config, "max_model_len": max_model_len}
+        self.log_path = (log_dir or model.parent) / f"engine-{name}.log"
+        self._log = self.log_path.open("w")
+        environ = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONUNBUFFERED": "1",
+                   "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "INFO"), **(env or {})}
+        environ.pop("VIRTUAL_ENV", None)
+        self.proc = subprocess.Popen([str(VLLM_PYTHON), str(DRIVER), json.dumps(spec)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self._log, text=True, env=environ,
+                                     cwd=str(model.parent))
+        self._answers: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self._reader = threading.Thread(target=self._read, name=f"engine-{name}-stdout", daemon=True)
+        self._reader.start()
+        self.ready: dict[str, Any] | None = None
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith(MARK):
+                self._answers.put(json.loads(line[len(MARK):]))
+            else:
+                self._log.write(line)
+        self._answers.put(None)  # the process closed its stdout: it exited
+
+    def _answer(self, timeout_s: float, what: str) -> dict[str, Any]:
+        try:
+            answer = self._answers.get(timeout=timeout_s)
+        except queue.Empty:
+            raise EngineError(f"engine {self.name}: no answer to {what} within {timeout_s:g} s; log tail:\n"
+                              f"{self.log_tail()}") from None
+        if answer is None:
+            code = self.proc.wait(timeout=30)
+            raise EngineError(f"engine {self.name} exited (status {code}) before answering {what}; log tail:\n"
+                              f"{self.log_tail()}")
+        return answer
+
+    def start(self, timeout_s: float = START_TIMEOUT_S) -> Engine:
+        self.ready = self._answer(timeout_s, "start")
+        if not self.ready.get("ready"):
+            raise EngineError(f"engine {self.name} failed to start: {self.ready.get('error')}")
+        return self
+
+    def call(self, request: dict[str, Any], timeout_s: float = CALL_TIMEOUT_S) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        answer = self._answer(timeout_s, request.get("op", "?"))
+        if "error" in answer:
+            raise EngineError(f"engine {self.name}: {answer['error']}\n{answer.get('trace', '')}")
+        return answer
+
+    def generate(self, prompts: Sequence[Sequence[int]], max_tokens: int = 4) -> dict[str, Any]:
+        return self.call({"op": "generate", "prompts": [list(p) for p in prompts], "max_tokens": max_tokens})
+
+    def log_tail(self, limit: int = 6000) -> str:
+        self._log.flush()
+        text = self.log_path.read_text(errors="replace")
+        return text[-limit:]
+
+    def close(self, timeout_s: float = 60.0) -> int | None:
+        """Ask the engine to quit (it shuts its connector down), then wait; kill after ``timeout_s``."""
+        if self.proc.poll() is None:
+            try:
+                assert self.proc.stdin is not None
+                self.proc.stdin.write(json.dumps({"op": "quit"}) + "\n")
+                self.proc.stdin.close()
+            except (BrokenPipeError, OSError):
+                pass
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._reader.join(timeout=10)
+        self._log.close()
+        return self.proc.returncode
+
+
+def start_all(engines: Sequence[Engine], timeout_s: float = START_TIMEOUT_S) -> None:
+    """Wait for engines started together (their processes already run in parallel)."""
+    deadline = time.monotonic() + timeout_s
+    for engine in engines:
+        engine.start(max(1.0, deadline - time.monotonic()))
