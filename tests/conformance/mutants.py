@@ -149,7 +149,7 @@ Mutant.declare = staticmethod(_declare_as_is)  # type: ignore[attr-defined]
 
 
 def _outcome_like(out: Outcome, masks: Sequence[np.ndarray]) -> Outcome:
-    return Outcome(out.status, tuple(masks), out.reason, out.by_peer)
+    return Outcome(out.status, tuple(masks), out.reason, out.by_peer, out.cause)
 
 
 # -- the broken ones -----------------------------------------------------------------------------
