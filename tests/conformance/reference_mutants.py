@@ -183,9 +183,12 @@ class _WakeFirst(ReferenceAttempt):
     def conclude_locked(self, status: OutcomeStatus, cause: Cause | None = None, reason: str | None = None,
                         *, by_peer: bool = False) -> bool:
         if self.outcome is None:
-            self.wake()  # tell the holder first...
+            self.wake()  # tell the holder at once, from this thread, instead of after the change
             time.sleep(0.001)  # (the store's bookkeeping between the two)
-        return super().conclude_locked(status, cause, reason, by_peer=by_peer)
+        concluded = super().conclude_locked(status, cause, reason, by_peer=by_peer)
+        if concluded and self.wake in self.reactor._wakes:
+            self.reactor._wakes.remove(self.wake)  # already woken above
+        return concluded
 
 
 class WakesBeforeOutcome(ReferenceStoreBackend):
@@ -274,7 +277,8 @@ class StoresBeforeValidating(ReferenceStoreBackend):
             for i, group in enumerate(view.groups):
                 located = self._table.locate(group, i)
                 if group.rows and group.names is not None:
-                    self._store.put(namespace, group.group_id, group.names, read_rows(located, group.region.slot_bytes))
+                    rows = read_rows(located, group.region.slot_bytes)
+                    self._reactor.run(lambda g=group, r=rows: self._store.put(namespace, g.group_id, g.names, r))
         return super()._check(op, view, hint, wake)
 
 
@@ -573,22 +577,24 @@ class IncomingRepeats(ReferencePeer):
         return tuple(r for r in again if r is not None) + fresh
 
 
-class WakesOnlyWhenEmpty(ReferencePeer):
-    """W1: the serving wake is called only when a request arrives to an empty queue: a second
-    request arriving before the first was taken is not followed by a wake."""
+class WakesBeforeRequestVisible(ReferencePeer):
+    """W1: the serving wake is called as a request arrives, just before it is put where
+    incoming() finds it."""
 
     def _on_request(self, message: Request) -> None:
         with self._reactor.lock:
-            was_empty = not self._requests
             wake = self._serving_wake
-            if wake is not None and not was_empty:
-                self._serving_wake = lambda: None
-        try:
+        if wake is None:
             super()._on_request(message)
-        finally:
-            with self._reactor.lock:
-                if wake is not None:
-                    self._serving_wake = wake
+            return
+        wake()
+        time.sleep(0.001)  # (building the PullRequest)
+        with self._reactor.lock:
+            self._serving_wake = lambda: None  # woken above already
+            try:
+                super()._on_request(message)
+            finally:
+                self._serving_wake = wake
 
 
 class DeclineAsFault(ReferencePeer):
@@ -613,14 +619,14 @@ class PeerIgnoresHintTimeout(ReferencePeer):
         return super().fetch(view, Hint(hint.kind, hint.fields), wake)
 
 
-class PeerAcceptsUnknownHintFields(ReferencePeer):
-    """H1: a peer hint's fields other than address and credentials are silently ignored."""
+class DropsCredentials(ReferencePeer):
+    """H1: a peer hint's ``credentials`` are checked but not passed on: the serving end's
+    PullRequest carries none (H1.12)."""
 
-    def _peer_of(self, hint: Hint) -> tuple[bytes, bytes]:
-        if isinstance(hint, Hint) and hint.kind == "peer":
-            hint = Hint(hint.kind, tuple((k, v) for k, v in hint.fields if k in ("address", "credentials")),
-                        hint.timeout_s)
-        return super()._peer_of(hint)
+    def _send(self, to: bytes, message: Any) -> bool:
+        if isinstance(message, Request) and message.credentials:
+            message = Request(message.ticket, message.reply_to, message.groups, message.slot_bytes, message.names)
+        return super()._send(to, message)
 
 
 class PeerRequestsBeforeAdmission(ReferencePeer):
@@ -706,10 +712,10 @@ cuts_large_rows = PeerMutantHarness("cuts-large-rows", CutsLargeRows)
 cancel_not_told = PeerMutantHarness("cancel-not-told", CancelNotTold)
 marks_beyond_served = PeerMutantHarness("marks-beyond-served", MarksBeyondServed)
 incoming_repeats = PeerMutantHarness("incoming-repeats", IncomingRepeats)
-wakes_only_when_empty = PeerMutantHarness("wakes-only-when-empty", WakesOnlyWhenEmpty)
+wakes_before_request_visible = PeerMutantHarness("wakes-before-request-visible", WakesBeforeRequestVisible)
 decline_as_fault = PeerMutantHarness("decline-as-fault", DeclineAsFault)
 peer_ignores_hint_timeout = PeerMutantHarness("peer-ignores-hint-timeout", PeerIgnoresHintTimeout)
-peer_accepts_unknown_hint_fields = PeerMutantHarness("peer-accepts-unknown-hint-fields", PeerAcceptsUnknownHintFields)
+drops_credentials = PeerMutantHarness("drops-credentials", DropsCredentials)
 peer_requests_before_admission = PeerMutantHarness("peer-requests-before-admission", PeerRequestsBeforeAdmission)
 answer_quiesces_before_copy = PeerMutantHarness("answer-quiesces-before-copy", AnswerQuiescesBeforeCopy)
 shutdown_keeps_pulls = PeerMutantHarness("shutdown-keeps-pulls", ShutdownKeepsPulls)

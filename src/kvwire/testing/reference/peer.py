@@ -207,7 +207,7 @@ class ReferencePeer(Backend, ServesPulls):
         # server side, by ticket: requests not yet taken through incoming(), requests taken and
         # not yet answered, where each request's answer goes, and answers waiting for an Ack
         self._requests: dict[int, PullRequest] = {}
-        self._taken: set[int] = set()
+        self._taken: dict[int, PullRequest] = {}
         self._withdrawn: set[int] = set()  # taken, then cancelled by the requester before the answer
         self._replies: dict[int, bytes] = {}
         self._answers: dict[int, _Answer] = {}
@@ -299,7 +299,7 @@ class ReferencePeer(Backend, ServesPulls):
         ticket = _ticket_of(request.ticket)
         with self._reactor.lock:
             reply_to = self._replies.pop(ticket, None) if ticket in self._taken else None
-            self._taken.discard(ticket)
+            self._taken.pop(ticket, None)
             self._withdrawn.discard(ticket)
         if reply_to is not None:
             self._send(reply_to, Declined(ticket, str(reason) or "declined"))
@@ -311,8 +311,11 @@ class ReferencePeer(Backend, ServesPulls):
             raise SubmissionRejected("this peer is shut down; it takes no publish")
         if not isinstance(hint, Hint) or hint.kind != "ticket" or not isinstance(hint.get("id"), int):
             raise InvalidSubmission(f"a peer publishes only to answer a pull, with the request's ticket; got {hint!r}")
-        if {k for k, _ in hint.fields} != {"id"}:
-            raise InvalidSubmission(f"a ticket hint carries only 'id', got {hint!r}")
+        if {k for k, _ in hint.fields} != {"id", "at"}:
+            raise InvalidSubmission(f"a ticket hint carries 'id' and 'at', as the PullRequest gave it; got {hint!r}")
+        if hint.get("at") != self.address():
+            # H1.13: a ticket handed out by another peer instance (another domain).
+            raise SubmissionRejected(f"ticket {hint!r} was handed out by another peer, not by {self.address()!r}")
         ticket = _ticket_of(hint)
         located = self._table.locate_view(view)
         counts = {g.rows for g in view.groups}
@@ -329,13 +332,21 @@ class ReferencePeer(Backend, ServesPulls):
                 answer.conclude_locked(OutcomeStatus.CANCELLED, Cause.PEER_CANCELLED,
                                        "the requesting peer cancelled the pull", by_peer=True)
                 return answer
-            if ticket not in self._taken:
+            request = self._taken.get(ticket)
+            if request is None:
                 raise InvalidSubmission(f"ticket {ticket} names no pull this peer has taken through incoming() "
                                         "and not yet answered")
             answer = _Answer(reactor, view, wake, timeout_s, located, ticket, self._replies[ticket])
             reactor.admit_locked(answer, "publish")
-            self._taken.discard(ticket)
+            del self._taken[ticket]
             del self._replies[ticket]
+            misfit = _misfit(view, request)
+            if misfit is not None:
+                # N2.12: the answer fails, and so does the requester's fetch, saying why.
+                answer.conclude_locked(OutcomeStatus.FAILED, Cause.FAULT, f"the answer does not fit its pull: {misfit}")
+                self._outbox.append((answer.reply_to, Fault(ticket, f"the server's answer does not fit: {misfit}")))
+                reactor.run(self._flush)
+                return answer
             self._answers[ticket] = answer
         reactor.run(lambda: self._send_rows(answer))
         return answer
@@ -403,7 +414,7 @@ class ReferencePeer(Backend, ServesPulls):
         with self._reactor.lock:
             wake = self._serving_wake
             if wake is not None:
-                request = PullRequest(Hint.of("ticket", id=message.ticket), message.groups, message.slot_bytes,
+                request = PullRequest(Hint.of("ticket", id=message.ticket, at=self.address()), message.groups, message.slot_bytes,
                                       message.names, peer=message.reply_to.decode(errors="replace"),
                                       credentials=message.credentials)
                 self._requests[message.ticket] = request
@@ -441,8 +452,7 @@ class ReferencePeer(Backend, ServesPulls):
     def _on_cancel(self, message: Cancel) -> None:
         with self._reactor.lock:
             self._requests.pop(message.ticket, None)
-            if message.ticket in self._taken:
-                self._taken.discard(message.ticket)
+            if self._taken.pop(message.ticket, None) is not None:
                 self._withdrawn.add(message.ticket)
             self._replies.pop(message.ticket, None)
             answer = self._answers.pop(message.ticket, None)
@@ -494,6 +504,22 @@ class ReferencePeer(Backend, ServesPulls):
 
     def __repr__(self) -> str:
         return f"ReferencePeer({self._name!r}, {len(self._reactor.live)} in flight)"
+
+
+def _misfit(view: View, request: PullRequest) -> str | None:
+    """Why ``view`` does not answer ``request`` (N2.12), or ``None``: the request's groups in
+    order, its slot sizes, at most its blocks, named as the prefix of its names."""
+    groups = tuple(g.group_id for g in view.groups)
+    if groups != request.groups:
+        return f"groups {list(groups)}, the pull asked for {list(request.groups)}"
+    for group, size in zip(view.groups, request.slot_bytes, strict=True):
+        if group.region.slot_bytes != size:
+            return f"group {group.group_id} rows are {group.region.slot_bytes} bytes, the pull expects {size}"
+        if group.rows > request.blocks:
+            return f"group {group.group_id} sends {group.rows} blocks, the pull asked for {request.blocks}"
+        if group.rows and (group.names is None or not np.array_equal(group.names, request.names[: group.rows])):
+            return f"group {group.group_id} does not name the prefix of the pull's blocks"
+    return None
 
 
 def _ticket_of(hint: Hint) -> int:
