@@ -33,6 +33,7 @@ from kvwire.contract import (
     WakeFn,
 )
 from kvwire.contract.backend import Registration
+from kvwire.contract.lookup import Lookup
 from kvwire.contract.outcome import OutcomeStatus
 from kvwire.contract.serving import PullRequest, ServesPulls
 from kvwire.testing.harness import Ends, FaultPlan, Harness
@@ -58,8 +59,9 @@ class Wrapped(Attempt):
         self.inner.cancel()
 
 
-class Mutant(Backend):
-    """A backend that forwards everything to a correct one; subclasses break one rule."""
+class Mutant(Backend, Lookup):
+    """A backend that forwards everything to a correct one; subclasses break one rule. It
+    offers ``lookup`` (L1) by forwarding it, used only where the inner backend declares it."""
 
     attempt_type: type[Wrapped] = Wrapped
 
@@ -78,6 +80,10 @@ class Mutant(Backend):
 
     def publish(self, view: View, hint: Hint, wake: WakeFn) -> Attempt:
         return self.submit("publish", view, hint, wake)
+
+    def lookup(self, groups: Sequence[int], names: np.ndarray, hint: Hint,
+               timeout_s: float | None = None) -> np.ndarray:
+        return self.inner.lookup(groups, names, hint, timeout_s)  # type: ignore[attr-defined,no-any-return]
 
     def submit(self, op: str, view: View, hint: Hint, wake: WakeFn) -> Attempt:
         return self.remember(self.make(op, view, hint, wake))

@@ -28,6 +28,9 @@ How it keeps the contract:
   holder may call ``cancel()`` while holding the lock its ``wake`` takes.
 - **Keys.** Rows are addressed by content name: ``kvw1/{namespace}/g{group_id}/{name.hex()}``
   (:func:`~kvwire.blob.keys.store_keys`). A hint of kind ``"store"`` may carry ``namespace``.
+- **Lookup (L1).** When the driver offers ``contains`` the backend declares the ``lookup``
+  protocol and answers it from those same keys (:mod:`kvwire.blob.lookups`); otherwise it does
+  not declare it, and :meth:`BlobBackend.lookup` refuses.
 
 The backend does not own its driver unless built with ``owns_driver=True``; then :meth:`close`
 closes it."""
@@ -48,6 +51,7 @@ import numpy as np
 
 from kvwire.blob.driver import BatchResult, KeyStatus, StoreDriver
 from kvwire.blob.keys import check_namespace, store_keys
+from kvwire.blob.lookups import LookupRunner, check_timeout
 from kvwire.contract import (
     CONTRACT_VERSION,
     Capabilities,
@@ -62,6 +66,7 @@ from kvwire.contract import (
 )
 from kvwire.contract.backend import Attempt, Backend, Registration
 from kvwire.contract.capabilities import OtherEnd
+from kvwire.contract.lookup import LOOKUP, Lookup
 
 __all__ = ["BlobBackend", "BlobRegistration", "STORE_HINT_KIND", "blob_capabilities"]
 
@@ -79,10 +84,12 @@ _backend_ids = itertools.count(1)
 _registration_ids = itertools.count(1)
 
 
-def blob_capabilities(memory_kinds: Iterable[MemoryKind], max_in_flight: int) -> Capabilities:
+def blob_capabilities(memory_kinds: Iterable[MemoryKind], max_in_flight: int, *,
+                      lookup: bool = False) -> Capabilities:
     """What every blob backend declares: a store at the other end, fetch and publish by content
-    name, cancellation, and the driver's memory kinds. Plugins use it for their static
-    declaration so it equals what their backends return."""
+    name, cancellation, and the driver's memory kinds; with ``lookup`` (a driver that offers
+    ``contains``) the ``lookup`` protocol too. Plugins use it for their static declaration so it
+    equals what their backends return."""
     return Capabilities(
         contract_version=CONTRACT_VERSION,
         fetch=True,
@@ -92,6 +99,7 @@ def blob_capabilities(memory_kinds: Iterable[MemoryKind], max_in_flight: int) ->
         content_addressed=True,
         max_in_flight=max_in_flight,
         cancellation=True,
+        protocols=frozenset({LOOKUP}) if lookup else frozenset(),
     )
 
 
@@ -416,7 +424,7 @@ def _watch(core: _Core) -> None:
             core.watch.wait(None if nearest == math.inf else nearest - now)
 
 
-class BlobBackend(Backend):
+class BlobBackend(Backend, Lookup):
     """A backend whose other end is a store of named, immutable objects reached through
     ``driver``. Rows are addressed by content name in ``namespace`` (a store hint may name
     another). At most ``max_in_flight`` attempts are neither concluded nor quiesced at once;
@@ -446,8 +454,9 @@ class BlobBackend(Backend):
         self._timeout_s = float(timeout_s)
         self._chunk_bytes = chunk_bytes
         self._owns_driver = owns_driver
-        self._capabilities = blob_capabilities(driver.memory_kinds, max_in_flight)
         self._id = next(_backend_ids)
+        self._lookups = LookupRunner(driver, f"kvwire-blob{self._id}-lookup") if driver.offers_contains else None
+        self._capabilities = blob_capabilities(driver.memory_kinds, max_in_flight, lookup=self._lookups is not None)
         self._core = core = _Core(driver, max_in_flight)
         names = [f"kvwire-blob{self._id}-worker{i}" for i in range(workers)]
         core.threads = [threading.Thread(target=_serve, args=(core,), name=n, daemon=True) for n in names]
@@ -456,6 +465,8 @@ class BlobBackend(Backend):
         for thread in core.threads:
             thread.start()
         self._finalizer = weakref.finalize(self, core.stop)
+        if self._lookups is not None:
+            weakref.finalize(self, self._lookups.stop)
         self._driver_closed = False
 
     # -- declared ----------------------------------------------------------------------------
@@ -612,6 +623,23 @@ class BlobBackend(Backend):
             put((attempt, lo, hi))
         return attempt
 
+    def lookup(self, groups: Sequence[int], names: np.ndarray, hint: Hint,
+               timeout_s: float | None = None) -> np.ndarray:
+        """L1: which of ``names`` the store holds now in every group of ``groups``, under the
+        hint's namespace (one ``contains`` call; no pins, nothing changed). Waits at most
+        ``timeout_s``, else the hint's, else the backend's ``timeout_s``. Refuses with
+        ``InvalidSubmission`` when the driver offers no ``contains`` (``lookup`` undeclared)."""
+        if self._core.closed:
+            raise SubmissionRejected("this blob backend is shut down; it answers no lookup")
+        if self._lookups is None:
+            raise InvalidSubmission(
+                f"this blob backend does not declare {LOOKUP!r}: its store driver "
+                f"{type(self._core.driver).__name__} offers no contains()")
+        namespace = self._namespace_of(hint)
+        if timeout_s is None:
+            timeout_s = self._timeout_s if hint.timeout_s is None else hint.timeout_s
+        return self._lookups.lookup(namespace, groups, names, check_timeout(timeout_s))
+
     def _namespace_of(self, hint: Hint) -> str:
         if not isinstance(hint, Hint):
             raise InvalidSubmission(f"the hint must be a kvwire Hint, got {type(hint).__name__}")
@@ -649,6 +677,8 @@ class BlobBackend(Backend):
         whose memory access has not ended (a worker is still inside the driver for them). Once
         that set is empty the worker threads are stopped and joined. Idempotent."""
         core = self._core
+        if self._lookups is not None:
+            self._lookups.stop()
         with core.cond:
             core.closed = True
             for attempt in list(core.active):

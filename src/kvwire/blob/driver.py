@@ -22,10 +22,10 @@ __all__ = ["KeyStatus", "BatchResult", "StoreDriver"]
 class KeyStatus(enum.IntEnum):
     """Per-key answer of a driver call."""
 
-    OK = 0             #: put stored a new object; get read it whole; remove removed it
+    OK = 0             #: put stored a new object; get read it whole; remove removed it; contains: held
     ALREADY_THERE = 1  #: put found an object under this key and kept its bytes unchanged
     DECLINED = 2       #: put refused for space; not a fault, the object is simply not stored
-    MISSING = 3        #: get or remove found no object under this key: a miss
+    MISSING = 3        #: get, remove or contains found no object under this key: a miss
     BUSY = 4           #: remove refused for now (the store still leases the object)
     FAILED = 5         #: a fault; the batch result's reason says why
 
@@ -111,6 +111,21 @@ class StoreDriver(abc.ABC):
     @abc.abstractmethod
     def exists(self, keys: Sequence[str]) -> np.ndarray:
         """A bool array: which keys name a stored object now."""
+
+    def contains(self, keys: Sequence[str]) -> BatchResult:
+        """Optional (the ``lookup`` protocol, L1): which keys name a whole stored object now,
+        answered ``OK`` (held), ``MISSING`` (not held) or ``FAILED`` with a reason (a fault: the
+        store did not answer for that key). Unlike :meth:`exists` a fault is never read as
+        "not held". Touches no object and takes no lease. The default raises
+        ``NotImplementedError``: the driver does not offer it, and a blob backend on it does not
+        declare ``lookup``."""
+        raise NotImplementedError(f"{type(self).__name__} does not offer contains()")
+
+    @property
+    def offers_contains(self) -> bool:
+        """Whether :meth:`contains` is offered: by default, whether the driver's class overrides
+        it. A wrapping driver answers for the driver it wraps."""
+        return type(self).contains is not StoreDriver.contains
 
     @abc.abstractmethod
     def remove(self, keys: Sequence[str]) -> BatchResult:

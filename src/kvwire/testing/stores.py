@@ -93,6 +93,18 @@ class ControlledDriver(StoreDriver):
     def exists(self, keys: Sequence[str]) -> np.ndarray:
         return self.inner.exists(keys)
 
+    def contains(self, keys: Sequence[str]) -> BatchResult:
+        """The inner driver's answer, held like every put and get (lookup, L1)."""
+        self.control.enter()
+        try:
+            return self.inner.contains(keys)
+        finally:
+            self.control.leave()
+
+    @property
+    def offers_contains(self) -> bool:
+        return self.inner.offers_contains
+
     def remove(self, keys: Sequence[str]) -> BatchResult:
         return self.inner.remove(keys)
 

@@ -57,7 +57,7 @@ def create(options: Mapping[str, Any]) -> BlobBackend:
 plugin = Plugin(
     name="memory",
     contract_version=CONTRACT_VERSION,
-    capabilities=blob_capabilities(MemoryDriver.memory_kinds, max_in_flight=64),
+    capabilities=blob_capabilities(MemoryDriver.memory_kinds, max_in_flight=64, lookup=True),
     create=create,
     options=OPTIONS,
     summary="in-process blob store (the embedded default; shared by store name within one process)",

@@ -125,6 +125,17 @@ class MemoryDriver(StoreDriver):
         store = self.store
         return np.fromiter((key in store for key in keys), dtype=bool, count=len(keys))
 
+    def contains(self, keys: Sequence[str]) -> BatchResult:
+        """``OK`` for each key the store holds now, ``MISSING`` for the others (lookup, L1);
+        touches no object, and does not refresh its place in the eviction order."""
+        if self._closed:
+            return BatchResult.uniform(len(keys), KeyStatus.FAILED, "the in-memory driver is closed")
+        store = self.store
+        held = np.fromiter((key in store for key in keys), dtype=bool, count=len(keys))
+        if held.all():
+            return BatchResult.ok(len(keys))
+        return BatchResult(np.where(held, int(KeyStatus.OK), int(KeyStatus.MISSING)).astype(np.uint8))
+
     def remove(self, keys: Sequence[str]) -> BatchResult:
         if self._closed:
             return BatchResult.uniform(len(keys), KeyStatus.FAILED, "the in-memory driver is closed")

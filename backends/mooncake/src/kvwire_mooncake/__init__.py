@@ -77,7 +77,8 @@ def local_services(options: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
 plugin = Plugin(
     name="mooncake",
     contract_version=CONTRACT_VERSION,
-    capabilities=blob_capabilities(MEMORY_KINDS, next(o.default for o in OPTIONS if o.name == "max_in_flight")),
+    capabilities=blob_capabilities(MEMORY_KINDS, next(o.default for o in OPTIONS if o.name == "max_in_flight"),
+                                   lookup=True),
     create=create,
     options=OPTIONS,
     summary="Mooncake Store: a distributed KV store; rows move zero-copy from registered memory",

@@ -278,6 +278,29 @@ class MooncakeDriver(StoreDriver):
             log.warning("exists: %s; answering 'not stored' for those keys", codes.describe("batch_is_exist", code))
         return answer == 1
 
+    def contains(self, keys: Sequence[str]) -> BatchResult:
+        """One ``batch_is_exist`` call (lookup, L1): 1 is ``OK`` (held), 0 ``MISSING``, and a
+        negative code ``FAILED`` with its meaning; a refused call (closed, master unreachable)
+        fails every key. Unlike :meth:`exists`, a fault is never read as "not stored"."""
+        return self._batch(len(keys), lambda n: self._contains(keys, n))
+
+    def _contains(self, keys: Sequence[str], n: int) -> BatchResult:
+        answer = self._client.batch_is_exist(_as_list(keys))
+        if type(answer) is list and all(a == 1 for a in answer) and len(answer) == n:
+            return BatchResult.ok(n)
+        found = np.asarray(answer, dtype=np.int64)
+        if found.shape != (n,):
+            return BatchResult.uniform(n, KeyStatus.FAILED,
+                                       f"batch_is_exist answered {found.size} codes for {n} keys")
+        status = np.full(n, int(KeyStatus.FAILED), dtype=np.uint8)
+        status[found == 1] = int(KeyStatus.OK)
+        status[found == 0] = int(KeyStatus.MISSING)
+        bad = np.flatnonzero((found != 1) & (found != 0))
+        reasons = {int(i): codes.describe("batch_is_exist", int(found[i])) for i in bad[:_EXPLAIN_AT_MOST].tolist()}
+        for i in bad[_EXPLAIN_AT_MOST:].tolist():
+            reasons[int(i)] = reasons[int(bad[0])]
+        return BatchResult(status, reasons)
+
     def remove(self, keys: Sequence[str]) -> BatchResult:
         return self._batch(len(keys), lambda n: self._remove(keys, n))
 

@@ -65,6 +65,9 @@ class _PairDriver(MooncakeDriver):
     def exists(self, keys: Sequence[str]) -> np.ndarray:
         return super().exists(self._scoped(keys))
 
+    def contains(self, keys: Sequence[str]) -> BatchResult:
+        return super().contains(self._scoped(keys))
+
     def remove(self, keys: Sequence[str]) -> BatchResult:
         return super().remove(self._scoped(keys))
 

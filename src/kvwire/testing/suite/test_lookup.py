@@ -1,0 +1,319 @@
+"""L1: the optional protocol ``lookup`` (contract 1.1): which names the other end holds now.
+
+Every test skips, naming the capability, unless the backend declares ``lookup`` for a store
+other end. The store is made to hold rows by a publish, as in every other test, and each answer
+is checked against what the suite knows it holds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kvwire.contract import Capabilities, Hint, InvalidSubmission, SubmissionRejected
+from kvwire.contract.capabilities import OtherEnd
+from kvwire.contract.errors import LookupFailed, SubmissionError
+from kvwire.contract.lookup import LOOKUP, Lookup
+from kvwire.testing import needs, profiles
+from kvwire.testing.exchange import Exchange
+from kvwire.testing.harness import Harness
+from kvwire.testing.holder import call_briefly
+from kvwire.testing.layout import Bench, ViewPlan, random_names, simple_plan
+from kvwire.testing.strategies import selections
+
+UNUSABLE = Hint.of("kvwire_conformance_unusable")
+
+
+def _needs_lookup(caps: Capabilities) -> None:
+    if LOOKUP not in caps.protocols:
+        pytest.skip(f"backend does not declare the {LOOKUP} protocol")
+    if caps.other_end is not OtherEnd.STORE:
+        pytest.skip(f"backend declares {LOOKUP} for a peer; these tests make a store other end hold rows")
+    needs.publish(caps)
+
+
+def _asker(ex: Exchange) -> Lookup:
+    """The end that asks: the fetching end, about the other end its fetch hint names."""
+    sink = ex.ends.sink
+    assert LOOKUP in sink.capabilities().protocols, "B4: a built backend does not declare the lookup its plugin declares"
+    assert isinstance(sink, Lookup), (
+        f"B4/L1: the backend declares {LOOKUP!r} but does not implement kvwire.contract.Lookup")
+    return sink
+
+
+def _ask(ex: Exchange, groups: list[int], names: np.ndarray, hint: Hint | None = None,
+         timeout_s: float | None = None) -> np.ndarray:
+    """A lookup, checked for the shape of its answer (a new, plain, read-only bool array of one
+    bit per name) and bounded so a hang fails instead of stalling the suite."""
+    asker = _asker(ex)
+    names = np.array(names, dtype=np.uint8)
+    asked = names.copy()
+    limit = (timeout_s or 0) + profiles.active().patience_s
+    answer = call_briefly(lambda: asker.lookup(groups, names, hint or ex.ends.fetch_hint, timeout_s),
+                          "L1: lookup()", limit_s=limit)
+    assert type(answer) is np.ndarray, f"L1: lookup() answered a {type(answer).__name__}, not a plain numpy.ndarray"
+    assert answer.dtype == np.bool_, f"L1: lookup() answered dtype {answer.dtype}, not bool"
+    assert answer.shape == (names.shape[0],), (
+        f"L1: lookup() of {names.shape[0]} names answered shape {answer.shape}; it answers one bit per name")
+    assert not answer.flags.writeable, "L1: lookup()'s answer is writable; it is a read-only array"
+    assert not np.shares_memory(answer, names), "L1: lookup()'s answer shares memory with the names asked"
+    np.testing.assert_array_equal(names, asked, err_msg="L1: lookup() changed the names it was given")
+    return answer
+
+
+def _expect(answer: np.ndarray, want: np.ndarray, what: str) -> None:
+    wrong = np.flatnonzero(answer != want)
+    assert wrong.size == 0, (
+        f"L1: {what}: lookup() answered {answer.astype(int).tolist()}, the other end holds "
+        f"{np.asarray(want).astype(int).tolist()} (first wrong name: {int(wrong[0])})")
+
+
+def _plan(caps: Capabilities, *, groups: int = 2, rows: int = 4, seed: int, width: int = 16) -> ViewPlan:
+    # Names shared by every group, so one name can be asked about in several groups at once.
+    return simple_plan(groups=groups, rows=rows, seed=seed, name_width=width, shared_names=True)
+
+
+def test_L1_held_names_answer_true_and_others_false(kvwire_harness: Harness) -> None:
+    """Property: offer some rows of every group; a lookup of each group's names answers true
+    exactly for the offered ones, and names never stored answer false."""
+    caps = kvwire_harness.capabilities()
+    _needs_lookup(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+
+    @profiles.examples()
+    @given(data=st.data(), rows=st.integers(1, 8), seed=st.integers(0, 2**16))
+    def run(data: st.DataObject, rows: int, seed: int) -> None:
+        plan = simple_plan(groups=2, rows=rows, seed=seed)
+        with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan,
+                                                              kind) as bench:
+            offer = data.draw(selections(plan), label="offered rows")
+            ex.offer(bench, offer)
+            for gi, g in enumerate(plan.groups):
+                held = np.isin(np.arange(g.rows), bench.rows_of(offer)[gi])
+                _expect(_ask(ex, [g.group_id], bench.names[gi]), held, f"group {g.group_id}'s names")
+            strangers = random_names(np.random.default_rng(seed + 1), 5, plan.groups[0].name_width)
+            strangers = strangers[~(strangers[:, None, :] == np.vstack(bench.names)[None]).all(-1).any(-1)]
+            _expect(_ask(ex, [plan.groups[0].group_id], strangers), np.zeros(len(strangers), bool),
+                    "names never stored")
+            bench.verify("after lookups")
+
+    run()
+
+
+def test_L1_a_name_held_in_one_group_is_not_held_in_another(kvwire_harness: Harness) -> None:
+    """A store keys rows by (group, name) (N1): names offered in group 0 only answer false for
+    group 1, and for groups (0, 1) and (1, 0) together; names offered in both answer true."""
+    caps = kvwire_harness.capabilities()
+    _needs_lookup(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = _plan(caps, seed=311)
+    with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan,
+                                                          kind) as bench:
+        ex.offer(bench, {0: [0, 1, 2, 3], 1: [0, 1]})
+        names = bench.names[0]
+        both = np.array([True, True, False, False])
+        g0, g1 = (g.group_id for g in plan.groups)
+        _expect(_ask(ex, [g0], names), np.ones(4, bool), "names offered in group 0, asked in group 0")
+        _expect(_ask(ex, [g1], names), both, "names offered in group 0 only, asked in group 1")
+        _expect(_ask(ex, [g0, g1], names), both, "a name is held only if held in every group listed")
+        _expect(_ask(ex, [g1, g0], names), both, "the order of the groups does not matter")
+        _expect(_ask(ex, [g0, g1 + 7], names), np.zeros(4, bool), "a group nothing was offered in")
+
+
+@pytest.mark.parametrize("width", [1, 16, 64])
+def test_L1_names_that_differ_in_one_byte_or_hold_zero_bytes(kvwire_harness: Harness, width: int) -> None:
+    """Names are opaque fixed-width bytes: an all-zero name is a name like any other; names
+    that differ from a held one in a single byte (first, last), or are a prefix of it, are
+    not held."""
+    caps = kvwire_harness.capabilities()
+    _needs_lookup(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = _plan(caps, groups=1, rows=4, seed=317 + width, width=width)
+    with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan,
+                                                          kind) as bench:
+        names = np.zeros((4, width), dtype=np.uint8)
+        names[1, -1] = 1           # differs from row 0 in its last byte
+        names[2, 0] = 0x80         # ... in its first byte
+        names[3, :] = 0xFF
+        bench.names[0] = names
+        ex.offer(bench, {0: [0, 3]})
+        gid = plan.groups[0].group_id
+        _expect(_ask(ex, [gid], names), np.array([True, False, False, True]), "zero-byte and one-byte-apart names")
+        flipped = names[[0, 3]].copy()
+        flipped[:, width // 2] ^= 0x01
+        _expect(_ask(ex, [gid], flipped), np.zeros(2, bool), "held names with one byte flipped in the middle")
+        if width > 1:
+            _expect(_ask(ex, [gid], names[[0, 3], : width - 1]), np.zeros(2, bool),
+                    "a prefix of a held name is another name")
+        fetched = ex.fetch_settled(bench.sink_view())
+        bench.apply_fetch(fetched)
+        np.testing.assert_array_equal(fetched.masks[0], [True, False, False, True],
+                                      err_msg="A5: the fetch after the lookup holds what the lookup said")
+
+
+def test_L1_names_of_another_namespace_are_not_held(kvwire_harness: Harness) -> None:
+    """A store namespace (a tenant) is part of the key: names held in the hint's namespace
+    answer false when the hint names another one."""
+    caps = kvwire_harness.capabilities()
+    _needs_lookup(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = _plan(caps, groups=1, rows=3, seed=331)
+    with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan,
+                                                          kind) as bench:
+        hint = ex.ends.fetch_hint
+        if hint.get("namespace") is None:
+            pytest.skip("the backend's fetch hint names no store namespace")
+        ex.offer(bench)
+        gid = plan.groups[0].group_id
+        _expect(_ask(ex, [gid], bench.names[0]), np.ones(3, bool), "names held in the hint's namespace")
+        fields = {**dict(hint.fields), "namespace": f"{hint['namespace']}-another-tenant"}
+        other = Hint(hint.kind, tuple(fields.items()), hint.timeout_s)
+        _expect(_ask(ex, [gid], bench.names[0], other), np.zeros(3, bool), "the same names in another namespace")
+
+
+def test_L1_unusable_hints_and_bad_arguments_refused(kvwire_harness: Harness) -> None:
+    """An unusable hint, names that are not a 2-D uint8 array of width 1..64, no groups, a
+    negative group id, or a timeout that is not a positive number: ``InvalidSubmission``."""
+    caps = kvwire_harness.capabilities()
+    _needs_lookup(caps)
+    with needs.open_exchange(kvwire_harness) as ex:
+        asker = _asker(ex)
+        names = np.zeros((2, 16), dtype=np.uint8)
+        hint = ex.ends.fetch_hint
+        bad: list[tuple[str, object]] = [
+            ("an unusable hint", lambda: asker.lookup([0], names, UNUSABLE)),
+            ("names of one dimension", lambda: asker.lookup([0], names[0], hint)),
+            ("names of dtype int64", lambda: asker.lookup([0], names.astype(np.int64), hint)),
+            ("names of width 0", lambda: asker.lookup([0], np.zeros((2, 0), np.uint8), hint)),
+            ("names of width 65", lambda: asker.lookup([0], np.zeros((2, 65), np.uint8), hint)),
+            ("a list instead of an array", lambda: asker.lookup([0], names.tolist(), hint)),  # type: ignore[arg-type]
+            ("no groups", lambda: asker.lookup([], names, hint)),
+            ("a negative group id", lambda: asker.lookup([-1], names, hint)),
+            ("a zero timeout", lambda: asker.lookup([0], names, hint, 0.0)),
+        ]
+        for what, call in bad:
+            try:
+                call_briefly(call, f"L1: lookup() with {what}", limit_s=profiles.active().patience_s)  # type: ignore[arg-type]
+            except InvalidSubmission:
+                continue
+            except Exception as exc:
+                raise AssertionError(f"L1: lookup() with {what} raised {type(exc).__name__}: {exc}; the contract "
+                                     "refuses it with InvalidSubmission") from exc
+            raise AssertionError(f"L1: lookup() with {what} was answered; the contract refuses it with "
+                                 "InvalidSubmission")
+
+
+def test_L1_lookup_after_shutdown_rejected(kvwire_harness: Harness) -> None:
+    caps = kvwire_harness.capabilities()
+    _needs_lookup(caps)
+    with needs.open_exchange(kvwire_harness) as ex:
+        asker = _asker(ex)
+        assert not ex.ends.sink.shutdown(), "B3: shutdown() with nothing in flight has nothing to wait for"
+        try:
+            call_briefly(lambda: asker.lookup([0], np.zeros((1, 16), np.uint8), ex.ends.fetch_hint),
+                         "L1: lookup() after shutdown()", limit_s=profiles.active().patience_s)
+        except SubmissionRejected:
+            return
+        except Exception as exc:
+            raise AssertionError(f"L1/B3: lookup() after shutdown() raised {type(exc).__name__}: {exc}; the "
+                                 "contract rejects it with SubmissionRejected") from exc
+        raise AssertionError("L1/B3: lookup() after shutdown() was answered; it raises SubmissionRejected")
+
+
+def test_L1_lookup_takes_no_capacity_and_changes_nothing(kvwire_harness: Harness) -> None:
+    """More lookups than the queue bound leave the queue free; asking about names that are not
+    held stores nothing; a fetch afterwards delivers exactly the held rows, byte for byte, and
+    no memory changed."""
+    caps = kvwire_harness.capabilities()
+    _needs_lookup(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = _plan(caps, groups=2, rows=4, seed=337)
+    with needs.open_exchange(kvwire_harness, max_in_flight=2) as ex, Bench(
+            kvwire_harness, ex.ends.source, ex.ends.sink, plan, kind) as bench:
+        offer = {0: [0, 2], 1: [0, 2]}
+        ex.offer(bench, offer)
+        bound = ex.caps.max_in_flight
+        if bound > 256:
+            pytest.skip(f"backend declares a queue bound of {bound}, too large to exceed here")
+        gids = [g.group_id for g in plan.groups]
+        want = np.isin(np.arange(4), bench.rows_of(offer)[0])
+        for _ in range(2 * bound + 1):
+            _expect(_ask(ex, gids, bench.names[0]), want, "a repeated lookup")
+        bench.verify("after lookups: a lookup reads and writes no lent memory")
+        try:
+            fetched = ex.fetch_settled(bench.sink_view())
+        except SubmissionError as exc:
+            raise AssertionError(f"L1: after {2 * bound + 1} lookups a fetch was refused ({exc}); a lookup takes no "
+                                 "capacity") from exc
+        bench.apply_fetch(fetched)
+        assert fetched.is_delivered, f"A5: the fetch after lookups gave {fetched!r}"
+        for gi, mask in enumerate(fetched.masks):
+            np.testing.assert_array_equal(mask, want, err_msg=(
+                f"L1: after lookups the fetch of group {gids[gi]} delivered other rows than are held; a lookup "
+                "changes nothing at the other end"))
+        _expect(_ask(ex, gids, bench.names[0]), want, "a lookup after the fetch")
+
+
+def test_L1_answers_are_new_plain_read_only_bool_arrays(kvwire_harness: Harness) -> None:
+    """Each answer is a new array: two lookups never share memory, and no answer changes when a
+    later lookup or a publish happens; asking about no names answers an empty array."""
+    caps = kvwire_harness.capabilities()
+    _needs_lookup(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = _plan(caps, groups=1, rows=3, seed=347)
+    with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan,
+                                                          kind) as bench:
+        gid = plan.groups[0].group_id
+        before = _ask(ex, [gid], bench.names[0])
+        kept = before.copy()
+        ex.offer(bench)
+        after = _ask(ex, [gid], bench.names[0])
+        np.testing.assert_array_equal(before, kept, err_msg="L1: an answer changed after it was handed over")
+        assert not np.shares_memory(before, after), "L1: two lookups answered arrays that share memory"
+        empty = _ask(ex, [gid], np.zeros((0, plan.groups[0].name_width), np.uint8))
+        assert empty.shape == (0,)
+        _expect(before, np.zeros(3, bool), "names before they were offered")
+        _expect(after, np.ones(3, bool), "names after they were offered")
+
+
+@pytest.mark.parametrize("source", ["argument", "hint", "options"])
+def test_L1_a_held_other_end_fails_the_lookup_by_its_deadline(kvwire_harness: Harness, source: str) -> None:
+    """With the other end not answering, a lookup raises ``LookupFailed`` by its deadline (given
+    as the argument, by the hint, or by the backend's options) instead of hanging; once the
+    other end answers again, lookups answer again."""
+    caps = kvwire_harness.capabilities()
+    _needs_lookup(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    deadline_s = 0.3
+    plan = _plan(caps, groups=1, rows=2, seed=353)
+    options_timeout = deadline_s if source == "options" else needs.LONG_TIMEOUT_S
+    with needs.open_exchange(kvwire_harness, hold=True, timeout_s=options_timeout) as ex, Bench(
+            kvwire_harness, ex.ends.source, ex.ends.sink, plan, kind) as bench:
+        if ex.ends.hold is None:
+            pytest.skip("harness cannot hold the backend's other end")
+        ex.offer(bench)
+        asker = _asker(ex)
+        gid = plan.groups[0].group_id
+        hint = ex.ends.fetch_hint
+        if source == "hint":
+            hint = Hint(hint.kind, hint.fields, deadline_s)
+        timeout = deadline_s if source == "argument" else None
+        hold = ex.ends.hold()
+        try:
+            try:
+                call_briefly(lambda: asker.lookup([gid], bench.names[0], hint, timeout),
+                             f"L1: a lookup of a held other end (deadline {deadline_s:g} s from the {source})",
+                             limit_s=deadline_s + profiles.active().patience_s, on_block=hold.release)
+            except LookupFailed as exc:
+                assert str(exc).strip(), "L1: LookupFailed must say why"
+            except Exception as exc:
+                raise AssertionError(f"L1: a lookup past its deadline raised {type(exc).__name__}: {exc}; it raises "
+                                     "LookupFailed") from exc
+            else:
+                raise AssertionError("L1: a lookup of an other end that never answered was answered; it raises "
+                                     "LookupFailed by its deadline")
+        finally:
+            hold.release()
+        _expect(_ask(ex, [gid], bench.names[0], timeout_s=profiles.active().patience_s), np.ones(2, bool),
+                "once the other end answers again")
