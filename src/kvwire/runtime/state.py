@@ -7,29 +7,47 @@ Decoding executes nothing, refuses more than :data:`MAX_STATE_BYTES`, and checks
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
+
+from kvwire.contract.capabilities import OtherEnd
 
 __all__ = ["TransceiverState", "StateError", "MAX_STATE_BYTES"]
 
 MAX_STATE_BYTES = 16 * 1024
 _MAGIC = b"KVWS"
 _VERSION = 1
+_DIGEST_BYTES = 32
+_MAX_ADDRESS_BYTES = 4096
+_MAX_TEXT = 256
+#: A registry name (``kvwire.backends`` entry point): lower-case letters, digits, ``-``, ``_``.
+_BACKEND = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
+#: A store namespace, as the blob store family (``kvwire.blob.keys``) reads one.
+_NAMESPACE = re.compile(r"^[A-Za-z0-9._:@+=-][A-Za-z0-9._:@+=/-]{0,127}$")
 
 
 class StateError(ValueError):
-    """Transceiver state bytes that cannot be decoded, or that describe a cache this worker cannot
-    pull from (another layout or scope). The message says which."""
+    """Transceiver state bytes that cannot be decoded, whose fields are not valid, or that
+    describe a cache this worker cannot pull from (another layout or scope). The message names
+    the field."""
+
+
+def _text(name: str, value: object) -> str:
+    if not isinstance(value, str) or not value or len(value) > _MAX_TEXT or not value.isprintable():
+        raise StateError(f"transceiver state field {name!r} must be 1-{_MAX_TEXT} printable characters, got {value!r}")
+    return value
 
 
 @dataclass(frozen=True, slots=True)
 class TransceiverState:
     """Who to pull from and what their cache is. ``address`` reaches a peer backend (empty for a
-    store); ``namespace`` selects the store's namespace (empty for a peer)."""
+    store); ``namespace`` selects the store's namespace (empty for a peer). Every field is
+    checked at construction, so a decoded state is a valid one (N3)."""
 
     worker: str
     backend: str
-    other_end: str
+    other_end: OtherEnd
     address: bytes
     namespace: str
     model_id: str
@@ -37,11 +55,41 @@ class TransceiverState:
     scope_digest: bytes
     block_tokens: int
 
+    def __post_init__(self) -> None:
+        _text("worker", self.worker)
+        if not isinstance(self.backend, str) or not _BACKEND.match(self.backend):
+            raise StateError(f"transceiver state field 'backend' must be a backend's registry name, got {self.backend!r}")
+        if not isinstance(self.other_end, OtherEnd):
+            raise StateError(f"transceiver state field 'other_end' must be an OtherEnd, got {self.other_end!r}")
+        if not isinstance(self.address, bytes) or len(self.address) > _MAX_ADDRESS_BYTES:
+            raise StateError(f"transceiver state field 'address' must be at most {_MAX_ADDRESS_BYTES} bytes")
+        if not isinstance(self.namespace, str):
+            raise StateError("transceiver state field 'namespace' must be a str")
+        if self.other_end is OtherEnd.PEER:
+            if not self.address:
+                raise StateError("transceiver state field 'address' is empty, but a peer is reached by its address")
+            if self.namespace:
+                raise StateError("transceiver state field 'namespace' must be empty for a peer")
+        else:
+            if self.address:
+                raise StateError("transceiver state field 'address' must be empty for a store")
+            if not _NAMESPACE.match(self.namespace):
+                raise StateError(f"transceiver state field 'namespace' is not a store namespace: {self.namespace!r} "
+                                 "(1-128 ASCII letters, digits or '._:@+=-/', not starting with '/')")
+        _text("model_id", self.model_id)
+        for name in ("layout_digest", "scope_digest"):
+            value = getattr(self, name)
+            if not isinstance(value, bytes) or len(value) != _DIGEST_BYTES:
+                raise StateError(f"transceiver state field {name!r} must be {_DIGEST_BYTES} bytes")
+        if not isinstance(self.block_tokens, int) or isinstance(self.block_tokens, bool) or not 0 < self.block_tokens <= 1 << 20:
+            raise StateError(f"transceiver state field 'block_tokens' must be an int in [1, {1 << 20}], "
+                             f"got {self.block_tokens!r}")
+
     def to_bytes(self) -> bytes:
         body = {
             "worker": self.worker,
             "backend": self.backend,
-            "other_end": self.other_end,
+            "other_end": self.other_end.value,
             "address": self.address.hex(),
             "namespace": self.namespace,
             "model_id": self.model_id,
@@ -82,14 +130,18 @@ class TransceiverState:
         for key, typ in expected.items():
             if not isinstance(body[key], typ) or isinstance(body[key], bool):
                 raise StateError(f"transceiver state field {key!r} must be {typ.__name__}")
-        if body["other_end"] not in ("peer", "store"):
-            raise StateError(f"transceiver state other_end must be 'peer' or 'store', got {body['other_end']!r}")
-        if body["block_tokens"] <= 0:
-            raise StateError("transceiver state block_tokens must be positive")
-        fields: dict[str, Any] = dict(body)
+        try:
+            other_end = OtherEnd(body["other_end"])
+        except ValueError:
+            raise StateError(f"transceiver state field 'other_end' must be 'peer' or 'store', "
+                             f"got {body['other_end']!r}") from None
+        fields: dict[str, Any] = dict(body, other_end=other_end)
         for key in ("address", "layout_digest", "scope_digest"):
+            text = body[key]
+            if not text.isascii() or text != text.lower() or len(text) % 2 or " " in text:
+                raise StateError(f"transceiver state field {key!r} is not lower-case hex")
             try:
-                fields[key] = bytes.fromhex(body[key])
+                fields[key] = bytes.fromhex(text)
             except ValueError:
                 raise StateError(f"transceiver state field {key!r} is not hex") from None
         return cls(**fields)

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from kvwire.contract import Attempt, Backend, Hint, MemoryKind, Outcome, View
+from kvwire.contract import Attempt, Backend, Hint, InvalidSubmission, MemoryKind, Outcome, View
 from kvwire.contract.capabilities import SERVE_PULLS, OtherEnd
 from kvwire.contract.errors import SubmissionError
 from kvwire.contract.outcome import Cause
@@ -236,7 +236,7 @@ class Worker:
         return TransceiverState(
             worker=self.name,
             backend=self.plugin.name,
-            other_end=self.capabilities.other_end.value,
+            other_end=self.capabilities.other_end,
             address=address,
             namespace=namespace,
             model_id=self.model_config.model_id,
@@ -256,6 +256,12 @@ class Worker:
                 f"the source worker {state.worker!r} uses backend {state.backend!r}, this worker "
                 f"{self.plugin.name!r}; both ends must use the same backend"
             )
+        if state.other_end is not self.capabilities.other_end:
+            raise StateError(f"the source's state says its other end is a {state.other_end.value}, but backend "
+                             f"{self.plugin.name!r} reaches a {self.capabilities.other_end.value}")
+        if state.block_tokens != self.model_config.block_tokens:
+            raise StateError(f"the source's block_tokens {state.block_tokens} differs from this worker's "
+                             f"{self.model_config.block_tokens}")
         if state.model_id != self.model_config.model_id:
             raise StateError(f"the source's model {state.model_id!r} differs from this worker's {self.model_config.model_id!r}")
         if state.layout_digest != self.lender.layout.digest():
@@ -293,7 +299,7 @@ class Worker:
         try:
             skipped = int(request.cached_tokens) // B
             lease = self.lender.lend_write(request, staging=self.staged)
-            if state.other_end == "peer":
+            if state.other_end is OtherEnd.PEER:
                 fields: dict[str, Any] = {"address": state.address}
                 if self._secret is not None:
                     view = lease.view
@@ -304,7 +310,14 @@ class Worker:
                 hint = Hint.of("peer", timeout_s=timeout, **fields)
             else:
                 hint = Hint.of("store", timeout_s=timeout, namespace=state.namespace)
-            outcome = self._transfer(lease, Direction.FETCH, hint, timeout, cancel)
+            try:
+                outcome = self._transfer(lease, Direction.FETCH, hint, timeout, cancel)
+            except InvalidSubmission as exc:
+                # The view is this lender's own; what the backend cannot use is the hint, built
+                # from the state's fields: the state is at fault, and nothing escaped (S3).
+                field_name = "address" if state.other_end is OtherEnd.PEER else "namespace"
+                raise StateError(f"the source's transceiver state field {field_name!r} is unusable by backend "
+                                 f"{self.plugin.name!r}: {exc}") from exc
             moved = _whole_blocks(outcome)
             bound = self.lender.resume_bounds(request)
             if bound:
