@@ -1,0 +1,66 @@
+"""kvwire-files: a blob store in a directory that every process on this machine can share.
+
+No server: objects are files under ``root`` (by default a per-user directory under
+``/dev/shm``, so they live in shared memory on Linux). A process publishes, another fetches the
+same bytes; vLLM's scheduler and worker processes, or two engines, meet in the same directory.
+Writes are atomic (a temp file linked into place), fetches read straight into the lent rows, and
+lookups (L1) ask which names are held. See :mod:`kvwire_files.store` for the layout and why
+eviction never removes an object mid-read."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kvwire.blob import BlobBackend, blob_capabilities, check_namespace
+from kvwire.contract import CONTRACT_VERSION
+from kvwire.registry import ConfigError, Option, Plugin
+from kvwire_files.driver import FilesDriver
+from kvwire_files.store import FileStore, default_root
+
+__all__ = ["plugin", "OPTIONS", "create", "FilesDriver", "FileStore", "default_root"]
+
+OPTIONS: tuple[Option, ...] = (
+    Option("root", str, default_root(),
+           "the store's directory, shared by every backend that names it (created, mode 0700, if missing)"),
+    Option("capacity_bytes", int, 1 << 30, "the most bytes the store's files hold (all processes together)",
+           minimum=1),
+    Option("eviction", bool, True,
+           "when full, evict least-recently-used objects; when off, a put that does not fit is declined"),
+    Option("fsync", bool, False,
+           "fsync each object before it is linked into place (only a root on disk that must survive power loss)"),
+    Option("timeout_s", float, 30.0, "each attempt's and lookup's deadline unless its hint gives one", minimum=0.001),
+    Option("max_in_flight", int, 64, "attempts in flight before submissions are rejected", minimum=1,
+           maximum=1 << 16),
+    Option("namespace", str, "default", "key namespace when a hint names none (letters, digits, ._:@+=-/)"),
+)
+
+
+def create(options: Mapping[str, Any]) -> BlobBackend:
+    """A backend on the directory ``options["root"]``, from validated options."""
+    try:
+        namespace = check_namespace(options["namespace"])
+    except ValueError as exc:
+        raise ConfigError(f"option 'namespace' of backend 'files': {exc}") from None
+    try:
+        store = FileStore(options["root"], capacity_bytes=options["capacity_bytes"], eviction=options["eviction"],
+                          fsync=options["fsync"])
+    except OSError as exc:
+        raise ConfigError(f"option 'root' of backend 'files': {exc}") from None
+    return BlobBackend(
+        FilesDriver(store, owns_store=True),
+        namespace=namespace,
+        timeout_s=options["timeout_s"],
+        max_in_flight=options["max_in_flight"],
+        owns_driver=True,
+    )
+
+
+plugin = Plugin(
+    name="files",
+    contract_version=CONTRACT_VERSION,
+    capabilities=blob_capabilities(FilesDriver.memory_kinds, max_in_flight=64, lookup=True),
+    create=create,
+    options=OPTIONS,
+    summary="blob store in a shared directory (default /dev/shm): no server, shared by every process on this machine",
+)

@@ -1,0 +1,144 @@
+"""The file store driver: a :class:`~kvwire.blob.StoreDriver` over a :class:`FileStore`.
+
+A put writes each row's bytes from host memory into an object file; a get reads an object file
+straight into the row (``preadv`` on a view of the row's memory; no Python bytes on the way).
+The driver checks that every address lies in a region registered with it, so a wrong address
+is a ``ValueError`` rather than a read or write of memory nobody lent."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Sequence
+
+import numpy as np
+
+from kvwire.blob import BatchResult, KeyStatus, StoreDriver
+from kvwire.contract import MemoryKind, SlotRegion
+from kvwire_files.store import FileStore
+
+__all__ = ["FilesDriver"]
+
+
+class FilesDriver(StoreDriver):
+    """Reaches host memory only. Calls may come from several threads (and processes) at once."""
+
+    memory_kinds = frozenset({MemoryKind.HOST})
+
+    def __init__(self, store: FileStore, *, owns_store: bool = False) -> None:
+        self.store = store
+        self._owns_store = owns_store
+        self._lock = threading.Lock()
+        self._spans: Counter[tuple[int, int]] = Counter()
+        # Disjoint, sorted [start, end) spans, replaced whole on every change so calls read them
+        # without the lock.
+        self._starts = np.zeros(0, dtype=np.uint64)
+        self._ends = np.zeros(0, dtype=np.uint64)
+        self._closed = False
+
+    # -- regions -------------------------------------------------------------------------------
+
+    def register(self, regions: Sequence[SlotRegion]) -> None:
+        for region in regions:
+            if region.memory_kind is not MemoryKind.HOST:
+                raise RuntimeError(f"region {region.region_id} lies in {region.memory_kind.value} memory; the "
+                                   "file store reaches host memory only")
+        with self._lock:
+            self._spans.update((r.base, r.end) for r in regions)
+            self._rebuild()
+
+    def unregister(self, regions: Sequence[SlotRegion]) -> None:
+        with self._lock:
+            for region in regions:
+                span = (region.base, region.end)
+                if self._spans[span] > 1:
+                    self._spans[span] -= 1
+                else:
+                    self._spans.pop(span, None)
+            self._rebuild()
+
+    def _rebuild(self) -> None:
+        starts: list[int] = []
+        ends: list[int] = []
+        for start, end in sorted(self._spans):
+            if ends and start <= ends[-1]:
+                ends[-1] = max(ends[-1], end)
+            else:
+                starts.append(start)
+                ends.append(end)
+        self._starts = np.array(starts, dtype=np.uint64)
+        self._ends = np.array(ends, dtype=np.uint64)
+
+    def _check(self, op: str, keys: Sequence[str], addresses: np.ndarray,
+               sizes: np.ndarray) -> tuple[list[int], list[int]]:
+        addresses = np.asarray(addresses, dtype=np.uint64)
+        sizes = np.asarray(sizes, dtype=np.uint64)
+        if not (len(keys) == addresses.size == sizes.size) or addresses.ndim != 1 or sizes.ndim != 1:
+            raise ValueError(f"{op}: {len(keys)} keys, {addresses.size} addresses and {sizes.size} sizes; "
+                             "give one of each per key")
+        starts, ends = self._starts, self._ends
+        if starts.size:
+            span = np.searchsorted(starts, addresses, side="right").astype(np.int64) - 1
+            inside = (span >= 0) & (addresses + sizes <= ends[np.maximum(span, 0)])
+        else:
+            inside = np.zeros(addresses.size, dtype=bool)
+        if not inside.all():
+            i = int(np.argmin(inside))
+            raise ValueError(f"{op}: key {keys[i]!r} names {int(sizes[i])} bytes at {int(addresses[i]):#x}, which "
+                             "lie in no region registered with this driver; register the region first")
+        return addresses.tolist(), sizes.tolist()
+
+    # -- objects -------------------------------------------------------------------------------
+
+    def put(self, keys: Sequence[str], addresses: np.ndarray, sizes: np.ndarray) -> BatchResult:
+        where, lengths = self._check("put", keys, addresses, sizes)
+        if self._closed:
+            return BatchResult.uniform(len(keys), KeyStatus.FAILED, "the file store driver is closed")
+        status, reasons = self.store.write_from(list(keys), where, lengths)
+        if not reasons and all(s is KeyStatus.OK for s in status):
+            return BatchResult.ok(len(keys))
+        return BatchResult(np.array(status, dtype=np.uint8), reasons)
+
+    def get_into(self, keys: Sequence[str], addresses: np.ndarray, sizes: np.ndarray) -> BatchResult:
+        where, lengths = self._check("get_into", keys, addresses, sizes)
+        if self._closed:
+            return BatchResult.uniform(len(keys), KeyStatus.FAILED, "the file store driver is closed")
+        read = self.store.read_into
+        answers = [read(key, address, size) for key, address, size in zip(keys, where, lengths, strict=True)]
+        reasons = {i: why for i, (_, why) in enumerate(answers) if why is not None}
+        if not reasons and all(code is KeyStatus.OK for code, _ in answers):
+            return BatchResult.ok(len(keys))
+        return BatchResult(np.array([code for code, _ in answers], dtype=np.uint8), reasons)
+
+    def exists(self, keys: Sequence[str]) -> np.ndarray:
+        holds = self.store.holds
+        return np.fromiter((holds(key) for key in keys), dtype=bool, count=len(keys))
+
+    def contains(self, keys: Sequence[str]) -> BatchResult:
+        """``OK`` for each key the directory holds an object of now, ``MISSING`` for the others
+        (lookup, L1); reads no object and changes nothing."""
+        if self._closed:
+            return BatchResult.uniform(len(keys), KeyStatus.FAILED, "the file store driver is closed")
+        try:
+            held = self.exists(keys)
+        except OSError as exc:
+            return BatchResult.uniform(len(keys), KeyStatus.FAILED, f"the file store at {self.store.root}: {exc}")
+        if held.all():
+            return BatchResult.ok(len(keys))
+        return BatchResult(np.where(held, int(KeyStatus.OK), int(KeyStatus.MISSING)).astype(np.uint8))
+
+    def remove(self, keys: Sequence[str]) -> BatchResult:
+        if self._closed:
+            return BatchResult.uniform(len(keys), KeyStatus.FAILED, "the file store driver is closed")
+        discard = self.store.discard
+        ok, missing = int(KeyStatus.OK), int(KeyStatus.MISSING)
+        return BatchResult(np.array([ok if discard(key) else missing for key in keys], dtype=np.uint8))
+
+    def close(self) -> None:
+        """Stop answering (later calls fail); the objects stay for other processes. Idempotent."""
+        self._closed = True
+        if self._owns_store:
+            self.store.close()
+
+    def __repr__(self) -> str:
+        return f"FilesDriver({self.store!r})"
