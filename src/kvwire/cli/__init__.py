@@ -41,6 +41,9 @@ def _cmd_backends(args: argparse.Namespace, console: Console) -> int:
     console.print(table)
     if args.verbose:
         for row in rows:
+            if row.plugin is not None and row.plugin.options:
+                lines = "\n".join(f"  {escape(line)}" for line in row.plugin.describe_options())
+                console.print(f"[bold]{row.entry.name}[/] options:\n{lines}", highlight=False)
             if row.detail:
                 console.print(f"[bold]{row.entry.name}[/]:\n{row.detail}")
     for row in rows:

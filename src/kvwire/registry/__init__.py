@@ -15,7 +15,7 @@ from kvwire.registry.discovery import (
     refresh,
     survey,
 )
-from kvwire.registry.plugin import ConfigError, Option, Plugin
+from kvwire.registry.plugin import REQUIRED, ConfigError, Option, Plugin
 
 __all__ = [
     "GROUP",
@@ -27,6 +27,7 @@ __all__ = [
     "Option",
     "Plugin",
     "PluginError",
+    "REQUIRED",
     "Survey",
     "available",
     "load",

@@ -9,9 +9,31 @@ from typing import Any
 
 from kvwire.contract import Backend, Capabilities
 
-__all__ = ["Option", "Plugin", "ConfigError"]
+__all__ = ["Option", "Plugin", "ConfigError", "REQUIRED"]
 
 _TYPES: dict[type, str] = {bool: "bool", int: "int", float: "float", str: "str"}
+
+
+class _Required:
+    """The type of :data:`REQUIRED`: one instance, falsy, shown as its name."""
+
+    _instance: _Required | None = None
+
+    def __new__(cls) -> _Required:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+    def __bool__(self) -> bool:
+        return False
+
+
+#: ``Option(name, type, REQUIRED, help)``: the option has no default; a configuration that
+#: leaves it out is refused with a :class:`ConfigError` naming the option and the backend.
+REQUIRED: Any = _Required()
 
 
 class ConfigError(ValueError):
@@ -21,7 +43,9 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Option:
-    """One documented option of a backend: its type, default, and allowed values or range."""
+    """One documented option of a backend: its type, default, and allowed values or range. A
+    default of :data:`REQUIRED` makes the option required: it has no default, and a
+    configuration that omits it is refused."""
 
     name: str
     type: type
@@ -35,6 +59,11 @@ class Option:
         if self.type not in _TYPES:
             raise TypeError(f"Option {self.name!r}: type must be one of {sorted(_TYPES.values())}")
 
+    @property
+    def required(self) -> bool:
+        """Whether a configuration must give this option (its default is :data:`REQUIRED`)."""
+        return self.default is REQUIRED
+
     def describe(self) -> str:
         allowed = ""
         if self.choices is not None:
@@ -43,7 +72,8 @@ class Option:
             lo = "" if self.minimum is None else f">= {self.minimum:g}"
             hi = "" if self.maximum is None else f"<= {self.maximum:g}"
             allowed = " " + " and ".join(x for x in (lo, hi) if x)
-        return f"{self.name} ({_TYPES[self.type]}{allowed}, default {self.default!r})"
+        given = "required" if self.required else f"default {self.default!r}"
+        return f"{self.name} ({_TYPES[self.type]}{allowed}, {given})"
 
     def coerce(self, value: Any, backend: str) -> Any:
         """``value`` as this option's type, from a TOML value or an environment string."""
@@ -103,11 +133,24 @@ class Plugin:
         raise ConfigError(f"backend {self.name!r} has no option {name!r}; its options are: {allowed}")
 
     def resolve(self, options: Mapping[str, Any]) -> dict[str, Any]:
-        """Every option's value: the defaults, overridden by ``options``, each validated."""
-        resolved = {o.name: o.default for o in self.options}
+        """Every option's value: the defaults, overridden by ``options``, each validated. A
+        required option that ``options`` leaves out raises :class:`ConfigError` naming it."""
+        resolved = {o.name: o.default for o in self.options if not o.required}
         for key, value in options.items():
             resolved[key] = self.option(key).coerce(value, self.name)
+        missing = [o for o in self.options if o.required and o.name not in resolved]
+        if missing:
+            names = ", ".join(repr(o.name) for o in missing)
+            how = "; ".join(
+                f"{o.describe()}: {o.help} (set it in [backend.options] or KVWIRE_BACKEND_{o.name.upper()})"
+                for o in missing)
+            raise ConfigError(f"backend {self.name!r} needs option(s) {names}, which the configuration does not "
+                              f"give: {how}")
         return resolved
+
+    def describe_options(self) -> list[str]:
+        """One line per option: name, type, allowed values, ``required`` or its default, help."""
+        return [f"{o.describe()}: {o.help}" for o in self.options]
 
     def build(self, options: Mapping[str, Any] | None = None) -> Backend:
         """A backend built from ``options`` after validation."""
