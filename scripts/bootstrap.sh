@@ -33,6 +33,8 @@ for p in backends/*/ examples/*/; do
   if [ -f "$p/pyproject.toml" ]; then projects+=("$p"); fi
 done
 stamp_src="$(cat scripts/bootstrap.sh pyproject.toml "${projects[@]/%//pyproject.toml}" | sha256sum | cut -d' ' -f1)"
+# 3. vLLM's own venv (.venv-vllm) for the vLLM connector's engines; stamped on its own.
+"$top/scripts/bootstrap_vllm.sh"
 if [ -x "$venv/bin/python" ] && [ -f "$venv/.kvwire-stamp" ] && [ "$(cat "$venv/.kvwire-stamp")" = "$stamp_src" ]; then
   exit 0
 fi
@@ -54,4 +56,3 @@ done
 say "installing ${args[*]}"
 "${pip[@]}" "${args[@]}" "torch==2.13.0"
 echo "$stamp_src" > "$venv/.kvwire-stamp"
-"$top/scripts/bootstrap_vllm.sh"
