@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from kvwire_files import FilesDriver, FileStore, default_root, plugin
 
+from kvwire.blob import KeyStatus
 from kvwire.contract import CacheKind, Hint, LayerGroupRows, MemoryKind, SlotRegion, TokenRange, View
 from kvwire.registry import ConfigError
 
@@ -172,6 +173,15 @@ def test_a_full_store_evicts_the_least_recently_used_or_declines(tmp_path: Path)
     result = driver.put(["k0", "k1", "k2"], *_addresses(memory, [0, 1, 2]))
     assert result.status.tolist() == [0, 0, 2], "beyond the capacity a put is declined"
     assert "full" in result.reasons[2]
+    driver.close()
+
+
+def test_an_object_larger_than_the_store_is_declined_without_evicting_anything(tmp_path: Path) -> None:
+    store, driver, memory = _store(tmp_path, capacity_bytes=1500, eviction=True)
+    assert driver.put(["small"], *_addresses(memory, [0])).status.tolist() == [0]
+    big = driver.put(["big"], np.array([memory.ctypes.data], np.uint64), np.array([2000], np.uint64))
+    assert big.status.tolist() == [int(KeyStatus.DECLINED)] and "exceeds" in big.reasons[0]
+    assert driver.exists(["small", "big"]).tolist() == [True, False]
     driver.close()
 
 

@@ -111,6 +111,12 @@ class FilesDriver(StoreDriver):
         return BatchResult(np.array([code for code, _ in answers], dtype=np.uint8), reasons)
 
     def exists(self, keys: Sequence[str]) -> np.ndarray:
+        try:
+            return self._holds(keys)
+        except OSError:  # exists() has no fault to report: a key it cannot check is not stored
+            return np.zeros(len(keys), dtype=bool)
+
+    def _holds(self, keys: Sequence[str]) -> np.ndarray:
         holds = self.store.holds
         return np.fromiter((holds(key) for key in keys), dtype=bool, count=len(keys))
 
@@ -120,7 +126,7 @@ class FilesDriver(StoreDriver):
         if self._closed:
             return BatchResult.uniform(len(keys), KeyStatus.FAILED, "the file store driver is closed")
         try:
-            held = self.exists(keys)
+            held = self._holds(keys)
         except OSError as exc:
             return BatchResult.uniform(len(keys), KeyStatus.FAILED, f"the file store at {self.store.root}: {exc}")
         if held.all():

@@ -104,8 +104,13 @@ class FileStore:
     # -- objects ----------------------------------------------------------------------------------
 
     def holds(self, key: str) -> bool:
-        """Whether an object is stored under ``key`` now."""
-        return os.path.exists(self.path(key))
+        """Whether an object is stored under ``key`` now. Raises ``OSError`` when the directory
+        cannot say (not for a missing object)."""
+        try:
+            os.stat(self.path(key))
+        except FileNotFoundError:
+            return False
+        return True
 
     def write_from(self, keys: list[str], addresses: list[int], sizes: list[int]) -> tuple[list[KeyStatus], dict[int, str]]:
         """Store ``sizes[i]`` bytes at ``addresses[i]`` as ``keys[i]``: ``OK``, ``ALREADY_THERE``
@@ -214,11 +219,17 @@ class FileStore:
         """Count the leading ``costs`` against the capacity; how many fit (evicting if allowed)."""
         if not costs:
             return 0
+        # Room is made only for the leading objects that fit in the store at all: an object
+        # larger than the capacity is declined without evicting anything for it.
+        need = 0
+        for cost in costs:
+            if need + cost > self.capacity_bytes:
+                break
+            need += cost
         with self._locked():
             used = self._read_ledger()
-            total = sum(costs)
-            if used + total > self.capacity_bytes:
-                used = self._rescan(total)
+            if used + sum(costs) > self.capacity_bytes and need:
+                used = self._rescan(need)
             granted, taken = 0, 0
             for cost in costs:
                 if used + taken + cost > self.capacity_bytes:
