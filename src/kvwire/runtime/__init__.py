@@ -25,6 +25,7 @@ _WHERE = {
     "Generation": "kvwire.runtime.worker",
     "TransferError": "kvwire.runtime.worker",
     "TransferResult": "kvwire.runtime.worker",
+    "TransferStatus": "kvwire.runtime.worker",
     "Worker": "kvwire.runtime.worker",
     "ModelConfig": "kvwire.runtime.model",
     "TinyTransformer": "kvwire.runtime.model",

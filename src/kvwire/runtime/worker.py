@@ -5,6 +5,7 @@ declares ``serve-pulls`` answers other workers' pulls from its reuse tree."""
 
 from __future__ import annotations
 
+import enum
 import logging
 import threading
 import time
@@ -28,9 +29,23 @@ from kvwire.runtime.holding import QUIESCE_GRACE_S, AtDeadline, Cancel, Directio
 from kvwire.runtime.model import ModelConfig, TinyTransformer
 from kvwire.runtime.state import StateError, TransceiverState
 
-__all__ = ["Worker", "Cancel", "Generation", "TransferResult", "TransferError", "StateError"]
+__all__ = ["Worker", "Cancel", "Generation", "TransferResult", "TransferStatus", "TransferError", "StateError"]
 
 log = logging.getLogger(__name__)
+
+class TransferStatus(enum.StrEnum):
+    """How a ``pull`` or ``publish`` ended: its outcome's status, or ``SKIPPED`` when nothing
+    needed to move. A ``str`` enum, so code that compared the former strings keeps working."""
+
+    DELIVERED = "delivered"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    SKIPPED = "skipped"
+
+    @classmethod
+    def of(cls, outcome: Outcome) -> TransferStatus:
+        return cls(outcome.status.value)
+
 
 class TransferError(RuntimeError):
     """A transfer could not be submitted, or its attempt never quiesced; the message says why."""
@@ -50,10 +65,10 @@ class Generation:
 @dataclass(frozen=True, slots=True)
 class TransferResult:
     """What a ``pull`` or ``publish`` did. ``cached_tokens`` is how many leading prompt tokens
-    this worker now holds; ``status`` is the outcome's (``"delivered"``, ``"failed"``,
-    ``"cancelled"``) or ``"skipped"`` when nothing needed to move."""
+    this worker now holds; ``status`` is the outcome's, or ``SKIPPED`` when nothing needed to
+    move."""
 
-    status: str
+    status: TransferStatus
     cached_tokens: int
     blocks_wanted: int
     blocks_moved: int
@@ -294,7 +309,7 @@ class Worker:
         held = self.lender.probe(tokens)
         began = time.perf_counter()
         if held >= wanted:
-            return TransferResult("skipped", held * B, wanted, 0, held, 0, 0.0)
+            return TransferResult(TransferStatus.SKIPPED, held * B, wanted, 0, held, 0, 0.0)
         request = self.lender.open_request(tokens[: wanted * B])
         try:
             skipped = int(request.cached_tokens) // B
@@ -327,7 +342,7 @@ class Worker:
             self._announce_blocks()
         seconds = time.perf_counter() - began
         nbytes = _bytes_moved(outcome, lease.view)
-        return TransferResult(outcome.status.value, bound, wanted, moved, skipped, nbytes, seconds, outcome.reason)
+        return TransferResult(TransferStatus.of(outcome), bound, wanted, moved, skipped, nbytes, seconds, outcome.reason)
 
     def publish(self, prompt: Sequence[int] | np.ndarray, *, timeout_s: float | None = None,
                 namespace: str | None = None, cancel: Cancel | None = None) -> TransferResult:
@@ -346,7 +361,7 @@ class Worker:
         seconds = time.perf_counter() - began
         moved = _whole_blocks(outcome)
         nbytes = _bytes_moved(outcome, lease.view)
-        return TransferResult(outcome.status.value, held * B, wanted, moved, wanted - held, nbytes, seconds, outcome.reason)
+        return TransferResult(TransferStatus.of(outcome), held * B, wanted, moved, wanted - held, nbytes, seconds, outcome.reason)
 
     def _transfer(self, lease: Lease, direction: Direction, hint: Hint, timeout: float,
                   cancel: Cancel | None = None) -> Outcome:
@@ -473,7 +488,7 @@ class Worker:
         self.observers.announce("pull_served", worker=self.name, backend=self.plugin.name, peer=request.peer,
                                 requested=request.blocks, served=lease.found)
         self._replies.append((attempt, lease, request))
-        self._serve_signal.set()  # look at the reply again soon, even if it settled already
+        self._serve_signal.set()  # look at the reply again soon, even if it is done already
 
     def _announce_blocks(self) -> None:
         """Tell observers how the reuse tree changed since the last time: blocks stored, evicted."""
@@ -486,12 +501,15 @@ class Worker:
         if stored or evicted:
             self.observers.announce("blocks", worker=self.name, stored=stored, evicted=evicted, pinned=stats["pins"])
 
-    def settle(self, timeout_s: float = 5.0) -> bool:
+    def wait_served(self, timeout_s: float = 5.0) -> bool:
         """Wait until every pull this worker answered has ended at its end too (the requester's
         Ack arrives after the requester's pull returned) and its pins are back; whether that
         happened within ``timeout_s``."""
         with self._served:
             return self._served.wait_for(lambda: not self._replies, timeout_s)
+
+    #: The former name of :meth:`wait_served`, kept so callers keep working.
+    settle = wait_served
 
     def pins(self) -> int:
         """Blocks pinned in this worker's cache right now (0 when nothing is lent or served)."""
