@@ -19,3 +19,15 @@ def test_stateful_holder_model(kvwire_harness: Harness) -> None:
         pytest.skip("backend's other end is a peer; the holder model drives a store")
     kind = needs.usable_kind(kvwire_harness, caps)
     run_state_machine_as_test(holder_model(kvwire_harness, kind), settings=settings_for_machine())
+
+
+def test_stateful_pull_model(kvwire_harness: Harness) -> None:
+    """The holder model of a serving peer: both holders in any interleaving of pulls, answers,
+    declines, cancels, evictions and waits (N2, S1, S2, A1, A2, A4, A5, A7, W1 at every step)."""
+    from kvwire.testing.stateful_pulls import pull_model, settings_for_pull_machine
+
+    caps = kvwire_harness.capabilities()
+    needs.serve_pulls(caps)
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    run_state_machine_as_test(pull_model(kvwire_harness, kind), settings=settings_for_pull_machine())
