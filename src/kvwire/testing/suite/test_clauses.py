@@ -122,7 +122,7 @@ def test_A7_rows_from_one_byte_to_four_mebibytes(kvwire_harness: Harness) -> Non
 
 
 def test_A9_views_of_thousands_of_rows_and_many_groups(kvwire_harness: Harness) -> None:
-    """A9.1: a view's size does not change what moves: 3 groups of 1500 rows, and 16 groups,
+    """A9.6: a view's size does not change what moves: 3 groups of 1500 rows, and 16 groups,
     each with held and missing rows in place."""
     caps = kvwire_harness.capabilities()
     needs.transfer(caps)
@@ -137,11 +137,11 @@ def test_A9_views_of_thousands_of_rows_and_many_groups(kvwire_harness: Harness) 
                                    if ex.store else range(n * 3 // 4))
             else:
                 offer = None
-            _transfer_checked(ex, bench, offer, None, "A9.1")
+            _transfer_checked(ex, bench, offer, None, "A9.6")
 
 
 def test_A9_misses_keep_their_place_whatever_the_order(kvwire_harness: Harness) -> None:
-    """A9.2: the rows of a fetch in any order, whole or split over views: every bit stays with its
+    """A9.2 / A9.3: the rows of a fetch in any order, whole or split over views: every bit stays with its
     row, held rows true and missing rows false."""
     caps = kvwire_harness.capabilities()
     needs.transfer(caps)
@@ -199,7 +199,7 @@ def _crafted_names(rows: int, width: int) -> np.ndarray:
 
 
 def test_N1_names_are_opaque_bytes_every_byte_counts(kvwire_harness: Harness) -> None:
-    """N1.3: names are opaque fixed-width bytes: zero bytes count, and names one byte apart name
+    """N1.3 / N1.4: names are opaque fixed-width bytes: zero bytes count, and names one byte apart name
     different blocks."""
     caps = kvwire_harness.capabilities()
     needs.transfer(caps)
@@ -212,7 +212,7 @@ def test_N1_names_are_opaque_bytes_every_byte_counts(kvwire_harness: Harness) ->
         for gi in range(len(plan.groups)):
             bench.names[gi] = crafted
         offer = _offer_for(ex, plan, lambda gi, n: [0, 2, 3, 5, 8, 11] if ex.store else range(7))
-        _transfer_checked(ex, bench, offer, None, "N1.3")
+        _transfer_checked(ex, bench, offer, None, "N1.4")
 
 
 def test_N1_a_store_keys_rows_by_group_and_name(kvwire_harness: Harness) -> None:
@@ -233,7 +233,7 @@ def test_N1_a_store_keys_rows_by_group_and_name(kvwire_harness: Harness) -> None
 # -- publish masks ---------------------------------------------------------------------------------
 
 def test_A5_a_publish_counts_rows_the_store_already_holds(kvwire_harness: Harness) -> None:
-    """A5.4: a publish's mask marks the rows the other end holds once it concluded, those it held
+    """A5.6 / A5.11: a publish's mask marks the rows the other end holds once it concluded, those it held
     before included."""
     caps = kvwire_harness.capabilities()
     needs.transfer(caps)
@@ -256,7 +256,7 @@ def test_A5_a_publish_counts_rows_the_store_already_holds(kvwire_harness: Harnes
 
 
 def test_A5_publish_masks_say_exactly_what_the_store_holds(kvwire_harness: Harness) -> None:
-    """A5.4 / A5.3: with faults on some names, a row the publish marks true is found by a fetch,
+    """A5.6 / A5.9 / S1.3: with faults on some names, a row the publish marks true is found by a fetch,
     and a row that faulted is marked false and not found."""
     caps = kvwire_harness.capabilities()
     needs.transfer(caps)
@@ -338,7 +338,7 @@ def test_A8_the_deadline_counts_from_submission_also_behind_others(kvwire_harnes
 # -- instances -----------------------------------------------------------------------------------
 
 def test_B1_pairs_of_instances_share_no_store_queue_or_shutdown(kvwire_harness: Harness) -> None:
-    """B1.1-B1.3: two pairs of instances in one process: what one pair's other end holds the other's
+    """B1.3-B1.5: two pairs of instances in one process: what one pair's other end holds the other's
     does not; one's full queue does not refuse the other's submissions; one's shutdown leaves the
     other working."""
     caps = kvwire_harness.capabilities()
@@ -417,7 +417,7 @@ def _stray_group(harness: Harness, kind: MemoryKind, template: LayerGroupRows, g
 
 
 def test_S3_a_refused_view_leaves_no_trace_of_its_valid_groups(kvwire_harness: Harness) -> None:
-    """S3.1: a view refused for its last group (rows nobody registered, or no names where names
+    """S3.4-S3.6: a view refused for its last group (rows nobody registered, or no names where names
     are required) told the other end nothing about its first groups: nothing stored, nothing
     written, no pull sent."""
     caps = kvwire_harness.capabilities()
@@ -441,31 +441,31 @@ def test_S3_a_refused_view_leaves_no_trace_of_its_valid_groups(kvwire_harness: H
                 ex.offer(bench)
             if caps.publish and (ex.store or not ex.serves_pulls):
                 for what, view in spoiled(bench.source_view()):
-                    refused(functools.partial(ex.publish, view), f"S3.1: a publish with {what} in its last group")
+                    refused(functools.partial(ex.publish, view), f"S3.4: a publish with {what} in its last group")
             if caps.fetch:
                 for what, view in spoiled(bench.sink_view()):
-                    refused(functools.partial(ex.fetch, view), f"S3.1: a fetch with {what} in its last group")
-            bench.verify("S3.1: after refused submissions")
+                    refused(functools.partial(ex.fetch, view), f"S3.4: a fetch with {what} in its last group")
+            bench.verify("S3.5: after refused submissions")
             if caps.fetch and (ex.store or ex.serves_pulls):
                 sub = ex.fetch(bench.sink_view())
                 if ex.serves_pulls:
                     holder = ex.holder()
                     (request,) = holder.take(1)
                     holder.finish(holder.answer(request))
-                    assert not holder.serving.incoming(), "S3.1: a refused fetch's pull reached the serving end"
-                    assert len(holder.answers) == 1, "S3.1: a refused fetch's pull reached the serving end"
+                    assert not holder.serving.incoming(), "S3.4: a refused fetch's pull reached the serving end"
+                    assert len(holder.answers) == 1, "S3.4: a refused fetch's pull reached the serving end"
                 out = ex.settle(sub)
                 bench.apply_fetch(out)
                 if ex.store:
                     assert out.rows_delivered == 0, (
-                        f"S3.1: a refused publish stored rows of its valid groups: a fetch found {out!r}")
+                        f"S3.4: a refused publish stored rows of its valid groups: a fetch found {out!r}")
         finally:
             for stray in strays:
                 stray.close()
 
 
 def test_S3_a_refused_submission_never_wakes(kvwire_harness: Harness) -> None:
-    """S3.2: after ``InvalidSubmission`` or ``SubmissionRejected`` the backend never calls that
+    """S3.7: after ``InvalidSubmission`` or ``SubmissionRejected`` the backend never calls that
     submission's wake, however much work follows."""
     caps = kvwire_harness.capabilities()
     kind = needs.usable_kind(kvwire_harness, caps)
@@ -568,7 +568,7 @@ def test_A2_large_rows_are_left_alone_once_quiesced(kvwire_harness: Harness) -> 
 # -- W1 for serving peers ----------------------------------------------------------------------------
 
 def test_W1_every_pull_request_is_followed_by_a_wake(kvwire_harness: Harness) -> None:
-    """W1.2: pulls that arrive together are each announced: the serving holder, looking only after
+    """W1.4: pulls that arrive together are each announced: the serving holder, looking only after
     wakes, sees every one of them."""
     caps = kvwire_harness.capabilities()
     needs.serve_pulls(caps)
@@ -595,7 +595,7 @@ def test_W1_every_pull_request_is_followed_by_a_wake(kvwire_harness: Harness) ->
 # -- H1 for stores -------------------------------------------------------------------------------------
 
 def test_H1_a_store_keeps_namespaces_apart(kvwire_harness: Harness) -> None:
-    """H1.3: a store hint's namespace is where rows are stored and found: a fetch under another
+    """H1.10: a store hint's namespace is where rows are stored and found: a fetch under another
     namespace misses, one under the same namespace finds them."""
     caps = kvwire_harness.capabilities()
     needs.transfer(caps)
@@ -620,7 +620,7 @@ def test_H1_a_store_keeps_namespaces_apart(kvwire_harness: Harness) -> None:
 
 
 def test_H1_a_store_refuses_hint_fields_it_does_not_understand(kvwire_harness: Harness) -> None:
-    """H1.4: a store hint with a field the backend does not understand is refused, and nothing
+    """H1.9: a store hint with a field the backend does not understand is refused, and nothing
     escaped."""
     caps = kvwire_harness.capabilities()
     kind = needs.usable_kind(kvwire_harness, caps)
