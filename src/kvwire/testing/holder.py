@@ -17,7 +17,7 @@ from kvwire.contract import Attempt, Backend, Hint, InvalidSubmission, Outcome, 
 from kvwire.contract.errors import SubmissionError
 
 __all__ = ["Wakes", "Submission", "submit", "settle", "check_outcome", "same_outcome", "call_briefly",
-           "wait_for", "refused", "speaks_causes", "BLOCKING_LIMIT_S"]
+           "wait_for", "refused", "speaks_causes", "holder_call", "BLOCKING_LIMIT_S"]
 
 T = TypeVar("T")
 
@@ -26,16 +26,40 @@ T = TypeVar("T")
 BLOCKING_LIMIT_S = 1.0
 
 
+#: Which call of the holder's into a backend the current thread is inside, if any (W1.6).
+_inside = threading.local()
+
+
+class holder_call:
+    """Marks the current thread as inside a call the holder made to a backend (``what``), so a
+    wake that comes from inside it is noticed (W1.6)."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+    def __enter__(self) -> None:
+        self.outer = getattr(_inside, "what", None)
+        _inside.what = self.what
+
+    def __exit__(self, *exc: object) -> None:
+        _inside.what = self.outer
+
+
 class Wakes:
     """A ``WakeFn`` that counts its calls. The suite waits on it the way a holder sleeps until
-    woken; it never calls into a backend from inside it (W1)."""
+    woken; it never calls into a backend from inside it (W1). It records a wake that came from
+    inside a call the holder made to the backend (W1.6)."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._count = 0
+        self.inside: list[str] = []
 
     def __call__(self) -> None:
+        what = getattr(_inside, "what", None)
         with self._cond:
+            if what is not None:
+                self.inside.append(what)
             self._count += 1
             self._cond.notify_all()
 
@@ -73,7 +97,8 @@ class Submission:
         """``attempt.poll()``, checked: an ``Outcome`` or ``None``, and once an outcome, the
         same one on every later call (A1); a failure arrives in it, never as an exception (S5)."""
         try:
-            out = self.attempt.poll()
+            with holder_call("poll()"):
+                out = self.attempt.poll()
         except Exception as exc:
             raise AssertionError(f"S5: poll() of a {self.op} raised {type(exc).__name__}: {exc}; once a submission "
                                  "returned an attempt, every failure travels in its outcome") from exc
@@ -94,7 +119,8 @@ class Submission:
     def quiesced(self) -> bool:
         """``attempt.quiesced()``, checked: a bool that stays true once true (A2)."""
         try:
-            q = self.attempt.quiesced()
+            with holder_call("quiesced()"):
+                q = self.attempt.quiesced()
         except Exception as exc:
             raise AssertionError(f"S5: quiesced() of a {self.op} raised {type(exc).__name__}: {exc}") from exc
         assert isinstance(q, (bool, np.bool_)), f"A2: quiesced() must answer a bool, got {type(q).__name__}"
@@ -119,7 +145,8 @@ def submit(backend: Backend, op: str, view: View, hint: Hint) -> Submission:
     backend raises propagates; what it returns must be an ``Attempt`` (S1)."""
     wakes = Wakes()
     call = backend.fetch if op == "fetch" else backend.publish
-    attempt = call(view, hint, wakes)
+    with holder_call(f"{op}()"):
+        attempt = call(view, hint, wakes)
     assert isinstance(attempt, Attempt), f"S1: {op}() must return an Attempt, got {type(attempt).__name__}"
     return Submission(op, backend, view, attempt, wakes)
 
@@ -138,6 +165,9 @@ def settle(sub: Submission, patience_s: float, *, quiesce: bool = True, purpose:
             sub.poll()
             if quiesce:
                 sub.quiesced()
+            assert not sub.wakes.inside, (
+                f"W1.6: the backend called the {sub.op}'s wake from inside {sub.wakes.inside[0]}, a call the holder "
+                "made to it; a holder may hold a lock its wake takes while it calls the backend")
             return out
         if sub.wakes.wait_beyond(seen, deadline):
             continue
@@ -199,7 +229,8 @@ def call_briefly(fn: Callable[[], T], what: str, limit_s: float = BLOCKING_LIMIT
 
     def run() -> None:
         try:
-            result.append(fn())
+            with holder_call(what):
+                result.append(fn())
         except BaseException as exc:  # re-raised in the test's thread
             error.append(exc)
 

@@ -19,6 +19,7 @@ from kvwire.contract import (
     CacheKind,
     Cause,
     Hint,
+    InvalidSubmission,
     LayerGroupRows,
     MemoryKind,
     SlotRegion,
@@ -30,7 +31,7 @@ from kvwire.contract.errors import SubmissionError
 from kvwire.testing import needs, profiles
 from kvwire.testing.exchange import Exchange
 from kvwire.testing.harness import FaultPlan, Harness, Hold, shut_down
-from kvwire.testing.holder import Submission, Wakes, refused, settle, speaks_causes
+from kvwire.testing.holder import Submission, Wakes, refused, settle, speaks_causes, wait_for
 from kvwire.testing.layout import Bench, GroupPlan, ViewPlan
 
 SENTINEL = 0xA5
@@ -640,3 +641,307 @@ def test_H1_a_store_refuses_hint_fields_it_does_not_understand(kvwire_harness: H
                 assert out.rows_delivered == 0, f"S3: a refused publish reached the store: {out!r}"
         bench.verify("after refused submissions")
 
+
+
+# -- registration and recognition ------------------------------------------------------------------
+
+def test_M3_registration_after_shutdown_is_rejected_and_closing_still_works(kvwire_harness: Harness) -> None:
+    """M3.10 / M3.11: after ``shutdown()`` a registration raises ``SubmissionRejected`` and
+    registers nothing; closing an earlier registration is still allowed, twice."""
+    caps = kvwire_harness.capabilities()
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = _plan([(64, 2)], 313, needs.shares_names(caps))
+    with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
+                                                          plan, kind) as bench:
+        late = Bench(kvwire_harness, None, None, plan, kind)
+        try:
+            for backend in ex.ends.backends:
+                shut_down(backend, timeout_s=max(10.0, kvwire_harness.quiesce_grace_s))
+                refused(lambda: backend.register_regions([m.region for m in late.source.memories]),  # noqa: B023
+                        "M3.10: a registration after shutdown()", SubmissionRejected)
+            for registration in bench.registrations:
+                call_briefly_close(registration)
+                call_briefly_close(registration)
+            bench.registrations.clear()
+        finally:
+            late.close()
+
+
+def call_briefly_close(registration) -> None:  # type: ignore[no-untyped-def]
+    from kvwire.testing.holder import call_briefly
+
+    call_briefly(registration.close, "M3.11: closing a registration after shutdown()")
+
+
+def _sub_span_view(view: View, offset_slots: int) -> View:
+    """The same rows, each group described by another region inside the registered one: starting
+    ``offset_slots`` slots later, with its slot indices shifted to match (M4.2)."""
+    groups = []
+    for g in view.groups:
+        r = g.region
+        lo = min(offset_slots, int(g.slots.min()) if g.rows else 0)
+        inner = SlotRegion(r.region_id + 30_000, r.base + lo * r.slot_bytes, r.slot_bytes, r.slot_count - lo,
+                           r.memory_kind, r.device)
+        groups.append(LayerGroupRows(g.group_id, g.kind, inner, g.slots - lo, g.tokens, g.names))
+    return View(tuple(groups))
+
+
+def test_M4_a_view_over_part_of_a_registered_region_moves_its_rows(kvwire_harness: Harness) -> None:
+    """M4.1 / M4.2: a row is recognized by where its bytes lie: a view whose regions are other
+    descriptions of registered memory (a sub-span under another id) moves its rows like any other."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = _plan([(64, 4), (16, 4)], 317, needs.shares_names(caps), spare=2)
+    with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
+                                                          plan, kind) as bench:
+        try:
+            if ex.store:
+                out = ex.settle(ex.publish(_sub_span_view(bench.source_view(), 2)))
+                assert out.is_delivered and all(m.all() for m in out.masks), f"M4.2: {out!r}"
+            elif ex.serves_pulls:
+                ex.offer(bench)
+            sub = ex.fetch(_sub_span_view(bench.sink_view(), 1))
+        except InvalidSubmission as exc:
+            raise AssertionError(f"M4.2: rows inside a registered region were refused because the view describes "
+                                 f"them with another SlotRegion: {exc}") from exc
+        ex.serve_one()
+        fetched = ex.settle(sub)
+        bench.apply_fetch(fetched)
+        assert fetched.is_delivered and all(m.all() for m in fetched.masks), f"M4.2: {fetched!r}"
+
+
+def test_M4_rows_registered_only_with_another_instance_are_refused(kvwire_harness: Harness) -> None:
+    """M4.6 / B1.2: memory registered with one instance is not registered with another."""
+    caps = kvwire_harness.capabilities()
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = _plan([(64, 3)], 331, needs.shares_names(caps))
+    with needs.open_exchange(kvwire_harness) as first, needs.open_exchange(kvwire_harness) as second, Bench(
+            kvwire_harness, first.ends.source, first.ends.sink, plan, kind) as bench:
+        if caps.publish:
+            refused(lambda: second.publish(bench.source_view()),
+                    "M4.6: a publish on an instance of rows registered only with another")
+        if caps.fetch:
+            refused(lambda: second.fetch(bench.sink_view()),
+                    "M4.6: a fetch on an instance of rows registered only with another")
+        bench.verify("M4.6: after refused submissions")
+
+
+# -- empty views, repeated publish rows ------------------------------------------------------------
+
+def test_V1_empty_views_and_groups_conclude_like_any_other(kvwire_harness: Harness) -> None:
+    """V1.7: a view with no groups, and a group with zero rows beside others, are valid and
+    conclude with masks of the right (zero) length."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = _plan([(64, 3), (32, 3)], 337, needs.shares_names(caps))
+    with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
+                                                          plan, kind) as bench:
+        if ex.store or not ex.serves_pulls:
+            out = ex.settle(ex.publish(View(())))
+            assert out.is_delivered and out.masks == (), f"V1.7: an empty publish: {out!r}"
+        if ex.store:
+            out = ex.settle(ex.fetch(View(())))
+            assert out.is_delivered and out.masks == (), f"V1.7: an empty fetch: {out!r}"
+        # A group with zero rows beside one with rows.
+        offer = {0: [0, 1, 2], 1: [0, 1, 2]}
+        take = {0: [0, 1, 2], 1: []}
+        if not (ex.store or ex.serves_pulls):
+            pytest.skip("backend's other end is a peer without the serve-pulls protocol")
+        if ex.serves_pulls:
+            take = {0: [0, 1, 2], 1: [0, 1, 2]}  # a pull names its blocks for every group alike
+        _transfer_checked(ex, bench, offer, take, "V1.7")
+
+
+def test_V4_the_rows_of_a_publish_may_repeat(kvwire_harness: Harness) -> None:
+    """V4.4: a publish only reads its rows, so two rows may locate the same memory; it is
+    accepted and delivers."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = _plan([(64, 3)], 347, False)
+    with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
+                                                          plan, kind) as bench:
+        _store_only(ex, "a publish's repeated rows")
+        g = bench.source_view().groups[0]
+        assert g.names is not None
+        names = np.vstack([g.names, random_names_like(g.names, 1)])
+        twice = LayerGroupRows(g.group_id, g.kind, g.region, np.append(g.slots, g.slots[0]), g.tokens, names)
+        try:
+            out = ex.settle(ex.publish(View((twice,))))
+        except SubmissionError as exc:
+            raise AssertionError(f"V4.4: a publish whose rows repeat one slot was refused: {exc}") from exc
+        assert out.is_delivered and out.masks[0].all(), f"V4.4: {out!r}"
+        fetched = ex.settle(ex.fetch(bench.sink_view()))
+        bench.apply_fetch(fetched)
+        assert fetched.masks[0].all(), f"S1: {fetched!r}"
+
+
+def random_names_like(names: np.ndarray, count: int) -> np.ndarray:
+    rng = np.random.default_rng(int(names.sum()) + count)
+    while True:
+        extra = rng.integers(0, 256, size=(count, names.shape[1]), dtype=np.uint8)
+        if not any((names == row).all(axis=1).any() for row in extra):
+            return extra
+
+
+# -- queue slots ------------------------------------------------------------------------------------
+
+def test_S3_a_slot_frees_without_polling(kvwire_harness: Harness) -> None:
+    """S3.11: once the attempts of a full queue concluded and quiesced, new submissions are taken,
+    though the holder never called ``poll()`` on them."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    with needs.open_exchange(kvwire_harness, max_in_flight=3) as ex:
+        bound = ex.caps.max_in_flight
+        if bound > 64:
+            pytest.skip(f"backend declares a queue bound of {bound}, too large to fill here")
+        if not (ex.store or ex.serves_pulls):
+            pytest.skip("backend's other end is a peer without the serve-pulls protocol")
+        plan = _plan([(32, bound)], 349, needs.shares_names(caps))
+        with Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan, kind) as bench:
+            ex.offer(bench)
+            subs = [ex.fetch(bench.sink_view({0: [row]})) for row in range(bound)]
+            if ex.serves_pulls:
+                holder = ex.holder()
+                for request in holder.take(bound):
+                    holder.finish(holder.answer(request))
+            patience = profiles.active().patience_s
+            # Wait for a wake from each and for quiescence only: never poll().
+            for sub in subs:
+                wait_for(lambda: sub.wakes.count > 0 and sub.quiesced(), patience,  # noqa: B023
+                         "A3/W1: a fetch waking and quiescing")
+            try:
+                again = ex.fetch(bench.sink_view({0: [0]}))
+            except SubmissionRejected as exc:
+                raise AssertionError(f"S3.11: every attempt of the full queue had concluded and quiesced, yet a new "
+                                     f"fetch was rejected because poll() was never called: {exc}") from exc
+            ex.serve_one()
+            bench.forget_sink()
+            for sub in subs:
+                ex.settle(sub)
+            bench.apply_fetch(ex.settle(again), {0: [0]})
+
+
+# -- A1.5, A9.4, A9.5 --------------------------------------------------------------------------------
+
+def test_A1_an_outcome_outlives_shutdown_and_closed_registrations(kvwire_harness: Harness) -> None:
+    """A1.5: the outcome an attempt answered stays the same after later work, ``shutdown()`` and
+    closing the registrations."""
+    from kvwire.testing.holder import same_outcome
+
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = _plan([(64, 3), (8, 3)], 353, needs.shares_names(caps))
+    with needs.open_exchange(kvwire_harness) as ex:
+        bench = Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan, kind)
+        if ex.store or ex.serves_pulls:
+            ex.offer(bench, _offer_for(ex, plan, lambda gi, n: range(2)))
+        elif caps.publish:
+            pytest.skip("backend's other end is a peer without the serve-pulls protocol")
+        sub = ex.fetch(bench.sink_view())
+        ex.serve_one()
+        out = ex.settle(sub)
+        bench.apply_fetch(out)
+        for backend in ex.ends.backends:
+            shut_down(backend, timeout_s=max(10.0, kvwire_harness.quiesce_grace_s))
+        same_outcome(out, sub.poll(), "fetch")  # type: ignore[arg-type]
+        bench.close()
+        same_outcome(out, sub.poll(), "fetch")  # type: ignore[arg-type]
+        assert sub.quiesced(), "A2.2: quiesced() turned false after shutdown and closed registrations"
+
+
+def test_A9_the_order_of_groups_does_not_change_the_bits(kvwire_harness: Harness) -> None:
+    """A9.4: the same groups in another order in the view: each group's bits are the same."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = _plan([(64, 5), (16, 5), (3, 5)], 359, needs.shares_names(caps))
+    with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
+                                                          plan, kind) as bench:
+        _needs_misses(ex)
+        offer = _offer_for(ex, plan, lambda gi, n: [r for r in range(n) if (r * (gi + 1)) % 3 != 2])
+        ex.offer(bench, offer)
+        expected = ex.expected(bench, offer, None)
+        view = bench.sink_view()
+        order = [2, 0, 1]
+        sub = ex.fetch(View(tuple(view.groups[i] for i in order)))
+        ex.serve_one()
+        out = ex.settle(sub)
+        for pos, gi in enumerate(order):
+            assert np.array_equal(out.masks[pos], expected[gi]), (
+                f"A9.4: with the view's groups in the order {order}, group {plan.groups[gi].group_id}'s bits are "
+                f"{np.flatnonzero(out.masks[pos]).tolist()}, expected {np.flatnonzero(expected[gi]).tolist()}; masks "
+                "follow the view's group order")
+        reordered = tuple(out.masks[order.index(gi)] for gi in range(len(order)))
+        from kvwire.contract import Outcome
+
+        bench.apply_fetch(Outcome(out.status, reordered, out.reason, out.by_peer, out.cause))
+
+
+def test_A9_many_attempts_in_flight_each_get_their_own_rows(kvwire_harness: Harness) -> None:
+    """A9.5: up to the queue bound of fetches in flight at once, each of other rows: each outcome
+    is exactly its own rows' bits, whatever the others do."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    with needs.open_exchange(kvwire_harness, max_in_flight=8) as ex:
+        _needs_misses(ex)
+        count = min(ex.caps.max_in_flight, 8)
+        rows_each = 3
+        plan = _plan([(96, count * rows_each), (8, count * rows_each)], 367, needs.shares_names(caps))
+        with Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan, kind) as bench:
+            n = count * rows_each
+            offer = _offer_for(ex, plan, lambda gi, m: [r for r in range(m) if r % rows_each != 2])
+            if ex.serves_pulls:
+                offer = {gi: [r for r in range(n) if r % rows_each != 2] for gi in range(2)}
+                ex.offer(bench, offer)
+            else:
+                ex.offer(bench, offer)
+            takes = [{gi: list(range(k * rows_each, (k + 1) * rows_each)) for gi in range(2)} for k in range(count)]
+            subs = [ex.fetch(bench.sink_view(take)) for take in takes]
+            if ex.serves_pulls:
+                holder = ex.holder()
+                for request in holder.take(count):
+                    holder.finish(holder.answer(request))
+            outs = [ex.settle(sub) for sub in subs]  # all of them, before any memory is checked
+            bench.forget_sink({gi: list(range(n)) for gi in range(2)})  # every fetched row is checked below
+            for take, out in zip(takes, outs, strict=True):
+                bench.apply_fetch(out, take)
+                _check_bits(ex, bench, offer, take, out, "A9.5")
+
+
+# -- W1.7 ----------------------------------------------------------------------------------------------
+
+def test_W1_a_wake_that_raises_does_not_stop_the_backend(kvwire_harness: Harness) -> None:
+    """W1.7: a wake that raises is survived: the attempt still concludes and quiesces, and the
+    backend goes on working."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = _plan([(64, 3)], 373, needs.shares_names(caps))
+
+    class Raising(Wakes):
+        def __call__(self) -> None:
+            super().__call__()
+            raise RuntimeError("kvwire suite: this wake raises on purpose")
+
+    with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
+                                                          plan, kind) as bench:
+        if not (ex.store or ex.serves_pulls):
+            pytest.skip("backend's other end is a peer without the serve-pulls protocol")
+        ex.offer(bench)
+        wake = Raising()
+        attempt = ex.ends.sink.fetch(bench.sink_view(), ex.ends.fetch_hint, wake)
+        sub = Submission("fetch", ex.ends.sink, bench.sink_view(), attempt, wake)
+        ex.serve_one()
+        out = ex.settle(sub)
+        bench.apply_fetch(out)
+        assert out.is_delivered and out.masks[0].all(), f"W1.7: {out!r}"
+        bench.forget_sink()
+        again = ex.fetch_settled(bench.sink_view())
+        bench.apply_fetch(again)
+        assert again.is_delivered, f"W1.7: after a raising wake the backend must go on working: {again!r}"

@@ -7,13 +7,14 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pytest
 
-from kvwire.contract import CONTRACT_VERSION, Capabilities, InvalidSubmission, SubmissionRejected
+from kvwire.contract import CONTRACT_VERSION, Capabilities, Cause, InvalidSubmission, SubmissionRejected
 from kvwire.contract.capabilities import SERVE_PULLS
 from kvwire.testing import needs, profiles
 from kvwire.testing.harness import Harness
-from kvwire.testing.holder import Submission, call_briefly, refused, settle, wait_for
+from kvwire.testing.holder import Submission, call_briefly, refused, settle, speaks_causes, wait_for
 from kvwire.testing.layout import Bench, simple_plan
 
 SENTINEL = 0x3C
@@ -187,6 +188,9 @@ def test_B3_shutdown_ends_work_in_flight_before_it_returns_empty(kvwire_harness:
         assert hold.wait_idle(patience)
         bench.verify("B3: after shutdown() returned empty the holder reused the rows")
         assert out.is_cancelled or out.is_delivered or out.is_failed
+        if speaks_causes(sub.backend) and not out.is_delivered:
+            assert out.cause in (Cause.SHUTDOWN, Cause.FAULT, Cause.PEER_GONE), (
+                f"A10: an attempt ended by shutdown() gives cause SHUTDOWN: {out!r}")
         refused(lambda: ex.fetch(bench.sink_view()), "B3: a fetch after shutdown()", SubmissionRejected)
 
 
@@ -205,6 +209,7 @@ def test_B4_capabilities_are_frozen_data_that_match_the_declaration(kvwire_harne
                 caps.fetch = not caps.fetch  # type: ignore[misc]
             for _ in range(3):
                 assert backend.capabilities() == caps, "B4: capabilities() answered differently on a later call"
+            hash(caps)  # frozen data is hashable
             ours = dataclasses.replace(caps, max_in_flight=declared.max_in_flight)
             assert ours == declared, (
                 f"B4: a built backend declares {caps.summary()!r}; its plugin declares {declared.summary()!r} "
@@ -255,3 +260,28 @@ def test_B4_undeclared_protocols_are_not_offered(kvwire_harness: Harness) -> Non
         for backend in ex.ends.backends:
             assert not isinstance(backend, ServesPulls) or SERVE_PULLS in backend.capabilities().protocols, (
                 f"B4: the backend implements ServesPulls but does not declare {SERVE_PULLS!r}")
+
+
+def test_B4_an_undeclared_lookup_refuses_every_call(kvwire_harness: Harness) -> None:
+    """B4.7: a backend that implements ``Lookup`` without declaring ``lookup`` refuses every
+    lookup with ``InvalidSubmission``."""
+    from kvwire.contract import LOOKUP, Lookup
+
+    caps = kvwire_harness.capabilities()
+    if LOOKUP in caps.protocols:
+        pytest.skip(f"backend declares the {LOOKUP} protocol")
+    with needs.open_exchange(kvwire_harness) as ex:
+        for backend in ex.ends.backends:
+            if isinstance(backend, Lookup):
+                names = np.zeros((2, 16), dtype=np.uint8)
+                refused(lambda: backend.lookup([0], names, ex.ends.fetch_hint),  # noqa: B023
+                        "B4.7: a lookup on a backend that does not declare the lookup protocol")
+
+
+def test_B4_capabilities_stay_the_same_after_shutdown(kvwire_harness: Harness) -> None:
+    """B4.2: ``capabilities()`` answers equal data for the instance's life, after shutdown too."""
+    with needs.open_exchange(kvwire_harness) as ex:
+        for backend in ex.ends.backends:
+            before = backend.capabilities()
+            backend.shutdown()
+            assert backend.capabilities() == before, "B4.2: capabilities() changed after shutdown()"

@@ -8,10 +8,10 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvwire.contract import CacheKind
+from kvwire.contract import CacheKind, Cause
 from kvwire.testing import needs, profiles
 from kvwire.testing.harness import Harness
-from kvwire.testing.holder import call_briefly, settle
+from kvwire.testing.holder import call_briefly, settle, speaks_causes
 from kvwire.testing.layout import Bench, ViewPlan, simple_plan
 from kvwire.testing.strategies import view_plans
 
@@ -82,6 +82,8 @@ def test_N2_a_declined_pull_fails_the_fetch_with_the_reason(kvwire_harness: Harn
         out = ex.settle(sub)
         assert out.is_failed and reason in (out.reason or ""), (
             f"N2: a declined pull fails the fetch with the holder's reason, got {out!r}")
+        if speaks_causes(sub.backend):
+            assert out.cause is Cause.DECLINED, f"A10: a declined pull's cause is DECLINED: {out!r}"
         assert holder.tree.pinned == 0
         bench.apply_fetch(out)
 

@@ -9,12 +9,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvwire.contract import CacheKind, Hint, LayerGroupRows, MemoryKind, SubmissionRejected, View
+from kvwire.contract import CacheKind, Cause, Hint, LayerGroupRows, MemoryKind, SubmissionRejected, View
 from kvwire.contract.errors import SubmissionError
 from kvwire.testing import needs, profiles
 from kvwire.testing.exchange import Exchange
 from kvwire.testing.harness import FaultPlan, Harness
-from kvwire.testing.holder import Submission, refused
+from kvwire.testing.holder import Submission, refused, speaks_causes
 from kvwire.testing.layout import Bench, ViewPlan, simple_plan
 from kvwire.testing.regions import fake_region
 from kvwire.testing.strategies import fault_plans, fault_schedules, selections, view_plans
@@ -269,6 +269,8 @@ def test_S5_faults_at_the_other_end_arrive_in_the_outcome(kvwire_harness: Harnes
             published = ex.settle(ex.publish(bench.source_view()))
             if any(b.any() for b in bad_put):
                 assert published.is_failed, f"A5/S5: publishing objects the store fails must fail, got {published!r}"
+                if speaks_causes(ex.ends.source):
+                    assert published.cause is Cause.FAULT, f"A10: a fault at the store gives cause FAULT: {published!r}"
             else:
                 assert published.is_delivered, f"A5: no fault was injected into this publish: {published!r}"
             for g, mask, bad in zip(plan.groups, published.masks, bad_put, strict=True):
@@ -278,6 +280,8 @@ def test_S5_faults_at_the_other_end_arrive_in_the_outcome(kvwire_harness: Harnes
             bench.apply_fetch(fetched)
             if any(b.any() for b in bad_get):
                 assert fetched.is_failed, f"A5/S5: fetching objects the store fails must fail, not miss: {fetched!r}"
+                if speaks_causes(ex.ends.sink):
+                    assert fetched.cause is Cause.FAULT, f"A10: a fault at the store gives cause FAULT: {fetched!r}"
             else:
                 assert fetched.is_delivered, f"A5: no fetch fault was injected; misses are no failure: {fetched!r}"
             for g, mask, bget, bput in zip(plan.groups, fetched.masks, bad_get, bad_put, strict=True):
