@@ -37,13 +37,17 @@ class LeasedRows:
     """What a lease holds in its lender's cache, as the lender lent it (read-only arrays): the
     pool slots of its PAGED rows, the request's block index of each (a WRITE lease), the view
     group of each PAGED group in layout order, ``(view group, group id, state slot)`` per STATE
-    row, and its staging rows (PAGED rows, then one state row), if staged."""
+    row, and its staging rows (PAGED rows, then one state row), if staged. ``checkpoint`` is
+    ``None`` when the STATE rows are request state slots; else they are checkpoint rows (pinned
+    through their block's slot), and for a WRITE lease it is the request's block index whose
+    checkpoint the rows fetch."""
 
     block_slots: np.ndarray
     block_index: np.ndarray | None
     paged_pos: tuple[int, ...]
     state: tuple[tuple[int, int, int], ...]
     stage_rows: np.ndarray | None
+    checkpoint: int | None = None
 
     def __post_init__(self) -> None:
         for array in (self.block_slots, self.block_index, self.stage_rows):

@@ -19,7 +19,7 @@ from kvwire.contract import CacheKind, LayerGroupRows, MemoryKind, SlotRegion, T
 from kvwire.lender.errors import CacheFull, LeaseError
 from kvwire.lender.layout import CacheLayout, Scope
 from kvwire.lender.lease import Lease, LeasedRows, LeaseKind
-from kvwire.lender.names import chain_names, name_keys, names_array, token_array
+from kvwire.lender.names import NAME_BYTES, chain_names, name_keys, names_array, token_array
 from kvwire.lender.request import Request
 from kvwire.lender.staging import StagingArea
 from kvwire.lender.tree import ReuseTree
@@ -51,10 +51,24 @@ class Lender:
 
     Promises: a pinned block is never evicted; a block's bytes change only through its owner
     request's model writes or a write lease's marked rows; every pin taken is returned by
-    ``close_request`` or ``Lease.release``, so ``pins()`` is 0 when nothing is open or lent."""
+    ``close_request`` or ``Lease.release``, so ``pins()`` is 0 when nothing is open or lent.
+
+    STATE checkpoints (``checkpoints=True``, a layout with PAGED and STATE groups; see
+    ``docs/hybrid.md``). Each block slot ``s`` gets a checkpoint row ``num_state_slots + s`` in
+    every STATE pool, holding the state after that block; the request slots stay rows
+    ``[0, num_state_slots)``. The lender keeps a checkpoint at *every block boundary* the model
+    computes: a checkpoint costs one state row per block (small beside the block's K/V here),
+    and in exchange every block prefix the tree holds is resumable, so a prompt that shares
+    only part of a cached prefix resumes at the shared part's end, not at 0. A checkpoint lives
+    and dies with its block (evicted together, cleared when the slot is reused), so it never
+    outlives the prefix it stands for, and it is named like its block (the same name in every
+    group; backends key rows by (group, name), N1.2). A transfer moves one checkpoint per STATE
+    group, the one at the end of the prefix it moves (a STATE group lends one slot, V1.4), so a
+    pulled prefix is resumable at its end; a block without a checkpoint resumes at the last
+    checkpoint before it."""
 
     def __init__(self, layout: CacheLayout, scope: Scope, *, device: str | torch.device = "cpu",
-                 staging_slots: int = 0, region_id_base: int = 0) -> None:
+                 staging_slots: int = 0, region_id_base: int = 0, checkpoints: bool = False) -> None:
         if not isinstance(layout, CacheLayout):
             raise TypeError(f"layout must be a CacheLayout, got {type(layout).__name__}")
         if not isinstance(scope, Scope):
@@ -70,6 +84,10 @@ class Lender:
         self._bt = layout.block_tokens
         self._lock = threading.Lock()
         self._on_cuda = self.device.type == "cuda"
+        self.checkpoints = bool(checkpoints and layout.state_groups and layout.paged_groups)
+        if checkpoints and not self.checkpoints:
+            raise ValueError("checkpoints=True needs a layout with both PAGED and STATE groups")
+        self._ckpt_base = layout.num_state_slots
 
         self._pools: list[torch.Tensor] = []
         regions: list[SlotRegion] = []
@@ -77,6 +95,8 @@ class Lender:
         index = self.device.index if self._on_cuda else None
         for i, g in enumerate(layout.groups):
             slots = layout.num_blocks if g.kind is CacheKind.PAGED else layout.num_state_slots
+            if g.kind is CacheKind.STATE and self.checkpoints:
+                slots += layout.num_blocks
             pool = torch.zeros((slots, *g.slot_shape), dtype=g.dtype, device=self.device)
             self._pools.append(pool)
             regions.append(SlotRegion(region_id_base + i, pool.data_ptr(), g.slot_bytes, slots, kind, index))
@@ -91,6 +111,8 @@ class Lender:
         )
         self._tree = ReuseTree(layout.num_blocks)
         self._state_refs = np.zeros(layout.num_state_slots, dtype=np.int64)
+        #: per block slot: its checkpoint row holds the state after the block, in every STATE pool
+        self._ckpt = np.zeros(layout.num_blocks, dtype=bool)
         self._ids = itertools.count()
         self._open_requests: dict[int, Request] = {}
         self._leases_open = 0
@@ -146,6 +168,25 @@ class Lender:
             parent = keys[-1]
         return held
 
+    def probe_resumable(self, tokens: object) -> int:
+        """How many leading whole blocks of ``tokens`` a request could resume after now: the
+        held prefix, cut at its last block whose checkpoint the tree holds when the lender
+        keeps checkpoints (else :meth:`probe`). Pins nothing."""
+        if not self.checkpoints:
+            return self.probe(tokens)
+        keys = chain_names(token_array(tokens), self._bt, self.scope_digest)
+        with self._lock:
+            self._probes += 1
+            get = self._tree.index.get
+            last = 0
+            for i, key in enumerate(keys):
+                slot = get(key)
+                if slot is None:
+                    break
+                if self._ckpt[slot]:
+                    last = i + 1
+            return last
+
     def probe_names(self, names: np.ndarray) -> int:
         """How many leading ``names`` (``(n, 32)`` uint8) the reuse tree holds now; pins nothing."""
         keys = name_keys(names)
@@ -161,7 +202,9 @@ class Lender:
         Reuses the longest prefix the tree holds (pinning those blocks for the request), up to
         the last whole block before the prompt's last token, so the model always computes at
         least one token and never writes a shared block. A layout with STATE groups reuses
-        nothing locally (the tree holds no state). Allocates the rest (evicting idle blocks LRU),
+        nothing locally (the tree holds no state), unless the lender keeps checkpoints: then it
+        reuses up to the last block whose checkpoint the tree holds, and copies that checkpoint
+        into the request's state slots. Allocates the rest (evicting idle blocks LRU),
         or raises :class:`CacheFull` having changed nothing."""
         toks = token_array(tokens)
         if toks.size == 0:
@@ -171,9 +214,16 @@ class Lender:
         keys = chain_names(toks, self._bt, self.scope_digest)
         capacity = toks.size + max_new_tokens
         blocks = math.ceil(capacity / self._bt) if self._paged else 0
-        reusable = 0 if self._state or not self._paged else (toks.size - 1) // self._bt
+        if self.checkpoints:
+            reusable = (toks.size - 1) // self._bt
+        else:
+            reusable = 0 if self._state or not self._paged else (toks.size - 1) // self._bt
         with self._lock:
             shared = self._tree.lookup(keys[:reusable])
+            if self.checkpoints:
+                # resume only at a block whose checkpoint the tree holds: the last such
+                held = np.flatnonzero(self._ckpt[shared])
+                shared = shared[: int(held[-1]) + 1] if held.size else shared[:0]
             state_slot = -1
             if self._state:
                 free_state = np.flatnonzero(self._state_refs == 0)
@@ -183,14 +233,22 @@ class Lender:
                     )
                 state_slot = int(free_state[0])
             fresh = self._tree.allocate(blocks - shared.size, keep=shared)  # may raise, nothing done
+            self._ckpt[fresh] = False  # a reused slot's old checkpoint stood for another block
             self._tree.pin(shared)
             if state_slot >= 0:
                 self._state_refs[state_slot] += 1
             table = np.concatenate([shared, fresh]).astype(np.int64)
+            rows = flags = None
+            if self.checkpoints:
+                rows, flags = self._ckpt_base + table, self._ckpt[shared]
+                if shared.size:  # the request's state slot starts at its last reused checkpoint
+                    for i in self._state:
+                        pool = self._pools[i]
+                        pool[state_slot] = pool[self._ckpt_base + int(shared[-1])]
             request = Request(
                 next(self._ids), toks, capacity, self._bt, self.scope_digest, table,
                 {self.layout.groups[i].group_id: state_slot for i in self._state},
-                keys, len(self._paged), int(shared.size),
+                keys, len(self._paged), int(shared.size), rows, flags,
             )
             self._open_requests[request.request_id] = request
         log.debug("opened %r", request)
@@ -204,14 +262,19 @@ class Lender:
             self._check_open(request)
             request.extend(new)
 
-    def commit(self, request: Request, upto_tokens: int, *, state_tokens: int | None = None) -> None:
+    def commit(self, request: Request, upto_tokens: int, *, state_tokens: int | None = None,
+               computed_from: int | None = None) -> None:
         """Declares the request's pages written for tokens ``[0, upto_tokens)`` (the model calls
         it after prefill): those whole blocks become valid, are named, and enter the reuse tree
         (fetched blocks included). A block whose name the tree already holds under another slot
         is not inserted again; the request pins the tree's block instead while it is open.
         STATE groups' checkpoint becomes ``state_tokens`` (default ``upto_tokens``): the token at
         which the model wrote the state. The model must not write a state slot that an unstaged
-        read lease lends; a commit that would move such a state raises :class:`LeaseError`."""
+        read lease lends; a commit that would move such a state raises :class:`LeaseError`.
+        With checkpoints kept, ``computed_from`` says the model computed ``[computed_from,
+        upto_tokens)`` and wrote the checkpoint of each block it completed; other blocks keep
+        only checkpoints that arrived whole. A committed block's checkpoint enters the tree with
+        it."""
         checkpoint = upto_tokens if state_tokens is None else state_tokens
         with self._lock:
             self._check_open(request)
@@ -219,16 +282,26 @@ class Lender:
             tree = self._tree
             table = request.block_table
             extra: list[int] = []
-            for i in range(request.committed_blocks, upto_tokens // self._bt):
+            first = request.committed_blocks
+            request.committed(upto_tokens, checkpoint, (), computed_from)
+            has = request.checkpointed
+            for i in range(first, upto_tokens // self._bt):
                 key = request.block_key(i)
                 held = tree.index.get(key)
                 slot = int(table[i])
                 if held is None:
                     parent = tree.index.get(request.block_key(i - 1), -1) if i else -1
                     tree.insert(slot, key, i, parent)
+                    self._ckpt[slot] = self.checkpoints and bool(has[i])
                 elif held != slot:
                     tree.pin(np.array([held], dtype=np.int64))
                     extra.append(held)
+                    if self.checkpoints and has[i] and not self._ckpt[held]:
+                        # the tree's copy of this block has no checkpoint and no lease lends
+                        # one for it; this request's equal state becomes its checkpoint
+                        for g in self._state:
+                            self._pools[g][self._ckpt_base + held] = self._pools[g][self._ckpt_base + slot]
+                        self._ckpt[held] = True
             request.committed(upto_tokens, checkpoint, extra)
 
     def close_request(self, request: Request) -> None:
@@ -286,7 +359,9 @@ class Lender:
         that block's end, for a fetch. Rows carry names. Committed blocks are never lent for
         writing, nor rows another write lease holds. Lent in place (not staged), the rows stop
         being valid until marked, since a fetch may leave any bytes in rows it does not deliver;
-        staged, the pool is untouched until ``mark_arrived`` copies the marked rows in."""
+        staged, the pool is untouched until ``mark_arrived`` copies the marked rows in. With
+        checkpoints kept, the view holds only the PAGED rows: a checkpoint is fetched by
+        :meth:`lend_checkpoint` once it is known which prefix arrived."""
         with self._lock:
             self._check_open(request)
             end = request.prompt_tokens // self._bt
@@ -301,7 +376,7 @@ class Lender:
             request.check_writable(first_block, end)
             state_rows = []
             point = end * self._bt
-            if self._state and point > 0:
+            if self._state and point > 0 and not self.checkpoints:
                 for i in self._state:
                     gid = self.layout.groups[i].group_id
                     if request.checkpoint(gid) != point:
@@ -320,21 +395,114 @@ class Lender:
                                 TokenRange(first_block * self._bt, end * self._bt), state_rows, stage,
                                 copy_in=False)
 
-    def lend_names(self, names: np.ndarray, *, staging: bool = False) -> Lease:
+    def lend_names(self, names: np.ndarray, *, staging: bool = False, checkpoint: bool = False) -> Lease:
         """For serving a request-free pull (N2): looks ``names`` (``(n, 32)`` uint8) up in the
         tree, O(1) each, and pins the longest held leading run for the lease; a miss part way
         pins nothing past it. ``lease.found`` is that run's length (possibly 0); the view holds
-        only those rows, of the PAGED groups."""
+        only those rows, of the PAGED groups. With ``checkpoint`` (to publish a prefix to a
+        store), the view also holds each STATE group's row at the last checkpoint in that run,
+        named like its block, when there is one."""
         keys = name_keys(names)
         with self._lock:
             slots = self._tree.lookup(keys)
-            stage = self._take_staging(staging, slots.size, False)
+            state_rows = []
+            if checkpoint and self.checkpoints and slots.size:
+                held = np.flatnonzero(self._ckpt[slots])
+                if held.size:
+                    last = int(held[-1])
+                    slot = int(slots[last])
+                    point = (int(self._tree.position[slot]) + 1) * self._bt
+                    state_rows = [(i, self.layout.groups[i].group_id, self._ckpt_base + slot, point, keys[last])
+                                  for i in self._state]
+            stage = self._take_staging(staging, slots.size, bool(state_rows))
             self._tree.pin(slots)
             start = int(self._tree.position[slots[0]]) if slots.size else 0
             self._leases_open += 1
         found = np.asarray(names)[: slots.size] if isinstance(names, np.ndarray) else names_array(keys[: slots.size])
         tokens = TokenRange(start * self._bt, (start + slots.size) * self._bt)
-        return self._make_lease(LeaseKind.NAMES, None, slots, None, found, tokens, [], stage, copy_in=True)
+        return self._make_lease(LeaseKind.NAMES, None, slots, None, found, tokens, state_rows, stage, copy_in=True,
+                                checkpoint=0 if state_rows else None)
+
+    def lend_checkpoint(self, request: Request, point: int, *, staging: bool = False) -> Lease:
+        """A lease over each STATE group's checkpoint row at the block boundary ``point`` (the
+        state after block ``point // block_tokens - 1``), for a fetch. The rows are named like
+        that block (the same name as its PAGED rows; backends key by (group, name)) and cover
+        ``TokenRange(0, point)``. Only a block of the request's own may be lent (not committed,
+        hence not shared); until marked, it counts as having no checkpoint."""
+        with self._lock:
+            self._check_open(request)
+            if point <= 0 or point % self._bt or point // self._bt > request.block_table.size:
+                raise ValueError(f"a checkpoint lies at a block boundary in (0, {request.block_table.size * self._bt}],"
+                                 f" got {point}")
+            block = point // self._bt - 1
+            if block >= len(request.names):
+                raise ValueError(f"block {block} of request {request.request_id} has no name yet (not whole)")
+            request.check_checkpoint_writable(block)
+            slot = int(request.block_table[block])
+            stage = self._take_staging(staging, 0, True)
+            slots = np.array([slot], dtype=np.int64)
+            self._tree.pin(slots)
+            request.begin_checkpoint_write(block)
+            self._leases_open += 1
+        return self._make_checkpoint_lease(LeaseKind.WRITE, request, slots, request.block_key(block), point, stage,
+                                           block, copy_in=False)
+
+    def lend_checkpoint_names(self, names: np.ndarray, *, staging: bool = False) -> Lease:
+        """For serving a pull of the STATE groups (N2): the checkpoint after the block named
+        ``names[0]``, when the tree holds that block with its checkpoint; ``lease.found`` is 1
+        then, else 0. The view holds one group per STATE group, in layout order: the checkpoint
+        row, named ``names[0]``, or, when there is none, no row (a group of no rows cannot be a
+        STATE group, V1.4, so such a group is labelled PAGED; which bytes move never depends on
+        the kind, V1.6)."""
+        keys = name_keys(names)
+        with self._lock:
+            slot = self._tree.index.get(keys[0]) if keys else None
+            held = slot is not None and self.checkpoints and bool(self._ckpt[slot])
+            slots = np.array([slot] if held else [], dtype=np.int64)
+            stage = self._take_staging(staging, 0, True) if held else None
+            self._tree.pin(slots)
+            point = (int(self._tree.position[slot]) + 1) * self._bt if held else 0
+            self._leases_open += 1
+        return self._make_checkpoint_lease(LeaseKind.NAMES, None, slots, keys[0] if held else None, point, stage,
+                                           0, copy_in=True)
+
+    def _make_checkpoint_lease(self, kind: LeaseKind, request: Request | None, slots: np.ndarray,
+                               name: bytes | None, point: int, stage: np.ndarray | None, block: int,
+                               *, copy_in: bool) -> Lease:
+        """A lease whose view holds only the STATE groups: each group's checkpoint row of block
+        slot ``slots[0]`` (or, with no slot, a group of no rows). Gives everything back on failure."""
+        state = tuple((k, self.layout.groups[i].group_id, self._ckpt_base + int(slots[0]))
+                      for k, i in enumerate(self._state)) if slots.size else ()
+        held = LeasedRows(slots, None, (), state, stage, block)
+        try:
+            rows: list[LayerGroupRows] = []
+            for i in self._state:
+                g = self.layout.groups[i]
+                region = self._pool_regions[i] if stage is None else self._staging.regions[i]  # type: ignore[union-attr]
+                if not slots.size:
+                    rows.append(LayerGroupRows(g.group_id, CacheKind.PAGED, region, np.zeros(0, dtype=np.int64),
+                                               TokenRange(0, 0), np.zeros((0, NAME_BYTES), dtype=np.uint8)))
+                    continue
+                row = self._ckpt_base + int(slots[0]) if stage is None else int(stage[0])
+                assert name is not None
+                rows.append(LayerGroupRows(g.group_id, CacheKind.STATE, region, np.array([row], dtype=np.int64),
+                                           TokenRange(0, point), np.frombuffer(name, dtype=np.uint8).reshape(1, -1)))
+            view = View(tuple(rows))
+            event = None
+            if copy_in and stage is not None:
+                assert self._staging is not None
+                source = np.array([self._ckpt_base + int(slots[0])], dtype=np.int64)
+                event = self._staging.copy_in(self._pools, list(self._state), [source] * len(self._state),
+                                              [stage[:1]] * len(self._state))
+            elif self._on_cuda:
+                event = torch.cuda.Event()
+                event.record(torch.cuda.current_stream(self.device))
+        except BaseException:
+            self._give_back(kind, request, held)
+            raise
+        with self._lock:
+            self._leases_lent += 1
+        return Lease(self, kind, view, held, found=int(slots.size), request=request, event=event)
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -355,7 +523,7 @@ class Lender:
 
     def _make_lease(self, kind: LeaseKind, request: Request | None, slots: np.ndarray, index: np.ndarray | None,
                     names: np.ndarray, tokens: TokenRange, state_rows: list[Any], stage: np.ndarray | None,
-                    *, copy_in: bool) -> Lease:
+                    *, copy_in: bool, checkpoint: int | None = None) -> Lease:
         """Builds the view, groups in layout order (and, for a staged read, starts the pool ->
         staging copy); on any failure gives back everything the caller took, so no pin or
         staging row is lost."""
@@ -368,7 +536,7 @@ class Lender:
                 state.append((len(paged_pos) + len(state), by_group[i][1], by_group[i][2]))
             elif self.layout.groups[i].kind is CacheKind.PAGED:
                 paged_pos.append(len(paged_pos) + len(state))
-        held = LeasedRows(slots, index, tuple(paged_pos), tuple(state), stage)
+        held = LeasedRows(slots, index, tuple(paged_pos), tuple(state), stage, checkpoint)
         try:
             staging = self._staging
             stage_paged = stage[:n] if stage is not None else slots
@@ -408,7 +576,11 @@ class Lender:
         """Makes a write lease's marked rows valid rows of its request; for a staged lease copies
         only those rows into the pool first. The lease's lock is held; the lender's is not."""
         request, held = lease.request, lease.rows
-        assert request is not None and held.block_index is not None
+        assert request is not None
+        if held.checkpoint is not None:
+            self._checkpoint_marked(lease, request, masks)
+            return
+        assert held.block_index is not None
         n = lease.found
         paged_masks = [masks[k] for k in held.paged_pos]
         if held.stage_rows is not None and self._staging is not None:
@@ -429,6 +601,20 @@ class Lender:
                             {gid: lease.view.groups[k].tokens.end for k, gid, _ in held.state if masks[k][0]})
             self._rows_marked += int(sum(int(np.count_nonzero(m)) for m in masks))
 
+    def _checkpoint_marked(self, lease: Lease, request: Request, masks: tuple[np.ndarray, ...]) -> None:
+        """A checkpoint write lease's masks: the checkpoint counts only when every STATE group's
+        row arrived whole (a part of a state is no state)."""
+        held = lease.rows
+        whole = bool(masks) and all(bool(m.size and m[0]) for m in masks)
+        if whole and held.stage_rows is not None and self._staging is not None:
+            rows = [np.array([slot], dtype=np.int64) for _, _, slot in held.state]
+            self._staging.copy_out(self._pools, list(self._state), rows, [held.stage_rows[:1]] * len(rows))
+        with self._lock:
+            if whole:
+                assert held.checkpoint is not None
+                request.checkpoint_arrived(held.checkpoint)
+            self._rows_marked += int(sum(int(np.count_nonzero(m)) for m in masks))
+
     def lease_released(self, lease: Lease) -> None:
         """Gives back a lease's pins, staging rows and write claims. The lease's lock is held."""
         self._give_back(lease.kind, lease.request, lease.rows)
@@ -436,11 +622,14 @@ class Lender:
     def _give_back(self, kind: LeaseKind, request: Request | None, held: LeasedRows) -> None:
         with self._lock:
             self._tree.unpin(held.block_slots)
-            for _, _, slot in held.state:
-                self._state_refs[slot] -= 1
+            if held.checkpoint is None:  # checkpoint rows are pinned through their block's slot
+                for _, _, slot in held.state:
+                    self._state_refs[slot] -= 1
             if held.stage_rows is not None and self._staging is not None:
                 self._staging.give(held.stage_rows)
-            if kind is LeaseKind.WRITE and request is not None and held.block_index is not None:
+            if kind is LeaseKind.WRITE and request is not None and held.checkpoint is not None:
+                request.end_checkpoint_write()
+            elif kind is LeaseKind.WRITE and request is not None and held.block_index is not None:
                 request.end_write(held.block_index, bool(held.state))
             elif kind is LeaseKind.READ and request is not None:
                 request.end_read(bool(held.state) and held.stage_rows is None)
@@ -470,6 +659,7 @@ class Lender:
                 "lookup_hits": tree.lookup_hits,
                 "probes": self._probes,
                 "state_slots_free": int(np.count_nonzero(self._state_refs == 0)),
+                "checkpoints": int(np.count_nonzero(self._ckpt & tree.in_tree)),
                 "staging_slots_free": self._staging.available() if self._staging is not None else 0,
                 "requests_open": len(self._open_requests),
                 "leases_open": self._leases_open,

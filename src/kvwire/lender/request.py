@@ -32,17 +32,23 @@ class Request:
 
     ``cached_tokens`` tokens were found in the reuse tree at open and need not be computed;
     ``block_table[i]`` is the slot of block ``i`` in every PAGED pool; ``state_slots[group_id]``
-    is the request's slot in each STATE pool."""
+    is the request's slot in each STATE pool.
+
+    A lender that keeps STATE checkpoints (``Lender(..., checkpoints=True)``) gives every block
+    of the request a checkpoint row in each STATE pool (``checkpoint_rows[i]``): the state after
+    block ``i``. ``checkpointed[i]`` says whether that row holds it, in every STATE group."""
 
     __slots__ = (
         "request_id", "prompt_tokens", "cached_tokens", "_block_tokens", "_root", "_block_table", "_state_slots",
         "_token_buf", "_length", "_keys", "_names", "_valid", "_writing", "_state_writing", "_state_reading",
-        "_committed", "_computed", "_checkpoints", "_extra_pins", "_closed",
+        "_committed", "_computed", "_checkpoints", "_extra_pins", "_closed", "_ckpt_rows", "_ckpt",
+        "_ckpt_writing",
     )
 
     def __init__(self, request_id: int, tokens: np.ndarray, capacity_tokens: int, block_tokens: int,
                  root: bytes, block_table: np.ndarray, state_slots: dict[int, int], keys: list[bytes],
-                 paged_groups: int, cached_blocks: int) -> None:
+                 paged_groups: int, cached_blocks: int, checkpoint_rows: np.ndarray | None = None,
+                 checkpointed: np.ndarray | None = None) -> None:
         self.request_id = request_id
         self.prompt_tokens = int(tokens.size)
         self.cached_tokens = cached_blocks * block_tokens
@@ -67,6 +73,15 @@ class Request:
         self._checkpoints: dict[int, int | None] = {gid: None for gid in state_slots}
         self._extra_pins: list[int] = []
         self._closed = False
+        self._ckpt_rows = checkpoint_rows
+        if checkpoint_rows is not None:
+            checkpoint_rows.setflags(write=False)
+            for gid in self._checkpoints:
+                self._checkpoints[gid] = self.cached_tokens  # the lender restored the state there
+        self._ckpt = np.zeros(blocks, dtype=bool)
+        if checkpointed is not None:
+            self._ckpt[: checkpointed.size] = checkpointed
+        self._ckpt_writing = False
 
     # -- what anyone may read ----------------------------------------------------------------
 
@@ -97,6 +112,17 @@ class Request:
     def block_key(self, block: int) -> bytes:
         """The name of whole block ``block`` as bytes."""
         return self._keys[block]
+
+    @property
+    def checkpoint_rows(self) -> np.ndarray | None:
+        """Each block's checkpoint row in every STATE pool (int64, read-only), or ``None`` when
+        the lender keeps no checkpoints: the model writes the state after block ``i`` there."""
+        return self._ckpt_rows
+
+    @property
+    def checkpointed(self) -> np.ndarray:
+        """Per block, whether its checkpoint row holds the state after it (read-only)."""
+        return _readonly(self._ckpt)
 
     @property
     def committed_blocks(self) -> int:
@@ -166,10 +192,15 @@ class Request:
         if not 0 <= checkpoint <= self._length:
             raise ValueError(f"state_tokens must lie in [0, {self._length}], got {checkpoint}")
 
-    def committed(self, upto_tokens: int, checkpoint: int, extra_pins: Iterable[int]) -> None:
+    def committed(self, upto_tokens: int, checkpoint: int, extra_pins: Iterable[int],
+                  computed_from: int | None = None) -> None:
         """Records a commit :meth:`check_commit` allowed: blocks up to ``upto_tokens`` valid and
-        committed, every STATE group at ``checkpoint``, and the tree slots it pinned besides."""
+        committed, every STATE group at ``checkpoint``, and the tree slots it pinned besides.
+        ``computed_from``: the model computed ``[computed_from, upto_tokens)`` and wrote the
+        checkpoint of every block it completed there."""
         stop = upto_tokens // self._block_tokens
+        if computed_from is not None and self._ckpt_rows is not None:
+            self._ckpt[computed_from // self._block_tokens:stop] = True  # blocks ending after it
         self._valid[:, :stop] = True
         self._extra_pins.extend(extra_pins)
         self._committed = max(self._committed, stop)
@@ -202,6 +233,15 @@ class Request:
         if not state:
             return bound
         points = set(self._checkpoints.values())
+        if self._ckpt_rows is not None:
+            # a checkpoint that arrived whole (or the live state) at or before the paged bound
+            best = 0
+            if len(points) == 1 and (live := next(iter(points))) is not None and live <= bound:
+                best = live
+            held = np.flatnonzero(self._ckpt[: bound // bt])
+            if held.size:
+                best = max(best, (int(held[-1]) + 1) * bt)
+            return best
         if len(points) != 1:
             return 0
         (point,) = points
@@ -220,6 +260,27 @@ class Request:
         bt = self._block_tokens
         parent = self._keys[point // bt - 1] if point >= bt else self._root
         return state_name(self._token_buf, bt, point, group_id, parent)
+
+    def check_checkpoint_writable(self, block: int) -> None:
+        """Raises unless the checkpoint of ``block`` may be lent for a fetch: a block of this
+        request's own (not committed, hence not shared), with no other checkpoint lent."""
+        if self._ckpt_rows is None:
+            raise LeaseError("this lender keeps no STATE checkpoints (build it with checkpoints=True)")
+        if not self._committed <= block < self._block_table.size:
+            raise ValueError(f"the checkpoint of block {block} of request {self.request_id} cannot be fetched: "
+                             f"blocks before {self._committed} are committed and shared")
+        if self._ckpt_writing:
+            raise LeaseError(f"a checkpoint of request {self.request_id} is already lent for writing")
+
+    def begin_checkpoint_write(self, block: int) -> None:
+        self._ckpt_writing = True
+        self._ckpt[block] = False  # a fetch may leave any bytes in a row it does not deliver
+
+    def checkpoint_arrived(self, block: int) -> None:
+        self._ckpt[block] = True
+
+    def end_checkpoint_write(self) -> None:
+        self._ckpt_writing = False
 
     def begin_read(self, state_in_place: bool) -> None:
         """A read lease is lent; ``state_in_place``: it lends the state slots unstaged."""
