@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from kvwire.contract import Attempt, Backend, Hint, InvalidSubmission, MemoryKind, Outcome, View
+from kvwire.contract import Attempt, Backend, CacheKind, Hint, InvalidSubmission, MemoryKind, Outcome, View
 from kvwire.contract.capabilities import SERVE_PULLS, OtherEnd
 from kvwire.contract.errors import SubmissionError
 from kvwire.contract.outcome import Cause
@@ -65,8 +65,9 @@ class Generation:
 @dataclass(frozen=True, slots=True)
 class TransferResult:
     """What a ``pull`` or ``publish`` did. ``cached_tokens`` is how many leading prompt tokens
-    this worker now holds; ``status`` is the outcome's, or ``SKIPPED`` when nothing needed to
-    move."""
+    this worker now holds (for a hybrid model: the checkpoint a request resumes from);
+    ``status`` is the outcome's, or ``SKIPPED`` when nothing needed to move. ``state_rows_moved``
+    counts the STATE rows (checkpoints, one per STATE group) that moved whole."""
 
     status: TransferStatus
     cached_tokens: int
@@ -76,6 +77,7 @@ class TransferResult:
     bytes_moved: int
     seconds: float
     reason: str | None = None
+    state_rows_moved: int = 0
 
     @property
     def gbps(self) -> float:
@@ -144,8 +146,10 @@ class Worker:
         self.staged = pool_kind not in self.capabilities.memory_kinds
         if self.staged and staging_slots is None:
             staging_slots = num_blocks
+        # A hybrid model's lender keeps a STATE checkpoint at every block boundary (docs/hybrid.md).
         self.lender = Lender(layout, Scope(self.model_config.model_id, tenant_salt), device=self.device,
-                             staging_slots=staging_slots or 0)
+                             staging_slots=staging_slots or 0,
+                             checkpoints=bool(layout.state_groups and layout.paged_groups))
         self._pools = {g.group_id: self.lender.pool(g.group_id) for g in layout.groups}
         pools = len(layout.groups)
         regions = self.lender.regions()[pools:] if self.staged else self.lender.regions()[:pools]
@@ -219,7 +223,7 @@ class Worker:
             began = time.perf_counter()
             logits = self.model.forward(request, self._pools, tokens, start, len(tokens), written=cached)
             prefill = time.perf_counter() - began
-            self.lender.commit(request, len(tokens))
+            self.lender.commit(request, len(tokens), computed_from=start)
             out: list[int] = []
             seq = tokens
             step = logits
@@ -236,8 +240,9 @@ class Worker:
             self._announce_blocks()
 
     def cached_tokens(self, prompt: Sequence[int] | np.ndarray) -> int:
-        """How many leading tokens of ``prompt`` this cache holds as whole blocks."""
-        return self.lender.probe(np.asarray(prompt, dtype=np.int64)) * self.model_config.block_tokens
+        """How many leading tokens of ``prompt`` this cache holds as whole blocks (for a hybrid
+        model: up to the last block whose STATE checkpoint it holds, where a request resumes)."""
+        return self.lender.probe_resumable(np.asarray(prompt, dtype=np.int64)) * self.model_config.block_tokens
 
     # --- transceiver state --------------------------------------------------------------------
 
@@ -300,13 +305,17 @@ class Worker:
     ) -> TransferResult:
         """Bring the prompt's whole blocks from ``source`` (a transceiver state): skip those held
         here, fetch the rest, commit what arrived. A partial prefix is a success. ``cancel``
-        stops it early; whatever arrived whole before that is still committed."""
+        stops it early; whatever arrived whole before that is still committed.
+
+        For a hybrid model a second fetch brings the STATE checkpoint at the end of the PAGED
+        prefix that arrived (named like that prefix's last block); the pull commits up to the
+        last checkpoint that arrived whole, or that this cache held already."""
         state = self._check_state(source)
         tokens = np.asarray(prompt, dtype=np.int64)
         timeout = self.timeout_s if timeout_s is None else float(timeout_s)
         B = self.model_config.block_tokens
         wanted = len(tokens) // B
-        held = self.lender.probe(tokens)
+        held = self.lender.probe_resumable(tokens)
         began = time.perf_counter()
         if held >= wanted:
             return TransferResult(TransferStatus.SKIPPED, held * B, wanted, 0, held, 0, 0.0)
@@ -314,39 +323,57 @@ class Worker:
         try:
             skipped = int(request.cached_tokens) // B
             lease = self.lender.lend_write(request, staging=self.staged)
-            if state.other_end is OtherEnd.PEER:
-                fields: dict[str, Any] = {"address": state.address}
-                if self._secret is not None:
-                    view = lease.view
-                    names = view.groups[0].names
-                    assert names is not None  # the lender names every row it lends for a request
-                    fields["credentials"] = sign_pull(self._secret, self.name, tuple(g.group_id for g in view.groups),
-                                                      names)
-                hint = Hint.of("peer", timeout_s=timeout, **fields)
-            else:
-                hint = Hint.of("store", timeout_s=timeout, namespace=state.namespace)
-            try:
-                outcome = self._transfer(lease, Direction.FETCH, hint, timeout, cancel)
-            except InvalidSubmission as exc:
-                # The view is this lender's own; what the backend cannot use is the hint, built
-                # from the state's fields: the state is at fault, and nothing escaped (S3).
-                field_name = "address" if state.other_end is OtherEnd.PEER else "namespace"
-                raise StateError(f"the source's transceiver state field {field_name!r} is unusable by backend "
-                                 f"{self.plugin.name!r}: {exc}") from exc
-            moved = _whole_blocks(outcome)
+            outcome = self._fetch(lease, state, timeout, cancel)
+            moved = _whole_blocks(outcome, lease.view)
+            nbytes = _bytes_moved(outcome, lease.view)
+            status, reason, state_rows = TransferStatus.of(outcome), outcome.reason, 0
+            arrived = request.first_incomplete_block()
+            if (self.lender.checkpoints and outcome.is_delivered and arrived > skipped
+                    and not request.checkpointed[arrived - 1]):
+                left = max(timeout - (time.perf_counter() - began), 1e-3)
+                checkpoint = self.lender.lend_checkpoint(request, arrived * B, staging=self.staged)
+                got = self._fetch(checkpoint, state, left, cancel)
+                state_rows = got.rows_delivered
+                nbytes += _bytes_moved(got, checkpoint.view)
+                if not got.is_delivered:
+                    status, reason = TransferStatus.of(got), got.reason
             bound = self.lender.resume_bounds(request)
             if bound:
-                self.lender.commit(request, bound)
+                # the request's state slot still holds the state at its reused checkpoint
+                self.lender.commit(request, bound, state_tokens=request.cached_tokens)
         finally:
             self.lender.close_request(request)
             self._announce_blocks()
         seconds = time.perf_counter() - began
-        nbytes = _bytes_moved(outcome, lease.view)
-        return TransferResult(TransferStatus.of(outcome), bound, wanted, moved, skipped, nbytes, seconds, outcome.reason)
+        return TransferResult(status, bound, wanted, moved, skipped, nbytes, seconds, reason, state_rows)
+
+    def _fetch(self, lease: Lease, state: TransceiverState, timeout: float, cancel: Cancel | None) -> Outcome:
+        """One fetch of ``lease``'s view from the source ``state`` names (a peer, signed when
+        this worker has a pull secret, or a store namespace)."""
+        if state.other_end is OtherEnd.PEER:
+            fields: dict[str, Any] = {"address": state.address}
+            if self._secret is not None:
+                view = lease.view
+                names = view.groups[0].names
+                assert names is not None  # the lender names every row it lends for a request
+                fields["credentials"] = sign_pull(self._secret, self.name, tuple(g.group_id for g in view.groups),
+                                                  names)
+            hint = Hint.of("peer", timeout_s=timeout, **fields)
+        else:
+            hint = Hint.of("store", timeout_s=timeout, namespace=state.namespace)
+        try:
+            return self._transfer(lease, Direction.FETCH, hint, timeout, cancel)
+        except InvalidSubmission as exc:
+            # The view is this lender's own; what the backend cannot use is the hint, built
+            # from the state's fields: the state is at fault, and nothing escaped (S3).
+            field_name = "address" if state.other_end is OtherEnd.PEER else "namespace"
+            raise StateError(f"the source's transceiver state field {field_name!r} is unusable by backend "
+                             f"{self.plugin.name!r}: {exc}") from exc
 
     def publish(self, prompt: Sequence[int] | np.ndarray, *, timeout_s: float | None = None,
                 namespace: str | None = None, cancel: Cancel | None = None) -> TransferResult:
-        """Offer the prompt's whole blocks this cache holds to a store backend."""
+        """Offer the prompt's whole blocks this cache holds to a store backend; for a hybrid
+        model, with the STATE checkpoint at the last block of that prefix that has one."""
         if self.capabilities.other_end is not OtherEnd.STORE or not self.capabilities.publish:
             raise TransferError(f"backend {self.plugin.name!r} does not publish to a store; peers pull instead")
         tokens = np.asarray(prompt, dtype=np.int64)
@@ -355,13 +382,16 @@ class Worker:
         wanted = len(tokens) // B
         hint = Hint.of("store", timeout_s=timeout, namespace=namespace or self._namespace())
         began = time.perf_counter()
-        lease = self.lender.lend_names(self.lender.names(tokens), staging=self.staged)
+        lease = self.lender.lend_names(self.lender.names(tokens), staging=self.staged,
+                                       checkpoint=self.lender.checkpoints)
         held = lease.found
         outcome = self._transfer(lease, Direction.PUBLISH, hint, timeout, cancel)
         seconds = time.perf_counter() - began
-        moved = _whole_blocks(outcome)
+        moved = _whole_blocks(outcome, lease.view)
         nbytes = _bytes_moved(outcome, lease.view)
-        return TransferResult(TransferStatus.of(outcome), held * B, wanted, moved, wanted - held, nbytes, seconds, outcome.reason)
+        state_rows = _state_rows(outcome, lease.view)
+        return TransferResult(TransferStatus.of(outcome), held * B, wanted, moved, wanted - held, nbytes, seconds,
+                              outcome.reason, state_rows)
 
     def _transfer(self, lease: Lease, direction: Direction, hint: Hint, timeout: float,
                   cancel: Cancel | None = None) -> Outcome:
@@ -455,11 +485,15 @@ class Worker:
         reason = self.guard.check(request)
         if reason is None and self.pull_filter is not None:
             reason = self.pull_filter(request)
-        paged = [g.group_id for g in self.lender.layout.groups]
-        if reason is None and list(request.groups) != paged:
-            reason = f"requested groups {list(request.groups)} differ from this cache's {paged}"
+        layout = self.lender.layout
+        paged = [g.group_id for g in layout.paged_groups]
+        states = [g.group_id for g in layout.state_groups] if self.lender.checkpoints else []
+        wanted = list(request.groups)
+        if reason is None and wanted != paged and (not states or wanted != states):
+            reason = (f"requested groups {wanted} differ from this cache's PAGED groups {paged}"
+                      + (f" and from its STATE groups {states}" if states else ""))
         if reason is None:
-            sizes = [self._pools[g][0].numel() * self._pools[g].element_size() for g in paged]
+            sizes = [self._pools[g][0].numel() * self._pools[g].element_size() for g in wanted]
             if list(request.slot_bytes) != sizes:
                 reason = f"requested row sizes {list(request.slot_bytes)} differ from this cache's {sizes}"
         if reason is not None:
@@ -469,7 +503,10 @@ class Worker:
             self.observers.announce("pull_declined", worker=self.name, backend=self.plugin.name,
                                     peer=request.peer, reason=reason)
             return
-        lease = self.lender.lend_names(request.names, staging=self.staged)
+        if wanted == paged:
+            lease = self.lender.lend_names(request.names, staging=self.staged)
+        else:  # the STATE checkpoint after the block request.names[0] names
+            lease = self.lender.lend_checkpoint_names(request.names, staging=self.staged)
         try:
             if not lease.wait_ready(self.timeout_s):
                 raise TransferError("staging copies did not complete")
@@ -550,8 +587,15 @@ def _bytes_moved(outcome: Outcome, view: View) -> int:
     return sum(int(np.count_nonzero(m)) * g.region.slot_bytes for m, g in zip(outcome.masks, view.groups, strict=True))
 
 
-def _whole_blocks(outcome: Outcome) -> int:
-    """Blocks whose row arrived in every group."""
-    if not outcome.masks:
+def _whole_blocks(outcome: Outcome, view: View) -> int:
+    """Blocks whose row arrived in every PAGED group."""
+    masks = [m for m, g in zip(outcome.masks, view.groups, strict=True) if g.kind is CacheKind.PAGED]
+    if not masks:
         return 0
-    return int(np.count_nonzero(np.logical_and.reduce(outcome.masks)))
+    return int(np.count_nonzero(np.logical_and.reduce(masks)))
+
+
+def _state_rows(outcome: Outcome, view: View) -> int:
+    """STATE rows that moved whole."""
+    return sum(int(np.count_nonzero(m)) for m, g in zip(outcome.masks, view.groups, strict=True)
+               if g.kind is CacheKind.STATE)

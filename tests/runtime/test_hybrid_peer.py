@@ -1,0 +1,127 @@
+"""A hybrid model over UCX, two-sided and one-sided: B pulls a prompt's attention blocks and then
+its STATE checkpoint (a one-name pull, the checkpoint named like its block) straight from A's
+reuse tree, and decodes with logits equal to a local prefill; a partial prefix resumes at the
+last checkpoint that arrived; a lost STATE row is never used; a checkpoint never stands for
+another prompt."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import pytest
+import torch
+
+from kvwire.registry import ConfigError, PluginError, load, load_config
+
+try:
+    _why = load("ucx").check() if load("ucx").check else None
+except (ConfigError, PluginError) as exc:  # not installed, or broken
+    _why = str(exc)
+if _why:
+    pytest.skip(f"the ucx backend is unavailable: {_why}", allow_module_level=True)
+
+from hybrid_support import MODEL, LosesState, prompt  # noqa: E402
+
+from kvwire.runtime import Worker  # noqa: E402
+
+
+@pytest.fixture(params=["two-sided", "one-sided"])
+def workers(request: pytest.FixtureRequest) -> Iterator[Callable[..., Worker]]:
+    options = {"mode": request.param}
+    made: list[Worker] = []
+
+    def make(name: str, *, lose_state: bool = False, **kw: object) -> Worker:
+        instance = None
+        if lose_state:
+            config = load_config(backend="ucx", validate=False)
+            instance = LosesState(load("ucx").build({**config.options, **options}))
+        w = Worker(MODEL, backend="ucx", options=options, num_blocks=kw.pop("num_blocks", 64), name=name,
+                   timeout_s=10, instance=instance, **kw)
+        made.append(w)
+        return w
+
+    yield make
+    for w in made:
+        assert w.wait_served(10)
+    for w in made:
+        w.close()
+    for w in made:
+        assert w.pins() == 0, f"{w.name} kept pins"
+
+
+def same(got: torch.Tensor, want: torch.Tensor) -> bool:
+    return bool(torch.allclose(got, want, rtol=1e-4, atol=1e-5))
+
+
+def test_a_hybrid_prompt_pulled_from_a_peer_and_decoded_equals_a_local_prefill(workers):
+    a, b = workers("A"), workers("B")
+    p = prompt(200)
+    local = a.generate(p, max_tokens=3)
+    pulled = b.pull(p, source=a.transceiver_state())
+    assert pulled.status == "delivered" and pulled.blocks_moved == 12 and pulled.state_rows_moved == 1
+    assert pulled.cached_tokens == 192
+    remote = b.generate(p, max_tokens=3)
+    assert remote.cached_tokens == 192
+    assert same(remote.logits, local.logits) and remote.tokens == local.tokens
+    assert b.pull(p, source=a.transceiver_state()).status == "skipped"
+    assert a.counters.pulls_served == 2, "one pull of the PAGED groups, one of the STATE group"
+
+
+def test_a_sender_holding_part_of_the_prefix_gives_the_checkpoint_at_its_end(workers):
+    a, b, c = workers("A", num_blocks=12), workers("B"), workers("C")
+    p = prompt(160)                                     # 10 whole blocks
+    a.generate(p)
+    a.generate(prompt(120, seed=8))                     # pressure: A evicts the LRU tail of p
+    held = a.cached_tokens(p) // 16
+    assert 0 < held < 10
+    pulled = b.pull(p, source=a.transceiver_state())
+    assert pulled.status == "delivered" and pulled.blocks_moved == held and pulled.state_rows_moved == 1
+    assert pulled.cached_tokens == held * 16
+    remote = b.generate(p, max_tokens=2)
+    assert remote.cached_tokens == held * 16
+    local = c.generate(p, max_tokens=2)
+    assert same(remote.logits, local.logits) and remote.tokens == local.tokens
+
+
+def test_a_state_row_that_did_not_arrive_is_never_used(workers):
+    a, c = workers("A"), workers("C")
+    b = workers("B", lose_state=True)
+    p = prompt(200)
+    a.generate(p)
+    b.generate(p[:100])                                 # B's own last checkpoint: 96
+    pulled = b.pull(p, source=a.transceiver_state())
+    assert b.backend.rows_lost == 1
+    assert pulled.blocks_moved == 6 and pulled.state_rows_moved == 0 and pulled.cached_tokens == 96
+    remote = b.generate(p, max_tokens=2)
+    assert remote.cached_tokens == 96
+    local = c.generate(p, max_tokens=2)
+    assert same(remote.logits, local.logits) and remote.tokens == local.tokens
+
+
+def test_the_state_of_one_prompt_is_never_served_for_another(workers):
+    """A computed the first prompt (checkpoints at each of its block boundaries); B pulls a
+    second prompt sharing 72 tokens: it gets the 4 shared blocks and the checkpoint after the 4th
+    (the state of the shared prefix), never a state of the first prompt past the divergence."""
+    a, b, c = workers("A"), workers("B"), workers("C")
+    shared = prompt(72, seed=1)
+    first = np.concatenate([shared, prompt(128, seed=2)])
+    second = np.concatenate([shared, prompt(128, seed=3)])
+    a.generate(first)
+    pulled = b.pull(second, source=a.transceiver_state())
+    assert pulled.blocks_moved == 4 and pulled.state_rows_moved == 1 and pulled.cached_tokens == 64
+    remote = b.generate(second, max_tokens=2)
+    assert remote.cached_tokens == 64
+    local = c.generate(second, max_tokens=2)
+    assert same(remote.logits, local.logits) and remote.tokens == local.tokens
+
+
+def test_a_signed_hybrid_pull_signs_both_fetches(workers):
+    a = workers("A", pull_secret="s3cret", allowed_peers=["B"])
+    b = workers("B", pull_secret="s3cret")
+    p = prompt(100, seed=5)
+    local = a.generate(p)
+    pulled = b.pull(p, source=a.transceiver_state())
+    assert pulled.status == "delivered" and pulled.state_rows_moved == 1 and pulled.cached_tokens == 96
+    assert same(b.generate(p).logits, local.logits)
+    assert a.counters.pulls_declined == 0
