@@ -85,6 +85,24 @@ def test_a_hybrid_prompt_published_pulled_and_decoded_equals_a_local_prefill(wor
     assert again.status == "skipped" and again.blocks_moved == 0 and again.state_rows_moved == 0
 
 
+def test_a_prompt_of_whole_blocks_moves_the_checkpoint_where_its_request_resumes(workers):
+    """A request computes at least its last token, so a 192-token prompt resumes at 176: the
+    publish offers the checkpoints at 192 (for a longer prompt) and at 176, the pull fetches
+    the one at 176 and commits all 12 blocks, and a second pull moves nothing."""
+    a, b = workers("A"), workers("B")
+    p = prompt(192, seed=2)
+    local = a.generate(p)
+    published = a.publish(p)
+    assert published.blocks_moved == 12 and published.state_rows_moved == 2
+    pulled = b.pull(p, source=a.transceiver_state())
+    assert pulled.blocks_moved == 12 and pulled.state_rows_moved == 1 and pulled.cached_tokens == 176
+    remote = b.generate(p)
+    assert remote.cached_tokens == 176 and same(remote.logits, local.logits)
+    assert b.pull(p, source=a.transceiver_state()).status == "skipped"
+    longer = np.concatenate([p, prompt(40, seed=9)])
+    assert b.pull(longer, source=a.transceiver_state()).cached_tokens == 192, "the checkpoint at 192 was published"
+
+
 def test_a_partial_prefix_resumes_at_the_last_checkpoint_that_arrived(workers):
     a, b, c = workers("A"), workers("B"), workers("C")
     longer = prompt(200)

@@ -68,6 +68,17 @@ def test_a_hybrid_prompt_pulled_from_a_peer_and_decoded_equals_a_local_prefill(w
     assert a.counters.pulls_served == 2, "one pull of the PAGED groups, one of the STATE group"
 
 
+def test_a_prompt_of_whole_blocks_pulls_the_checkpoint_where_its_request_resumes(workers):
+    a, b = workers("A"), workers("B")
+    p = prompt(192, seed=2)
+    local = a.generate(p)
+    pulled = b.pull(p, source=a.transceiver_state())
+    assert pulled.blocks_moved == 12 and pulled.state_rows_moved == 1 and pulled.cached_tokens == 176
+    remote = b.generate(p)
+    assert remote.cached_tokens == 176 and same(remote.logits, local.logits)
+    assert b.pull(p, source=a.transceiver_state()).status == "skipped"
+
+
 def test_a_sender_holding_part_of_the_prefix_gives_the_checkpoint_at_its_end(workers):
     a, b, c = workers("A", num_blocks=12), workers("B"), workers("C")
     p = prompt(160)                                     # 10 whole blocks

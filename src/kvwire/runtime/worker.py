@@ -315,10 +315,12 @@ class Worker:
         timeout = self.timeout_s if timeout_s is None else float(timeout_s)
         B = self.model_config.block_tokens
         wanted = len(tokens) // B
-        held = self.lender.probe_resumable(tokens)
+        resume_at = self._resume_block(len(tokens))
+        held = self.lender.probe(tokens)
+        resumable = self.lender.probe_resumable(tokens)
         began = time.perf_counter()
-        if held >= wanted:
-            return TransferResult(TransferStatus.SKIPPED, held * B, wanted, 0, held, 0, 0.0)
+        if held >= wanted and resumable >= resume_at:
+            return TransferResult(TransferStatus.SKIPPED, resumable * B, wanted, 0, held, 0, 0.0)
         request = self.lender.open_request(tokens[: wanted * B])
         try:
             skipped = int(request.cached_tokens) // B
@@ -328,24 +330,34 @@ class Worker:
             nbytes = _bytes_moved(outcome, lease.view)
             status, reason, state_rows = TransferStatus.of(outcome), outcome.reason, 0
             arrived = request.first_incomplete_block()
-            if (self.lender.checkpoints and outcome.is_delivered and arrived > skipped
-                    and not request.checkpointed[arrived - 1]):
+            target = min(arrived, resume_at)  # where a request of this prompt resumes
+            if (self.lender.checkpoints and outcome.is_delivered and target > skipped
+                    and not request.checkpointed[target - 1]):
                 left = max(timeout - (time.perf_counter() - began), 1e-3)
-                checkpoint = self.lender.lend_checkpoint(request, arrived * B, staging=self.staged)
+                checkpoint = self.lender.lend_checkpoint(request, target * B, staging=self.staged)
                 got = self._fetch(checkpoint, state, left, cancel)
                 state_rows = got.rows_delivered
                 nbytes += _bytes_moved(got, checkpoint.view)
                 if not got.is_delivered:
                     status, reason = TransferStatus.of(got), got.reason
             bound = self.lender.resume_bounds(request)
-            if bound:
-                # the request's state slot still holds the state at its reused checkpoint
-                self.lender.commit(request, bound, state_tokens=request.cached_tokens)
+            if self.lender.checkpoints and arrived:
+                # Every block that arrived enters the tree (so a later pull skips it), each with
+                # the checkpoint it has; a request resumes only at one. The state slot still
+                # holds the state at the request's reused checkpoint.
+                self.lender.commit(request, arrived * B, state_tokens=request.cached_tokens)
+            elif bound:
+                self.lender.commit(request, bound)
         finally:
             self.lender.close_request(request)
             self._announce_blocks()
         seconds = time.perf_counter() - began
         return TransferResult(status, bound, wanted, moved, skipped, nbytes, seconds, reason, state_rows)
+
+    def _resume_block(self, prompt_tokens: int) -> int:
+        """Blocks a request for a prompt this long reuses at most (it computes its last token):
+        for a hybrid model, where the STATE checkpoint that a pull or publish moves lies."""
+        return (prompt_tokens - 1) // self.model_config.block_tokens
 
     def _fetch(self, lease: Lease, state: TransceiverState, timeout: float, cancel: Cancel | None) -> Outcome:
         """One fetch of ``lease``'s view from the source ``state`` names (a peer, signed when
@@ -373,7 +385,8 @@ class Worker:
     def publish(self, prompt: Sequence[int] | np.ndarray, *, timeout_s: float | None = None,
                 namespace: str | None = None, cancel: Cancel | None = None) -> TransferResult:
         """Offer the prompt's whole blocks this cache holds to a store backend; for a hybrid
-        model, with the STATE checkpoint at the last block of that prefix that has one."""
+        model, with the STATE checkpoint at the last block of that prefix that has one and, when
+        that is not where a request of this prompt resumes, the checkpoint there too."""
         if self.capabilities.other_end is not OtherEnd.STORE or not self.capabilities.publish:
             raise TransferError(f"backend {self.plugin.name!r} does not publish to a store; peers pull instead")
         tokens = np.asarray(prompt, dtype=np.int64)
@@ -390,8 +403,25 @@ class Worker:
         moved = _whole_blocks(outcome, lease.view)
         nbytes = _bytes_moved(outcome, lease.view)
         state_rows = _state_rows(outcome, lease.view)
-        return TransferResult(TransferStatus.of(outcome), held * B, wanted, moved, wanted - held, nbytes, seconds,
-                              outcome.reason, state_rows)
+        status, reason = TransferStatus.of(outcome), outcome.reason
+        resume_at = min(self._resume_block(len(tokens)), held)
+        sent = [g.tokens.end // B for g in lease.view.groups if g.kind is CacheKind.STATE]
+        if self.lender.checkpoints and outcome.is_delivered and resume_at and resume_at not in sent:
+            names = lease.view.groups[0].names
+            assert names is not None
+            extra = self.lender.lend_checkpoint_names(names[resume_at - 1:resume_at], staging=self.staged)
+            if extra.found:
+                left = max(timeout - (time.perf_counter() - began), 1e-3)
+                again = Hint.of("store", timeout_s=left, namespace=namespace or self._namespace())
+                more = self._transfer(extra, Direction.PUBLISH, again, left, cancel)
+                state_rows += _state_rows(more, extra.view)
+                nbytes += _bytes_moved(more, extra.view)
+                if not more.is_delivered:
+                    status, reason = TransferStatus.of(more), more.reason
+            else:
+                extra.release()
+            seconds = time.perf_counter() - began
+        return TransferResult(status, held * B, wanted, moved, wanted - held, nbytes, seconds, reason, state_rows)
 
     def _transfer(self, lease: Lease, direction: Direction, hint: Hint, timeout: float,
                   cancel: Cancel | None = None) -> Outcome:
