@@ -43,6 +43,25 @@ def test_demo_summary_numbers_agree_with_the_transfer(tmp_path):
     assert f"{blocks}" in r.stdout and "GB/s" in r.stdout
 
 
+@pytest.mark.parametrize("backend", ["memory", "ucx"])
+def test_demo_with_the_hybrid_model_moves_the_state_checkpoint_with_the_blocks(tmp_path, backend):
+    out = tmp_path / "demo.json"
+    r = kvwire("demo", "--model", "hybrid", "--backend", backend, "--tokens", "300", "--layers", "4",
+               "--json", str(out))
+    if backend == "ucx" and "unavailable" in r.stdout + r.stderr:
+        pytest.skip("the ucx backend is unavailable here")
+    assert r.returncode == 0, r.stdout + r.stderr
+    rep = json.loads(out.read_text())
+    blocks = 300 // 16
+    assert rep["ok"] is True and rep["model"] == "hybrid"
+    assert rep["blocks_moved"] == blocks and rep["state_rows_moved"] == 1
+    assert rep["checkpoint_tokens"] == rep["cached_tokens"] == blocks * 16   # B resumed at the pulled checkpoint
+    paged = 2 * 2 * 16 * 4 * 64 * 4                            # two attention layers · K,V · tokens · heads · dim · fp32
+    state = 2 * 4 * 64 * 4                                     # two recurrent layers · d_model · fp32
+    assert rep["bytes_moved"] == blocks * paged + state        # the blocks and one STATE row
+    assert "STATE rows moved" in r.stdout and "hybrid model" in r.stdout
+
+
 def test_bad_config_exits_2_with_one_line_naming_the_key(tmp_path):
     cfg = tmp_path / "kvwire.toml"
     cfg.write_text('[backend]\nname = "memory"\n[backend.options]\ncapacity_byte = 10\n')

@@ -66,7 +66,8 @@ def _cmd_demo(args: argparse.Namespace, console: Console) -> int:
     from kvwire.cli.demo import render, run_demo
 
     config = _config(args)
-    report = run_demo(config, tokens=args.tokens, layers=args.layers, console=console, device=args.device)
+    report = run_demo(config, tokens=args.tokens, layers=args.layers, console=console, device=args.device,
+                      model_name=args.model)
     render(report, console)
     if args.json:
         with open(args.json, "w") as fh:
@@ -129,6 +130,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument("--layers", type=int, default=8, help="model layers (default 8, two per layer group)")
     demo.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     demo.add_argument("--device", default="cpu", help="where the caches live: cpu (default) or cuda[:N]")
+    demo.add_argument("--model", choices=("tiny", "hybrid"), default="tiny",
+                      help="tiny (attention only, default) or hybrid (every other layer a gated linear "
+                           "recurrence, whose STATE checkpoint moves with the blocks)")
     args = parser.parse_args(argv)
     console = Console()
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s",

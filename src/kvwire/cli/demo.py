@@ -1,6 +1,8 @@
 """``kvwire demo``: two workers, a prompt prefilled on the first, its blocks moved to the second
 (pulled from a peer, or published to and fetched from a store), the next token decoded on the
-second and checked against the first's local prefill."""
+second and checked against the first's local prefill. ``--model hybrid`` makes every other layer
+a gated linear recurrence: its STATE checkpoint moves with the attention blocks
+(``docs/hybrid.md``)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,10 @@ from rich.table import Table
 
 from kvwire.registry import BackendConfig
 
-__all__ = ["DemoReport", "run_demo"]
+__all__ = ["DemoReport", "run_demo", "MODELS"]
+
+#: The demo's models: ``tiny`` (attention only) and ``hybrid`` (every other layer recurrent).
+MODELS = ("tiny", "hybrid")
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,10 +42,15 @@ class DemoReport:
     pins_after: tuple[int, int]
     status: str
     reason: str | None
+    model: str = "tiny"
+    #: STATE rows (checkpoints) the pull moved, and the token B's request resumed from
+    state_rows_moved: int = 0
+    checkpoint_tokens: int = 0
 
     @property
     def ok(self) -> bool:
-        return (self.status == "delivered" and self.logits_equal and self.next_token_equal
+        state_ok = self.model != "hybrid" or (self.state_rows_moved > 0 and self.checkpoint_tokens == self.cached_tokens)
+        return (self.status == "delivered" and self.logits_equal and self.next_token_equal and state_ok
                 and self.cached_tokens > 0 and self.second_pull_blocks == 0 and self.pins_after == (0, 0))
 
     def as_dict(self) -> dict[str, Any]:
@@ -59,13 +69,21 @@ def run_demo(
     console: Console | None = None,
     model_options: Mapping[str, Any] | None = None,
     device: str = "cpu",
+    model_name: str = "tiny",
 ) -> DemoReport:
     """Run the demo; returns what it measured (the CLI prints it)."""
     from kvwire.runtime import ModelConfig, Worker
 
+    if model_name not in MODELS:
+        raise ValueError(f"unknown demo model {model_name!r}; choose one of {', '.join(MODELS)}")
     console = console or Console()
-    model = ModelConfig(layers=layers, layers_per_group=2, heads=4, head_dim=64, block_tokens=16,
-                        max_tokens=max(tokens + 16, 64), seed=seed, **dict(model_options or {}))
+    shape: dict[str, Any] = {"layers_per_group": 2}
+    if model_name == "hybrid":
+        recurrent = tuple(range(1, layers, 2))
+        attention = layers - len(recurrent)
+        shape = {"recurrent_layers": recurrent, "layers_per_group": 2 if attention % 2 == 0 else 1}
+    model = ModelConfig(layers=layers, heads=4, head_dim=64, block_tokens=16,
+                        max_tokens=max(tokens + 16, 64), seed=seed, **{**shape, **dict(model_options or {})})
     prompt = np.random.default_rng(seed).integers(0, model.vocab, tokens)
     blocks = -(-tokens // model.block_tokens) + 4
     with contextlib.ExitStack() as stack:
@@ -108,12 +126,16 @@ def run_demo(
             pins_after=(a.pins(), b.pins()),
             status=pulled.status,
             reason=pulled.reason,
+            model=model_name,
+            state_rows_moved=pulled.state_rows_moved,
+            checkpoint_tokens=pulled.cached_tokens if model.recurrent_layers else 0,
         )
     return report
 
 
 def render(report: DemoReport, console: Console) -> None:
-    table = Table(title=f"kvwire demo · backend {report.backend}", show_header=True)
+    title = f"kvwire demo · backend {report.backend}" + (" · hybrid model" if report.model == "hybrid" else "")
+    table = Table(title=title, show_header=True)
     table.add_column("what")
     table.add_column("value", justify="right")
     gbps = report.bytes_moved / report.transfer_seconds / 1e9 if report.transfer_seconds else 0.0
@@ -122,6 +144,9 @@ def render(report: DemoReport, console: Console) -> None:
         ("prompt tokens reused on worker B (the last block is recomputed)", f"{report.cached_tokens}"),
         ("blocks moved", f"{report.blocks_moved}"),
         ("blocks skipped (already held)", f"{report.blocks_skipped}"),
+        *([("STATE rows moved (recurrent-state checkpoints)", f"{report.state_rows_moved}"),
+           ("checkpoint worker B resumed from (token)", f"{report.checkpoint_tokens}")]
+          if report.model == "hybrid" else []),
         ("bytes moved", f"{report.bytes_moved / 2**20:.1f} MiB"),
         ("transfer time", f"{report.transfer_seconds * 1e3:.1f} ms"),
         ("throughput", f"{gbps:.2f} GB/s"),
