@@ -148,3 +148,31 @@ def test_checkpoints_need_paged_and_state_groups():
     paged_only = CacheLayout(B, 4, 0, (GroupSpec(0, CacheKind.PAGED, (2,), torch.float32),))
     with pytest.raises(ValueError, match="PAGED and STATE"):
         Lender(paged_only, Scope("m"), checkpoints=True)
+
+
+def test_staged_checkpoint_leases_copy_through_the_staging_rows():
+    """A backend that reaches only host memory gets staged rows: serving copies the checkpoint
+    into a staging row; a fetch's marked checkpoint is copied into the pool, an unmarked one not."""
+    source = Lender(layout(), Scope("m"), checkpoints=True, staging_slots=4)
+    sink = Lender(layout(), Scope("m"), checkpoints=True, staging_slots=4)
+    prefill(source, PROMPT)
+    names = source.names(PROMPT)
+    with source.lend_checkpoint_names(names[2:3], staging=True) as served:
+        assert served.wait_ready(5)
+        (group,) = served.view.groups
+        assert group.region == source.regions()[2 + 1], "the STATE group's staging region"
+        staged_row = source.staging(1)[int(group.slots[0])]
+        assert staged_row[0] == 12.0
+        request = sink.open_request(PROMPT[:28])
+        with sink.lend_checkpoint(request, 12, staging=True) as lease:
+            sink.staging(1)[int(lease.view.groups[0].slots[0])] = staged_row     # "the transfer"
+            lease.mark_arrived([np.zeros(1, dtype=bool)])
+        assert sink.pool(1)[int(request.checkpoint_rows[2])][0] == 0.0, "an unmarked row is not copied in"
+        with sink.lend_checkpoint(request, 12, staging=True) as lease:
+            sink.staging(1)[int(lease.view.groups[0].slots[0])] = staged_row
+            lease.mark_arrived([np.ones(1, dtype=bool)])
+        assert sink.pool(1)[int(request.checkpoint_rows[2])][0] == 12.0
+        assert bool(request.checkpointed[2])
+        sink.close_request(request)
+    assert source.pins() == sink.pins() == 0
+    assert source.stats()["staging_slots_free"] == 4 and sink.stats()["staging_slots_free"] == 4
