@@ -1,7 +1,7 @@
 """Time to first token of engine B for a prompt engine A served, through each KV connector that
 runs on vLLM's CPU build, on the same engines, prompts and Mooncake master, in one run.
 
-    .venv/bin/python bench/bench_vllm.py [--lengths 1024,2048,...] [--runs 3] [--out FILE]
+    .venv/bin/python bench/bench_vllm.py [--lengths 1024,2048,...] [--runs 3] [--out FILE] [--trace DIR]
 
 Engines (each its own process, .venv-vllm, the tiny dummy-weight Llama of tests/vllm, block 32):
 
@@ -11,7 +11,11 @@ Engines (each its own process, .venv-vllm, the tiny dummy-weight Llama of tests/
 - vLLM's ``ExampleConnector`` (safetensors files): one engine writes, its prefix cache is reset,
   then it reads back (the files outlive nothing else, so a second engine would time the same);
 - plain recompute: an engine with no connector.
-- kvwire over the no-server ``files`` store, when installed in .venv-vllm.
+- kvwire over the no-server ``files`` store (a directory of the bench's): A and B, B asks the
+  store and loads; its like-for-like is ``ExampleConnector`` (files too, but one engine).
+
+``--trace DIR``: the kvwire engines write the connector's per-step trace (``KVWIRE_VLLM_TRACE``)
+there, and the bench prints, for kvwire/mooncake's B at each length, where its time went.
 
 Per prompt length and run, a fresh random prompt: A serves it (max_tokens=1), then B is timed
 on it (max_tokens=1: the time to first token, measured around ``LLM.generate`` in B's process).
@@ -35,7 +39,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "vllm"))
 
 from engines import (  # noqa: E402
-    TINY_LLAMA, VLLM_PYTHON, Engine, kvwire_transfer_config, start_all, store_key_count, write_model,
+    TINY_LLAMA, VLLM_PYTHON, Engine, files_object_count, kvwire_transfer_config, start_all, store_key_count,
+    write_model,
 )
 
 BLOCK = 32
@@ -70,9 +75,41 @@ def settle_store(metrics_port: int, before: int, at_least: int, timeout_s: float
     raise TimeoutError(f"the store did not settle at >= {before + at_least} objects within {timeout_s:g} s (has {last})")
 
 
-def ttft(engine: Engine, p: list[int]) -> tuple[float, int]:
+def ttft(engine: Engine, p: list[int]) -> tuple[float, int, float]:
     out = engine.generate([p], max_tokens=1)
-    return float(out["seconds"]), int(out["outputs"][0]["num_cached_tokens"])
+    return float(out["seconds"]), int(out["outputs"][0]["num_cached_tokens"]), float(out["began"])
+
+
+def wait_for_files(root: Path, at_least: int, timeout_s: float = 60.0) -> None:
+    """Wait until the files store holds ``at_least`` objects (A's saves). Outside the clock."""
+    from engines import files_object_count
+    from kvwire.testing.holder import wait_for
+
+    wait_for(lambda: files_object_count(root) >= at_least, timeout_s, f"{at_least} objects in {root}")
+
+
+def trace_summary(path: Path, began: float, seconds: float) -> str:
+    """One B request's path through the connector from its trace: milliseconds after
+    ``LLM.generate`` began, per event."""
+    if not path.exists():
+        return "(no trace)"
+    events = [json.loads(line) for line in path.read_text().splitlines()]
+    events = [e for e in events if began <= e["t"] <= began + seconds + 0.001]
+    parts, seen = [], set()
+    for e in events:
+        name = e["event"]
+        if name in ("step", "get_finished"):
+            if name == "step" and e.get("scheduled"):
+                tokens = sum(e["scheduled"].values())
+                parts.append(f"step({tokens} tok) {1e3 * (e['t'] - began):.1f}")
+            continue
+        if name in seen:
+            continue
+        seen.add(name)
+        extra = f" ({1e3 * e['seconds']:.1f} in flight)" if "seconds" in e else ""
+        parts.append(f"{name} {1e3 * (e['t'] - began):.1f}{extra}")
+    steps = sum(1 for e in events if e["event"] == "get_finished")
+    return ", ".join(parts) + f"; {steps} worker steps polled the load; output {1e3 * seconds:.1f} ms"
 
 
 def main() -> int:
@@ -80,6 +117,7 @@ def main() -> int:
     ap.add_argument("--lengths", default="1024,2048,4096,8192,16384")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--trace", type=Path, default=None, help="folder for the kvwire engines' connector traces")
     args = ap.parse_args()
     lengths = [int(x) for x in args.lengths.split(",")]
     max_len = max(lengths) + 64
@@ -88,6 +126,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-vllm-"))
     model = write_model(work / "tiny-llama")
     rows: list[tuple[str, int, float, int]] = []
+    traces: list[str] = []
     with MasterProcess() as master:
         mc_config = work / "mooncake.json"
         mc_config.write_text(json.dumps({"metadata_server": "P2PHANDSHAKE", "master_server_address": master.address,
@@ -103,15 +142,24 @@ def main() -> int:
         def engine(name: str, config: dict | None, env: dict | None = None) -> Engine:
             return Engine(name, model, config, env=env, max_model_len=max_len, log_dir=work)
 
-        pairs["kvwire / mooncake"] = (engine("kv-A", kv), engine("kv-B", kv))
+        def traced(name: str) -> dict[str, str] | None:
+            if args.trace is None:
+                return None
+            args.trace.mkdir(parents=True, exist_ok=True)
+            (args.trace / f"{name}.jsonl").unlink(missing_ok=True)
+            return {"KVWIRE_VLLM_TRACE": str(args.trace / f"{name}.jsonl")}
+
+        pairs["kvwire / mooncake"] = (engine("kv-A", kv), engine("kv-B", kv, traced("kv-B")))
         pairs["vLLM MooncakeStoreConnector"] = (engine("mc-A", mc, mc_env), engine("mc-B", mc, mc_env))
         ex_engine = engine("ex", ex)
         pairs["vLLM ExampleConnector"] = (ex_engine, ex_engine)
         plain = engine("plain", None)
         pairs["plain recompute"] = (plain, plain)
-        if files_installed():
-            fs = kvwire_transfer_config("files", {"root": str(work / "files-store")})
-            pairs["kvwire / files"] = (engine("fs-A", fs), engine("fs-B", fs))
+        if not files_installed():
+            raise SystemExit(f"kvwire-files is not installed in {VLLM_PYTHON}: run scripts/bootstrap_vllm.sh")
+        files_root = work / "files-store"
+        fs = kvwire_transfer_config("files", {"root": str(files_root), "capacity_bytes": 4 << 30})
+        pairs["kvwire / files"] = (engine("fs-A", fs), engine("fs-B", fs, traced("fs-B")))
         everyone = list({id(e): e for pair in pairs.values() for e in pair}.values())
         began = time.monotonic()
         try:
@@ -126,17 +174,24 @@ def main() -> int:
                     for label, (a, b) in pairs.items():
                         p = prompt(p_seed + hash(label) % 997, length)
                         if label == "plain recompute":
-                            seconds, cached = ttft(b, p)
+                            seconds, cached, t0 = ttft(b, p)
                         else:
                             before = store_key_count(master.metrics_port)
+                            files_before = files_object_count(files_root)
                             a.generate([p], max_tokens=1)
                             if "ooncake" in label:
                                 settle_store(master.metrics_port, before, (length - 1) // BLOCK)
+                            if label == "kvwire / files":
+                                wait_for_files(files_root, files_before + LAYERS * ((length - 1) // BLOCK))
                             if a is b and not a.call({"op": "reset_prefix_cache"})["ok"]:
                                 raise RuntimeError(f"{label}: reset_prefix_cache failed; a local hit would be timed")
-                            seconds, cached = ttft(b, p)
+                            seconds, cached, t0 = ttft(b, p)
                         rows.append((label, length, seconds, cached))
                         print(f"{label:30s} {length:6d} run {run}: {seconds * 1e3:8.1f} ms, cached {cached}", flush=True)
+                        if args.trace is not None and label in ("kvwire / mooncake", "kvwire / files"):
+                            name = "kv-B" if "ooncake" in label else "fs-B"
+                            traces.append(f"{label} {length} run {run}: "
+                                          f"{trace_summary(args.trace / f'{name}.jsonl', t0, seconds)}")
         finally:
             for e in everyone:
                 e.close()
@@ -164,6 +219,11 @@ def main() -> int:
     lines.append("ratio vLLM MooncakeStoreConnector TTFT / kvwire-over-mooncake TTFT: " + ", ".join(
         f"{length}: {statistics.median(r[2] for r in rows if r[0] == 'vLLM MooncakeStoreConnector' and r[1] == length) / statistics.median(r[2] for r in rows if r[0] == 'kvwire / mooncake' and r[1] == length):.2f}x"
         for length in lengths))
+    lines.append("ratio vLLM ExampleConnector TTFT / kvwire-over-files TTFT: " + ", ".join(
+        f"{length}: {statistics.median(r[2] for r in rows if r[0] == 'vLLM ExampleConnector' and r[1] == length) / statistics.median(r[2] for r in rows if r[0] == 'kvwire / files' and r[1] == length):.2f}x"
+        for length in lengths))
+    if traces:
+        lines += ["", "per-request trace of B (ms after LLM.generate began):", *traces]
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out is not None:

@@ -1,5 +1,6 @@
 """Fixtures for the vLLM connector tests: the vLLM venv (or a clear reason it is missing), a real
-``mooncake_master`` on free loopback ports, and a tiny dummy-weight model folder."""
+``mooncake_master`` on free loopback ports, a tiny dummy-weight model folder, and the test-only
+``gated`` store plugin installed into a folder of its own (:mod:`gated_store`)."""
 
 from __future__ import annotations
 
@@ -42,3 +43,12 @@ def master(vllm_venv: Path) -> Iterator[object]:
 
     with MasterProcess(lease_ttl_ms=200) as m:
         yield m
+
+
+@pytest.fixture(scope="session")
+def gated_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding the ``kvwire-vllm-gated`` distribution, for the PYTHONPATH of the engines
+    that use it (nothing else sees it)."""
+    from gated_store import install
+
+    return install(tmp_path_factory.mktemp("gated-site"))

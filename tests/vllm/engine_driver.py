@@ -3,7 +3,11 @@
 Run with ``.venv-vllm/bin/python engine_driver.py SPEC_JSON``. SPEC: ``model`` (a folder with a
 config.json: dummy weights), ``kv_transfer_config`` (or null for no connector), ``max_model_len``.
 Requests are lines ``{"op": "generate", "prompts": [[ids...]], "max_tokens": n}``,
-``{"op": "reset_prefix_cache"}`` or ``{"op": "quit"}``; every answer is one stdout line starting
+``{"op": "reset_prefix_cache"}`` or ``{"op": "quit"}``; and, for requests the test steers one at a
+time, ``{"op": "add", "id": ..., "prompt": [ids...], "max_tokens": n}`` (returns at once),
+``{"op": "abort", "ids": [...]}``, ``{"op": "collect", "ids": [...]}`` (steps the engine until
+those requests finished; their outputs) and ``{"op": "state"}`` (each worker's connector state,
+:func:`kvwire_vllm.inspect.worker_state`, through ``collective_rpc``); every answer is one stdout line starting
 with ``@@driver `` (vLLM's own logging goes to stderr and other stdout lines). Startup ends with
 ``{"ready": true}``, or ``{"ready": false, "error": ...}`` and exit status 3."""
 
@@ -23,6 +27,12 @@ def say(obj: object) -> None:
     sys.stdout.flush()
 
 
+def output(o: object) -> dict:
+    return {"tokens": list(o.outputs[0].token_ids), "num_cached_tokens": o.num_cached_tokens,  # type: ignore[attr-defined]
+            "finish_reason": o.outputs[0].finish_reason,  # type: ignore[attr-defined]
+            "kv_transfer_params": o.kv_transfer_params}  # type: ignore[attr-defined]
+
+
 def main() -> int:
     spec = json.loads(sys.argv[1])
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(spec.get("kv_cache_gib", 1)))
@@ -35,6 +45,8 @@ def main() -> int:
         max_model_len=int(spec.get("max_model_len", 4096)), seed=0,
         max_num_batched_tokens=int(spec.get("max_num_batched_tokens", spec.get("max_model_len", 4096))),
     )
+    if spec.get("shutdown_timeout"):  # vLLM drains in-flight requests this long at shutdown (0: aborts them)
+        kwargs["shutdown_timeout"] = int(spec["shutdown_timeout"])
     if spec.get("kv_transfer_config") is not None:
         kwargs["kv_transfer_config"] = spec["kv_transfer_config"]
     try:
@@ -57,12 +69,32 @@ def main() -> int:
                 params = SamplingParams(temperature=0, max_tokens=int(req.get("max_tokens", 1)),
                                         detokenize=False, ignore_eos=True)
                 prompts = [TokensPrompt(prompt_token_ids=p) for p in req["prompts"]]
-                began = time.perf_counter()
+                wall, began = time.time(), time.perf_counter()
                 outs = llm.generate(prompts, params, use_tqdm=False)
                 seconds = time.perf_counter() - began
-                say({"seconds": seconds, "outputs": [
-                    {"tokens": list(o.outputs[0].token_ids), "num_cached_tokens": o.num_cached_tokens,
-                     "kv_transfer_params": o.kv_transfer_params} for o in outs]})
+                say({"seconds": seconds, "began": wall, "outputs": [output(o) for o in outs]})
+            elif op == "add":
+                params = SamplingParams(temperature=0, max_tokens=int(req.get("max_tokens", 1)),
+                                        detokenize=False, ignore_eos=True)
+                llm.llm_engine.add_request(str(req["id"]), TokensPrompt(prompt_token_ids=req["prompt"]), params)
+                say({"ok": True})
+            elif op == "abort":
+                llm.llm_engine.abort_request([str(i) for i in req["ids"]])
+                say({"ok": True})
+            elif op == "collect":
+                wanted = {str(i) for i in req["ids"]}
+                done: dict[str, dict] = {}
+                while wanted - set(done):
+                    for o in llm.llm_engine.step():
+                        # vLLM may answer with its internal id: the given one and a suffix
+                        rid = o.request_id if o.request_id in wanted else o.request_id.rsplit("-", 1)[0]
+                        if o.finished and rid in wanted:
+                            done[rid] = output(o)
+                say({"outputs": [done[str(i)] for i in req["ids"]]})
+            elif op == "state":
+                from kvwire_vllm.inspect import worker_state
+
+                say({"workers": llm.collective_rpc(worker_state)})
             else:
                 say({"error": f"unknown op {op!r}"})
         except Exception as exc:

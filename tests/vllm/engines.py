@@ -49,9 +49,11 @@ class Engine:
     :class:`EngineError`); ``call()`` sends one request and waits for its answer."""
 
     def __init__(self, name: str, model: Path, kv_transfer_config: dict[str, Any] | None,
-                 env: dict[str, str] | None = None, max_model_len: int = 4096, log_dir: Path | None = None) -> None:
+                 env: dict[str, str] | None = None, max_model_len: int = 4096, log_dir: Path | None = None,
+                 shutdown_timeout: int = 0) -> None:
         self.name = name
-        spec = {"model": str(model), "kv_transfer_config": kv_transfer_config, "max_model_len": max_model_len}
+        spec = {"model": str(model), "kv_transfer_config": kv_transfer_config, "max_model_len": max_model_len,
+                "shutdown_timeout": shutdown_timeout}
         self.log_path = (log_dir or model.parent) / f"engine-{name}.log"
         self._log = self.log_path.open("w")
         environ = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONUNBUFFERED": "1",
@@ -104,8 +106,36 @@ class Engine:
     def generate(self, prompts: Sequence[Sequence[int]], max_tokens: int = 4) -> dict[str, Any]:
         return self.call({"op": "generate", "prompts": [list(p) for p in prompts], "max_tokens": max_tokens})
 
+    def add(self, req_id: str, prompt: Sequence[int], max_tokens: int = 4) -> None:
+        """Add one request and return at once (``collect`` steps the engine until it finishes)."""
+        self.call({"op": "add", "id": req_id, "prompt": list(prompt), "max_tokens": max_tokens})
+
+    def abort(self, *req_ids: str) -> None:
+        self.call({"op": "abort", "ids": list(req_ids)})
+
+    def collect(self, *req_ids: str) -> list[dict[str, Any]]:
+        return self.call({"op": "collect", "ids": list(req_ids)})["outputs"]
+
+    def state(self) -> dict[str, Any]:
+        """The connector state of the engine's one worker (needs VLLM_ALLOW_INSECURE_SERIALIZATION=1)."""
+        (worker,) = self.call({"op": "state"})["workers"]
+        for key in ("loads", "saves", "holding_blocks_of"):  # vLLM's internal ids: ours plus a suffix
+            worker[key] = sorted(r.rsplit("-", 1)[0] for r in worker[key])
+        return worker
+
+    def reset_prefix_cache(self) -> bool:
+        """True once vLLM reset its prefix cache: only possible when no block is in use."""
+        return bool(self.call({"op": "reset_prefix_cache"})["ok"])
+
+    def quit(self) -> None:
+        """Ask the engine to quit and return at once (``close`` waits for it)."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps({"op": "quit"}) + "\n")
+        self.proc.stdin.flush()
+
     def log_tail(self, limit: int = 6000) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         text = self.log_path.read_text(errors="replace")
         return text[-limit:]
 
@@ -153,3 +183,17 @@ def wait_for_keys(metrics_port: int, count: int, timeout_s: float = 60.0) -> Non
 
     wait_for(lambda: store_key_count(metrics_port) == count, timeout_s,
              f"the Mooncake store holding {count} objects (it holds {store_key_count(metrics_port)})")
+
+
+def files_object_count(root: Path) -> int:
+    """How many objects a ``files`` store directory holds (files under ``root/objects``)."""
+    objects = root / "objects"
+    return sum(1 for p in objects.rglob("*") if p.is_file()) if objects.exists() else 0
+
+
+def wait_for_objects(root: Path, count: int, timeout_s: float = 60.0) -> None:
+    """Wait until the ``files`` store at ``root`` holds ``count`` objects (saves are asynchronous)."""
+    from kvwire.testing.holder import wait_for
+
+    wait_for(lambda: files_object_count(root) == count, timeout_s,
+             f"the files store {root} holding {count} objects (it holds {files_object_count(root)})")

@@ -2,23 +2,33 @@
 
 Engines are started once per module and kept across tests (a start costs ~25 s here): A and B
 use kvwire over one Mooncake master (A asks the store what it holds before loading; B does not,
-so a load that misses goes through vLLM's load-error path), P has no connector at all."""
+so a load that misses goes through vLLM's load-error path), P has no connector at all, and G runs
+kvwire over the test-only ``gated`` store (:mod:`gated_store`: the real ``files`` store in a
+directory of this test's, whose calls a test can hold), for the failure paths that need a load or
+a save held inside the store. The files-store pair (A then B over ``files``) is started by its
+own test. Nothing waits by sleeping: every wait is for a condition, with a deadline."""
 
 from __future__ import annotations
 
+import json
 import random
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from engines import VLLM_PYTHON, Engine, EngineError, kvwire_transfer_config, start_all, store_key_count, wait_for_keys
+from engines import (
+    Engine, EngineError, files_object_count, kvwire_transfer_config, start_all, store_key_count, wait_for_keys,
+    wait_for_objects,
+)
+from kvwire.testing.holder import wait_for
 
 BLOCK = 32
 LAYERS = 2  # the tiny model's: the store holds one object per block and layer
 NAMESPACE = "vllm-test"
+#: Deadline of the waits for something an engine does in the background (saves, frees).
+BACKGROUND_S = 120.0
 
 
 def prompt(seed: int, length: int) -> list[int]:
@@ -27,17 +37,54 @@ def prompt(seed: int, length: int) -> list[int]:
 
 
 def kvwire_params(answer: dict[str, Any]) -> dict[str, int]:
-    return answer["outputs"][0]["kv_transfer_params"]["kvwire"]
+    outputs = answer["outputs"] if "outputs" in answer else [answer]
+    return outputs[0]["kv_transfer_params"]["kvwire"]
+
+
+def tokens_of(answer: dict[str, Any]) -> list[int]:
+    return answer["outputs"][0]["tokens"]
+
+
+class Gated:
+    """The store G's connector reaches, and the gate its calls can be held at."""
+
+    def __init__(self, root: Path, gate: Path) -> None:
+        self.root, self.gate = root, gate
+
+    def hold(self, op: str) -> None:
+        (self.gate / f"hold-{op}").touch()
+
+    def release(self, op: str) -> None:
+        (self.gate / f"hold-{op}").unlink(missing_ok=True)
+
+    def arrived(self, op: str) -> int:
+        return len(list(self.gate.glob(f"arrived-{op}-*")))
+
+    def wait_arrived(self, op: str, count: int) -> None:
+        wait_for(lambda: self.arrived(op) >= count, BACKGROUND_S, f"{count} held {op} call(s) inside the store")
 
 
 @pytest.fixture(scope="module")
-def engines(model_dir: Path, master: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Engine]]:
+def gated(tmp_path_factory: pytest.TempPathFactory) -> Gated:
+    top = tmp_path_factory.mktemp("gated")
+    (top / "gate").mkdir()
+    return Gated(top / "store", top / "gate")
+
+
+@pytest.fixture(scope="module")
+def engines(model_dir: Path, master: Any, gated: Gated, gated_site: Path,
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Engine]]:
     logs = tmp_path_factory.mktemp("engine-logs")
     options = {"master": master.address, "segment_bytes": 64 << 20, "namespace": NAMESPACE}
+    rpc = {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}  # the "state" op sends a function to the worker
+    g_options = {"inner": "files", "inner_options": json.dumps({"root": str(gated.root)}), "gate": str(gated.gate)}
     started = {
-        "A": Engine("A", model_dir, kvwire_transfer_config("mooncake", options), log_dir=logs),
-        "B": Engine("B", model_dir, kvwire_transfer_config("mooncake", options, lookup=False), log_dir=logs),
+        "A": Engine("A", model_dir, kvwire_transfer_config("mooncake", options), log_dir=logs, env=rpc),
+        "B": Engine("B", model_dir, kvwire_transfer_config("mooncake", options, lookup=False), log_dir=logs,
+                    env=rpc),
         "P": Engine("P", model_dir, None, log_dir=logs),
+        "G": Engine("G", model_dir, kvwire_transfer_config("gated", g_options, timeout_s=60.0), log_dir=logs,
+                    env={**rpc, "PYTHONPATH": str(gated_site)}, shutdown_timeout=int(BACKGROUND_S)),
     }
     try:
         start_all(list(started.values()))
@@ -104,30 +151,128 @@ def test_partial_store_is_recomputed(engines: dict[str, Engine], master: Any) ->
     assert kvwire_params(full) == {**kvwire_params(full), "loaded_blocks": 16, "failed_blocks": 0}
 
 
-def files_store_installed() -> bool:
-    """Whether the no-server store plugin ``files`` is installed in .venv-vllm."""
-    if not VLLM_PYTHON.exists():
-        return False
-    check = "import sys; from kvwire.registry import available; sys.exit('files' not in {e.name for e in available()})"
-    return subprocess.run([str(VLLM_PYTHON), "-c", check], capture_output=True).returncode == 0
+def test_store_killed_mid_load_is_recomputed(engines: dict[str, Engine], master: Any) -> None:
+    """The Mooncake master dies while B's load is in flight: B recomputes, same tokens. (Last of
+    the tests on the master: it is restarted empty afterwards.)"""
+    a, b = engines["A"], engines["B"]
+    p = prompt(4, 9 * BLOCK + 3)
+    tokens = tokens_of(engines["P"].generate([p]))
+    keys = store_key_count(master.metrics_port)
+    assert tokens_of(a.generate([p])) == tokens
+    wait_for_keys(master.metrics_port, keys + 9 * LAYERS)
+    master.freeze()  # it answers nothing now: B's fetch cannot finish before the master is killed
+    try:
+        b.add("killed", p)  # B does not ask the store first: its load goes straight to the fetch
+        wait_for(lambda: b.state()["loads"] == ["killed"], BACKGROUND_S, "B's load of the request in flight")
+    finally:
+        master.kill()
+    (out,) = b.collect("killed")
+    assert out["tokens"] == tokens
+    assert kvwire_params(out) == {**kvwire_params(out), "loaded_blocks": 0, "failed_blocks": 9}
+    # Its saves of the recomputed blocks fail (no master): the request still completed, and
+    # nothing is left in flight once they concluded.
+    wait_for(lambda: b.state() == {**b.state(), "loads": [], "saves": [], "kept": 0, "holding_blocks_of": []},
+             BACKGROUND_S, "B's transfers all concluded")
+    master.start()
 
 
-@pytest.mark.xfail(not files_store_installed(), reason="needs backends/files", run=False)
-def test_a_then_b_over_files_store(model_dir: Path, vllm_venv: Path, engines: dict[str, Engine],
-                                   tmp_path: Path) -> None:
-    options = {"root": str(tmp_path / "store")}
-    a = Engine("A-files", model_dir, kvwire_transfer_config("files", options), log_dir=tmp_path)
-    b = Engine("B-files", model_dir, kvwire_transfer_config("files", options), log_dir=tmp_path)
+def test_request_aborted_mid_load(engines: dict[str, Engine], gated: Gated) -> None:
+    """G's load is held inside the store when its request is aborted: the engine keeps serving,
+    the load is cancelled and reported only once it quiesced, every block is freed, and the
+    blocks it was filling are not left cached or corrupted."""
+    g = engines["G"]
+    p, q = prompt(5, 9 * BLOCK + 9), prompt(6, 3 * BLOCK + 1)
+    plain = engines["P"].generate([p, q])
+    tokens_p, tokens_q = plain["outputs"][0]["tokens"], plain["outputs"][1]["tokens"]
+    objects = files_object_count(gated.root)
+    assert tokens_of(g.generate([p])) == tokens_p
+    wait_for_objects(gated.root, objects + 9 * LAYERS)
+    wait_for(g.reset_prefix_cache, BACKGROUND_S, "G's blocks all freed (its saves ended)")
+    gated.hold("get")
+    try:
+        g.add("aborted", p)
+        gated.wait_arrived("get", 1)
+        assert g.state()["loads"] == ["aborted"]
+        # The engine keeps serving while that load is held (q is in no store: nothing to load).
+        g.add("other", q)
+        (other,) = g.collect("other")
+        assert other["tokens"] == tokens_q
+        g.abort("aborted")
+        # The cancelled load is still inside the store: vLLM keeps its blocks, so they are in use.
+        assert not g.reset_prefix_cache()
+    finally:
+        gated.release("get")
+    wait_for(lambda: g.state()["loads"] == [], BACKGROUND_S, "the aborted load concluded and quiesced")
+    wait_for(g.reset_prefix_cache, BACKGROUND_S, "every block of G free again")
+    state = g.state()
+    assert state == {**state, "loads": [], "saves": [], "kept": 0, "registered": True, "load_errors_pending": 0}
+    # Served again: loaded from the store, right tokens (nothing of the aborted load was cached).
+    again = g.generate([p])
+    assert tokens_of(again) == tokens_p
+    assert again["outputs"][0]["num_cached_tokens"] == 9 * BLOCK
+    assert kvwire_params(again) == {**kvwire_params(again), "loaded_blocks": 9, "failed_blocks": 0}
+
+
+def test_engine_shut_down_mid_transfer(engines: dict[str, Engine], gated: Gated) -> None:
+    """G is told to quit while a save and a load are held inside the store: vLLM drains (G runs
+    with a shutdown timeout), the connector frees nothing under a call still inside the store,
+    the held calls finish once let go, and the engine exits cleanly with the connector reporting
+    every attempt quiesced and its registration and backend closed. (Last test of G.)"""
+    g = engines["G"]
+    p, q = prompt(5, 9 * BLOCK + 9), prompt(7, 5 * BLOCK + 2)  # p is in G's store (the test above)
+    tokens_q = tokens_of(engines["P"].generate([q]))
+    wait_for(g.reset_prefix_cache, BACKGROUND_S, "G's blocks all free")
+    objects = files_object_count(gated.root)
+    puts, gets = gated.arrived("put"), gated.arrived("get")
+    gated.hold("put")
+    gated.hold("get")
+    try:
+        g.add("saving", q)
+        (saving,) = g.collect("saving")  # its output is back; its saves are held inside the store
+        assert saving["tokens"] == tokens_q
+        gated.wait_arrived("put", puts + 1)
+        g.add("loading", p)
+        gated.wait_arrived("get", gets + 1)
+        state = g.state()
+        assert state["loads"] == ["loading"] and state["saves"] == ["saving"], state
+        g.quit()
+        wait_for(lambda: "[shutdown] EngineCore: start mode=" in g.log_tail(400_000), BACKGROUND_S,
+                 "G's engine core beginning its shutdown")
+        assert g.proc.poll() is None  # still waiting for the calls inside the store
+    finally:
+        gated.release("put")
+        gated.release("get")
+    code = g.close(timeout_s=BACKGROUND_S)  # kills the engine if it hangs: a non-zero status
+    log = g.log_tail(400_000)
+    assert code == 0, log[-4000:]
+    assert "kvwire: connector shut down: " in log and "every attempt quiesced" in log, log[-4000:]
+    assert "still touch vLLM's KV memory" not in log and "force killing" not in log, log[-4000:]
+    assert files_object_count(gated.root) == objects + 5 * LAYERS  # the held save completed whole
+
+
+def test_a_then_b_over_files_store(model_dir: Path, engines: dict[str, Engine], tmp_path: Path) -> None:
+    """Issue test 2: no server at all, the ``files`` store in a directory of the test's."""
+    root = tmp_path / "store"
+    config = kvwire_transfer_config("files", {"root": str(root)})
+    a = Engine("A-files", model_dir, config, log_dir=tmp_path)
+    b = Engine("B-files", model_dir, config, log_dir=tmp_path)
     try:
         start_all([a, b])
         p = prompt(3, 9 * BLOCK + 9)
-        tokens = engines["P"].generate([p])["outputs"][0]["tokens"]
-        assert a.generate([p])["outputs"][0]["tokens"] == tokens
+        tokens = tokens_of(engines["P"].generate([p]))
+        first = a.generate([p])
+        assert tokens_of(first) == tokens
+        assert kvwire_params(first)["save_blocks"] == 9
+        wait_for_objects(root, 9 * LAYERS)  # A's saves end after its output returned
         out = b.generate([p])
-        assert out["outputs"][0]["tokens"] == tokens
+        assert tokens_of(out) == tokens
         assert out["outputs"][0]["num_cached_tokens"] == 9 * BLOCK
+        assert kvwire_params(out) == {**kvwire_params(out), "loaded_blocks": 9, "failed_blocks": 0}
         again = b.generate([p])
+        assert tokens_of(again) == tokens
+        assert again["outputs"][0]["num_cached_tokens"] == 9 * BLOCK  # B's own prefix cache now
         assert kvwire_params(again) == {**kvwire_params(again), "loaded_blocks": 0, "save_blocks": 0}
+        assert files_object_count(root) == 9 * LAYERS
     finally:
         a.close()
         b.close()

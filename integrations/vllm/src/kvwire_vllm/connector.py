@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 __all__ = ["KvwireConnector"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(f"vllm.{__name__}")  # under vLLM's logger: its handler, format and level
 
 
 class KvwireConnector(KVConnectorBase_V1):

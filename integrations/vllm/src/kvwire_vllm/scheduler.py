@@ -16,6 +16,7 @@ import numpy as np
 
 from kvwire.contract import Backend, Hint
 from kvwire.contract.errors import SubmissionError
+from kvwire_vllm import trace
 from kvwire_vllm.config import ConnectorConfig
 from kvwire_vllm.metadata import BlockPlan, KvwireMetadata, StepPlan
 from kvwire_vllm.names import block_names, scope_digest
@@ -38,7 +39,7 @@ except ImportError:  # pragma: no cover - kvwire before L1
 
 __all__ = ["SchedulerSide", "layout_of", "store_namespace"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(f"vllm.{__name__}")  # under vLLM's logger: its handler, format and level
 
 
 def layout_of(kv_cache_config: KVCacheConfig) -> tuple[int, list[str], dict[str, Any]]:
@@ -116,6 +117,9 @@ class SchedulerSide:
         self._matched: dict[str, tuple[int, int]] = {}  # req_id -> (first block, blocks) of the last answer
         self._loads: list[BlockPlan] = []
         self._saving: set[str] = set()
+        # req_id -> index of the first block a load of it missed: vLLM reschedules such a request
+        # and asks again; offering those blocks again would load (and miss) them forever.
+        self._missed_from: dict[str, int] = {}
         self.lookups = 0
 
     # -- how much the store holds --------------------------------------------------------------
@@ -131,10 +135,12 @@ class SchedulerSide:
         """Leading whole blocks past the local hit that the store holds (all of them, when the
         backend cannot be asked), to load asynchronously."""
         first = num_computed_tokens // self.block_size
-        end = self.loadable_blocks(request)
+        end = min(self.loadable_blocks(request), self._missed_from.get(request.request_id, len(request.block_hashes)))
         held = 0
         if end > first:
+            trace.event("scheduler", "lookup", req=request.request_id, blocks=end - first)
             held = end - first if self.backend is None else self._lookup(self.names(request, first, end))
+            trace.event("scheduler", "matched", req=request.request_id, held=held)
         # Remembered even when nothing is held: blocks below ``first`` are local hits, not saved again.
         self._matched[request.request_id] = (first, held)
         if held <= 0:
@@ -196,6 +202,9 @@ class SchedulerSide:
             tracked.saved_blocks += end - tracked.next_save
             tracked.next_save = end
             self._saving.add(req_id)
+        if trace.enabled():
+            trace.event("scheduler", "step", scheduled=dict(scheduler_output.num_scheduled_tokens),
+                        loads=[p.req_id for p in self._loads])
         plan = StepPlan(tuple(self._loads), tuple(saves), tuple(sorted(scheduler_output.preempted_req_ids or ())),
                         idle=scheduler_output.total_num_scheduled_tokens == 0)
         self._loads = []
@@ -204,6 +213,7 @@ class SchedulerSide:
     def update_connector_output(self, output: KVConnectorOutput) -> None:
         bad = output.invalid_block_ids or set()
         for req_id in output.finished_recving or ():
+            trace.event("scheduler", "load_reported", req=req_id)
             tracked = self._tracked.get(req_id)
             if tracked is None or tracked.load is None:
                 continue
@@ -213,6 +223,8 @@ class SchedulerSide:
             tracked.loaded_blocks += len(load.block_ids) - len(failed)
             if failed:  # vLLM recomputes from the first block that did not arrive: save those again
                 tracked.next_save = min(tracked.next_save, load.first + failed[0])
+                missed = load.first + failed[0]
+                self._missed_from[req_id] = min(self._missed_from.get(req_id, missed), missed)
             tracked.load = None
 
     def request_finished(self, request: Request, block_ids: Sequence[int]) -> tuple[bool, dict[str, Any] | None]:
@@ -220,6 +232,7 @@ class SchedulerSide:
         req_id = request.request_id
         tracked = self._tracked.pop(req_id, None)
         self._matched.pop(req_id, None)
+        self._missed_from.pop(req_id, None)
         delay = req_id in self._saving
         self._saving.discard(req_id)
         params = None

@@ -19,7 +19,7 @@ import torch
 from kvwire.contract import Backend, Registration, CacheKind, Hint, LayerGroupRows, MemoryKind, SlotRegion, TokenRange, View
 from kvwire.contract.errors import SubmissionError
 from kvwire.runtime.holding import Direction, Wakes
-from kvwire_vllm import holder
+from kvwire_vllm import holder, trace
 from kvwire_vllm.config import ConnectorConfig
 from kvwire_vllm.holder import QUIESCE_GRACE_S, Transfer
 from kvwire_vllm.metadata import BlockPlan, StepPlan
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = ["WorkerSide", "regions_of"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(f"vllm.{__name__}")  # under vLLM's logger: its handler, format and level
 
 #: On a step with nothing scheduled and transfers in flight, sleep on the backend's wake up to
 #: this long instead of letting the engine spin through empty steps.
@@ -137,6 +137,7 @@ class WorkerSide:
                 self._refused.add(plan.req_id)
             else:
                 self._loads[plan.req_id] = transfer
+                trace.event("worker", "load_submitted", req=plan.req_id, blocks=len(plan.block_ids))
 
     def wait_for_save(self) -> None:
         if self.registration is None:
@@ -166,6 +167,8 @@ class WorkerSide:
             if req_id in self._with_saves:
                 self._finished.add(req_id)
         received, self._refused = self._refused, set()
+        if self._loads and trace.enabled():
+            trace.event("worker", "get_finished", loads=sorted(self._loads), idle_step=self._plan.idle)
         ended = holder.finished(self._in_flight())
         if not ended and self._plan.idle and (self._loads or self._saves):
             # Nothing to compute this step: sleep on the backend's wake rather than let the
@@ -174,6 +177,8 @@ class WorkerSide:
             ended = holder.finished(self._in_flight())
         for transfer in ended:
             if transfer.op is Direction.FETCH:
+                trace.event("worker", "load_ended", req=transfer.req_id, idle_step=self._plan.idle,
+                            seconds=time.perf_counter() - transfer.started)
                 del self._loads[transfer.req_id]
                 self._account_load(transfer)
                 received.add(transfer.req_id)
@@ -236,6 +241,14 @@ class WorkerSide:
         stats, self.stats = self.stats, KvwireStats()
         return stats
 
+    def state(self) -> dict[str, object]:
+        """What this worker holds now: loads and saves in flight (their requests), attempts that
+        never quiesced, requests whose blocks vLLM keeps for our saves, and whether vLLM's KV
+        memory is registered with an open backend."""
+        return {"loads": sorted(self._loads), "saves": sorted(self._saves), "kept": len(self._kept),
+                "holding_blocks_of": sorted(self._with_saves), "registered": self.registration is not None,
+                "backend_open": self.backend is not None, "load_errors_pending": len(self._errors)}
+
     # -- lifecycle ----------------------------------------------------------------------------------
 
     def shutdown(self, timeout_s: float = 30.0) -> None:
@@ -244,7 +257,8 @@ class WorkerSide:
         backend, self.backend = self.backend, None
         if backend is None:
             return
-        for transfer in self._in_flight():
+        in_flight = self._in_flight()
+        for transfer in in_flight:
             transfer.cancel()
         deadline = time.monotonic() + timeout_s
         while True:
@@ -264,3 +278,5 @@ class WorkerSide:
             self.registration.close()
             self.registration = None
         backend.close()
+        log.info("kvwire: connector shut down: %d transfer(s) in flight cancelled, every attempt quiesced, "
+                 "registration and backend closed", len(in_flight))
