@@ -23,9 +23,23 @@ How it keeps the contract:
   driver calls in flight for it return: the grace is one driver call per worker, which for the
   in-memory driver is the time to copy one chunk and for a networked driver is bounded by that
   driver's own request timeout.
+- **Small submissions move inside the call.** A submission of at most ``inline_bytes`` (the
+  driver's :attr:`~kvwire.blob.driver.StoreDriver.inline_bytes`: 1 MiB for the in-memory
+  driver, 0 for a store that may block) is one chunk that ``fetch``/``publish`` hands to the
+  driver itself, so it has concluded and quiesced when the call returns: no hand-off to a worker
+  and back. The contract allows it: nothing needs the holder's help (A3), conclusion and
+  quiescence may come in any order and at any time after the submission call began (A2.6), and
+  a driver that only copies memory cannot hold the call past the deadline (A8.5); the deadline is
+  still checked before the copy (A8.1). What the text forbids is a wake inside the holder's call
+  (W1.6), so the call does not wake: it concludes, then asks the deadline thread for the wake
+  (W1.2 wants one after each conclusion, W1.1 after the change is visible, which it is). A holder
+  that looks before it sleeps (the runtime's holder loop does) sees the attempt done at once.
 - **Waking (W1).** ``wake`` is called after the outcome or the quiescence it reports is set, from
   a worker thread or the deadline thread; never from inside a backend or attempt method, so a
-  holder may call ``cancel()`` while holding the lock its ``wake`` takes.
+  holder may call ``cancel()`` while holding the lock its ``wake`` takes. Wakes the holder's own
+  calls made due (an inline submission, cancel, shutdown) are batched: the deadline thread is
+  signalled only when none was due yet, and it calls each distinct wake callable once for all
+  its attempts due together (W1.8).
 - **Keys.** Rows are addressed by content name: ``kvw1/{namespace}/g{group_id}/{name.hex()}``
   (:func:`~kvwire.blob.keys.store_keys`). A hint of kind ``"store"`` may carry ``namespace``.
 - **Lookup (L1).** When the driver offers ``contains`` the backend declares the ``lookup``
@@ -122,6 +136,8 @@ class _Core:
         #: Attempts not yet both concluded and quiesced (an ordered set).
         self.active: dict[_BlobAttempt, None] = {}
         self.closed = False
+        #: How many close() calls wait on ``cond`` for attempts to quiesce.
+        self.closing = 0
         self.stopping = False
         self.watch_until = math.inf
         self.threads: list[threading.Thread] = []
@@ -132,9 +148,12 @@ class _Core:
         self.wakes_due: list[_BlobAttempt] = []
 
     def wake_later(self, attempt: _BlobAttempt) -> None:
-        """Under ``cond``: have the deadline thread call ``attempt``'s wake."""
+        """Under ``cond``: have the deadline thread call ``attempt``'s wake. Wakes are batched:
+        the thread is signalled only when no wake was already due, and it calls each holder's
+        wake once for all its attempts due together (W1.8)."""
         self.wakes_due.append(attempt)
-        self.watch.notify()
+        if len(self.wakes_due) == 1:
+            self.watch.notify()
 
     def stop(self) -> None:
         """Tell the threads to exit once the chunks queued before now are done. Idempotent."""
@@ -266,9 +285,12 @@ class _BlobAttempt(Attempt):
     # -- the backend's side (all *_locked methods run under core.cond) ----------------------
 
     def _masks_locked(self) -> tuple[np.ndarray, ...]:
-        """New read-only masks, one per group, cut from ``_delivered`` as it stands."""
-        delivered = self._delivered if self._unorder is None else self._delivered[self._unorder]
+        """Read-only masks, one per group, cut from ``_delivered`` as it stands (a mask of all
+        true bits is a shared read-only array, which no one can write: A6.3, A6.5)."""
         offsets = self._offsets
+        if len(offsets) == 2 and self._delivered.all():
+            return (_all_true(offsets[1]),)
+        delivered = self._delivered if self._unorder is None else self._delivered[self._unorder]
         masks = []
         for i in range(len(offsets) - 1):
             mask = delivered[offsets[i]:offsets[i + 1]].copy()
@@ -284,8 +306,10 @@ class _BlobAttempt(Attempt):
 
     def _quiesce_locked(self) -> None:
         self._quiesced = True
-        self._core.active.pop(self, None)
-        self._core.cond.notify_all()
+        core = self._core
+        core.active.pop(self, None)
+        if core.closing:
+            core.cond.notify_all()
 
     def _expire_locked(self) -> None:
         self._conclude_locked(Outcome.failed(
@@ -299,24 +323,28 @@ class _BlobAttempt(Attempt):
         except Exception:  # a broken wake must not stop the workers
             log.exception("the wake callback of %r raised; ignored", self)
 
-    def _begin_chunk(self) -> bool:
-        """Whether a worker may run the next chunk; concludes the attempt if its deadline passed."""
+    def _begin_chunk(self, inline: bool) -> tuple[bool, bool]:
+        """Whether the next chunk may run, and whether a wake is owed (the attempt concluded
+        because its deadline passed). ``inline``: the holder's own call runs the chunk, so the
+        deadline thread owes that wake (W1.6)."""
         expired = False
         with self._core.cond:
             if self._outcome is None and time.monotonic() >= self._deadline:
                 self._expire_locked()
                 expired = True
+                if inline:
+                    self._core.wake_later(self)
             if self._outcome is not None:
                 self._remaining -= 1
                 go = False
             else:
                 self._running += 1
                 go = True
-        if expired:
-            self._notify()
-        return go
+        return go, expired and not inline
 
-    def _end_chunk(self, lo: int, hi: int, result: BatchResult) -> None:
+    def _end_chunk(self, lo: int, hi: int, result: BatchResult, inline: bool) -> bool:
+        """Record a chunk's answers; whether a wake is owed by the caller (never when
+        ``inline``: then the deadline thread is asked for it, W1.6)."""
         changed = False
         with self._core.cond:
             self._running -= 1
@@ -333,8 +361,9 @@ class _BlobAttempt(Attempt):
             elif self._running == 0 and not self._quiesced:
                 self._quiesce_locked()
                 changed = True
-        if changed:
-            self._notify()
+            if changed and inline:
+                self._core.wake_later(self)
+        return changed and not inline
 
     def _record_locked(self, lo: int, hi: int, result: BatchResult) -> None:
         status = result.status
@@ -366,9 +395,24 @@ class _BlobAttempt(Attempt):
 _NO_KEYS = BatchResult(np.zeros(0, dtype=np.uint8))
 
 
+@functools.lru_cache(maxsize=256)
+def _row_sizes(rows: int, slot_bytes: int) -> np.ndarray:
+    """``rows`` copies of ``slot_bytes`` (uint64, read-only, shared)."""
+    sizes = np.full(rows, slot_bytes, dtype=np.uint64)
+    sizes.setflags(write=False)
+    return sizes
+
+
+@functools.lru_cache(maxsize=64)
+def _all_true(n: int) -> np.ndarray:
+    """A read-only mask of ``n`` true bits; shared, since nobody can write it."""
+    mask = np.ones(n, dtype=bool)
+    mask.setflags(write=False)
+    return mask
+
+
 def _serve(core: _Core) -> None:
     """A worker: run chunks until told to stop."""
-    driver = core.driver
     parking = threading.Lock()
     parking.acquire()
     while True:
@@ -376,23 +420,32 @@ def _serve(core: _Core) -> None:
         if item is None:
             return
         attempt, lo, hi = item
-        if not attempt._begin_chunk():
-            continue
-        result = _NO_KEYS
-        if hi > lo:
-            call = driver.put if attempt._op == _PUT else driver.get_into
-            try:
-                result = call(attempt._keys[lo:hi], attempt._addresses[lo:hi], attempt._sizes[lo:hi])
-                if not isinstance(result, BatchResult):
-                    raise TypeError(f"returned {type(result).__name__}, not a BatchResult")
-            except Exception as exc:
-                log.warning("store driver %s raised during a %s: %s", type(driver).__name__, attempt._op, exc)
-                result = BatchResult.uniform(
-                    hi - lo, KeyStatus.FAILED, f"the store driver raised {type(exc).__name__}: {exc}")
+        if _run_chunk(core.driver, attempt, lo, hi, inline=False):
+            attempt._notify()
+
+
+def _run_chunk(driver: StoreDriver, attempt: _BlobAttempt, lo: int, hi: int, *, inline: bool) -> bool:
+    """One driver call for rows ``lo:hi`` of ``attempt``, on a worker or (``inline``) inside the
+    holder's submission call; whether the caller owes a wake."""
+    go, owed = attempt._begin_chunk(inline)
+    if not go:
+        return owed
+    result = _NO_KEYS
+    if hi > lo:
+        call = driver.put if attempt._op == _PUT else driver.get_into
         try:
-            attempt._end_chunk(lo, hi, result)
-        except Exception:  # never lose a worker; the attempt will still hit its deadline
-            log.exception("recording a chunk of %r failed", attempt)
+            result = call(attempt._keys[lo:hi], attempt._addresses[lo:hi], attempt._sizes[lo:hi])
+            if not isinstance(result, BatchResult):
+                raise TypeError(f"returned {type(result).__name__}, not a BatchResult")
+        except Exception as exc:
+            log.warning("store driver %s raised during a %s: %s", type(driver).__name__, attempt._op, exc)
+            result = BatchResult.uniform(
+                hi - lo, KeyStatus.FAILED, f"the store driver raised {type(exc).__name__}: {exc}")
+    try:
+        return attempt._end_chunk(lo, hi, result, inline)
+    except Exception:  # never lose a worker; the attempt will still hit its deadline
+        log.exception("recording a chunk of %r failed", attempt)
+        return False
 
 
 def _watch(core: _Core) -> None:
@@ -414,7 +467,7 @@ def _watch(core: _Core) -> None:
             if due:
                 core.cond.release()
                 try:
-                    for attempt in due:
+                    for attempt in _one_per_wake(due):
                         attempt._notify()
                 finally:
                     core.cond.acquire()
@@ -424,12 +477,24 @@ def _watch(core: _Core) -> None:
             core.watch.wait(None if nearest == math.inf else nearest - now)
 
 
+def _one_per_wake(due: list[_BlobAttempt]) -> Iterable[_BlobAttempt]:
+    """``due`` with one attempt per distinct wake callable: one call of a wake reports every
+    change of the attempts it serves (W1.8), and a holder sharing one wake over many attempts
+    gets one call per batch, not one per attempt."""
+    if len(due) < 2:
+        return due
+    return {id(attempt._wake): attempt for attempt in due}.values()  # identity: equal is not enough
+
+
 class BlobBackend(Backend, Lookup):
     """A backend whose other end is a store of named, immutable objects reached through
     ``driver``. Rows are addressed by content name in ``namespace`` (a store hint may name
     another). At most ``max_in_flight`` attempts are neither concluded nor quiesced at once;
     each has ``timeout_s`` (or the hint's) to conclude. ``workers`` threads move chunks of about
-    ``chunk_bytes``. ``owns_driver``: whether :meth:`close` also closes the driver."""
+    ``chunk_bytes``. A submission of at most ``inline_bytes`` (default: the driver's
+    :attr:`~kvwire.blob.driver.StoreDriver.inline_bytes`, 0 for a driver that may block) moves
+    inside the ``fetch``/``publish`` call and has concluded and quiesced when it returns.
+    ``owns_driver``: whether :meth:`close` also closes the driver."""
 
     def __init__(
         self,
@@ -440,6 +505,7 @@ class BlobBackend(Backend, Lookup):
         max_in_flight: int = 64,
         workers: int = 2,
         chunk_bytes: int = 64 << 20,
+        inline_bytes: int | None = None,
         owns_driver: bool = False,
     ) -> None:
         if not isinstance(driver, StoreDriver):
@@ -451,6 +517,11 @@ class BlobBackend(Backend, Lookup):
         for label, value in (("max_in_flight", max_in_flight), ("workers", workers), ("chunk_bytes", chunk_bytes)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{label} must be an int >= 1, got {value!r}")
+        if inline_bytes is None:
+            inline_bytes = driver.inline_bytes
+        if isinstance(inline_bytes, bool) or not isinstance(inline_bytes, int) or inline_bytes < 0:
+            raise ValueError(f"inline_bytes must be an int >= 0, got {inline_bytes!r}")
+        self._inline_bytes = min(inline_bytes, chunk_bytes)
         self._timeout_s = float(timeout_s)
         self._chunk_bytes = chunk_bytes
         self._owns_driver = owns_driver
@@ -578,7 +649,7 @@ class BlobBackend(Backend, Lookup):
                     f"group {group.group_id} carries no content names; a blob backend addresses rows by name")
             keys += store_keys(namespace, group.group_id, group.names)
             addresses.append(group.addresses())
-            sizes.append(np.full(rows, region.slot_bytes, dtype=np.uint64))
+            sizes.append(_row_sizes(rows, region.slot_bytes))
         if op == _GET and not _rows_distinct(view):
             clash = view.overlapping_rows()
             if clash is not None:
@@ -615,9 +686,22 @@ class BlobBackend(Backend, Lookup):
             attempt = _BlobAttempt(core, op, view, wake, keys, flat_addresses, flat_sizes, offsets,
                                    len(bounds) - 1, timeout_s, unorder)
             core.active[attempt] = None
-            if attempt._deadline < core.watch_until:
+            if total_bytes > self._inline_bytes and attempt._deadline < core.watch_until:
                 core.watch_until = attempt._deadline
                 core.watch.notify()
+        if total_bytes <= self._inline_bytes:
+            # One chunk, moved here: the attempt has concluded and quiesced when this returns
+            # (A3 asks nothing of the holder; A2.6 lets both come before the return), and the
+            # deadline thread owes its wakes, since no wake runs inside this call (W1.1, W1.6).
+            try:
+                _run_chunk(core.driver, attempt, 0, len(keys), inline=True)
+            finally:
+                if attempt._outcome is None:  # recording failed: the deadline thread takes over
+                    with core.cond:
+                        if attempt._deadline < core.watch_until:
+                            core.watch_until = attempt._deadline
+                            core.watch.notify()
+            return attempt
         put = core.queue.put
         for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
             put((attempt, lo, hi))
@@ -714,8 +798,13 @@ class BlobBackend(Backend, Lookup):
                 break
             with core.cond:
                 left = None if deadline is None else deadline - time.monotonic()
-                if (left is not None and left <= 0) or not core.cond.wait_for(
-                        functools.partial(_all_quiesced, pending), timeout=left):
+                core.closing += 1
+                try:
+                    quiet = (left is None or left > 0) and core.cond.wait_for(
+                        functools.partial(_all_quiesced, pending), timeout=left)
+                finally:
+                    core.closing -= 1
+                if not quiet:
                     raise TimeoutError(
                         f"{len(pending)} blob attempt(s) still inside the store driver after "
                         f"{timeout_s} s; their memory may still be in use")

@@ -92,6 +92,14 @@ class StoreDriver(abc.ABC):
     #: The memory kinds whose addresses ``put`` may read and ``get_into`` may write.
     memory_kinds: frozenset[MemoryKind] = frozenset({MemoryKind.HOST})
 
+    #: The most bytes of a submission the blob backend may move inside the holder's ``fetch``
+    #: or ``publish`` call, on the holder's thread, instead of handing them to a worker. Only a
+    #: driver whose ``put``/``get_into`` never wait for anything but a bounded memory copy (the
+    #: in-memory store) sets it; a networked store keeps 0, since a call that stalls would
+    #: hold the holder's thread past the deadline (A8.5). A driver that wraps another keeps 0
+    #: unless it makes the same promise.
+    inline_bytes: int = 0
+
     def register(self, regions: Sequence[SlotRegion]) -> None:
         """Make these spans usable as sources and destinations (zero-copy stores register them
         with their client). Raises ``RuntimeError`` naming the region if the store refuses."""

@@ -43,6 +43,15 @@ def _prefix(namespace: str, group_id: int) -> np.ndarray:
     return prefix
 
 
+@functools.lru_cache(maxsize=256)
+def _prefix_text(namespace: str, group_id: int) -> str:
+    return _prefix(namespace, group_id).tobytes().decode("ascii")
+
+
+#: Up to this many rows, keys are cut from one hex string.
+_FEW_ROWS = 8
+
+
 def store_keys(namespace: str, group_id: int, names: np.ndarray) -> list[str]:
     """One key per row of ``names`` (shape ``(rows, width)`` uint8), built without a per-row
     Python loop: ``f"kvw1/{namespace}/g{group_id}/{name.hex()}"``."""
@@ -55,6 +64,10 @@ def store_keys(namespace: str, group_id: int, names: np.ndarray) -> list[str]:
     prefix = _prefix(namespace, int(group_id))
     if rows == 0:
         return []
+    if rows <= _FEW_ROWS:  # a few keys: string slicing costs less than the buffer's fixed numpy calls
+        head, step = _prefix_text(namespace, int(group_id)), 2 * width
+        text = names.tobytes().hex()
+        return [head + text[i:i + step] for i in range(0, rows * step, step)]
     start, end = prefix.size, prefix.size + 2 * width
     # One line per key, "prefix + hex + \n", laid out in one buffer; bytes.hex, the decode and
     # the split each run in C over the whole batch.

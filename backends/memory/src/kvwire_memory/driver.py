@@ -8,8 +8,10 @@ lent."""
 from __future__ import annotations
 
 import threading
+from bisect import bisect_right
 from collections import Counter
 from collections.abc import Sequence
+from operator import add
 
 import numpy as np
 
@@ -19,10 +21,15 @@ from kvwire_memory.store import MemoryStore
 
 __all__ = ["MemoryDriver"]
 
+_DECLINED = int(KeyStatus.DECLINED)
+
 class MemoryDriver(StoreDriver):
     """Reaches host memory only. Calls may come from several threads at once."""
 
     memory_kinds = frozenset({MemoryKind.HOST})
+    #: A put or get is a memmove per row and never waits on anything else, so submissions of up
+    #: to this many bytes move inside the holder's call (about 0.1 ms of copying at most).
+    inline_bytes = 1 << 20
 
     def __init__(self, store: MemoryStore) -> None:
         self.store = store
@@ -32,6 +39,7 @@ class MemoryDriver(StoreDriver):
         # them without the lock.
         self._starts = np.zeros(0, dtype=np.uint64)
         self._ends = np.zeros(0, dtype=np.uint64)
+        self._bounds: tuple[list[int], list[int]] = ([], [])
         self._closed = False
 
     # -- regions -------------------------------------------------------------------------------
@@ -67,6 +75,7 @@ class MemoryDriver(StoreDriver):
                 ends.append(end)
         self._starts = np.array(starts, dtype=np.uint64)
         self._ends = np.array(ends, dtype=np.uint64)
+        self._bounds = (starts, ends)  # the same as lists, replaced together
 
     @property
     def registered_bytes(self) -> int:
@@ -79,6 +88,14 @@ class MemoryDriver(StoreDriver):
         if not (len(keys) == addresses.size == sizes.size) or addresses.ndim != 1 or sizes.ndim != 1:
             raise ValueError(
                 f"{op}: {len(keys)} keys, {addresses.size} addresses and {sizes.size} sizes; give one of each per key")
+        where, lengths = addresses.tolist(), sizes.tolist()
+        if where:
+            # The common case in C-level list calls: every row lies within the hull of the rows,
+            # and the hull within one registered span (spans are disjoint, so that suffices).
+            starts, ends = self._bounds
+            span = bisect_right(starts, min(where)) - 1
+            if span >= 0 and max(map(add, where, lengths)) <= ends[span]:
+                return where, lengths
         starts, ends = self._starts, self._ends
         if starts.size:
             span = np.searchsorted(starts, addresses, side="right").astype(np.int64) - 1
@@ -90,7 +107,7 @@ class MemoryDriver(StoreDriver):
             raise ValueError(
                 f"{op}: key {keys[i]!r} names {int(sizes[i])} bytes at {int(addresses[i]):#x}, which "
                 "lie in no region registered with this driver; register the region first")
-        return addresses.tolist(), sizes.tolist()
+        return where, lengths
 
     # -- objects -------------------------------------------------------------------------------
 
@@ -98,12 +115,13 @@ class MemoryDriver(StoreDriver):
         where, lengths = self._check("put", keys, addresses, sizes)
         if self._closed:
             return BatchResult.uniform(len(keys), KeyStatus.FAILED, "the in-memory driver is closed")
-        write = self.store.write_from
-        status = [write(key, address, size) for key, address, size in zip(keys, where, lengths, strict=True)]
+        status = self.store.write_batch(keys, where, lengths)
+        if status is None:
+            return BatchResult.ok(len(keys))
         reasons: dict[int, str] = {}
-        if KeyStatus.DECLINED in status:
-            reasons = {i: self._no_space(lengths[i]) for i, s in enumerate(status) if s is KeyStatus.DECLINED}
-        return BatchResult(np.array(status, dtype=np.uint8), reasons)
+        if (status == _DECLINED).any():
+            reasons = {i: self._no_space(lengths[i]) for i in np.flatnonzero(status == _DECLINED).tolist()}
+        return BatchResult(status, reasons)
 
     def _no_space(self, size: int) -> str:
         store = self.store
@@ -116,10 +134,10 @@ class MemoryDriver(StoreDriver):
         where, lengths = self._check("get_into", keys, addresses, sizes)
         if self._closed:
             return BatchResult.uniform(len(keys), KeyStatus.FAILED, "the in-memory driver is closed")
-        read = self.store.read_into
-        answers = [read(key, address, size) for key, address, size in zip(keys, where, lengths, strict=True)]
-        reasons = {i: why for i, (_, why) in enumerate(answers) if why is not None}
-        return BatchResult(np.array([code for code, _ in answers], dtype=np.uint8), reasons)
+        status, reasons = self.store.read_batch(keys, where, lengths)
+        if status is None:
+            return BatchResult.ok(len(keys))
+        return BatchResult(status, reasons)
 
     def exists(self, keys: Sequence[str]) -> np.ndarray:
         store = self.store
