@@ -28,17 +28,27 @@ def test_names_shape_and_incomplete_block():
 
 
 def test_names_are_the_documented_chain():
-    """An independent computation of the chain: keyed blake2b-256 per block, key = previous name."""
+    """An independent computation of the chain (version 2): SHA-256 of the previous name and the
+    block's little-endian int64 tokens, from the root SHA-256(tag + scope digest)."""
     layout = paged_layout(block_tokens=4)
     scope = Scope("m", b"salt")
-    parent = scope.digest(layout)
+    parent = hashlib.sha256(b"kvwire-block-v2" + scope.digest(layout)).digest()
     expected = []
     for b in range(len(TOKENS) // 4):
         data = np.array(TOKENS[b * 4:(b + 1) * 4], dtype="<i8").tobytes()
-        parent = hashlib.blake2b(data, digest_size=32, key=parent, person=b"kvwire-block-v1").digest()
+        parent = hashlib.sha256(parent + data).digest()
         expected.append(parent)
     got = Lender(layout, scope).names(np.array(TOKENS))
     assert [n.tobytes() for n in got] == expected
+
+
+def test_zero_tokens_and_trailing_zero_bytes_are_hashed():
+    """Every byte of a block counts, also trailing zero bytes (a token 0 at a block's end)."""
+    lender = Lender(paged_layout(block_tokens=4), Scope("m"))
+    a = lender.names([5, 6, 7, 0, 1, 2, 3, 0])
+    b = lender.names([5, 6, 7, 256, 1, 2, 3, 0])
+    c = lender.names([5, 6, 7, 0, 1, 2, 3, 1])
+    assert not (a[0] == b[0]).all() and (a[0] == c[0]).all() and not (a[1] == c[1]).all()
 
 
 def test_name_commits_to_the_whole_prefix():
