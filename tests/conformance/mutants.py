@@ -33,7 +33,7 @@ from kvwire.contract import (
     WakeFn,
 )
 from kvwire.contract.backend import Registration
-from kvwire.contract.lookup import Lookup
+from kvwire.contract.lookup import LOOKUP, Lookup
 from kvwire.contract.outcome import OutcomeStatus
 from kvwire.contract.serving import PullRequest, ServesPulls
 from kvwire.testing.harness import Ends, FaultPlan, Harness
@@ -83,7 +83,9 @@ class Mutant(Backend, Lookup):
 
     def lookup(self, groups: Sequence[int], names: np.ndarray, hint: Hint,
                timeout_s: float | None = None) -> np.ndarray:
-        return self.inner.lookup(groups, names, hint, timeout_s)  # type: ignore[attr-defined,no-any-return]
+        if not isinstance(self.inner, Lookup) or LOOKUP not in self.inner.capabilities().protocols:
+            raise InvalidSubmission("this backend does not declare the lookup protocol")  # B4.7
+        return self.inner.lookup(groups, names, hint, timeout_s)
 
     def submit(self, op: str, view: View, hint: Hint, wake: WakeFn) -> Attempt:
         return self.remember(self.make(op, view, hint, wake))

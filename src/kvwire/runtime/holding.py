@@ -33,8 +33,8 @@ QUIESCE_GRACE_S = 5.0
 S = TypeVar("S", bound="Submission")
 
 
-class Direction(enum.Enum):
-    """Which way a submission moves rows (S1)."""
+class Direction(enum.StrEnum):
+    """Which way a submission moves rows (S1). A ``StrEnum``: it reads and prints as its value."""
 
     FETCH = "fetch"      # fill the view's rows from the other end
     PUBLISH = "publish"  # offer the view's rows to the other end

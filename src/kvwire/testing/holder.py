@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from kvwire.contract import Attempt, Backend, Hint, InvalidSubmission, Outcome, View
+from kvwire.runtime import holding
 from kvwire.contract.errors import SubmissionError
 
 __all__ = ["Wakes", "Submission", "submit", "settle", "check_outcome", "same_outcome", "call_briefly",
@@ -45,52 +46,28 @@ class holder_call:
         _inside.what = self.outer
 
 
-class Wakes:
-    """A ``WakeFn`` that counts its calls. The suite waits on it the way a holder sleeps until
-    woken; it never calls into a backend from inside it (W1). It records a wake that came from
-    inside a call the holder made to the backend (W1.6)."""
+class Wakes(holding.Wakes):
+    """The holder loop's counting ``WakeFn`` (:class:`kvwire.runtime.holding.Wakes`), which also
+    records a wake that came from inside a call the holder made to the backend (W1.6). The
+    suite never calls into a backend from inside it (W1)."""
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._count = 0
+        super().__init__()
         self.inside: list[str] = []
 
     def __call__(self) -> None:
         what = getattr(_inside, "what", None)
-        with self._cond:
-            if what is not None:
-                self.inside.append(what)
-            self._count += 1
-            self._cond.notify_all()
-
-    @property
-    def count(self) -> int:
-        with self._cond:
-            return self._count
-
-    def wait_beyond(self, seen: int, deadline: float) -> bool:
-        """Wait until more than ``seen`` wakes have come; false once ``deadline`` passes."""
-        with self._cond:
-            while self._count <= seen:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._cond.wait(left)
-            return True
+        if what is not None:
+            self.inside.append(what)
+        super().__call__()
 
 
 @dataclass(eq=False)
-class Submission:
-    """One submission as the suite tracks it: what was submitted, the attempt, its wakes, and
-    what the backend has said so far."""
+class Submission(holding.Submission):
+    """One submission as the suite tracks it, in the holder loop of :mod:`kvwire.runtime.holding`:
+    what was submitted, the attempt, its wakes, and what the backend has said so far; every
+    answer is checked as it comes."""
 
-    op: str
-    backend: Backend
-    view: View
-    attempt: Attempt
-    wakes: Wakes
-    outcome: Outcome | None = None
-    quiesced_seen: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     def poll(self) -> Outcome | None:
@@ -141,50 +118,47 @@ def speaks_causes(backend: Backend) -> bool:
 
 
 def submit(backend: Backend, op: str, view: View, hint: Hint) -> Submission:
-    """Submit ``view`` as ``op`` ("fetch" or "publish") with a fresh :class:`Wakes`. Whatever the
-    backend raises propagates; what it returns must be an ``Attempt`` (S1)."""
-    wakes = Wakes()
-    call = backend.fetch if op == "fetch" else backend.publish
-    with holder_call(f"{op}()"):
-        attempt = call(view, hint, wakes)
-    assert isinstance(attempt, Attempt), f"S1: {op}() must return an Attempt, got {type(attempt).__name__}"
-    return Submission(op, backend, view, attempt, wakes)
+    """Submit ``view`` as ``op`` ("fetch" or "publish") with a fresh :class:`Wakes`, through the
+    holder loop's ``submit``. Whatever the backend raises propagates; what it returns must be an
+    ``Attempt`` (S1)."""
+    direction = holding.Direction(op)
+    with holder_call(f"{direction}()"):
+        sub = holding.submit(backend, direction, view, hint, wakes=Wakes(), kind=Submission)
+    assert isinstance(sub.attempt, Attempt), (
+        f"S1: {direction}() must return an Attempt, got {type(sub.attempt).__name__}")
+    return sub
 
 
 def settle(sub: Submission, patience_s: float, *, quiesce: bool = True, purpose: str | None = None) -> Outcome:
-    """Wait as a holder does, looking only after each wake, until the attempt has concluded (and,
-    with ``quiesce``, quiesced). Fails naming W1 if the change became visible but no wake came
-    after it, and A3 or A8 (or ``purpose``, which names what the wait is for) if it never came
-    within ``patience_s``."""
-    deadline = time.monotonic() + patience_s
-    while True:
-        seen = sub.wakes.count
-        out = sub.poll()
-        if out is not None and (not quiesce or sub.quiesced()):
-            # A1/A2: what was answered stays answered; ask once more, as a holder may.
-            sub.poll()
-            if quiesce:
-                sub.quiesced()
-            assert not sub.wakes.inside, (
-                f"W1.6: the backend called the {sub.op}'s wake from inside {sub.wakes.inside[0]}, a call the holder "
-                "made to it; a holder may hold a lock its wake takes while it calls the backend")
-            return out
-        if sub.wakes.wait_beyond(seen, deadline):
-            continue
-        out = sub.poll()
-        done = out is not None and (not quiesce or sub.quiesced())
-        if done:
-            raise AssertionError(
-                f"W1: the {sub.op} {'concluded and quiesced' if quiesce else 'concluded'}, but wake() was not "
-                f"called after that became visible (waited {patience_s:g} s after the last wake); a holder that "
-                "sleeps until woken would never see it")
-        missing = "conclude" if out is None else "quiesce"
+    """Wait as a holder does, through the holder loop (:func:`kvwire.runtime.holding.wait`),
+    looking only after each wake, until the attempt has concluded (and, with ``quiesce``,
+    quiesced). Fails naming W1 if the change became visible but no wake came after it, W1.6 if
+    a wake came from inside a call the holder made, and A3 or A8 (or ``purpose``, which names
+    what the wait is for) if it never came within ``patience_s``."""
+    waited = holding.wait(sub, patience_s, quiesce=quiesce, at_deadline=holding.AtDeadline.RETURN)
+    if waited.status is holding.WaitStatus.EXPIRED:
+        missing = waited.missing
         if purpose is not None:
             raise AssertionError(f"{purpose}: the {sub.op} did not {missing} within {patience_s:g} s "
                                  f"({sub.wakes.count} wake(s) so far)")
         raise AssertionError(
             f"A3/A8: the {sub.op} did not {missing} within {patience_s:g} s ({sub.wakes.count} wake(s) so far); "
             "a backend advances its own work and concludes every attempt by its deadline")
+    if waited.status is holding.WaitStatus.UNWOKEN:
+        raise AssertionError(
+            f"W1: the {sub.op} {'concluded and quiesced' if quiesce else 'concluded'}, but wake() was not "
+            f"called after that became visible (waited {patience_s:g} s after the last wake); a holder that "
+            "sleeps until woken would never see it")
+    out = waited.outcome
+    assert out is not None
+    # A1/A2: what was answered stays answered; ask once more, as a holder may.
+    sub.poll()
+    if quiesce:
+        sub.quiesced()
+    assert not sub.wakes.inside, (
+        f"W1.6: the backend called the {sub.op}'s wake from inside {sub.wakes.inside[0]}, a call the holder "
+        "made to it; a holder may hold a lock its wake takes while it calls the backend")
+    return out
 
 
 def check_outcome(out: Outcome, view: View, op: str, cause_required: bool = False) -> None:

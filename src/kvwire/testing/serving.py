@@ -99,6 +99,7 @@ class ServingHolder:
         self.started = False
         self.answers: list[Answer] = []
         self._pending: list[PullRequest] = []
+        self._seen: set[bytes] = set()
         self._looked = 0
 
     def start(self) -> None:
@@ -121,6 +122,9 @@ class ServingHolder:
             assert isinstance(fresh, tuple), f"N2: incoming() must answer a tuple, got {type(fresh).__name__}"
             for request in fresh:
                 assert isinstance(request, PullRequest), f"N2: incoming() gave a {type(request).__name__}"
+                key = request.ticket.to_bytes()
+                assert key not in self._seen, "N2.5: incoming() handed over a request it had handed over before"
+                self._seen.add(key)
             self._pending.extend(fresh)
         taken, self._pending = self._pending[:count], self._pending[count:]
         return taken

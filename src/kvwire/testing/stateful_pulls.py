@@ -269,11 +269,12 @@ class PullModel(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         try:
-            for pull in list(self.pulls):
-                if not pull.taken and not pull.cancelled:
-                    taken, request = self._take()
-                    self.answers.append(self.holder.answer(request))
-                    taken.served = len(self.answers[-1].pinned)
+            # Answer until every live pull's request was taken: a cancelled pull's request may
+            # still arrive first (the cancel reaches the serving end when it does), or never.
+            while any(not p.taken and not p.cancelled for p in self.pulls):
+                taken, request = self._take()
+                self.answers.append(self.holder.answer(request))
+                taken.served = len(self.answers[-1].pinned)
             for pull in list(self.pulls):
                 out = self.ex.settle(pull.sub)
                 self.pulls.remove(pull)

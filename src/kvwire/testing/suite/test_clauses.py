@@ -28,6 +28,7 @@ from kvwire.contract import (
     View,
 )
 from kvwire.contract.errors import SubmissionError
+from kvwire.runtime.holding import Direction
 from kvwire.testing import needs, profiles
 from kvwire.testing.exchange import Exchange
 from kvwire.testing.harness import FaultPlan, Harness, Hold, shut_down
@@ -371,24 +372,22 @@ def test_B1_pairs_of_instances_share_no_store_queue_or_shutdown(kvwire_harness: 
                     first.holder()
                 filler = _plan([(8, bound)], 257, shared)
                 with Bench(kvwire_harness, first.ends.source, first.ends.sink, filler, kind) as fill:
+                    requests = []
                     try:
                         for row in range(bound):
                             held.append(first.fetch(fill.sink_view({0: [row]})))
+                        if first.serves_pulls:
+                            requests = first.holder().take(bound)  # held: none answered yet
                         try:
                             result = second.transfer(two)
                         except SubmissionRejected as exc:
                             raise AssertionError(f"B1.2: one instance's full queue refused another's work: {exc}") from exc
-                        _check_bits(second, two, None, None, result.fetched, "B1.2")
+                        _check_bits(second, two, None, None, result.fetched, "B1.5")
                     finally:
                         if hold is not None:
                             hold.release()
-                        if first.caps.cancellation:
-                            for sub in held:
-                                sub.attempt.cancel()
-                        if first.serves_pulls:
-                            holder = first.holder()
-                            for request in holder.take(len(held)):
-                                holder.decline(request, "the suite declines the filler pulls")
+                        for request in requests:
+                            first.holder().decline(request, "the suite declines the filler pulls")
                         for sub in held:
                             first.settle(sub)
                         fill.forget_sink()
@@ -936,7 +935,7 @@ def test_W1_a_wake_that_raises_does_not_stop_the_backend(kvwire_harness: Harness
         ex.offer(bench)
         wake = Raising()
         attempt = ex.ends.sink.fetch(bench.sink_view(), ex.ends.fetch_hint, wake)
-        sub = Submission("fetch", ex.ends.sink, bench.sink_view(), attempt, wake)
+        sub = Submission(Direction.FETCH, ex.ends.sink, bench.sink_view(), attempt, wake)
         ex.serve_one()
         out = ex.settle(sub)
         bench.apply_fetch(out)
