@@ -68,6 +68,7 @@ from kvwire.blob.keys import check_namespace, store_keys
 from kvwire.blob.lookups import LookupRunner, check_timeout
 from kvwire.contract import (
     CONTRACT_VERSION,
+    Cause,
     Capabilities,
     Hint,
     InvalidSubmission,
@@ -274,7 +275,8 @@ class _BlobAttempt(Attempt):
         with core.cond:
             if self._outcome is not None:
                 return
-            self._conclude_locked(Outcome.cancelled(self._masks_locked(), reason="cancelled by the holder"))
+            self._conclude_locked(Outcome.cancelled(self._masks_locked(), reason="cancelled by the holder",
+                                                    cause=Cause.HOLDER_CANCELLED))
             core.wake_later(self)
 
     def __repr__(self) -> str:
@@ -314,7 +316,7 @@ class _BlobAttempt(Attempt):
     def _expire_locked(self) -> None:
         self._conclude_locked(Outcome.failed(
             f"deadline passed: the {self._op} did not conclude within {self._timeout_s:g} s",
-            self._masks_locked(),
+            self._masks_locked(), Cause.DEADLINE,
         ))
 
     def _notify(self) -> None:
@@ -356,7 +358,7 @@ class _BlobAttempt(Attempt):
                     if self._fault is None:
                         self._conclude_locked(Outcome.delivered(masks))
                     else:
-                        self._conclude_locked(Outcome.failed(self._fault[1], masks))
+                        self._conclude_locked(Outcome.failed(self._fault[1], masks, Cause.FAULT))
                     changed = True
             elif self._running == 0 and not self._quiesced:
                 self._quiesce_locked()
@@ -768,7 +770,8 @@ class BlobBackend(Backend, Lookup):
             for attempt in list(core.active):
                 if attempt._outcome is None:
                     attempt._conclude_locked(
-                        Outcome.cancelled(attempt._masks_locked(), reason="the backend shut down"))
+                        Outcome.cancelled(attempt._masks_locked(), reason="the backend shut down",
+                                          cause=Cause.SHUTDOWN))
                     core.wake_later(attempt)
             pending = frozenset(a for a in core.active if not a._quiesced)
         if not pending:
