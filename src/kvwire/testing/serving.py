@@ -30,6 +30,7 @@ class ReuseTree:
     def __init__(self) -> None:
         self.rows: dict[bytes, dict[int, tuple[SlotRegion, int]]] = {}
         self.regions: dict[int, SlotRegion] = {}
+        self.kinds: dict[int, CacheKind] = {}
         self.pins: Counter[bytes] = Counter()
 
     def add(self, name: bytes, group_id: int, region: SlotRegion, slot: int) -> None:
@@ -37,9 +38,10 @@ class ReuseTree:
         self.regions.setdefault(group_id, region)
 
     def add_view(self, view: View) -> None:
-        """Hold every named row of ``view``."""
+        """Hold every named row of ``view`` (and remember each group's cache kind)."""
         for g in view.groups:
             self.regions.setdefault(g.group_id, g.region)
+            self.kinds[g.group_id] = g.kind
             for row in range(g.rows):
                 self.add(g.name(row), g.group_id, g.region, int(g.slots[row]))
 
@@ -65,7 +67,10 @@ class ReuseTree:
         for gid in request.groups:
             region = self.rows[names[0].tobytes()][gid][0] if count else self.regions[gid]
             slots = [self.rows[n.tobytes()][gid][1] for n in names]
-            groups.append(LayerGroupRows(gid, CacheKind.PAGED, region, np.asarray(slots, dtype=np.int64),
+            # A STATE group's answer is its one row; an answer holding none of it is an empty
+            # group, which only PAGED may be (V1.4).
+            kind = self.kinds.get(gid, CacheKind.PAGED) if count == 1 else CacheKind.PAGED
+            groups.append(LayerGroupRows(gid, kind, region, np.asarray(slots, dtype=np.int64),
                                          TokenRange(0, count * 16), names))
         return View(tuple(groups))
 

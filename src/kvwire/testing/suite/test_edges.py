@@ -17,19 +17,10 @@ from kvwire.testing.exchange import Exchange
 from kvwire.testing.harness import FaultPlan, Harness, Hold
 from kvwire.testing.holder import Submission, call_briefly, settle, speaks_causes
 from kvwire.testing.layout import Bench, GroupPlan, ViewPlan
+from kvwire.testing.plans import pages, with_field
 
 SENTINEL = 0x3C
 MiB = 1 << 20
-
-
-def _plan(specs: list[tuple[int, int]], seed: int, shared: bool) -> ViewPlan:
-    if shared:
-        rows = max(r for _, r in specs)
-        specs = [(size, rows) for size, _ in specs]
-    groups = tuple(GroupPlan(gid, CacheKind.PAGED, size, rows,
-                             tuple(range(1, 1 + rows)), tuple(reversed(range(1, 1 + rows))), rows + 2, 16)
-                   for gid, (size, rows) in enumerate(specs))
-    return ViewPlan(groups, seed, shared)
 
 
 def _spin_until_quiesced(sub: Submission, what: str) -> None:
@@ -38,12 +29,6 @@ def _spin_until_quiesced(sub: Submission, what: str) -> None:
     while not sub.quiesced():
         assert time.monotonic() < deadline, f"A2.5: {what} did not quiesce within the suite's patience"
         time.sleep(0)
-
-
-def _with_field(hint: Hint, key: str, value: object) -> Hint:
-    fields = dict(hint.fields)
-    fields[key] = value  # type: ignore[assignment]
-    return Hint.of(hint.kind, timeout_s=hint.timeout_s, **fields)  # type: ignore[arg-type]
 
 
 # -- A2 / W1 at a held attempt's end ----------------------------------------------------------------
@@ -58,7 +43,7 @@ def test_A2_an_attempt_ended_while_held_touches_nothing_once_quiesced(kvwire_har
     if ending == "cancel":
         needs.cancellation(caps)
     kind = needs.usable_kind(kvwire_harness, caps)
-    plan = _plan([(4096, 4), (64, 4)], 401, needs.shares_names(caps))
+    plan = pages([(4096, 4), (64, 4)], 401, needs.shares_names(caps))
     patience = profiles.active().patience_s
     timeout = 0.5 if ending == "deadline" else needs.LONG_TIMEOUT_S
     with needs.open_exchange(kvwire_harness, hold=True, timeout_s=timeout) as ex, Bench(
@@ -81,7 +66,7 @@ def test_A2_an_attempt_ended_while_held_touches_nothing_once_quiesced(kvwire_har
             bench.write_sink(None, SENTINEL)
         assert isinstance(hold, Hold) and hold.wait_idle(patience), "the other end did not go idle after release"
         # More work through the same backends: a writer of the ended fetch still running lands now.
-        with Bench(kvwire_harness, ex.ends.source, ex.ends.sink, _plan([(4096, 4), (64, 4)], 402, plan.shared_names),
+        with Bench(kvwire_harness, ex.ends.source, ex.ends.sink, pages([(4096, 4), (64, 4)], 402, plan.shared_names),
                    kind) as later:
             ex.transfer(later)
         bench.verify(f"A2.3: the fetch ended by its {ending} had said it quiesced, and the holder reused its rows")
@@ -94,7 +79,7 @@ def test_A2_quiesced_stays_true_while_other_attempts_are_held(kvwire_harness: Ha
     caps = kvwire_harness.capabilities()
     needs.transfer(caps)
     kind = needs.usable_kind(kvwire_harness, caps)
-    plan = _plan([(64, 4)], 409, needs.shares_names(caps))
+    plan = pages([(64, 4)], 409, needs.shares_names(caps))
     with needs.open_exchange(kvwire_harness, hold=True) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
                                                                      plan, kind) as bench:
         ex.offer(bench)
@@ -120,7 +105,7 @@ def test_W1_a_quiescence_after_the_conclusion_is_woken(kvwire_harness: Harness) 
     needs.transfer(caps)
     needs.cancellation(caps)
     kind = needs.usable_kind(kvwire_harness, caps)
-    plan = _plan([(64, 3)], 419, needs.shares_names(caps))
+    plan = pages([(64, 3)], 419, needs.shares_names(caps))
     patience = profiles.active().patience_s
     with needs.open_exchange(kvwire_harness, hold=True) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
                                                                      plan, kind) as bench:
@@ -153,7 +138,7 @@ def test_A2_a_serving_answer_reads_nothing_once_quiesced(kvwire_harness: Harness
     needs.serve_pulls(caps)
     needs.transfer(caps)
     kind = needs.usable_kind(kvwire_harness, caps)
-    plan = _plan([(MiB, 6), (4096, 6)], 421, True)
+    plan = pages([(MiB, 6), (4096, 6)], 421, True)
     with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
                                                           plan, kind) as bench:
         ex.offer(bench)
@@ -176,7 +161,7 @@ def test_A2_a_publish_reads_nothing_the_moment_it_quiesced(kvwire_harness: Harne
     caps = kvwire_harness.capabilities()
     needs.transfer(caps)
     kind = needs.usable_kind(kvwire_harness, caps)
-    plan = _plan([(MiB, 6), (4096, 6)], 431, False)
+    plan = pages([(MiB, 6), (4096, 6)], 431, False)
     with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
                                                           plan, kind) as bench:
         if not ex.store:
@@ -198,7 +183,7 @@ def test_H1_rows_of_the_default_namespace_are_not_found_under_another(kvwire_har
     caps = kvwire_harness.capabilities()
     needs.transfer(caps)
     kind = needs.usable_kind(kvwire_harness, caps)
-    plan = _plan([(64, 4)], 433, False)
+    plan = pages([(64, 4)], 433, False)
     with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
                                                           plan, kind) as bench:
         if not ex.store:
@@ -207,7 +192,7 @@ def test_H1_rows_of_the_default_namespace_are_not_found_under_another(kvwire_har
                           **{k: v for k, v in ex.ends.publish_hint.fields if k != "namespace"})
         put = ex.settle(ex.publish(bench.source_view(), default))
         assert put.is_delivered and all(m.all() for m in put.masks), f"S1: {put!r}"
-        other = _with_field(ex.ends.fetch_hint, "namespace", "kvwire-suite/elsewhere")
+        other = with_field(ex.ends.fetch_hint, "namespace", "kvwire-suite/elsewhere")
         out = ex.settle(ex.fetch(bench.sink_view(), other))
         bench.apply_fetch(out)
         assert out.is_delivered and out.rows_delivered == 0, (
@@ -220,12 +205,12 @@ def test_H1_a_pull_carries_the_requesters_credentials(kvwire_harness: Harness) -
     caps = kvwire_harness.capabilities()
     needs.serve_pulls(caps)
     kind = needs.usable_kind(kvwire_harness, caps)
-    plan = _plan([(64, 2)], 439, True)
+    plan = pages([(64, 2)], 439, True)
     secret = bytes(range(7, 40)) + b"\x00kvwire"
     with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
                                                           plan, kind) as bench:
         ex.offer(bench)
-        sub = ex.fetch(bench.sink_view(), _with_field(ex.ends.fetch_hint, "credentials", secret))
+        sub = ex.fetch(bench.sink_view(), with_field(ex.ends.fetch_hint, "credentials", secret))
         holder = ex.holder()
         (request,) = holder.take(1)
         assert request.credentials == secret, (
@@ -276,7 +261,7 @@ def test_S3_a_full_queue_rejection_leaks_no_slot(kvwire_harness: Harness) -> Non
             pytest.skip(f"backend declares a queue bound of {bound}, too large to fill here")
         if not (ex.store and ex.ends.hold is not None or ex.serves_pulls):
             pytest.skip("the suite cannot hold this backend's other end")
-        plan = _plan([(32, bound + 1)], 443, needs.shares_names(caps))
+        plan = pages([(32, bound + 1)], 443, needs.shares_names(caps))
         with Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan, kind) as bench:
             ex.offer(bench)
             for round_ in range(2):
@@ -303,7 +288,7 @@ def test_B4_capabilities_do_not_change_with_work_in_flight(kvwire_harness: Harne
         if not (ex.store and ex.ends.hold is not None or ex.serves_pulls):
             pytest.skip("the suite cannot hold this backend's other end")
         idle = [b.capabilities() for b in ex.ends.backends]
-        plan = _plan([(32, 2)], 449, needs.shares_names(caps))
+        plan = pages([(32, 2)], 449, needs.shares_names(caps))
         with Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan, kind) as bench:
             ex.offer(bench)
             subs, hold, requests = _fill(ex, bench, [0, 1][: ex.caps.max_in_flight])
@@ -325,7 +310,7 @@ def test_A5_a_fault_in_any_group_fails_the_fetch(kvwire_harness: Harness, where:
     needs.transfer(caps)
     kind = needs.usable_kind(kvwire_harness, caps)
     shared = needs.shares_names(caps)
-    plan = _plan([(64, 4), (32, 4), (16, 4)], 457, shared)
+    plan = pages([(64, 4), (32, 4), (16, 4)], 457, shared)
     probe = Bench(kvwire_harness, None, None, plan, kind)
     last = len(plan.groups) - 1
     faulty = {probe.names[last][2].tobytes()} if where == "last group" else {
@@ -361,7 +346,7 @@ def test_S5_a_store_call_that_raises_fails_the_attempt_with_a_fault(kvwire_harne
     caps = kvwire_harness.capabilities()
     needs.transfer(caps)
     kind = needs.usable_kind(kvwire_harness, caps)
-    plan = _plan([(64, 3), (16, 3)], 461, False)
+    plan = pages([(64, 3), (16, 3)], 461, False)
     schedule = (FailCall(op=op, call=None, raises=True),)  # type: ignore[arg-type]
     with needs.open_exchange(kvwire_harness, faults=FaultPlan(schedule=schedule)) as ex, Bench(
             kvwire_harness, ex.ends.source, ex.ends.sink, plan, kind) as bench:
@@ -386,7 +371,7 @@ def test_A5_rows_declined_for_space_are_false_bits_in_a_delivered_publish(kvwire
     caps = kvwire_harness.capabilities()
     needs.transfer(caps)
     kind = needs.usable_kind(kvwire_harness, caps)
-    plan = _plan([(64, 4)], 463, False)
+    plan = pages([(64, 4)], 463, False)
     schedule = (Decline(call=None, start=1, stop=2),)
     with needs.open_exchange(kvwire_harness, faults=FaultPlan(schedule=schedule)) as ex, Bench(
             kvwire_harness, ex.ends.source, ex.ends.sink, plan, kind) as bench:
@@ -410,7 +395,7 @@ def test_N2_incoming_hands_over_each_request_once(kvwire_harness: Harness) -> No
     needs.serve_pulls(caps)
     needs.transfer(caps)
     kind = needs.usable_kind(kvwire_harness, caps)
-    plan = _plan([(64, 2)], 467, True)
+    plan = pages([(64, 2)], 467, True)
     with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
                                                           plan, kind) as bench:
         ex.offer(bench)
@@ -427,3 +412,32 @@ def test_N2_incoming_hands_over_each_request_once(kvwire_harness: Harness) -> No
         bench.forget_sink()
         for row, sub in enumerate((first, second)):
             bench.apply_fetch(ex.settle(sub), {0: [row]})
+
+
+# -- STATE rows through a serving peer ------------------------------------------------------------------
+
+@pytest.mark.parametrize("groups", ["state alone", "paged and state"])
+def test_V1_a_pull_moves_a_state_row_with_the_block_it_stands_for(kvwire_harness: Harness, groups: str) -> None:
+    """V1.4 / N2.3 for peers: a one-block pull whose view has a STATE group (one row, named like
+    the block) moves that row, alone or beside the block's PAGED rows; a peer that does not hold it
+    answers a miss."""
+    caps = kvwire_harness.capabilities()
+    needs.serve_pulls(caps)
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    specs = [(256, 1)] if groups == "state alone" else [(64, 1), (48, 1), (256, 1)]
+    plan = pages(specs, 479, True)
+    last = len(plan.groups) - 1
+    plan = ViewPlan(tuple(g if gi != last else GroupPlan(g.group_id, CacheKind.STATE, g.slot_bytes, 1,
+                                                         g.source_slots, g.sink_slots, g.region_slots, g.name_width)
+                          for gi, g in enumerate(plan.groups)), plan.seed, True)
+    with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
+                                                          plan, kind) as bench:
+        result = ex.transfer(bench)  # A7 checks the bytes of every true bit
+        assert result.fetched.is_delivered and all(m.all() for m in result.fetched.masks), (
+            f"V1.4: the pull of one block with its STATE row did not move every row: {result.fetched!r}")
+    with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
+                                                          plan, kind) as bench:
+        miss = ex.transfer(bench, offer={gi: [] for gi in range(len(plan.groups))})
+        assert miss.fetched.is_delivered and miss.fetched.rows_delivered == 0, (
+            f"A5.7: a STATE row the peer does not hold is a miss: {miss.fetched!r}")

@@ -1,0 +1,217 @@
+"""Clause by clause, over the input space real engines use: rows from one byte to 4 MiB, views of
+thousands of rows and many groups, names that differ in one byte or hold zero bytes, and what a
+publish's mask says. Each test names the clause it checks (``docs/contract.md``) in its
+docstring's first line; every check runs for stores and for serving peers unless the clause is a
+store's."""
+
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from kvwire.testing import needs, profiles
+from kvwire.testing.harness import FaultPlan, Harness
+from kvwire.testing.layout import Bench
+from kvwire.testing.plans import (
+    check_bits,
+    needs_misses,
+    offer_for,
+    pages,
+    store_only,
+    transfer_checked,
+)
+
+SENTINEL = 0xA5
+MiB = 1 << 20
+
+
+# -- sizes and shapes ---------------------------------------------------------------------------
+
+def test_A7_rows_from_one_byte_to_four_mebibytes(kvwire_harness: Harness) -> None:
+    """A7.1 / M2: rows of any size, drawn on a log scale from 1 B to 4 MiB, arrive byte for byte."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    shared = needs.shares_names(caps)
+
+    @profiles.examples(max_examples=max(3, profiles.active().examples // 2))
+    @example(exponents=[0, 22], jitter=0, rows=2)
+    @example(exponents=[13, 16, 18], jitter=0, rows=3)
+    @given(exponents=st.lists(st.integers(0, 22), min_size=1, max_size=3),
+           jitter=st.integers(-3, 3), rows=st.integers(1, 4))
+    def run(exponents: list[int], jitter: int, rows: int) -> None:
+        sizes = [min(4 * MiB, max(1, 2**e + (jitter if e > 2 else 0))) for e in exponents]
+        specs = [(s, rows if s <= MiB else min(rows, 2)) for s in sizes]
+        plan = pages(specs, seed=sum(sizes) + rows, shared=shared)
+        with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
+                                                              plan, kind) as bench:
+            result = ex.transfer(bench)
+            assert result.fetched.is_delivered and all(m.all() for m in result.fetched.masks), (
+                f"A5/A7: rows of {sizes} bytes did not all arrive: {result.fetched!r}")
+
+    run()
+
+
+def test_A9_views_of_thousands_of_rows_and_many_groups(kvwire_harness: Harness) -> None:
+    """A9.6: a view's size does not change what moves: 3 groups of 1500 rows, and 16 groups,
+    each with held and missing rows in place."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    shared = needs.shares_names(caps)
+    for specs, seed in (([(8, 1500), (24, 1500), (1, 1500)], 211), ([(16 + g, 24) for g in range(16)], 223)):
+        plan = pages(specs, seed, shared)
+        with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
+                                                              plan, kind) as bench:
+            if ex.store or ex.serves_pulls:
+                offer = offer_for(ex, plan, lambda gi, n: [r for r in range(n) if (r + gi) % 3 != 1]
+                                   if ex.store else range(n * 3 // 4))
+            else:
+                offer = None
+            transfer_checked(ex, bench, offer, None, "A9.6")
+
+
+def test_A9_misses_keep_their_place_whatever_the_order(kvwire_harness: Harness) -> None:
+    """A9.2 / A9.3: the rows of a fetch in any order, whole or split over views: every bit stays with its
+    row, held rows true and missing rows false."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    shared = needs.shares_names(caps)
+    p = profiles.active()
+
+    @profiles.examples()
+    @given(groups=st.integers(1, p.max_groups), rows=st.integers(2, max(p.max_rows, 12)), data=st.data())
+    def run(groups: int, rows: int, data: st.DataObject) -> None:
+        plan = pages([(data.draw(st.sampled_from([3, 64, 200])), rows) for _ in range(groups)],
+                     data.draw(st.integers(0, 2**31)), shared)
+        with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
+                                                              plan, kind) as bench:
+            needs_misses(ex)
+            offer = offer_for(ex, plan, lambda gi, n: data.draw(
+                st.lists(st.integers(0, n - 1), unique=True, min_size=1, max_size=n - 1), label=f"held {gi}"))
+            if ex.serves_pulls:
+                # One pull, its blocks in a drawn order: the served prefix is the held names'
+                # run from the start of that order.
+                order = data.draw(st.permutations(range(rows)), label="order")
+                take = {gi: list(order) for gi in range(groups)}
+                transfer_checked(ex, bench, offer, take, "A9.2")
+                return
+            ex.offer(bench, offer)
+            parts = data.draw(st.integers(1, 3), label="parts")
+            for part in range(parts):
+                take = {gi: data.draw(st.permutations([r for r in range(g.rows) if r % parts == part]),
+                                      label=f"part {part} of {gi}") for gi, g in enumerate(plan.groups)}
+                fetched = ex.settle(ex.fetch(bench.sink_view(take)))
+                bench.apply_fetch(fetched, take)
+                check_bits(ex, bench, offer, take, fetched, "A9.2")
+
+    run()
+
+
+# -- names ----------------------------------------------------------------------------------------
+
+def _crafted_names(rows: int, width: int) -> np.ndarray:
+    """Distinct names that a backend treating names as text, trimming zero bytes, or reading
+    only part of them would confuse: all zeros, one byte apart at either end, trailing zeros."""
+    names = np.zeros((rows, width), dtype=np.uint8)
+    for i in range(1, rows):
+        if i % 4 == 1:
+            names[i, -1] = i  # differs from all-zeros in the last byte
+        elif i % 4 == 2:
+            names[i, 0] = i  # ... in the first byte, then zeros
+        elif i % 4 == 3:
+            names[i, width // 2] = i
+        else:
+            names[i, :] = names[i - 1]
+            names[i, 1] = 0xFF
+    assert len(np.unique(names, axis=0)) == rows
+    return names
+
+
+def test_N1_names_are_opaque_bytes_every_byte_counts(kvwire_harness: Harness) -> None:
+    """N1.3 / N1.4: names are opaque fixed-width bytes: zero bytes count, and names one byte apart name
+    different blocks."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = pages([(32, 12), (48, 12)], 227, needs.shares_names(caps))
+    with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
+                                                          plan, kind) as bench:
+        needs_misses(ex)
+        crafted = _crafted_names(12, 16)
+        for gi in range(len(plan.groups)):
+            bench.names[gi] = crafted
+        offer = offer_for(ex, plan, lambda gi, n: [0, 2, 3, 5, 8, 11] if ex.store else range(7))
+        transfer_checked(ex, bench, offer, None, "N1.4")
+
+
+def test_N1_a_store_keys_rows_by_group_and_name(kvwire_harness: Harness) -> None:
+    """N1.2: the same name in two groups stands for two rows with different bytes; each group's
+    row is found only in that group."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    needs.names(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = pages([(64, 6), (64, 6), (32, 6)], 229, shared=True)
+    with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
+                                                          plan, kind) as bench:
+        store_only(ex, "keying stored rows")
+        offer = {0: [0, 1, 2], 1: [3, 4, 5], 2: [1, 4]}
+        transfer_checked(ex, bench, offer, None, "N1.2")
+
+
+# -- publish masks ---------------------------------------------------------------------------------
+
+def test_A5_a_publish_counts_rows_the_store_already_holds(kvwire_harness: Harness) -> None:
+    """A5.6 / A5.11: a publish's mask marks the rows the other end holds once it concluded, those it held
+    before included."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = pages([(64, 5), (128, 5)], 233, shared=False)
+    with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
+                                                          plan, kind) as bench:
+        store_only(ex, "a publish's mask of held rows")
+        first = ex.settle(ex.publish(bench.source_view({0: [0, 1], 1: [4]})))
+        assert first.is_delivered and all(m.all() for m in first.masks), f"S1: {first!r}"
+        again = ex.settle(ex.publish(bench.source_view()))
+        assert again.is_delivered, f"A5.4: publishing rows the store holds and rows it lacks failed: {again!r}"
+        for g, mask in zip(plan.groups, again.masks, strict=True):
+            assert mask.all(), (
+                f"A5.4: group {g.group_id}: the store holds every row after the second publish, but its mask marks "
+                f"only {np.flatnonzero(mask).tolist()}; rows held before count as held")
+        fetched = ex.settle(ex.fetch(bench.sink_view()))
+        bench.apply_fetch(fetched)
+        assert all(m.all() for m in fetched.masks), f"S1: {fetched!r}"
+
+
+def test_A5_publish_masks_say_exactly_what_the_store_holds(kvwire_harness: Harness) -> None:
+    """A5.6 / A5.9 / S1.3: with faults on some names, a row the publish marks true is found by a fetch,
+    and a row that faulted is marked false and not found."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = pages([(64, 6), (40, 6)], 239, shared=False)
+    probe = Bench(kvwire_harness, None, None, plan, kind)
+    faulty = {probe.names[0][3].tobytes(), probe.names[1][1].tobytes()}
+    try:
+        with needs.open_exchange(kvwire_harness, faults=FaultPlan(publish=frozenset(faulty))) as ex, Bench(
+                kvwire_harness, ex.ends.source, ex.ends.sink, plan, kind) as bench:
+            store_only(ex, "a publish's mask of held rows")
+            published = ex.settle(ex.publish(bench.source_view()))
+            assert published.is_failed, f"A5.3: a publish that met faults at the store must fail: {published!r}"
+            fetched = ex.settle(ex.fetch(bench.sink_view()))
+            bench.apply_fetch(fetched)
+            for gi, (put, got) in enumerate(zip(published.masks, fetched.masks, strict=True)):
+                lost = np.flatnonzero(put & ~got)
+                assert lost.size == 0, (
+                    f"A5.4: group {gi}: row(s) {lost.tolist()} marked held by the publish were not found by a fetch")
+                for row in range(plan.groups[gi].rows):
+                    if bench.names[gi][row].tobytes() in faulty:
+                        assert not put[row] and not got[row], (
+                            f"A5.4: group {gi} row {row} faulted at the store, yet is marked held or was found")
+    finally:
+        probe.close()
