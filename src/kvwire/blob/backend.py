@@ -80,6 +80,7 @@ from kvwire.contract import (
     WakeFn,
 )
 from kvwire.contract.backend import Attempt, Backend, Registration
+from kvwire.contract.regions import RegionTable, TableRegistration
 from kvwire.contract.capabilities import OtherEnd
 from kvwire.contract.lookup import LOOKUP, Lookup
 
@@ -96,7 +97,6 @@ _GET = "fetch"
 _OK, _THERE, _DECLINED, _MISSING = (int(s) for s in (KeyStatus.OK, KeyStatus.ALREADY_THERE,
                                                      KeyStatus.DECLINED, KeyStatus.MISSING))
 _backend_ids = itertools.count(1)
-_registration_ids = itertools.count(1)
 
 
 def blob_capabilities(memory_kinds: Iterable[MemoryKind], max_in_flight: int, *,
@@ -142,8 +142,10 @@ class _Core:
         self.stopping = False
         self.watch_until = math.inf
         self.threads: list[threading.Thread] = []
-        self.registered: dict[int, tuple[SlotRegion, ...]] = {}
-        self.region_token: dict[SlotRegion, int] = {}
+        #: The regions registered with this backend: the contract's one reading of M3/M4.
+        self.table = RegionTable(driver.memory_kinds)
+        #: Open registrations by their table token (closed with the backend).
+        self.registered: dict[int, BlobRegistration] = {}
         #: Attempts whose change came from the holder's own call (cancel, shutdown): the
         #: deadline thread wakes them, so wake never runs inside a backend method.
         self.wakes_due: list[_BlobAttempt] = []
@@ -200,41 +202,35 @@ class _Dispatch:
 
 
 class BlobRegistration(Registration):
-    """Regions registered with a blob backend (and its driver) in one batch."""
+    """Regions registered with a blob backend (its :class:`~kvwire.contract.RegionTable`) and
+    its driver in one batch."""
 
-    def __init__(self, core: _Core, token: int, regions: tuple[SlotRegion, ...]) -> None:
+    def __init__(self, core: _Core, entry: TableRegistration) -> None:
         self._core = core
-        self._token = token
-        self._regions = regions
+        self._entry = entry
 
     @property
     def regions(self) -> tuple[SlotRegion, ...]:
-        return self._regions
+        return self._entry.regions
 
     @property
     def closed(self) -> bool:
         """Whether this registration no longer covers its regions."""
-        return self._token not in self._core.registered
+        return self._entry.closed
 
     def close(self) -> None:
         """Unregister this batch from the backend and its driver. Idempotent; another
-        registration of the same spans, made later, stays."""
-        _unregister(self._core, self._token)
+        registration of the same spans, made later, stays (M3)."""
+        core = self._core
+        with core.cond:
+            if core.registered.pop(self._entry.token, None) is None:
+                return
+            self._entry.close()
+        core.driver.unregister(self._entry.regions)
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"
-        return f"BlobRegistration({len(self._regions)} regions, {state})"
-
-
-def _unregister(core: _Core, token: int) -> None:
-    with core.cond:
-        regions = core.registered.pop(token, None)
-        if regions is None:
-            return
-        for region in regions:
-            if core.region_token.get(region) == token:
-                del core.region_token[region]
-    core.driver.unregister(regions)
+        return f"BlobRegistration({len(self.regions)} regions, {state})"
 
 
 class _BlobAttempt(Attempt):
@@ -559,51 +555,23 @@ class BlobBackend(Backend, Lookup):
     # -- regions (M3, M4) ---------------------------------------------------------------------
 
     def register_regions(self, regions: Sequence[SlotRegion]) -> BlobRegistration:
-        """Register a batch with the backend and its driver. Refuses the whole batch with
-        ``InvalidSubmission`` for a memory kind the driver cannot reach or an overlap (within the
-        batch or with a registered region); a driver refusal (``RuntimeError``) also registers
-        nothing."""
-        batch = tuple(regions)
-        for region in batch:
-            if not isinstance(region, SlotRegion):
-                raise InvalidSubmission(f"register_regions takes SlotRegions, got {type(region).__name__}")
-            if region.memory_kind not in self._capabilities.memory_kinds:
-                raise InvalidSubmission(
-                    f"region {region.region_id} lies in {region.memory_kind.value} memory, which this "
-                    f"store driver cannot reach (it reaches: {_kinds(self._capabilities.memory_kinds)})")
-        for i, a in enumerate(batch):
-            for b in batch[i + 1:]:
-                if a.overlaps(b):
-                    raise InvalidSubmission(
-                        f"regions {a.region_id} and {b.region_id} of the batch overlap; nothing was registered")
+        """Register a batch with the backend's region table and its driver (M3). Refuses the
+        whole batch with ``InvalidSubmission`` for a memory kind the driver cannot reach or an
+        overlap (within the batch or with a registered region); a driver refusal
+        (``RuntimeError``) also registers nothing; after shutdown, ``SubmissionRejected``."""
         core = self._core
+        if core.closed:
+            raise SubmissionRejected("this blob backend is shut down; it registers no regions")
+        entry = core.table.register(regions)
+        try:
+            core.driver.register(entry.regions)
+        except BaseException:
+            entry.close()
+            raise
+        registration = BlobRegistration(core, entry)
         with core.cond:
-            if core.closed:
-                raise SubmissionRejected("this blob backend is shut down; it registers no regions")
-            live = [r for regs in core.registered.values() for r in regs]
-        for a in batch:
-            for b in live:
-                if a.overlaps(b):
-                    raise InvalidSubmission(
-                        f"region {a.region_id} overlaps region {b.region_id}, which is already "
-                        "registered; nothing was registered")
-        core.driver.register(batch)
-        token = next(_registration_ids)
-        with core.cond:
-            core.registered[token] = batch
-            for region in batch:
-                core.region_token[region] = token
-        return BlobRegistration(core, token, batch)
-
-    def _is_registered(self, region: SlotRegion) -> bool:
-        core = self._core
-        if region in core.region_token:
-            return True
-        return any(
-            r.memory_kind is region.memory_kind and r.device == region.device
-            and r.base <= region.base and region.end <= r.end
-            for regs in core.registered.values() for r in regs
-        )
+            core.registered[entry.token] = registration
+        return registration
 
     # -- submissions (S1-S5) ------------------------------------------------------------------
 
@@ -642,10 +610,7 @@ class BlobBackend(Backend, Lookup):
                 raise InvalidSubmission(
                     f"group {group.group_id} lies in {region.memory_kind.value} memory, which this store "
                     f"driver cannot reach (it reaches: {_kinds(self._capabilities.memory_kinds)})")
-            if not self._is_registered(region):
-                raise InvalidSubmission(
-                    f"group {group.group_id} has rows in region {region.region_id} "
-                    f"(base {region.base:#x}), which is not registered with this backend")
+            core.table.locate(group, len(offsets) - 2)  # M4: every row inside one registered region
             if group.names is None:
                 raise InvalidSubmission(
                     f"group {group.group_id} carries no content names; a blob backend addresses rows by name")
@@ -812,9 +777,9 @@ class BlobBackend(Backend, Lookup):
                         f"{len(pending)} blob attempt(s) still inside the store driver after "
                         f"{timeout_s} s; their memory may still be in use")
         with core.cond:
-            tokens = list(core.registered)
-        for token in tokens:
-            _unregister(core, token)
+            registrations = list(core.registered.values())
+        for registration in registrations:
+            registration.close()
         if self._owns_driver and not self._driver_closed:
             self._driver_closed = True
             core.driver.close()
