@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from kvwire.contract import OtherEnd
 from kvwire.registry import BackendConfig, PluginError, load
 from kvwire.runtime import Cancel, ModelConfig, Worker
 from kvwire.testing.require import backend_usable
@@ -70,7 +71,7 @@ def test_cancel_at_random_points_commits_only_whole_rows(backend):
             a.generate(p[: 2 * 16])               # cheap pages for the first blocks...
         from kvwire.cli.bench import _fill  # ...and random pages for the whole prompts
         _fill(a, prompts)
-        store = a.capabilities.other_end.value == "store"
+        store = a.capabilities.other_end is OtherEnd.STORE
         state = a.transceiver_state()
         for p in prompts:
             if store:
@@ -96,7 +97,7 @@ def test_a_dead_or_silent_source_fails_within_the_deadline(backend):
         try:
             p = np.random.default_rng(3).integers(0, MODEL.vocab, 256)
             a.generate(p)
-            if a.capabilities.other_end.value == "store":
+            if a.capabilities.other_end is OtherEnd.STORE:
                 a.publish(p)
             state = a.transceiver_state()
             a.close()                                   # the source goes away

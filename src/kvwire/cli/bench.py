@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from kvwire.contract import OtherEnd
 from kvwire.registry import BackendConfig, load_config, survey
 
 __all__ = ["Point", "run_bench"]
@@ -100,7 +101,7 @@ def _pull_seconds(config: BackendConfig, row_bytes: int, tokens: int, repeat: in
          Worker(model, config=config, num_blocks=blocks, name="bench-B") as b:
         _fill(a, prompts)
         state = a.transceiver_state()
-        store = a.capabilities.other_end.value == "store"
+        store = a.capabilities.other_end is OtherEnd.STORE
         times, moved = [], 0
         for i, p in enumerate(prompts):
             if store:
@@ -131,7 +132,7 @@ def _ttft(config: BackendConfig, tokens: int, repeat: int = 3) -> tuple[float, f
             t = time.perf_counter()
             a.generate(p, max_tokens=1)
             local.append(time.perf_counter() - t)
-            if a.capabilities.other_end.value == "store":
+            if a.capabilities.other_end is OtherEnd.STORE:
                 a.publish(p)
             t = time.perf_counter()
             r = b.pull(p, source=state)

@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from kvwire.contract import OtherEnd
 from kvwire.registry import BackendConfig
 
 __all__ = ["DemoReport", "run_demo", "MODELS"]
@@ -99,7 +100,7 @@ def run_demo(
         local = a.generate(prompt, max_tokens=1)
         prefill = time.perf_counter() - began
         state = a.transceiver_state()
-        if a.capabilities.other_end.value == "store":
+        if a.capabilities.other_end is OtherEnd.STORE:
             progress.update(step, description="worker A: publish the prompt's blocks to the store")
             a.publish(prompt)
         progress.update(step, description="worker B: pull the prompt's blocks from worker A's state")

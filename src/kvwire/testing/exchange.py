@@ -15,7 +15,7 @@ from kvwire.testing import profiles
 from kvwire.testing.harness import Ends, Hold, Unavailable
 from kvwire.testing.holder import Submission, settle, submit, wait_for
 from kvwire.testing.layout import Bench
-from kvwire.testing.serving import PullHold, ReuseTree, ServingHolder
+from kvwire.testing.serving import NameTable, PullHold, SuiteServer
 
 __all__ = ["Exchange", "Transfer"]
 
@@ -38,7 +38,7 @@ class Exchange:
         self.ends = ends
         self.patience_s = patience_s
         self.caps: Capabilities = ends.source.capabilities()
-        self.serving: ServingHolder | None = None
+        self.serving: SuiteServer | None = None
 
     @property
     def store(self) -> bool:
@@ -71,10 +71,10 @@ class Exchange:
         self.serve_one()
         return self.settle(sub)
 
-    def holder(self) -> ServingHolder:
+    def holder(self) -> SuiteServer:
         """The suite as the serving end's holder (started on first use)."""
         if self.serving is None:
-            self.serving = ServingHolder(self.ends.source, ReuseTree(), self.patience_s)
+            self.serving = SuiteServer(self.ends.source, NameTable(), self.patience_s)
             self.serving.start()
         return self.serving
 

@@ -1,7 +1,7 @@
 """The suite as the serving holder of a peer backend that declares ``serve-pulls`` (N2).
 
-:class:`ReuseTree` stands in for the holder's reuse tree: a dict from block name to the row that
-holds it in each layer group, with a pin count per name. :class:`ServingHolder` answers pull
+:class:`NameTable` stands in for the holder's reuse tree: a dict from block name to the row that
+holds it in each layer group, with a pin count per name. :class:`SuiteServer` answers pull
 requests from it as ``kvwire.contract.serving`` says a holder does: look the names up, pin the
 longest held prefix, publish it with the request's ticket, and unpin once that publish quiesced,
 whether it delivered, failed or was cancelled."""
@@ -20,10 +20,10 @@ from kvwire.contract.serving import PullRequest, ServesPulls
 from kvwire.testing.harness import Hold
 from kvwire.testing.holder import Submission, Wakes, settle, submit
 
-__all__ = ["ReuseTree", "ServingHolder", "Answer", "PullHold"]
+__all__ = ["NameTable", "SuiteServer", "Answer", "PullHold"]
 
 
-class ReuseTree:
+class NameTable:
     """Block name -> ``{group_id: (region, slot)}``, plus pins. Each group's rows lie in one
     region (the suite's benches allocate one region per group and side)."""
 
@@ -90,10 +90,10 @@ class Answer:
     released: bool = field(default=False)
 
 
-class ServingHolder:
+class SuiteServer:
     """Plays the holder of the serving end."""
 
-    def __init__(self, backend: Backend, tree: ReuseTree, patience_s: float) -> None:
+    def __init__(self, backend: Backend, tree: NameTable, patience_s: float) -> None:
         if not isinstance(backend, ServesPulls):
             raise TypeError("the serving end must implement kvwire.contract.serving.ServesPulls")
         self.backend = backend
@@ -170,7 +170,7 @@ class PullHold(Hold):
     :meth:`release` answers it from the reuse tree; :meth:`wait_idle` waits until that answer
     quiesced and its pins are back."""
 
-    def __init__(self, holder: ServingHolder, request: PullRequest) -> None:
+    def __init__(self, holder: SuiteServer, request: PullRequest) -> None:
         self.holder = holder
         self.request = request
         self.answer: Answer | None = None

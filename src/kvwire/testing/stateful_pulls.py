@@ -28,7 +28,7 @@ from kvwire.testing.exchange import Exchange
 from kvwire.testing.harness import Ends, Harness
 from kvwire.testing.holder import Submission, call_briefly, speaks_causes
 from kvwire.testing.layout import random_names
-from kvwire.testing.serving import Answer, ServingHolder
+from kvwire.testing.serving import Answer, SuiteServer
 from kvwire.testing.stateful import GROUPS, content
 
 __all__ = ["pull_model", "PullModel"]
@@ -77,7 +77,7 @@ class PullModel(RuleBasedStateMachine):
             self.ends.source.register_regions([m.region for m in self.source]),
             self.ends.sink.register_regions([m.region for m in self.sink]),
         ]
-        self.holder: ServingHolder = self.ex.holder()
+        self.holder: SuiteServer = self.ex.holder()
         self.tree = self.holder.tree
         for gi, (gid, _) in enumerate(GROUPS):
             self.tree.regions[gid] = self.source[gi].region  # an empty answer still names its regions

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from hypothesis.stateful import run_state_machine_as_test
 
+from kvwire.contract import OtherEnd
 from kvwire.testing import needs
 from kvwire.testing.harness import Harness
 from kvwire.testing.stateful import holder_model, settings_for_machine
@@ -15,7 +16,7 @@ def test_stateful_holder_model(kvwire_harness: Harness) -> None:
     caps = kvwire_harness.capabilities()
     needs.transfer(caps)
     needs.names(caps)
-    if needs.shares_names(caps) or caps.other_end.value != "store":
+    if needs.shares_names(caps) or caps.other_end is not OtherEnd.STORE:
         pytest.skip("backend's other end is a peer; the holder model drives a store")
     kind = needs.usable_kind(kvwire_harness, caps)
     run_state_machine_as_test(holder_model(kvwire_harness, kind), settings=settings_for_machine())
