@@ -1,6 +1,8 @@
-"""Test stand-ins for the lease holders on both ends of a pull, written against the contract
-only: a serving holder that answers pulls from a dict "reuse tree" with pin counting, and a
-requesting holder that lends rows, fetches and releases once the attempt quiesces."""
+"""Test stand-ins for the lease holders on both ends of a pull, written against the contract and
+the one public holder loop (``kvwire.runtime.holding``): a serving holder that answers pulls from
+a dict "reuse tree" with pin counting, and a requesting holder that lends rows, fetches and
+releases once the attempt quiesces. Both look at an attempt only after a wake: a lost wake fails
+the test (``WaitStatus.UNWOKEN``) instead of being papered over by polling."""
 
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from kvwire.contract import (
     View,
 )
 from kvwire.contract.serving import PullRequest
+from kvwire.runtime.holding import AtDeadline, Direction, Submission, WaitStatus, Wakes, submit, wait
 
 BLOCK_TOKENS = 16
 
@@ -126,6 +129,7 @@ class Answer:
     attempt: Attempt | None = None
     outcome: Outcome | None = None
     declined: str | None = None
+    submission: Submission | None = None
 
 
 class ServingHolder:
@@ -147,30 +151,35 @@ class ServingHolder:
         self.other_pool = other_pool
         self.answers: list[Answer] = []
         self.requests_seen = 0
-        self._event = threading.Event()
+        self.wakes = Wakes()  # one for serve() and every publish
+        self._nudged = 0
         self._stop = False
         self._lock = threading.Lock()
         self.settled = threading.Condition(self._lock)
         self._thread = threading.Thread(target=self._run, name="serving-holder", daemon=True)
         self._thread.start()
-        backend.serve(self._event.set)
+        backend.serve(self.wakes)
 
     def _run(self) -> None:
         live: list[Answer] = []
+        seen = -1
         while not self._stop:
-            self._event.wait(0.5)
-            self._event.clear()
+            if seen >= 0:  # sleep until the backend wakes this holder (or stop() nudges it)
+                self.wakes.wait_beyond(seen, time.monotonic() + 3600, nudges=self._nudged)
+                self._nudged = self.wakes.nudges
+            seen = self.wakes.count
             for request in self.backend.incoming():
-                self.requests_seen += 1
+                with self._lock:
+                    self.requests_seen += 1
+                    self.settled.notify_all()
                 answer = self._answer(request)
-                if answer is not None and answer.attempt is not None:
+                if answer is not None and answer.submission is not None:
                     live.append(answer)
             still = []
             for answer in live:
-                assert answer.attempt is not None
-                outcome = answer.attempt.poll()
-                if answer.attempt.quiesced() and outcome is not None:
-                    answer.outcome = outcome
+                assert answer.submission is not None
+                if answer.submission.look(quiesce=True):
+                    answer.outcome = answer.submission.outcome
                     self.tree.unpin(answer.slots)
                 else:
                     still.append(answer)
@@ -195,7 +204,8 @@ class ServingHolder:
         view = pool.view(slots, names[: len(slots)], groups=request.groups)
         answer = Answer(request, slots)
         try:
-            answer.attempt = self.backend.publish(view, request.ticket, self._event.set)
+            answer.submission = submit(self.backend, Direction.PUBLISH, view, request.ticket, wakes=self.wakes)
+            answer.attempt = answer.submission.attempt
         except (InvalidSubmission, SubmissionRejected) as exc:
             self.tree.unpin(slots)
             self.backend.decline(request, f"cannot answer: {exc}")
@@ -206,6 +216,17 @@ class ServingHolder:
         if self.on_publish is not None:
             self.on_publish(answer)
         return answer
+
+    def wait_requests(self, count: int, timeout: float) -> bool:
+        """Wait until ``count`` requests were taken from ``incoming()``."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while self.requests_seen < count:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.settled.wait(left)
+        return True
 
     def wait_settled(self, count: int, timeout: float) -> bool:
         """Wait until ``count`` answers exist and each has an outcome (or was declined)."""
@@ -224,18 +245,19 @@ class ServingHolder:
 
     def stop(self) -> None:
         self._stop = True
-        self._event.set()
+        self.wakes.nudge()
         self._thread.join(5)
 
 
 class Requester:
-    """Plays the requesting end's lease holder: lends free rows, fetches, waits, releases."""
+    """Plays the requesting end's lease holder: lends free rows, fetches, waits (through
+    ``kvwire.runtime.holding``), releases."""
 
     def __init__(self, backend, pool: Pool) -> None:
         self.backend = backend
         self.pool = pool
         self.lent: set[int] = set()
-        self._event = threading.Event()
+        self._submissions: dict[int, Submission] = {}
 
     def fetch(self, address: bytes, names: Sequence[bytes], timeout_s: float | None = None,
               slots: Sequence[int] | None = None, **fields: bytes) -> tuple[Attempt, list[int]]:
@@ -247,38 +269,31 @@ class Requester:
         view = self.pool.view(slots, list(names))
         try:
             hint = Hint.of("peer", address=address, timeout_s=timeout_s, **fields)
-            attempt = self.backend.fetch(view, hint, self._event.set)
+            sub = submit(self.backend, Direction.FETCH, view, hint)
         except Exception:
             self.lent.difference_update(slots)
             raise
-        return attempt, slots
+        self._submissions[id(sub.attempt)] = sub
+        return sub.attempt, slots
+
+    def _wait(self, attempt: Attempt, timeout: float, quiesce: bool) -> Outcome:
+        waited = wait(self._submissions[id(attempt)], timeout, quiesce=quiesce, at_deadline=AtDeadline.RETURN)
+        if waited.status is WaitStatus.UNWOKEN:
+            raise AssertionError(f"W1: {waited.describe()}")
+        if waited.status is WaitStatus.EXPIRED:
+            raise TimeoutError(f"attempt still {attempt.poll()!r}, quiesced={attempt.quiesced()} after {timeout}s")
+        assert waited.outcome is not None
+        return waited.outcome
 
     def wait_concluded(self, attempt: Attempt, timeout: float) -> Outcome:
         """Wait (on wakes, with a deadline) until the attempt concluded; keep its rows lent."""
-        deadline = time.monotonic() + timeout
-        while attempt.poll() is None:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"attempt did not conclude within {timeout}s")
-            self._event.wait(min(left, 0.1))
-            self._event.clear()
-        outcome = attempt.poll()
-        assert outcome is not None
-        return outcome
+        return self._wait(attempt, timeout, quiesce=False)
 
     def wait(self, attempt: Attempt, slots: Sequence[int], timeout: float) -> Outcome:
         """Wait (on wakes, with a deadline) until the attempt concluded and quiesced, then
         release its rows."""
-        deadline = time.monotonic() + timeout
-        while not (attempt.poll() is not None and attempt.quiesced()):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"attempt still {attempt.poll()!r}, quiesced={attempt.quiesced()} after {timeout}s")
-            self._event.wait(min(left, 0.1))
-            self._event.clear()
+        outcome = self._wait(attempt, timeout, quiesce=True)
         self.lent.difference_update(slots)
-        outcome = attempt.poll()
-        assert outcome is not None
         return outcome
 
 

@@ -31,9 +31,10 @@ from kvwire.contract.capabilities import SERVE_PULLS, OtherEnd
 from kvwire.contract.serving import PullRequest, ServesPulls
 from kvwire_ucx import wire
 from kvwire_ucx.address import AddressError, PeerAddress
-from kvwire_ucx.engine import Engine, GroupRows, UcxAttempt, WireStats, _Fetch
+from kvwire_ucx.attempt import AttemptKind, WireStats
+from kvwire_ucx.engine import Engine
 from kvwire_ucx.nixl import NixlAgent, NixlError
-from kvwire_ucx.regions import RegionTable
+from kvwire_ucx.regions import HostRegions
 from kvwire_ucx.settings import UcxSettings
 
 __all__ = ["UcxBackend", "capabilities_for"]
@@ -73,7 +74,7 @@ class UcxBackend(Backend, ServesPulls):
             raise TypeError("pass either settings or options, not both")
         self._settings = settings
         self._capabilities = capabilities_for(settings)
-        self._regions = RegionTable(MEMORY_KINDS)
+        self._regions = HostRegions(MEMORY_KINDS)
         self._engine = Engine(settings)
         self._closed = False
         log.debug("kvwire-ucx backend listening on %s", self._engine.address)
@@ -128,19 +129,11 @@ class UcxBackend(Backend, ServesPulls):
             raise InvalidSubmission(
                 f"fetch rows overlap: row {ra} of group {ga} and row {rb} of group {gb} locate overlapping memory (V4)"
             )
-        groups = self._locate(view, writable=True)
+        groups = self._regions.locate(view, writable=True, kinds=MEMORY_KINDS)
         timeout_s = hint.timeout_s if hint.timeout_s is not None else self._settings.timeout_s
-        attempt = UcxAttempt(self._engine, view, "fetch", wake)
         if view.rows == 0 or not view.groups:
-            return self._concluded(attempt, Outcome.delivered(view.row_masks()))
-        if not self._engine.admit(attempt):
-            raise SubmissionRejected(
-                f"kvwire-ucx has {self._settings.max_in_flight} attempts in flight (max_in_flight); retry later"
-            )
-        fetch = _Fetch(attempt, address, timeout_s, groups, width, names, credentials)
-        fetch.transfer, fetch.tag_base = self._engine.new_transfer()
-        self._engine.submit(self._engine.start_fetch, fetch)
-        return attempt
+            return self._engine.concluded_at_once(view, AttemptKind.FETCH, wake, Outcome.delivered(view.row_masks()))
+        return self._engine.fetch(view, wake, address, timeout_s, groups, width, names, credentials)
 
     def publish(self, view: View, hint: Hint, wake: WakeFn) -> Attempt:
         """Answer a pull: ``hint`` is the request's ticket and the view holds, per requested group
@@ -160,23 +153,8 @@ class UcxBackend(Backend, ServesPulls):
         if backend != self._engine.instance:
             raise SubmissionRejected("the ticket belongs to another kvwire-ucx backend; answer it there")
         _check_view_shape(view)
-        groups = self._locate(view, writable=False)
-        reply = self._engine.claim_reply(pull_id)
-        if reply is None:
-            raise InvalidSubmission(f"pull {pull_id} is unknown or was already answered; answer each request once")
-        attempt = UcxAttempt(self._engine, view, "publish", wake)
-        if not self._engine.admit(attempt):
-            self._engine.unclaim_reply(reply)  # give the ticket back: nothing escaped
-            raise SubmissionRejected(
-                f"kvwire-ucx has {self._settings.max_in_flight} attempts in flight (max_in_flight); retry later"
-            )
-        refusal = _refusal(view, reply.request)
-        counts = tuple(g.rows for g in view.groups)
-        deadline = reply.expires_at
-        if hint.timeout_s is not None:
-            deadline = min(deadline, time.monotonic() + hint.timeout_s)
-        self._engine.submit(self._engine.answer, reply, attempt, groups, counts, refusal, deadline)
-        return attempt
+        groups = self._regions.locate(view, writable=False, kinds=MEMORY_KINDS)
+        return self._engine.publish(view, wake, pull_id, groups, _refusal, hint.timeout_s)
 
     def shutdown(self) -> frozenset[Attempt]:
         """Stop taking submissions, cancel what is in flight (peers are told), and return the
@@ -184,6 +162,7 @@ class UcxBackend(Backend, ServesPulls):
         left the progress thread is joined."""
         if not self._closed:
             self._closed = True
+            self._regions.table.close()
             self._engine.begin_shutdown()
         deadline = time.monotonic() + self._settings.grace_s + 0.5
         self._engine.wait_idle(max(0.0, deadline - time.monotonic()))
@@ -198,8 +177,8 @@ class UcxBackend(Backend, ServesPulls):
         gives up on attempts still in flight after the grace."""
         if not self._closed:
             self._closed = True
-            self._engine.begin_shutdown()
-        self._engine.submit(self._engine._force_all)
+            self._regions.table.close()
+        self._engine.force_close()
         if not self._engine.join(self._settings.grace_s + 5.0):
             log.warning("kvwire-ucx progress thread on %s did not stop", self._engine.address)
 
@@ -223,11 +202,8 @@ class UcxBackend(Backend, ServesPulls):
         pull_id = request.ticket.get("pull")
         if request.ticket.get("backend") != self._engine.instance or not isinstance(pull_id, int):
             raise InvalidSubmission("this request belongs to another kvwire-ucx backend")
-        reply = self._engine.claim_reply(pull_id)
-        if reply is None:
+        if not self._engine.decline(pull_id, wire.clip_reason(reason or "declined")):
             log.debug("decline of pull %d ignored: unknown or already answered", pull_id)
-            return
-        self._engine.submit(self._engine.decline_reply, reply, wire.clip_reason(reason or "declined"))
 
     # ------------------------------------------------------------------ extras
 
@@ -243,28 +219,6 @@ class UcxBackend(Backend, ServesPulls):
         return f"UcxBackend({self._engine.address}, {'shut down' if self._closed else 'open'})"
 
     # ------------------------------------------------------------------ helpers
-
-    def _locate(self, view: View, *, writable: bool) -> tuple[GroupRows, ...]:
-        out = []
-        for index, group in enumerate(view.groups):
-            if group.region.memory_kind not in MEMORY_KINDS:
-                raise InvalidSubmission(
-                    f"group {index} lends {group.region.memory_kind.value} memory; kvwire-ucx here reaches host memory"
-                )
-            span, offsets = self._regions.locate(group, index)
-            array = None if span is None else (span.writable if writable else span.readable)
-            offsets = offsets.astype(np.uint64)
-            offsets.flags.writeable = False
-            out.append(GroupRows(group.group_id, group.region.slot_bytes, array, offsets))
-        return tuple(out)
-
-    def _concluded(self, attempt: UcxAttempt, outcome: Outcome) -> UcxAttempt:
-        attempt._outcome = outcome
-        attempt._quiesced = True
-        attempt._reached("concluded")
-        attempt._reached("quiesced")
-        self._engine.schedule_wake(attempt)
-        return attempt
 
 
 class _NixlRegistration(Registration):

@@ -1,33 +1,36 @@
-"""The regions a backend may touch (M3, M4) and the zero-copy numpy views over them."""
+"""The UCX-specific part of registered memory: zero-copy numpy views over each region the
+contract's :class:`~kvwire.contract.RegionTable` holds (M3/M4 are read there, once), and the
+rows of a submission as this backend moves them (:class:`GroupRows`)."""
 
 from __future__ import annotations
 
 import ctypes
-import itertools
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvwire.contract import InvalidSubmission, LayerGroupRows, MemoryKind, SlotRegion
+from kvwire.contract import InvalidSubmission, MemoryKind, RegionTable, SlotRegion, View
 from kvwire.contract.backend import Registration
 
-__all__ = ["RegionTable", "RegionRegistration", "Span"]
+__all__ = ["HostRegions", "GroupRows"]
 
 
 @dataclass(frozen=True, slots=True, eq=False)
-class Span:
-    """One registered region and byte views over its memory: ``writable`` for receives,
-    ``readable`` (read-only) for sends. The views borrow the memory; they never own it."""
+class GroupRows:
+    """One group's rows as this backend moves them: a byte view of the registered region that
+    holds them (writable for receives, read-only for sends; ``None`` without rows) and each
+    row's byte offset in it (read-only uint64)."""
 
-    region: SlotRegion
-    token: int
-    writable: np.ndarray = field(repr=False)
-    readable: np.ndarray = field(repr=False)
+    group_id: int
+    slot_bytes: int
+    span: np.ndarray | None = field(repr=False)
+    offsets: np.ndarray = field(repr=False)
 
 
 def _host_views(region: SlotRegion) -> tuple[np.ndarray, np.ndarray]:
+    """Byte views over a host region's memory: they borrow it, never own it."""
     pointer = ctypes.cast(ctypes.c_void_p(region.base), ctypes.POINTER(ctypes.c_uint8))
     writable = np.ctypeslib.as_array(pointer, shape=(region.nbytes,))
     readable = writable.view()
@@ -35,88 +38,61 @@ def _host_views(region: SlotRegion) -> tuple[np.ndarray, np.ndarray]:
     return writable, readable
 
 
-class RegionRegistration(Registration):
-    """The regions one :meth:`RegionTable.register` call added; closing removes exactly them."""
+class _Registration(Registration):
+    """The table's registration; closing it (once) also lets go of the views."""
 
-    def __init__(self, table: RegionTable, token: int, regions: tuple[SlotRegion, ...]) -> None:
-        self._table = table
+    def __init__(self, owner: HostRegions, inner: Registration, token: int) -> None:
+        self._owner = owner
+        self._inner = inner
         self._token = token
-        self._regions = regions
 
     @property
     def regions(self) -> tuple[SlotRegion, ...]:
-        return self._regions
+        return self._inner.regions
 
     def close(self) -> None:
-        self._table.unregister(self._token)
+        self._inner.close()
+        self._owner._forget(self._token)
 
 
-class RegionTable:
-    """Registered spans, thread-safe. Overlap is refused, a batch is atomic, and unregistering
-    removes only the spans of that one registration (so it never revokes a later one)."""
+class HostRegions:
+    """The regions registered with one backend (a :class:`RegionTable`) and their views."""
 
     def __init__(self, memory_kinds: frozenset[MemoryKind]) -> None:
-        self._kinds = memory_kinds
-        self._spans: list[Span] = []
+        self.table = RegionTable(memory_kinds)
+        self._views: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
         self._lock = threading.Lock()
-        self._tokens = itertools.count(1)
 
-    def register(self, regions: Sequence[SlotRegion]) -> RegionRegistration:
-        batch = tuple(regions)
-        for region in batch:
-            if not isinstance(region, SlotRegion):
-                raise InvalidSubmission(f"register_regions takes SlotRegions, got {type(region).__name__}")
-            if region.memory_kind not in self._kinds:
-                kinds = ", ".join(sorted(k.value for k in self._kinds))
+    def register(self, regions: Sequence[SlotRegion]) -> Registration:
+        registration = self.table.register(regions)
+        token = registration.token
+        views = {(token, r.base): _host_views(r) for r in registration.regions}
+        with self._lock:
+            self._views.update(views)
+        return _Registration(self, registration, token)
+
+    def _forget(self, token: int) -> None:
+        with self._lock:
+            for key in [k for k in self._views if k[0] == token]:
+                del self._views[key]
+
+    def locate(self, view: View, *, writable: bool, kinds: frozenset[MemoryKind]) -> tuple[GroupRows, ...]:
+        """Every group's rows, located (M4: the whole view is refused if one row is not)."""
+        out = []
+        for index, group in enumerate(view.groups):
+            if group.region.memory_kind not in kinds:
                 raise InvalidSubmission(
-                    f"region {region.region_id} is {region.memory_kind.value} memory; this backend reaches {kinds}"
-                )
-        for a, b in itertools.combinations(batch, 2):
-            if a.overlaps(b):
-                raise InvalidSubmission(f"regions {a.region_id} and {b.region_id} of one batch overlap")
-        views = [_host_views(region) for region in batch]
-        with self._lock:
-            for region in batch:
-                for span in self._spans:
-                    if region.overlaps(span.region):
-                        raise InvalidSubmission(
-                            f"region {region.region_id} [{region.base:#x}, {region.end:#x}) overlaps registered "
-                            f"region {span.region.region_id} [{span.region.base:#x}, {span.region.end:#x}); "
-                            "close that registration first"
-                        )
-            token = next(self._tokens)
-            self._spans.extend(Span(r, token, w, ro) for r, (w, ro) in zip(batch, views, strict=True))
-        return RegionRegistration(self, token, batch)
-
-    def unregister(self, token: int) -> None:
-        with self._lock:
-            self._spans = [s for s in self._spans if s.token != token]
-
-    def locate(self, group: LayerGroupRows, index: int) -> tuple[Span | None, np.ndarray]:
-        """The span holding every row of ``group`` and each row's byte offset in it (no span for
-        a group without rows); raises ``InvalidSubmission`` naming the group if a row lies
-        outside every registered span."""
-        region = group.region
-        if not group.rows:
-            return None, np.zeros(0, dtype=np.int64)
-        with self._lock:
-            spans = list(self._spans)
-        for span in spans:
-            r = span.region
-            if r.memory_kind is region.memory_kind and r.device == region.device:
-                if r.base <= region.base and region.end <= r.end:
-                    offsets = (region.base - r.base) + group.slots.astype(np.int64) * region.slot_bytes
-                    return span, offsets
-        addresses = group.addresses().astype(np.int64)
-        for span in spans:
-            r = span.region
-            if r.memory_kind is not region.memory_kind or r.device != region.device:
-                continue
-            inside = (addresses >= r.base) & (addresses + region.slot_bytes <= r.end)
-            if inside.all():
-                return span, addresses - r.base
-        raise InvalidSubmission(
-            f"group {index} (id {group.group_id}) lends rows of region {region.region_id} "
-            f"[{region.base:#x}, {region.end:#x}) that lie outside every registered region; "
-            "register the region first (register_regions)"
-        )
+                    f"group {index} lends {group.region.memory_kind.value} memory; kvwire-ucx here reaches host memory")
+            located = self.table.locate(group, index)
+            span = None
+            if located.region is not None:
+                with self._lock:
+                    views = self._views.get((located.token, located.region.base))
+                if views is None:  # closed between the lookup and here
+                    raise InvalidSubmission(f"group {index} (id {group.group_id}) lends rows of a registration that "
+                                            "was closed; register the region first (register_regions)")
+                span = views[0] if writable else views[1]
+            offsets = located.offsets.astype(np.uint64)
+            offsets.flags.writeable = False
+            out.append(GroupRows(group.group_id, group.region.slot_bytes, span, offsets))
+        return tuple(out)

@@ -1,0 +1,365 @@
+"""What goes into and comes out of the pull protocol's two state machines: events (something
+happened: a frame arrived, receives completed, a read finished, a timer fired, the peer went
+away, the holder cancelled, the backend shuts down) and actions (what the engine is to do: send
+a frame, post receives, send rows, start a read, conclude, quiesce, arm a timer, close the
+connection). Plain frozen data; nothing here touches a socket, a thread or a clock.
+
+Rows are numbered block-major: row ``ri`` of group index ``gi`` is ``ri * groups + gi``
+(:mod:`kvwire_ucx.wire`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kvwire.contract import Cause, Outcome
+from kvwire_ucx import wire
+
+__all__ = [
+    # errors
+    "ProtocolError",
+    # events both machines take
+    "HolderCancelled", "Shutdown", "DeadlinePassed", "GraceExpired", "ConnectionLost",
+    # events of the requesting side
+    "Start", "Offered", "ReadOffered", "Declined", "RowsCompleted", "PostFailed", "ReadCompleted",
+    "ReadFailed", "ReadStopped",
+    # events of the serving side
+    "Answered", "AnswerWithdrawn", "HolderDeclined", "WaitExpired", "GoReceived", "AckReceived",
+    "CancelReceived", "SendsCompleted", "SendFailed",
+    # actions
+    "Action", "Send", "PostReceives", "Drain", "SendRows", "SendReadOffer", "PlanReads", "StartRead",
+    "ReleaseRead", "Conclude", "Quiesce", "Note", "ArmDeadline", "ArmGrace", "Violation", "CloseConnection",
+    "Count",
+    # helpers
+    "offered_limit", "rows_between",
+]
+
+
+class ProtocolError(RuntimeError):
+    """An event reached a machine in a state where it cannot happen: a bug of the engine that
+    feeds it (a peer's mistakes are :class:`Violation` actions, never this)."""
+
+
+# ---------------------------------------------------------------- events both machines take
+
+@dataclass(frozen=True, slots=True)
+class HolderCancelled:
+    """The holder called ``cancel()`` (the engine concluded the attempt cancelled already)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Shutdown:
+    """The backend shuts down with this pull in flight (B3)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeadlinePassed:
+    """The attempt's deadline timer fired."""
+
+
+@dataclass(frozen=True, slots=True)
+class GraceExpired:
+    """The grace timer armed when the pull stopped fired (:class:`ArmGrace`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLost:
+    """The control connection to the peer closed, taking its UCX endpoint: ``cause`` is
+    ``PEER_GONE`` (it died, hung up, could not be reached) or ``FAULT`` (this end dropped it for
+    a protocol violation, or closed it after a grace)."""
+
+    reason: str
+    cause: Cause = Cause.PEER_GONE
+
+
+# ---------------------------------------------------------------- requesting side
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    """The engine took the fetch up: the connection is there (or on its way)."""
+
+    remaining_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Offered:
+    """The serving end's ``Offer``: rows served per group (a two-sided pull's answer)."""
+
+    counts: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ReadOffered:
+    """The serving end's ``ReadOffer`` (a one-sided pull's answer). ``problem``: why its NIXL
+    metadata could not be loaded; ``agent_known``: whether this end has the metadata of the
+    agent and generation it names."""
+
+    counts: tuple[int, ...]
+    problem: str | None = None
+    agent_known: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Declined:
+    """The serving end's ``Decline``: the answer, or after an offer a stop."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class RowsCompleted:
+    """Posted receives completed, in posting order: ``groups``/``rows`` of those that completed
+    without error, ``failures`` of the others as ``(group index, row, error, peer gone)``."""
+
+    groups: np.ndarray
+    rows: np.ndarray
+    failures: tuple[tuple[int, int, str, bool], ...] = ()
+
+    @classmethod
+    def of(cls, ok: Sequence[tuple[int, int]], failures: Sequence[tuple[int, int, str, bool]] = ()) -> RowsCompleted:
+        """From ``(group index, row)`` pairs (for tests and small batches)."""
+        array = np.asarray(list(ok), dtype=np.int64).reshape(-1, 2)
+        return cls(array[:, 0], array[:, 1], tuple(failures))
+
+    @property
+    def count(self) -> int:
+        return len(self.groups) + len(self.failures)
+
+
+@dataclass(frozen=True, slots=True)
+class PostFailed:
+    """Posting the receives of a :class:`PostReceives` stopped at block-major number
+    ``reached`` (receives below it were posted)."""
+
+    reason: str
+    reached: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReadCompleted:
+    """The read in flight finished whole."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReadFailed:
+    """The read in flight (or its start) failed; ``stopped``: NIXL let go of it (else it may
+    still run until :class:`ReadStopped`)."""
+
+    reason: str
+    cause: Cause = Cause.FAULT
+    stopped: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class ReadStopped:
+    """A failed or released read that was still running has stopped."""
+
+
+# ---------------------------------------------------------------- serving side
+
+@dataclass(frozen=True, slots=True)
+class Answered:
+    """The holder's ``publish``: of a view of ``rows`` rows per group, ``counts`` served per
+    group (a one-sided answer may serve a shorter prefix), or ``refusal`` (the rows do not fit
+    the pull)."""
+
+    counts: tuple[int, ...]
+    rows: tuple[int, ...]
+    refusal: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerWithdrawn:
+    """The holder cancelled its ``publish`` before the answer went out."""
+
+
+@dataclass(frozen=True, slots=True)
+class HolderDeclined:
+    """The holder's ``decline(request, reason)``."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class WaitExpired:
+    """The pull's deadline passed with the holder's answer not even claimed."""
+
+
+@dataclass(frozen=True, slots=True)
+class GoReceived:
+    start: int
+    end: int
+
+
+@dataclass(frozen=True, slots=True)
+class AckReceived:
+    rows: int
+
+
+@dataclass(frozen=True, slots=True)
+class CancelReceived:
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class SendsCompleted:
+    """Posted sends completed: ``ok`` of them fine, ``failures`` as ``(group index, row,
+    error)``."""
+
+    ok: int
+    failures: tuple[tuple[int, int, str], ...] = ()
+
+    @property
+    def count(self) -> int:
+        return self.ok + len(self.failures)
+
+
+@dataclass(frozen=True, slots=True)
+class SendFailed:
+    """Posting the sends of a :class:`SendRows` failed after ``posted`` of them."""
+
+    reason: str
+    posted: int
+
+
+# ---------------------------------------------------------------- actions
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Send this frame on the pull's connection (a no-op once it closed)."""
+
+    message: wire.Message
+
+
+@dataclass(frozen=True, slots=True)
+class PostReceives:
+    """Post one receive per offered row among block-major numbers ``[start, end)``, straight
+    into the lent row; with ``counts`` unknown (before the answer), every row."""
+
+    start: int
+    end: int
+    counts: tuple[int, ...] | None
+
+
+@dataclass(frozen=True, slots=True)
+class Drain:
+    """Complete the posted receives no peer will match: with ``counts``, those of rows not
+    offered (row >= counts[group]); without, all of them."""
+
+    counts: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SendRows:
+    """Send the offered rows among block-major numbers ``[start, end)`` (serving side)."""
+
+    start: int
+    end: int
+    counts: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SendReadOffer:
+    """Send the ``ReadOffer`` for these counts (the engine adds addresses and metadata)."""
+
+    counts: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PlanReads:
+    """Build the read descriptors of every block range now (one-sided requester)."""
+
+    counts: tuple[int, ...]
+    ranges: tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class StartRead:
+    """Start reading planned range ``index``; report :class:`ReadCompleted` or
+    :class:`ReadFailed`."""
+
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseRead:
+    """Let go of the read in flight (cancelling it); report :class:`ReadStopped` once NIXL did."""
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Conclude:
+    """Set the attempt's outcome unless it has one (the holder's cancel may have won)."""
+
+    outcome: Outcome = field(repr=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Quiesce:
+    """The attempt's memory is never touched again (A2)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Note:
+    """Record a step of the attempt's timeline (``asked``, ``answered``)."""
+
+    step: str
+
+
+@dataclass(frozen=True, slots=True)
+class ArmDeadline:
+    """Fire :class:`DeadlinePassed` at the attempt's deadline."""
+
+
+@dataclass(frozen=True, slots=True)
+class ArmGrace:
+    """Fire :class:`GraceExpired` one grace from now."""
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    """The peer broke the protocol: drop the connection and count it (the engine then feeds
+    :class:`ConnectionLost` with cause ``FAULT``)."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class CloseConnection:
+    """Force the connection closed (a peer that stopped answering, or a failed post);
+    ``lost``: count it as a lost connection."""
+
+    reason: str
+    lost: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Count:
+    """Add ``n`` to counter ``key`` of :class:`~kvwire_ucx.attempt.WireStats`."""
+
+    key: str
+    n: int = 1
+
+
+Action = (Send | PostReceives | Drain | SendRows | SendReadOffer | PlanReads | StartRead | ReleaseRead | Conclude
+          | Quiesce | Note | ArmDeadline | ArmGrace | Violation | CloseConnection | Count)
+
+
+# ---------------------------------------------------------------- block-major arithmetic
+
+def offered_limit(counts: Sequence[int]) -> int:
+    """One past the block-major number of the last offered row (0 when none is)."""
+    width = len(counts)
+    return max(((c - 1) * width + g + 1 for g, c in enumerate(counts) if c), default=0)
+
+
+def rows_between(start: int, end: int, counts: Sequence[int] | None, width: int) -> np.ndarray:
+    """The group index of every row (offered ones only, given ``counts``) among block-major
+    numbers ``[start, end)``, in order."""
+    seqs = np.arange(start, end, dtype=np.int64)
+    groups = seqs % width
+    if counts is not None:
+        seqs_rows = seqs // width
+        groups = groups[seqs_rows < np.asarray(counts, dtype=np.int64)[groups]]
+    return groups

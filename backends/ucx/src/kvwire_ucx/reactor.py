@@ -1,0 +1,169 @@
+"""The one place a backend's concurrency lives: its progress thread's reactor.
+
+Holder threads only :meth:`Reactor.submit` commands (and ring the doorbell); everything else runs
+on the progress thread: the commands, timers, the wakes owed to holders, and the sleep in
+``select`` on the registered fds (the UCX worker's epoll fd, the control sockets, the doorbell).
+What one loop iteration does besides is the :class:`Driver`'s: progress UCX, reap finished work,
+say how long it may sleep. The protocol code and the holder never take a lock of this module."""
+
+from __future__ import annotations
+
+import collections
+import heapq
+import itertools
+import logging
+import os
+import selectors
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from kvwire.contract.backend import WakeFn
+
+__all__ = ["Reactor", "Driver"]
+
+log = logging.getLogger(__name__)
+
+#: Upper bound on one sleep, so a lost wake-up of the worker fd costs at most this much.
+MAX_SLEEP_S = 0.5
+#: While work is pending without an fd to wait on, the fds are looked at no more often than this.
+SOCKET_POLL_S = 0.0002
+_DOORBELL = object()
+
+
+class Driver(Protocol):
+    """What the reactor's loop asks of its owner each iteration."""
+
+    def progress(self) -> None: ...
+    def reap(self) -> None: ...
+    def spinning(self) -> bool: ...          # work without an fd is in progress (keep going)
+    def arm(self) -> bool: ...               # may the loop sleep on the fds now?
+    def sleep_cap(self) -> float: ...
+    def on_ready(self, data: Any, events: int) -> None: ...
+    def can_exit(self) -> bool: ...
+
+
+class Reactor:
+    """Commands, timers, pending wakes and the fds of one progress thread."""
+
+    def __init__(self) -> None:
+        self._commands: collections.deque[tuple[Callable[..., None], tuple[Any, ...]]] = collections.deque()
+        self._timers: list[tuple[float, int, Callable[[], None]]] = []
+        self._timer_seq = itertools.count()
+        self._wakes: dict[object, WakeFn] = {}
+        self._doorbell_r, self._doorbell_w = os.pipe()
+        os.set_blocking(self._doorbell_r, False)
+        os.set_blocking(self._doorbell_w, False)
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._doorbell_r, selectors.EVENT_READ, _DOORBELL)
+        self.stopping = False
+
+    # ------------------------------------------------------------ any thread
+
+    def submit(self, fn: Callable[..., None], *args: Any) -> None:
+        """Run ``fn(*args)`` on the progress thread soon."""
+        self._commands.append((fn, args))
+        try:
+            os.write(self._doorbell_w, b"!")
+        except BlockingIOError:
+            pass  # the pipe is full of unread rings: the thread is awake anyway
+        except OSError:
+            pass  # closed at exit
+
+    # ------------------------------------------------------------ the progress thread
+
+    def call_later(self, delay: float, fn: Callable[[], None]) -> None:
+        heapq.heappush(self._timers, (time.monotonic() + max(0.0, delay), next(self._timer_seq), fn))
+
+    def wake_later(self, key: object, wake: WakeFn) -> None:
+        """Call ``wake`` once this iteration's changes are visible (W1); one call per key."""
+        self._wakes[key] = wake
+
+    def register(self, fileobj: Any, events: int, data: Any) -> None:
+        self._selector.register(fileobj, events, data)
+
+    def modify(self, fileobj: Any, events: int, data: Any) -> None:
+        self._selector.modify(fileobj, events, data)
+
+    def unregister(self, fileobj: Any) -> None:
+        try:
+            self._selector.unregister(fileobj)
+        except (KeyError, ValueError):
+            pass
+
+    def run(self, driver: Driver, port: int) -> None:
+        """The loop: commands, progress, reaping, timers, wakes, then a sleep on the fds."""
+        polled = 0.0
+        while True:
+            try:
+                self._run_commands()
+                driver.progress()
+                driver.reap()
+                self._fire_timers()
+                self._flush_wakes()
+                if self.stopping and driver.can_exit():
+                    return
+                if self._commands:
+                    continue
+                if driver.spinning():
+                    if time.monotonic() - polled >= SOCKET_POLL_S:
+                        self._wait(driver, 0.0)
+                        polled = time.monotonic()
+                    continue
+                if driver.arm():
+                    self._wait(driver, self._sleep_timeout(driver.sleep_cap()))
+                    polled = time.monotonic()
+                elif time.monotonic() - polled >= SOCKET_POLL_S:
+                    # UCX has events pending: progress on, but look at the fds now and then
+                    self._wait(driver, 0.0)
+                    polled = time.monotonic()
+            except Exception:
+                log.exception("kvwire-ucx engine on port %d hit an unexpected error; continuing", port)
+                time.sleep(0.01)  # no tight loop on a persistent fault
+
+    def _run_commands(self) -> None:
+        while self._commands:
+            fn, args = self._commands.popleft()
+            fn(*args)
+
+    def _fire_timers(self) -> None:
+        now = time.monotonic()
+        while self._timers and self._timers[0][0] <= now:
+            _, _, fn = heapq.heappop(self._timers)
+            fn()
+
+    def _flush_wakes(self) -> None:
+        wakes, self._wakes = self._wakes, {}
+        for wake in wakes.values():
+            try:
+                wake()
+            except Exception:  # a holder's wake must never stop the engine
+                log.exception("a wake callback raised")
+
+    def _sleep_timeout(self, cap: float) -> float:
+        cap = min(cap, MAX_SLEEP_S)
+        if not self._timers:
+            return cap
+        return min(cap, max(0.0, self._timers[0][0] - time.monotonic()))
+
+    def _wait(self, driver: Driver, timeout: float) -> None:
+        for key, events in self._selector.select(timeout):
+            if key.data is _DOORBELL:
+                try:
+                    while os.read(self._doorbell_r, 4096):
+                        pass
+                except BlockingIOError:
+                    pass
+            else:
+                driver.on_ready(key.data, events)
+
+    def close(self) -> None:
+        try:
+            self._selector.close()
+        except Exception:
+            pass
+        for fd in (self._doorbell_r, self._doorbell_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
