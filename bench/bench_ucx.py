@@ -33,7 +33,10 @@ Each size gets a warm-up of each, then ``runs`` back-to-back pairs whose order a
 are payload / median seconds; a ratio is the median over pairs of raw seconds / kvwire seconds.
 The destination is zeroed before and checked byte for byte after every run. Goal: >= 0.9x raw.
 
-The serving process is driven over its stdin/stdout with JSON lines (no pickle)."""
+The serving process is driven over its stdin/stdout with JSON lines (no pickle).
+
+Why one file of this size: one command measures both wire modes and the raw transports side by
+side in one run, so they share the processes it sets up."""
 
 from __future__ import annotations
 

@@ -4,7 +4,10 @@ serving protocol the loopback peer of ``loopback_peer.py``) and breaks exactly o
 Every module-level :class:`MutantHarness` here is a harness the suite can be pointed at with
 ``--kvwire-harness tests/conformance/mutants.py:NAME``; ``test_mutants.py`` checks that the suite
 fails each one on the rule it breaks, and passes :data:`faithful` and :data:`faithful_peer`, the
-wrappers that break nothing."""
+wrappers that break nothing.
+
+Why one file of this size: the suite is pointed at each mutant by ``path:object``, and each
+mutant is a short subclass beside the wrapper whose one rule it breaks."""
 
 from __future__ import annotations
 

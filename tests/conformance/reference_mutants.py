@@ -6,7 +6,10 @@ these change the backend's own code: a subclass overrides the one method where t
 Every module-level harness here can be run as ``--kvwire-harness
 tests/conformance/reference_mutants.py:NAME``; ``test_reference_mutants.py`` runs each and
 checks that the suite fails it on a test of the clause it breaks. :data:`reference_store` and
-:data:`reference_peer` are the unbroken backends, which must pass."""
+:data:`reference_peer` are the unbroken backends, which must pass.
+
+Why one file of this size: the suite is pointed at each mutant by ``path:object``, and each
+mutant is a short subclass of the reference backend it breaks in one clause."""
 
 from __future__ import annotations
 

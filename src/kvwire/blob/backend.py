@@ -47,7 +47,11 @@ How it keeps the contract:
   not declare it, and :meth:`BlobBackend.lookup` refuses.
 
 The backend does not own its driver unless built with ``owns_driver=True``; then :meth:`close`
-closes it."""
+closes it.
+
+Why one file of this size: the attempt, the chunk workers and the deadline thread share one lock
+and one set of invariants (a chunk inside the driver keeps its attempt unquiesced); split apart,
+each part would reach into the others' fields."""
 
 from __future__ import annotations
 

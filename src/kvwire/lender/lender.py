@@ -2,7 +2,11 @@
 and lends rows through leases. It never calls a backend.
 
 One lock guards all bookkeeping, so the runtime thread and a serving thread may call it at once;
-copies between pools and staging run outside the lock, on rows their lease pins."""
+copies between pools and staging run outside the lock, on rows their lease pins.
+
+Why one file of this size: every operation of the lender (lend, commit, evict, checkpoints,
+staging) changes the same tables under one lock; the parts that own their state (``Request``,
+``Lease``, ``ReuseTree``, ``StagingArea``) already live in files of their own beside it."""
 
 from __future__ import annotations
 

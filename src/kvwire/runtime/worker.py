@@ -1,7 +1,11 @@
 """The lease holder: a :class:`Worker` drives a lender and a backend exactly as the contract says
 — lend, wait for the view, submit it as it stands, wait for quiescence, mark, release — and
 offers ``generate``, ``publish``, ``pull`` and ``transceiver_state``; a worker whose backend
-declares ``serve-pulls`` answers other workers' pulls from its reuse tree."""
+declares ``serve-pulls`` answers other workers' pulls from its reuse tree.
+
+Why one file of this size: a ``Worker`` is one lease holder whose pull, publish and serving loop
+share its lender, backend and lock; the holder loop (``holding``), the state codec (``state``)
+and the model (``model``) live beside it."""
 
 from __future__ import annotations
 

@@ -24,7 +24,10 @@ type ``PULL_ONE_SIDED`` with no credit. A serving end in that mode answers with 
 instead of ``Offer``: the rows served per group, and where each lies in its memory, with its NIXL
 agent's name and metadata (remote keys of its registered regions; sent again only when they
 changed). R reads the rows itself (NIXL ``READ``), then ``Ack``s; no ``Go`` is used. A serving
-end declines a pull of the other mode: modes never mix (see the README)."""
+end declines a pull of the other mode: modes never mix (see the README).
+
+Why one file of this size: one codec, so every frame's bounds are read and written in one place
+(and fuzzed as a whole)."""
 
 from __future__ import annotations
 

@@ -28,7 +28,10 @@ empty: a partial prefix delivers).
 
 The grace after a deadline (A8): a requester's fetch quiesces with its conclusion unless its
 worker is writing the answer's rows at that moment (one copy); an answer quiesces once its rows
-are copied out."""
+are copied out.
+
+Why one file of this size: it is the template a peer author reads top to bottom; its messages,
+its serving side and its requesting side are short and refer to one another."""
 
 from __future__ import annotations
 
