@@ -9,7 +9,6 @@ schedule."""
 from __future__ import annotations
 
 import abc
-import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,55 +17,22 @@ import numpy as np
 from kvwire.blob import BatchResult, BlobBackend, KeyStatus, StoreDriver
 from kvwire.contract import Backend, Hint, SlotRegion
 from kvwire.testing.faults import FaultyDriver
-from kvwire.testing.harness import Ends, FaultPlan, Harness, Hold, shut_down
+from kvwire.testing.gate import Gate
+from kvwire.testing.harness import Ends, FaultPlan, Harness, shut_down
 
 __all__ = ["StoreHarness", "ControlledDriver", "StoreControl"]
 
 
-class StoreControl(Hold):
-    """Shared by the drivers of one pair of ends: holds every call while held, fails the names of
-    a :class:`FaultPlan`, and counts the calls in progress."""
+class StoreControl(Gate):
+    """Shared by the drivers of one pair of ends: a :class:`~kvwire.testing.gate.Gate` (holds
+    every call while held, counts the calls waiting and running) that also fails the names of a
+    :class:`FaultPlan`."""
 
     def __init__(self, faults: FaultPlan | None = None) -> None:
-        self._cond = threading.Condition()
-        self._held = False
-        self._waiting = 0
-        self._running = 0
+        super().__init__()
         plan = faults or FaultPlan()
         self.fail_get = frozenset(n.hex() for n in plan.fetch)
         self.fail_put = frozenset(n.hex() for n in plan.publish)
-
-    def hold(self) -> StoreControl:
-        with self._cond:
-            self._held = True
-        return self
-
-    def release(self) -> None:
-        with self._cond:
-            self._held = False
-            self._cond.notify_all()
-
-    def waiting(self) -> int:
-        with self._cond:
-            return self._waiting
-
-    def wait_idle(self, timeout_s: float) -> bool:
-        with self._cond:
-            return self._cond.wait_for(lambda: self._waiting == 0 and self._running == 0, timeout=timeout_s)
-
-    def enter(self) -> None:
-        with self._cond:
-            if self._held:
-                self._waiting += 1
-                self._cond.notify_all()
-                self._cond.wait_for(lambda: not self._held)
-                self._waiting -= 1
-            self._running += 1
-
-    def leave(self) -> None:
-        with self._cond:
-            self._running -= 1
-            self._cond.notify_all()
 
 
 class ControlledDriver(StoreDriver):
@@ -95,11 +61,8 @@ class ControlledDriver(StoreDriver):
 
     def contains(self, keys: Sequence[str]) -> BatchResult:
         """The inner driver's answer, held like every put and get (lookup, L1)."""
-        self.control.enter()
-        try:
+        with self.control.passage():
             return self.inner.contains(keys)
-        finally:
-            self.control.leave()
 
     @property
     def offers_contains(self) -> bool:
@@ -113,8 +76,7 @@ class ControlledDriver(StoreDriver):
 
     def _call(self, call: Any, failing: frozenset[str], keys: Sequence[str], addresses: np.ndarray,
               sizes: np.ndarray) -> BatchResult:
-        self.control.enter()
-        try:
+        with self.control.passage():
             if not failing:
                 result: BatchResult = call(keys, addresses, sizes)
                 return result
@@ -130,8 +92,6 @@ class ControlledDriver(StoreDriver):
                 for j, text in inner.reasons.items():
                     reasons[int(rest[j])] = text
             return BatchResult(status, reasons)
-        finally:
-            self.control.leave()
 
 
 class StoreHarness(Harness):
