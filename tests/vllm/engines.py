@@ -50,7 +50,7 @@ class Engine:
 
     def __init__(self, name: str, model: Path, kv_transfer_config: dict[str, Any] | None,
                  env: dict[str, str] | None = None, max_model_len: int = 4096, log_dir: Path | None = None,
-                 shutdown_timeout: int = 0) -> None:
+                 shutdown_timeout: int = 0, new_session: bool = False) -> None:
         self.name = name
         spec = {"model": str(model), "kv_transfer_config": kv_transfer_config, "max_model_len": max_model_len,
                 "shutdown_timeout": shutdown_timeout}
@@ -61,7 +61,7 @@ class Engine:
         environ.pop("VIRTUAL_ENV", None)
         self.proc = subprocess.Popen([str(VLLM_PYTHON), str(DRIVER), json.dumps(spec)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self._log, text=True, env=environ,
-                                     cwd=str(model.parent))
+                                     cwd=str(model.parent), start_new_session=new_session)
         self._answers: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self._reader = threading.Thread(target=self._read, name=f"engine-{name}-stdout", daemon=True)
         self._reader.start()
@@ -103,12 +103,20 @@ class Engine:
             raise EngineError(f"engine {self.name}: {answer['error']}\n{answer.get('trace', '')}")
         return answer
 
-    def generate(self, prompts: Sequence[Sequence[int]], max_tokens: int = 4) -> dict[str, Any]:
-        return self.call({"op": "generate", "prompts": [list(p) for p in prompts], "max_tokens": max_tokens})
+    def generate(self, prompts: Sequence[Sequence[int]], max_tokens: int = 4, source: str | None = None) -> dict[str, Any]:
+        """``source``: a serving engine's transceiver state (base64, :meth:`transceiver_state`)
+        that every prompt's request carries, to pull from it."""
+        return self.call({"op": "generate", "prompts": [list(p) for p in prompts], "max_tokens": max_tokens,
+                          "source": source})
 
-    def add(self, req_id: str, prompt: Sequence[int], max_tokens: int = 4) -> None:
+    def add(self, req_id: str, prompt: Sequence[int], max_tokens: int = 4, source: str | None = None) -> None:
         """Add one request and return at once (``collect`` steps the engine until it finishes)."""
-        self.call({"op": "add", "id": req_id, "prompt": list(prompt), "max_tokens": max_tokens})
+        self.call({"op": "add", "id": req_id, "prompt": list(prompt), "max_tokens": max_tokens, "source": source})
+
+    def transceiver_state(self) -> str | None:
+        """The engine's one worker's transceiver state, base64 (None: its backend serves no pulls)."""
+        (state,) = self.call({"op": "transceiver_state"})["states"]
+        return state
 
     def abort(self, *req_ids: str) -> None:
         self.call({"op": "abort", "ids": list(req_ids)})

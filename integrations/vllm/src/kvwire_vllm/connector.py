@@ -15,6 +15,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
+    KVConnectorWorkerMetadata,
 )
 
 from kvwire_vllm.config import ConnectorConfig
@@ -102,6 +103,9 @@ class KvwireConnector(KVConnectorBase_V1):
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self._worker().take_load_errors()
 
+    def build_connector_worker_meta(self) -> KVConnectorWorkerMetadata | None:
+        return self.worker.worker_meta() if self.worker is not None else None
+
     def get_kv_connector_stats(self) -> KVConnectorStats | None:
         return self.worker.take_stats() if self.worker is not None else None
 
@@ -139,4 +143,7 @@ class KvwireConnector(KVConnectorBase_V1):
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         return self._scheduler().request_finished(request, block_ids)
+
+    def has_pending_push_work(self) -> bool:
+        return self.scheduler.has_pending_push_work() if self.scheduler is not None else False
 

@@ -10,13 +10,19 @@ from dataclasses import dataclass, field
 
 import msgpack
 import numpy as np
-from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata, KVConnectorWorkerMetadata
 
 from kvwire_vllm.names import NAME_BYTES
 
-__all__ = ["BlockPlan", "StepPlan", "KvwireMetadata"]
+__all__ = ["BlockPlan", "ServePlan", "StepPlan", "KvwireMetadata", "PullAsk", "WorkerReport", "KvwireWorkerMeta"]
 
-_VERSION = 1
+_VERSION = 2
+_REPORT_VERSION = 1
+#: Bounds of what one step's report may carry (decoding refuses more).
+MAX_ASKS = 4096
+MAX_ASK_BLOCKS = 32768
+MAX_REASON = 1024
+MAX_REPORT_BYTES = 64 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +35,7 @@ class BlockPlan:
     first: int
     block_ids: tuple[int, ...]
     names: bytes  # len(block_ids) * NAME_BYTES
+    source: bytes = b""  # a load's peer address (its transceiver state's); empty: the store
 
     def __post_init__(self) -> None:
         if len(self.names) != len(self.block_ids) * NAME_BYTES:
@@ -40,6 +47,17 @@ class BlockPlan:
 
 
 @dataclass(frozen=True, slots=True)
+class ServePlan:
+    """The scheduler's answer to a pull the worker forwarded (:class:`PullAsk`): serve the rows of
+    ``block_ids`` (the held prefix, pinned in the block pool until the worker reports the reply
+    quiesced; possibly empty), or decline with ``reason``."""
+
+    pull_id: int
+    block_ids: tuple[int, ...] = ()
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class StepPlan:
     """One step's work: loads to start, saves to submit, requests preempted this step (their
     blocks may be handed to others before the forward), and whether the step computes nothing."""
@@ -48,28 +66,33 @@ class StepPlan:
     saves: tuple[BlockPlan, ...] = ()
     preempted: tuple[str, ...] = ()
     idle: bool = False  # nothing is computed this step
+    serves: tuple[ServePlan, ...] = ()
 
     def to_bytes(self) -> bytes:
         def plans(items: tuple[BlockPlan, ...]) -> list[list[object]]:
-            return [[p.req_id, p.first, list(p.block_ids), p.names] for p in items]
+            return [[p.req_id, p.first, list(p.block_ids), p.names, p.source] for p in items]
 
-        return msgpack.packb([_VERSION, plans(self.loads), plans(self.saves), list(self.preempted), self.idle],
-                             use_bin_type=True)
+        serves = [[s.pull_id, list(s.block_ids), s.reason] for s in self.serves]
+        return msgpack.packb([_VERSION, plans(self.loads), plans(self.saves), list(self.preempted), self.idle,
+                              serves], use_bin_type=True)
 
     @classmethod
     def from_bytes(cls, data: bytes) -> StepPlan:
         try:
-            version, loads, saves, preempted, idle = msgpack.unpackb(data, raw=False, strict_map_key=True)
+            version, *rest = msgpack.unpackb(data, raw=False, strict_map_key=True)
+            if version != _VERSION:
+                raise ValueError(f"kvwire connector metadata version {version}; this kvwire-vllm reads {_VERSION}")
+            loads, saves, preempted, idle, serves = rest
+
+            def plans(items: list[list[object]]) -> tuple[BlockPlan, ...]:
+                return tuple(BlockPlan(str(r), int(f), tuple(int(b) for b in ids), bytes(n), bytes(src))  # type: ignore[arg-type]
+                             for r, f, ids, n, src in items)
+
+            return cls(plans(loads), plans(saves), tuple(str(r) for r in preempted), bool(idle),
+                       tuple(ServePlan(int(i), tuple(int(b) for b in ids), str(why)[:MAX_REASON])
+                             for i, ids, why in serves))
         except (ValueError, TypeError, msgpack.ExtraData) as exc:
             raise ValueError(f"kvwire connector metadata is malformed: {exc}") from None
-        if version != _VERSION:
-            raise ValueError(f"kvwire connector metadata version {version}; this kvwire-vllm reads {_VERSION}")
-
-        def plans(items: list[list[object]]) -> tuple[BlockPlan, ...]:
-            return tuple(BlockPlan(str(r), int(f), tuple(int(b) for b in ids), bytes(n))  # type: ignore[arg-type]
-                         for r, f, ids, n in items)
-
-        return cls(plans(loads), plans(saves), tuple(str(r) for r in preempted), bool(idle))
 
 
 @dataclass
@@ -80,3 +103,68 @@ class KvwireMetadata(KVConnectorMetadata):
 
     def plan(self) -> StepPlan:
         return StepPlan.from_bytes(self.payload)
+
+
+@dataclass(frozen=True, slots=True)
+class PullAsk:
+    """A pull the worker's peer backend received, forwarded to the scheduler (which owns the
+    block pool): its id (the worker's, never reused), and the requested names in prefix order."""
+
+    pull_id: int
+    names: bytes  # blocks * NAME_BYTES
+
+    @property
+    def blocks(self) -> int:
+        return len(self.names) // NAME_BYTES
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerReport:
+    """What a worker tells the scheduler side each step: pulls to look up and pin, and pulls whose
+    reply has concluded and quiesced (their pins may go)."""
+
+    asks: tuple[PullAsk, ...] = ()
+    done: tuple[int, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.asks or self.done)
+
+    def to_bytes(self) -> bytes:
+        return msgpack.packb([_REPORT_VERSION, [[a.pull_id, a.names] for a in self.asks], list(self.done)],
+                             use_bin_type=True)
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> WorkerReport:
+        """Bounded: at most :data:`MAX_ASKS` asks of :data:`MAX_ASK_BLOCKS` names each."""
+        if len(data) > MAX_REPORT_BYTES:
+            raise ValueError(f"kvwire worker report of {len(data)} bytes is too large")
+        try:
+            version, asks, done = msgpack.unpackb(data, raw=False, strict_map_key=True,
+                                                  max_bin_len=MAX_ASK_BLOCKS * NAME_BYTES,
+                                                  max_array_len=max(MAX_ASKS, 2) * 4)
+            if version != _REPORT_VERSION:
+                raise ValueError(f"version {version}; this kvwire-vllm reads {_REPORT_VERSION}")
+            out = tuple(PullAsk(int(i), bytes(n)) for i, n in asks)
+            if any(len(a.names) % NAME_BYTES for a in out):
+                raise ValueError("names are not whole")
+            return cls(out, tuple(int(i) for i in done))
+        except (ValueError, TypeError, msgpack.ExtraData) as exc:
+            raise ValueError(f"kvwire worker report is malformed: {exc}") from None
+
+    def merged(self, other: WorkerReport) -> WorkerReport:
+        return WorkerReport(self.asks + other.asks, self.done + other.done)
+
+
+@dataclass
+class KvwireWorkerMeta(KVConnectorWorkerMetadata):
+    """A :class:`WorkerReport`, encoded (vLLM carries it worker -> scheduler)."""
+
+    payload: bytes = b""
+
+    def report(self) -> WorkerReport:
+        return WorkerReport.from_bytes(self.payload) if self.payload else WorkerReport()
+
+    def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
+        if not isinstance(other, KvwireWorkerMeta):
+            return self
+        return KvwireWorkerMeta(self.report().merged(other.report()).to_bytes())

@@ -15,11 +15,20 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kvwire.contract import Backend, Hint
+from kvwire.contract.capabilities import SERVE_PULLS, OtherEnd
 from kvwire.contract.errors import SubmissionError
-from kvwire_vllm import trace
+from kvwire.runtime.state import StateError
+from kvwire_vllm import peer, trace
 from kvwire_vllm.config import ConnectorConfig
-from kvwire_vllm.metadata import BlockPlan, KvwireMetadata, StepPlan
-from kvwire_vllm.names import block_names, scope_digest
+from kvwire_vllm.metadata import (
+    BlockPlan,
+    KvwireMetadata,
+    KvwireWorkerMeta,
+    ServePlan,
+    StepPlan,
+    WorkerReport,
+)
+from kvwire_vllm.names import NAME_BYTES, block_names, scope_digest
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -94,6 +103,8 @@ class _Tracked:
     loaded_blocks: int = 0
     failed_blocks: int = 0
     saved_blocks: int = 0
+    named: int = 0  # blocks whose name -> block hash this side has recorded (for serving pulls)
+    source: bytes | None = None  # the serving engine's address, for a request pulled from a peer
 
 
 class SchedulerSide:
@@ -104,9 +115,30 @@ class SchedulerSide:
         self.groups = tuple(range(len(self.layers)))
         parallel = vllm_config.parallel_config
         self.namespace = store_namespace(config.namespace(), 0, int(parallel.tensor_parallel_size))
+        self.layout = layout
         self.backend: Backend | None = None
         plugin = config.plugin()
-        if config.lookup and LOOKUP is not None and LOOKUP in plugin.capabilities.protocols:
+        self.peer = plugin.capabilities.other_end is OtherEnd.PEER
+        self.serving = self.peer and SERVE_PULLS in plugin.capabilities.protocols
+        # Serving pulls (N2): kvwire name -> vLLM block hash of blocks this engine computed or
+        # loaded (bounded; vLLM's own prefix cache is the truth of what is held), the pins taken
+        # for each forwarded pull (block objects of vLLM's pool, one reference each), and the
+        # answers for the next step's plan.
+        self._hash_of: dict[bytes, bytes] = {}
+        self._hash_cap = 4 * int(getattr(kv_cache_config, "num_blocks", 0) or 65536)
+        self._pins: dict[int, list[Any]] = {}
+        self._serves: list[ServePlan] = []
+        self._poked = False
+        self.pulls_answered = 0
+        self.blocks_pinned_total = 0
+        self._core = peer.find_engine_core() if self.serving else None
+        self._bell: peer.Doorbell | None = None
+        if self.serving:
+            engine_id = str(vllm_config.kv_transfer_config.engine_id)
+            self._bell = peer.Doorbell(engine_id, self._on_ring)
+        if self.peer:
+            pass  # a peer answers how much it holds within the pull itself (a partial prefix is delivered)
+        elif config.lookup and LOOKUP is not None and LOOKUP in plugin.capabilities.protocols:
             self.backend = plugin.build(config.options)
         elif config.lookup:
             log.warning("kvwire backend %r does not answer lookups (contract L1): the scheduler assumes the store "
@@ -121,6 +153,22 @@ class SchedulerSide:
         # and asks again; offering those blocks again would load (and miss) them forever.
         self._missed_from: dict[str, int] = {}
         self.lookups = 0
+        self._sources: dict[str, bytes] = {}  # req_id -> the peer address its load pulls from
+
+    def _source(self, request: Request) -> bytes | None:
+        """The serving engine's address a request names (``kv_transfer_params['kvwire_source']``,
+        its transceiver state), checked against this engine's cache; None when it names none or
+        names one that cannot serve it (logged: the request is computed here)."""
+        try:
+            raw = peer.source_of(request.kv_transfer_params)
+            if raw is None:
+                return None
+            state = peer.check_state(raw, backend=self.config.backend, layout=self.layout, scope=self.scope,
+                                     block_size=self.block_size)
+        except StateError as exc:
+            log.warning("request %s: kvwire source not used, computing it here: %s", request.request_id, exc)
+            return None
+        return state.address
 
     # -- how much the store holds --------------------------------------------------------------
 
@@ -137,6 +185,11 @@ class SchedulerSide:
         first = num_computed_tokens // self.block_size
         end = min(self.loadable_blocks(request), self._missed_from.get(request.request_id, len(request.block_hashes)))
         held = 0
+        if self.peer:
+            source = self._source(request)
+            if source is None:
+                end = first  # nothing to load: no peer named
+            self._sources[request.request_id] = source or b""
         if end > first:
             trace.event("scheduler", "lookup", req=request.request_id, blocks=end - first)
             held = end - first if self.backend is None else self._lookup(self.names(request, first, end))
@@ -178,7 +231,7 @@ class SchedulerSide:
             count = min(count, held)
         block_ids = blocks.get_block_ids()[0][first:first + count]
         plan = BlockPlan(req_id, first, tuple(int(b) for b in block_ids),
-                         self.names(request, first, first + count).tobytes())
+                         self.names(request, first, first + count).tobytes(), self._sources.get(req_id, b""))
         tracked.load = plan
         tracked.next_save = first + count
         self._loads.append(plan)
@@ -193,7 +246,10 @@ class SchedulerSide:
             computed = request.num_computed_tokens + scheduled
             end = min(computed, request.num_prompt_tokens, len(request.block_hashes) * self.block_size)
             end //= self.block_size
-            if end <= tracked.next_save:
+            if self.serving and end > tracked.named:
+                self._name_blocks(request, tracked.named, end)
+                tracked.named = end
+            if self.peer or end <= tracked.next_save:  # a peer backend does not store: peers pull
                 continue
             assert self.kv_cache_manager is not None
             block_ids = self.kv_cache_manager.get_block_ids(req_id)[0][tracked.next_save:end]
@@ -206,11 +262,19 @@ class SchedulerSide:
             trace.event("scheduler", "step", scheduled=dict(scheduler_output.num_scheduled_tokens),
                         loads=[p.req_id for p in self._loads])
         plan = StepPlan(tuple(self._loads), tuple(saves), tuple(sorted(scheduler_output.preempted_req_ids or ())),
-                        idle=scheduler_output.total_num_scheduled_tokens == 0)
+                        idle=scheduler_output.total_num_scheduled_tokens == 0, serves=tuple(self._serves))
         self._loads = []
+        self._serves = []
+        self._poked = False  # the worker takes its backend's incoming pulls after this plan
         return KvwireMetadata(plan.to_bytes())
 
     def update_connector_output(self, output: KVConnectorOutput) -> None:
+        meta = output.kv_connector_worker_meta
+        if isinstance(meta, KvwireWorkerMeta):
+            try:
+                self._serve(meta.report())
+            except ValueError as exc:
+                log.error("kvwire: dropped a malformed worker report: %s", exc)
         bad = output.invalid_block_ids or set()
         for req_id in output.finished_recving or ():
             trace.event("scheduler", "load_reported", req=req_id)
@@ -233,6 +297,7 @@ class SchedulerSide:
         tracked = self._tracked.pop(req_id, None)
         self._matched.pop(req_id, None)
         self._missed_from.pop(req_id, None)
+        self._sources.pop(req_id, None)
         delay = req_id in self._saving
         self._saving.discard(req_id)
         params = None
@@ -241,7 +306,81 @@ class SchedulerSide:
                                  "save_blocks": tracked.saved_blocks, "at": time.time()}}
         return delay, params
 
+    # -- serving pulls (N2) ------------------------------------------------------------------------
+
+    def _name_blocks(self, request: Request, first: int, end: int) -> None:
+        names = self.names(request, first, end)
+        hashes = request.block_hashes
+        table = self._hash_of
+        for i, name in enumerate(names):
+            key = name.tobytes()
+            table.pop(key, None)  # re-inserted last: the oldest go first when over the cap
+            table[key] = bytes(hashes[first + i])
+        while len(table) > self._hash_cap:
+            del table[next(iter(table))]
+
+    def _serve(self, report: WorkerReport) -> None:
+        """Pins out for pulls whose reply quiesced go back to vLLM's pool; each new pull gets the
+        longest prefix of its names that vLLM's prefix cache holds, pinned (one reference per
+        block, as a request hit takes), to serve in the next step."""
+        pool = self.kv_cache_manager.block_pool if self.kv_cache_manager is not None else None
+        for pull_id in report.done:
+            blocks = self._pins.pop(pull_id, None)
+            if blocks and pool is not None:
+                pool.free_blocks(blocks)
+        for ask in report.asks:
+            if pool is None:
+                self._serves.append(ServePlan(ask.pull_id, (), "the serving engine has no block pool bound"))
+                continue
+            if not self._running():
+                self._serves.append(ServePlan(ask.pull_id, (), "the serving engine is shutting down"))
+                continue
+            names = np.frombuffer(ask.names, dtype=np.uint8).reshape(-1, NAME_BYTES)
+            held = []
+            for name in names:
+                block_hash = self._hash_of.get(name.tobytes())
+                got = pool.get_cached_block(block_hash, [0]) if block_hash is not None else None
+                if not got:
+                    break
+                held.append(got[0])
+            if held:
+                pool.touch(held)
+                self._pins[ask.pull_id] = held
+            self.pulls_answered += 1
+            self.blocks_pinned_total += len(held)
+            trace.event("scheduler", "pull_pinned", pull=ask.pull_id, asked=ask.blocks, held=len(held))
+            self._serves.append(ServePlan(ask.pull_id, tuple(int(b.block_id) for b in held)))
+
+    def pinned_blocks(self) -> int:
+        return sum(len(b) for b in self._pins.values())
+
+    def _running(self) -> bool:
+        core = self._core() if self._core is not None else None
+        state = getattr(core, "shutdown_state", None)
+        return state is None or getattr(state, "name", "RUNNING") == "RUNNING"
+
+    def _on_ring(self) -> None:
+        """The worker's backend has a pull (or a reply that ended) for an engine that may be
+        idle: make the engine step (doorbell thread; only flags and vLLM's wake-up sentinel)."""
+        self._poked = True
+        core = self._core() if self._core is not None else None
+        inputs = getattr(core, "input_queue", None)
+        if inputs is not None:
+            from vllm.v1.engine import EngineCoreRequestType
+
+            inputs.put_nowait((EngineCoreRequestType.WAKEUP, None))
+
+    def has_pending_push_work(self) -> bool:
+        """Keep the engine stepping while a pull is on its way to this side, answered but not yet
+        served, or holding pins; an idle engine with none of these sleeps as vLLM's does."""
+        if not self.serving:
+            return False
+        return bool(self._pins or self._serves or (self._poked and self._running()))
+
     def shutdown(self) -> None:
+        if self._bell is not None:
+            self._bell.close()
+            self._bell = None
         backend, self.backend = self.backend, None
         if backend is None:
             return

@@ -16,14 +16,27 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from kvwire.contract import Backend, Registration, CacheKind, Hint, LayerGroupRows, MemoryKind, SlotRegion, TokenRange, View
+from kvwire.contract import (
+    Backend,
+    CacheKind,
+    Hint,
+    LayerGroupRows,
+    MemoryKind,
+    Registration,
+    SlotRegion,
+    TokenRange,
+    View,
+)
+from kvwire.contract.capabilities import SERVE_PULLS, OtherEnd
 from kvwire.contract.errors import SubmissionError
+from kvwire.contract.serving import PullRequest, ServesPulls
 from kvwire.runtime.holding import Direction, Wakes
-from kvwire_vllm import holder, trace
+from kvwire_vllm import holder, peer, trace
 from kvwire_vllm.config import ConnectorConfig
 from kvwire_vllm.holder import QUIESCE_GRACE_S, Transfer
-from kvwire_vllm.metadata import BlockPlan, StepPlan
-from kvwire_vllm.scheduler import layout_of, store_namespace
+from kvwire_vllm.metadata import BlockPlan, KvwireWorkerMeta, PullAsk, ServePlan, StepPlan, WorkerReport
+from kvwire_vllm.names import NAME_BYTES
+from kvwire_vllm.scheduler import layout_of, scope_of, store_namespace
 from kvwire_vllm.stats import KvwireStats
 
 if TYPE_CHECKING:
@@ -68,7 +81,10 @@ class WorkerSide:
         from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
 
         self.config = config
-        self.block_size, self.layers, _ = layout_of(kv_cache_config)
+        self.block_size, self.layers, self.layout = layout_of(kv_cache_config)
+        self.scope = scope_of(vllm_config, self.layout)
+        self.model_id = str(vllm_config.model_config.model)
+        self.engine_id = str(vllm_config.kv_transfer_config.engine_id)
         tp_size = int(vllm_config.parallel_config.tensor_parallel_size)
         rank = get_tensor_model_parallel_rank() if tp_size > 1 else 0
         self.namespace = store_namespace(config.namespace(), rank, tp_size)
@@ -85,6 +101,20 @@ class WorkerSide:
         self._refused: set[str] = set()  # loads refused at submission, reported done next step
         self._kept: list[Transfer] = []  # never quiesced: their memory is not ours to reuse
         self.stats = KvwireStats()
+        capabilities = self.backend.capabilities()
+        self.peer = capabilities.other_end is OtherEnd.PEER
+        self.serving = (SERVE_PULLS in capabilities.protocols and isinstance(self.backend, ServesPulls))
+        # Serving pulls: pulls forwarded to the scheduler side (awaiting its pins), replies in
+        # flight (their pins held there until we report them done), and what to report next.
+        self._pull_serial = 0
+        self._asked: dict[int, PullRequest] = {}
+        self._replies: dict[int, Transfer] = {}
+        self._reply_of: dict[Transfer, int] = {}
+        self._report_asks: list[PullAsk] = []
+        self._report_done: list[int] = []
+        self.pulls_served = 0
+        self.pulls_declined = 0
+        self.pull_blocks_served = 0
 
     # -- registration ------------------------------------------------------------------------
 
@@ -94,6 +124,27 @@ class WorkerSide:
         self.registration = self.backend.register_regions(self.regions)
         log.info("kvwire: registered %d KV regions of %d blocks x %d bytes with backend %r",
                  len(self.regions), self.regions[0].slot_count, self.regions[0].slot_bytes, self.config.backend)
+        if self.serving:
+            assert isinstance(self.backend, ServesPulls)
+            self.backend.serve(self._on_pull)
+            log.info("kvwire: serving pulls from vLLM's prefix cache at %d-byte address", len(self.backend.address()))
+
+    def _on_pull(self) -> None:
+        """The backend's wake for new pulls (its thread): wake a dozing step, and ring the engine
+        core, which may be idle (nothing else would step it)."""
+        self.wakes()
+        peer.ring(self.engine_id)
+
+    def transceiver_state(self) -> bytes:
+        """This engine's transceiver state (kvwire's TransceiverState bytes): what a pulling
+        engine's request carries as ``kv_transfer_params['kvwire_source']``."""
+        if not self.serving or self.backend is None:
+            raise RuntimeError(f"kvwire backend {self.config.backend!r} does not serve pulls (serve-pulls); "
+                               "this engine has no transceiver state")
+        assert isinstance(self.backend, ServesPulls)
+        return peer.transceiver_state(worker=f"vllm-{self.engine_id[:8]}", backend=self.config.backend,
+                                      address=self.backend.address(), model_id=self.model_id, layout=self.layout,
+                                      scope=self.scope, block_size=self.block_size)
 
     # -- the step --------------------------------------------------------------------------------
 
@@ -108,7 +159,10 @@ class WorkerSide:
 
     def _start(self, op: Direction, plan: BlockPlan) -> Transfer | None:
         assert self.backend is not None
-        hint = Hint.of("store", timeout_s=self.config.timeout_s, namespace=self.namespace)
+        if plan.source:
+            hint = Hint.of("peer", timeout_s=self.config.timeout_s, address=plan.source)
+        else:
+            hint = Hint.of("store", timeout_s=self.config.timeout_s, namespace=self.namespace)
         try:
             return holder.start(self.backend, op, plan.req_id, self.view_of(plan), plan.block_ids, hint, self.wakes,
                                 self.config.timeout_s + QUIESCE_GRACE_S)
@@ -142,6 +196,10 @@ class WorkerSide:
     def wait_for_save(self) -> None:
         if self.registration is None:
             return
+        # Pulls are answered here, after this step's forward: vLLM's blocks the scheduler pinned
+        # hold KV computed in earlier steps, and nothing writes them while pinned.
+        for serve in self._plan.serves:
+            self._reply(serve)
         for plan in self._plan.saves:
             self._with_saves.add(plan.req_id)
             transfer = self._start(Direction.PUBLISH, plan)
@@ -155,7 +213,71 @@ class WorkerSide:
         return self._plan.idle
 
     def _in_flight(self) -> list[Transfer]:
-        return [*self._loads.values(), *(t for ts in self._saves.values() for t in ts)]
+        return [*self._loads.values(), *(t for ts in self._saves.values() for t in ts), *self._replies.values()]
+
+    # -- serving pulls ----------------------------------------------------------------------------
+
+    def _take_pulls(self) -> None:
+        """Pulls the backend received: decline those this cache cannot answer (other groups or
+        row sizes), forward the others' names to the scheduler side, which owns the block pool."""
+        if not self.serving or self.backend is None or self.registration is None:
+            return
+        assert isinstance(self.backend, ServesPulls)
+        groups = tuple(r.region_id for r in self.regions)
+        sizes = tuple(r.slot_bytes for r in self.regions)
+        for request in self.backend.incoming():
+            reason = None
+            if request.groups != groups:
+                reason = f"requested groups {list(request.groups)} differ from this engine's {list(groups)}"
+            elif request.slot_bytes != sizes:
+                reason = f"requested row sizes {list(request.slot_bytes)} differ from this engine's {list(sizes)}"
+            elif request.names.shape[1] != NAME_BYTES:
+                reason = f"names of {request.names.shape[1]} bytes; this engine names blocks with {NAME_BYTES}"
+            if reason is not None:
+                self.backend.decline(request, reason)
+                self.pulls_declined += 1
+                continue
+            self._pull_serial += 1
+            trace.event("worker", "pull_taken", pull=self._pull_serial, blocks=request.blocks, peer=request.peer)
+            self._asked[self._pull_serial] = request
+            self._report_asks.append(PullAsk(self._pull_serial, request.names.tobytes()))
+
+    def _reply(self, serve: ServePlan) -> None:
+        request = self._asked.pop(serve.pull_id, None)
+        if request is None or self.backend is None:
+            self._report_done.append(serve.pull_id)  # unknown here: let its pins go
+            return
+        assert isinstance(self.backend, ServesPulls)
+        if serve.reason:
+            self.backend.decline(request, serve.reason)
+            self.pulls_declined += 1
+            self._report_done.append(serve.pull_id)
+            return
+        count = len(serve.block_ids)
+        names = request.names[:count]
+        tokens = TokenRange(0, count * self.block_size)
+        view = View(tuple(LayerGroupRows(region.region_id, CacheKind.PAGED, region, np.asarray(serve.block_ids,
+                                                                                               dtype=np.int64),
+                                         tokens, names) for region in self.regions))
+        try:
+            transfer = holder.start(self.backend, Direction.PUBLISH, f"pull-{serve.pull_id}", view, serve.block_ids,
+                                    request.ticket, self.wakes, self.config.timeout_s + QUIESCE_GRACE_S)
+        except SubmissionError as exc:  # nothing escaped (S3): decline, and the pins may go
+            self.backend.decline(request, f"cannot answer now: {exc}")
+            self.pulls_declined += 1
+            self._report_done.append(serve.pull_id)
+            return
+        self._replies[serve.pull_id] = transfer
+        self._reply_of[transfer] = serve.pull_id
+        self.pulls_served += 1
+        self.pull_blocks_served += count
+
+    def worker_meta(self) -> KvwireWorkerMeta | None:
+        """This step's report to the scheduler side: pulls to pin, replies whose pins may go."""
+        self._take_pulls()
+        report = WorkerReport(tuple(self._report_asks), tuple(self._report_done))
+        self._report_asks, self._report_done = [], []
+        return KvwireWorkerMeta(report.to_bytes()) if report else None
 
     def get_finished(self, finished_req_ids: Iterable[str]) -> tuple[set[str], set[str]]:
         """Requests that finished and whose saves have all quiesced, and requests whose load has
@@ -170,12 +292,17 @@ class WorkerSide:
         if self._loads and trace.enabled():
             trace.event("worker", "get_finished", loads=sorted(self._loads), idle_step=self._plan.idle)
         ended = holder.finished(self._in_flight())
-        if not ended and self._plan.idle and (self._loads or self._saves):
+        if not ended and self._plan.idle and (self._loads or self._saves or self._replies):
             # Nothing to compute this step: sleep on the backend's wake rather than let the
             # engine spin through empty steps on two cores the transfer needs.
             holder.doze(self._in_flight(), IDLE_WAIT_S)
             ended = holder.finished(self._in_flight())
         for transfer in ended:
+            pull_id = self._reply_of.pop(transfer, None)
+            if pull_id is not None:  # a pull's reply quiesced: its pins may go
+                del self._replies[pull_id]
+                self._report_done.append(pull_id)
+                continue
             if transfer.op is Direction.FETCH:
                 trace.event("worker", "load_ended", req=transfer.req_id, idle_step=self._plan.idle,
                             seconds=time.perf_counter() - transfer.started)
@@ -191,6 +318,8 @@ class WorkerSide:
                 self._account_save(transfer)
         for transfer in self._in_flight():
             if transfer.cancelled and time.monotonic() > transfer.deadline + QUIESCE_GRACE_S:
+                if transfer in self._reply_of:
+                    continue  # its pins stay (the scheduler is never told) until backend.shutdown()
                 self._keep(transfer)
         sent = {r for r in self._finished if r not in self._saves}
         self._finished -= sent
@@ -247,7 +376,10 @@ class WorkerSide:
         memory is registered with an open backend."""
         return {"loads": sorted(self._loads), "saves": sorted(self._saves), "kept": len(self._kept),
                 "holding_blocks_of": sorted(self._with_saves), "registered": self.registration is not None,
-                "backend_open": self.backend is not None, "load_errors_pending": len(self._errors)}
+                "backend_open": self.backend is not None, "load_errors_pending": len(self._errors),
+                "serving": self.serving, "pulls_pending": len(self._asked), "replies_in_flight": len(self._replies),
+                "pulls_served": self.pulls_served, "pulls_declined": self.pulls_declined,
+                "pull_blocks_served": self.pull_blocks_served}
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
@@ -273,6 +405,8 @@ class WorkerSide:
             self.wakes.wait_beyond(seen, min(deadline, time.monotonic() + 0.1))
         self._loads.clear()
         self._saves.clear()
+        self._replies.clear()
+        self._reply_of.clear()
         self._kept.clear()
         if self.registration is not None:
             self.registration.close()

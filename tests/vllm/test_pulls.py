@@ -1,0 +1,189 @@
+"""Request-free pulls between two real vLLM engines (issue 17): engine 0 serves pulls from vLLM's
+prefix cache through kvwire-ucx (``serve-pulls``), engine 1's requests carry engine 0's
+transceiver state and load the prompt's blocks from it. Each engine runs in its own process
+(:mod:`engine_driver`); the engines of one UCX mode start once per module. Nothing waits by
+sleeping: every wait is for a condition, with a deadline."""
+
+from __future__ import annotations
+
+import base64
+import os
+import random
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from engines import Engine, kvwire_transfer_config, start_all
+
+from kvwire.testing.holder import wait_for
+
+BLOCK = 32
+#: The deadline of every load (and the peer's pull): a dead or silent peer ends within it.
+TIMEOUT_S = 8.0
+BACKGROUND_S = 120.0
+
+pytestmark = pytest.mark.usefixtures("vllm_venv")
+
+
+def prompt(seed: int, length: int) -> list[int]:
+    rnd = random.Random(seed)
+    return [rnd.randrange(3, 1000) for _ in range(length)]
+
+
+def out(answer: dict[str, Any], i: int = 0) -> dict[str, Any]:
+    return answer["outputs"][i]
+
+
+def kv(output: dict[str, Any]) -> dict[str, int]:
+    return (output.get("kv_transfer_params") or {}).get("kvwire", {})
+
+
+def whole_blocks(length: int) -> int:
+    """Blocks a request may take from elsewhere: whole ones, leaving one token to compute."""
+    return (length - 1) // BLOCK
+
+
+class Pair:
+    """Engine 0 (serving) and engine 1 (pulling) of one UCX mode."""
+
+    def __init__(self, serving: Engine, pulling: Engine, mode: str) -> None:
+        self.serving, self.pulling, self.mode = serving, pulling, mode
+        self._state: str | None = None
+
+    @property
+    def state(self) -> str:
+        if self._state is None:
+            self._state = self.serving.transceiver_state()
+        assert self._state is not None
+        return self._state
+
+
+def _engines(model_dir: Path, logs: Path, mode: str) -> dict[str, Engine]:
+    options: dict[str, Any] = {"timeout_s": TIMEOUT_S, "grace_s": 1.0}
+    if mode != "two-sided":
+        options["mode"] = mode
+    env = {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1", "UCX_WARN_UNUSED_ENV_VARS": "n", "UCX_MODULES": "^ib",
+           "NIXL_LOG_LEVEL": "WARN"}
+    config = kvwire_transfer_config("ucx", options, timeout_s=TIMEOUT_S)
+    engines = {
+        "serving": Engine(f"{mode}-0", model_dir, config, env=env, log_dir=logs, new_session=True),
+        "pulling": Engine(f"{mode}-1", model_dir, config, env=env, log_dir=logs, new_session=True),
+    }
+    return engines
+
+
+@pytest.fixture(scope="module", params=["two-sided", "one-sided"])
+def pair(request: pytest.FixtureRequest, model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
+    mode = request.param
+    logs = tmp_path_factory.mktemp(f"pull-logs-{mode}")
+    engines = _engines(model_dir, logs, mode)
+    try:
+        start_all(list(engines.values()))
+        yield Pair(engines["serving"], engines["pulling"], mode)
+    finally:
+        for engine in engines.values():
+            if engine.proc.poll() is None:
+                engine.close()
+            else:
+                engine.close(timeout_s=1)
+
+
+def test_five_steps(pair: Pair) -> None:
+    """The seed's flow: engine 0 serves a prompt, its state is non-empty bytes, engine 1 given
+    both produces the same token with the prompt's whole blocks external, a normal request for
+    the prompt on engine 1 then hits its own cache, an unrelated prompt hits less."""
+    p = prompt(1700, 300)
+    served = out(pair.serving.generate([p], max_tokens=1))
+    state = base64.b64decode(pair.state)
+    assert state and state[:4] == b"KVWS"
+    pulled = out(pair.pulling.generate([p], max_tokens=1, source=pair.state))
+    assert pulled["tokens"] == served["tokens"]
+    assert pulled["num_cached_tokens"] == whole_blocks(len(p)) * BLOCK
+    assert kv(pulled)["loaded_blocks"] == whole_blocks(len(p))
+    assert kv(pulled)["failed_blocks"] == 0
+    again = out(pair.pulling.generate([p], max_tokens=1))
+    assert again["num_cached_tokens"] >= whole_blocks(len(p)) * BLOCK
+    assert again["tokens"] == served["tokens"]
+    other = out(pair.pulling.generate([prompt(1701, 300)], max_tokens=1))
+    assert other["num_cached_tokens"] < again["num_cached_tokens"]
+
+
+def test_a_partial_prefix_is_a_success(pair: Pair) -> None:
+    """Engine 0 lost part of the prefix (its cache reset, then only the first 5 blocks of the
+    prompt served again): engine 1 gets those 5, recomputes the rest, same tokens."""
+    p = prompt(1702, 300)
+    served = out(pair.serving.generate([p], max_tokens=2))
+    wait_for(pair.serving.reset_prefix_cache, BACKGROUND_S, "engine 0's prefix cache reset (no block in use)")
+    pair.serving.generate([p[:5 * BLOCK + 7]], max_tokens=1)
+    pulled = out(pair.pulling.generate([p], max_tokens=2, source=pair.state))
+    assert pulled["tokens"] == served["tokens"]
+    assert kv(pulled)["loaded_blocks"] == 5
+    assert kv(pulled)["failed_blocks"] == whole_blocks(len(p)) - 5
+
+
+def test_local_blocks_are_skipped_and_a_second_pull_moves_nothing(pair: Pair) -> None:
+    """Engine 1 pulls only what its own prefix cache lacks; pulling a prompt it holds moves nothing
+    (no pull reaches engine 0)."""
+    p = prompt(1703, 300)
+    served = out(pair.serving.generate([p], max_tokens=1))
+    local = out(pair.pulling.generate([p[:4 * BLOCK + 3]], max_tokens=1))
+    assert kv(local).get("loaded_blocks", 0) == 0
+    before = pair.serving.state()["pulls_served"]
+    first = out(pair.pulling.generate([p], max_tokens=1, source=pair.state))
+    assert first["tokens"] == served["tokens"]
+    assert kv(first)["loaded_blocks"] == whole_blocks(len(p)) - 4
+    assert first["num_cached_tokens"] == whole_blocks(len(p)) * BLOCK
+    assert pair.serving.state()["pulls_served"] == before + 1
+    second = out(pair.pulling.generate([p], max_tokens=1, source=pair.state))
+    assert second["tokens"] == served["tokens"]
+    assert kv(second)["loaded_blocks"] == 0
+    assert second["num_cached_tokens"] == whole_blocks(len(p)) * BLOCK
+    assert pair.serving.state()["pulls_served"] == before + 1
+
+
+def test_many_concurrent_pulls_leave_no_pin(pair: Pair) -> None:
+    """50 requests pulled at once from engine 0, all correct; then engine 0 holds no pin: no reply
+    in flight, and vLLM's prefix cache can be reset (it refuses while any block is referenced)."""
+    prompts = [prompt(1800 + i, 200) for i in range(50)]
+    served = pair.serving.generate(prompts, max_tokens=1)["outputs"]
+    pulled = pair.pulling.generate(prompts, max_tokens=1, source=pair.state)["outputs"]
+    assert [o["tokens"] for o in pulled] == [o["tokens"] for o in served]
+    assert sum(kv(o)["loaded_blocks"] for o in pulled) == 50 * whole_blocks(200)
+
+    def settled() -> bool:
+        s = pair.serving.state()
+        return s["replies_in_flight"] == 0 and s["pulls_pending"] == 0
+
+    wait_for(settled, BACKGROUND_S, "engine 0's replies all quiesced")
+    wait_for(pair.serving.reset_prefix_cache, BACKGROUND_S, "engine 0's prefix cache reset (no pinned block)")
+    # and it serves on: its own requests and pulls
+    again = prompt(1850, 200)
+    mine = out(pair.serving.generate([again], max_tokens=1))
+    theirs = out(pair.pulling.generate([again], max_tokens=1, source=pair.state))
+    assert theirs["tokens"] == mine["tokens"] and kv(theirs)["loaded_blocks"] == whole_blocks(200)
+
+
+def test_a_serving_engine_killed_mid_pull(pair: Pair) -> None:
+    """Engine 0 stopped with engine 1's pull on its way to it, then killed: engine 1's request
+    completes within its load deadline (plus the backend's grace), every block recomputed, with
+    engine 0's tokens. Runs last: engine 0 is gone afterwards."""
+    p = prompt(1704, 300)
+    served = out(pair.serving.generate([p], max_tokens=2))
+    state = pair.state
+    group = pair.serving.proc.pid  # its own session: the driver, the engine core and the worker
+    os.killpg(group, signal.SIGSTOP)
+    try:
+        pair.pulling.add("victim", p, max_tokens=2, source=state)
+        wait_for(lambda: "victim" in pair.pulling.state()["loads"], BACKGROUND_S, "engine 1's pull in flight")
+        os.killpg(group, signal.SIGKILL)
+    finally:
+        os.killpg(group, signal.SIGKILL)
+    pair.serving.proc.wait(timeout=60)
+    answer = pair.pulling.call({"op": "collect", "ids": ["victim"]}, timeout_s=TIMEOUT_S + 60)
+    (done,) = answer["outputs"]
+    assert done["tokens"] == served["tokens"]
+    assert kv(done)["loaded_blocks"] == 0
+    assert kv(done)["failed_blocks"] == whole_blocks(len(p))
+    assert pair.pulling.state()["loads"] == []
