@@ -150,6 +150,15 @@ class SuiteServer:
         self.answers.append(answer)
         return answer
 
+    def decline_waiting(self, reason: str) -> int:
+        """Decline every request that arrived and was not taken, those ``incoming()`` has not
+        handed over yet included; how many."""
+        waiting = list(self._pending) + list(self.serving.incoming())
+        self._pending = []
+        for request in waiting:
+            self.decline(request, reason)
+        return len(waiting)
+
     def decline(self, request: PullRequest, reason: str) -> Answer:
         self.serving.decline(request, reason)
         answer = Answer(request, None, (), True)

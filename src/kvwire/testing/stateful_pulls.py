@@ -86,6 +86,8 @@ class PullModel(RuleBasedStateMachine):
         self.pulls: list[Pull] = []
         #: Cancelled pulls settled before the serving end saw their request (it may still come).
         self.gone: list[Pull] = []
+        #: Requests that arrived before the machine turned to their pull, by the pull's names.
+        self.arrived: dict[tuple[int, ...], list[PullRequest]] = {}
         self.answers: list[Answer] = []
 
     # -- helpers ------------------------------------------------------------------------------
@@ -99,20 +101,31 @@ class PullModel(RuleBasedStateMachine):
     def _sink_busy(self) -> set[int]:
         return {int(s) for p in self.pulls for s in p.slots}
 
-    def _match(self, request: PullRequest) -> Pull:
-        names = tuple(int(np.flatnonzero((self.names == row).all(axis=1))[0]) for row in request.names)
-        for pull in (*self.pulls, *self.gone):
-            if not pull.taken and pull.names == names:
-                pull.taken = True
-                return pull
-        raise AssertionError(f"N2: a pull request for blocks {names} matches no pull the requester made")
+    def _names_of(self, request: PullRequest) -> tuple[int, ...]:
+        found = []
+        for row in request.names:
+            hit = np.flatnonzero((self.names == row).all(axis=1))
+            assert hit.size, "N2: a pull request names a block the requester never asked for"
+            found.append(int(hit[0]))
+        return tuple(found)
 
-    def _take(self) -> tuple[Pull, PullRequest]:
-        (request,) = self.holder.take(1)
-        pull = self._match(request)
+    def _take_for(self, pull: Pull) -> PullRequest:
+        """The request of ``pull``: requests arrive in the backend's order, so the ones that come
+        first are kept until their turn (the machine's draws never depend on that order)."""
+        while not self.arrived.get(pull.names):
+            (request,) = self.holder.take(1)
+            names = self._names_of(request)
+            assert any(p.names == names for p in (*self.pulls, *self.gone)), (
+                f"N2: a pull request for blocks {names} matches no pull the requester made")
+            self.arrived.setdefault(names, []).append(request)
+        request = self.arrived[pull.names].pop(0)
+        pull.taken = True
         assert list(request.groups) == [gid for gid, _ in GROUPS], (
             f"N2: the request names groups {request.groups}; the fetch's view has {[g for g, _ in GROUPS]}")
-        return pull, request
+        return request
+
+    def _live(self) -> list[Pull]:
+        return [p for p in self.pulls if not p.taken and not p.cancelled]
 
     def _check(self, pull: Pull, out: Outcome) -> None:
         for gi, ((gid, size), mask) in enumerate(zip(GROUPS, out.masks, strict=True)):
@@ -167,22 +180,22 @@ class PullModel(RuleBasedStateMachine):
         for gi, (_, size) in enumerate(GROUPS):
             self.source[gi].write([slot], np.full((1, size), 0xEE, dtype=np.uint8))
 
-    @precondition(lambda self: any(not p.taken and not p.cancelled for p in self.pulls))
+    @precondition(lambda self: bool(self._live()))
     @rule(data=st.data())
     def answer(self, data: st.DataObject) -> None:
-        """The serving holder takes the next request (after a wake) and answers with the held
-        prefix, pinned, maybe cut shorter."""
-        pull, request = self._take()
+        """The serving holder takes a pull's request (looking only after wakes) and answers with
+        the held prefix, pinned, maybe cut shorter."""
+        pull = data.draw(st.sampled_from(self._live()), label="pull")
         limit = data.draw(st.one_of(st.none(), st.integers(0, len(pull.names))), label="limit")
-        answer = self.holder.answer(request, limit)
+        answer = self.holder.answer(self._take_for(pull), limit)
         pull.served = len(answer.pinned)
         self.answers.append(answer)
 
-    @precondition(lambda self: any(not p.taken and not p.cancelled for p in self.pulls))
-    @rule()
-    def decline(self) -> None:
-        pull, request = self._take()
-        self.holder.decline(request, "the suite's serving holder declines this pull")
+    @precondition(lambda self: bool(self._live()))
+    @rule(data=st.data())
+    def decline(self, data: st.DataObject) -> None:
+        pull = data.draw(st.sampled_from(self._live()), label="pull")
+        self.holder.decline(self._take_for(pull), "the suite's serving holder declines this pull")
         pull.served = -1
 
     @precondition(lambda self: any(not a.released for a in self.answers))
@@ -267,23 +280,30 @@ class PullModel(RuleBasedStateMachine):
             assert self.sink[gi].guards_intact() and self.source[gi].guards_intact(), (
                 "S2/M2: memory just outside a region changed")
 
+    def _decline_leftovers(self) -> None:
+        for requests in self.arrived.values():
+            for request in requests:
+                self.holder.decline(request, "the requester cancelled it")
+        self.arrived.clear()
+        self.holder.decline_waiting("the requester cancelled it")
+
     def teardown(self) -> None:
         try:
             # Answer until every live pull's request was taken: a cancelled pull's request may
             # still arrive first (the cancel reaches the serving end when it does), or never.
-            while any(not p.taken and not p.cancelled for p in self.pulls):
-                taken, request = self._take()
-                self.answers.append(self.holder.answer(request))
-                taken.served = len(self.answers[-1].pinned)
+            for pull in self._live():
+                self.answers.append(self.holder.answer(self._take_for(pull)))
+                pull.served = len(self.answers[-1].pinned)
+            # What is left are requests of cancelled pulls, taken from incoming() or not: decline
+            # them, so no serving ticket stays open while its requester winds down.
+            self._decline_leftovers()
             for pull in list(self.pulls):
                 out = self.ex.settle(pull.sub)
                 self.pulls.remove(pull)
                 self._check(pull, out)
             for answer in self.answers:
                 self.holder.finish(answer)
-            # Requests of pulls cancelled before anyone took them may still be waiting: decline.
-            for request in self.holder.serving.incoming():
-                self.holder.decline(request, "the requester cancelled it")
+            self._decline_leftovers()
             assert self.tree.pinned == 0, f"N2: {self.tree.pinned} pins left after every answer quiesced"
         finally:
             for registration in self.registrations:
