@@ -133,7 +133,11 @@ class Connections:
         self._outbound[(address.host, address.port, address.instance)] = conn
         self.all.add(conn)
         conn.out += wire.encode(hello)
-        code = sock.connect_ex((address.host, address.port))
+        try:
+            code = sock.connect_ex((address.host, address.port))
+        except OSError as exc:  # a host name that does not resolve (gaierror), a bad address
+            self._reactor.register(sock, selectors.EVENT_READ, conn)  # so that close unregisters it uniformly
+            return conn, f"could not connect to {address}: {exc.strerror or exc}"
         if code in (0, errno.EINPROGRESS, errno.EWOULDBLOCK, errno.EAGAIN):
             self._reactor.register(sock, selectors.EVENT_WRITE | selectors.EVENT_READ, conn)
             conn.want_write = True
