@@ -12,7 +12,10 @@ States (:class:`RequesterState`)::
 serving end has not heard this end's last word. Every other state has concluded and said its last
 word (an ``Ack`` or a ``Cancel``; or none was needed: declined, never asked, connection gone).
 ``DONE`` alone is quiesced. The table :data:`TRANSITIONS` is the whole machine: an event with no
-entry for the current state raises :class:`ProtocolError`."""
+entry for the current state raises :class:`ProtocolError`.
+
+Why one file of this size: one machine, its steps and its transition table belong together; a
+reader checks a step against its table entry without leaving the file."""
 
 from __future__ import annotations
 
