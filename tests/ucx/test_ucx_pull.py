@@ -436,7 +436,11 @@ def test_an_offer_that_crosses_a_cancel_is_still_told_the_pull_is_over(make_back
     outcome = e.req.wait(attempt, slots, 5)  # the offer and its rows arrived: nothing is posted any more
     assert outcome.is_cancelled and outcome.cause is Cause.HOLDER_CANCELLED
     assert len(held) == 1, "the requester must send its Cancel once"
-    requester_events = attempt._job.machine.events()
+    # The cancel quiesced the requester (its receives drained), so the offer may still be on its
+    # way: wait for it to be heard, then check it was heard after the cancel.
+    machine = attempt._job.machine
+    assert wait_for(lambda: "Offered" in machine.events(), 5), machine.events()
+    requester_events = machine.events()
     assert requester_events.index("HolderCancelled") < requester_events.index("Offered"), requester_events
     engine.submit(send, *held[0])
     assert e.holder.wait_settled(1, 15)

@@ -89,8 +89,6 @@ class RegionTable:
         """Register ``regions`` as one batch (M3). Raises ``InvalidSubmission`` naming the region
         and what is wrong, registering nothing; ``SubmissionRejected`` after :meth:`close`."""
         batch = tuple(regions)
-        if not batch:
-            raise InvalidSubmission("register_regions needs at least one SlotRegion")
         for region in batch:
             if not isinstance(region, SlotRegion):
                 raise InvalidSubmission(f"register_regions takes SlotRegions, got {type(region).__name__}")

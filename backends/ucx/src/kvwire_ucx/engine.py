@@ -537,8 +537,7 @@ class Engine:
         self._count("connections_dropped")
         self._close(conn, reason, cause=Cause.FAULT)
 
-    def _close(self, conn: Connection, reason: str, *, lost: bool = False, cause: Cause | None = None,
-               untrusted: bool = False) -> None:
+    def _close(self, conn: Connection, reason: str, *, lost: bool = False, cause: Cause | None = None) -> None:
         """End the connection and every pull on it (each hears :class:`ConnectionLost`)."""
         if not self.wires.close(conn):
             return
@@ -551,7 +550,7 @@ class Engine:
             self.endpoints.lost(conn)
         else:
             self.endpoints.close(conn)
-        event = ev.ConnectionLost(reason, cause or (Cause.PEER_GONE if lost else Cause.FAULT), untrusted)
+        event = ev.ConnectionLost(reason, cause or (Cause.PEER_GONE if lost else Cause.FAULT))
         for fetch in list(conn.fetches.values()):
             self._feed(fetch, event)
         for reply in list(conn.replies.values()):
@@ -594,8 +593,7 @@ class Engine:
             return
         if conn.outbound and conn.address is not None and message.instance != conn.address.instance:
             self._close(conn, f"another kvwire-ucx backend answers at {conn.label} (instance {message.instance:#x}, "
-                              f"the address names {conn.address.instance:#x}); the address is stale", lost=True,
-                        untrusted=True)
+                              f"the address names {conn.address.instance:#x}); the address is stale", lost=True)
             return
         problem = self.endpoints.make(conn, message.worker_address)
         if problem is not None:
