@@ -592,6 +592,8 @@ class Engine:
             self._drop(conn, f"peer {conn.label} sent a second Hello")
             return
         if conn.outbound and conn.address is not None and message.instance != conn.address.instance:
+            log.warning("kvwire-ucx on port %d: %s answers as instance %#x, its address names %#x; closing it as stale",
+                        self.port, conn.label, message.instance, conn.address.instance)
             self._close(conn, f"another kvwire-ucx backend answers at {conn.label} (instance {message.instance:#x}, "
                               f"the address names {conn.address.instance:#x}); the address is stale", lost=True)
             return
