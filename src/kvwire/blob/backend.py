@@ -68,14 +68,16 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from kvwire.blob.driver import BatchResult, KeyStatus, StoreDriver
+from kvwire.blob.driver import all_ok as _all_ok
 from kvwire.blob.keys import check_namespace, store_keys
 from kvwire.blob.lookups import LookupRunner, check_timeout
 from kvwire.contract import (
     CONTRACT_VERSION,
-    Cause,
     Capabilities,
+    Cause,
     Hint,
     InvalidSubmission,
+    LayerGroupRows,
     MemoryKind,
     Outcome,
     SlotRegion,
@@ -84,9 +86,9 @@ from kvwire.contract import (
     WakeFn,
 )
 from kvwire.contract.backend import Attempt, Backend, Registration
-from kvwire.contract.regions import RegionTable, TableRegistration
 from kvwire.contract.capabilities import OtherEnd
 from kvwire.contract.lookup import LOOKUP, Lookup
+from kvwire.contract.regions import RegionTable, TableRegistration
 
 __all__ = ["BlobBackend", "BlobRegistration", "STORE_HINT_KIND", "blob_capabilities"]
 
@@ -150,9 +152,25 @@ class _Core:
         self.table = RegionTable(driver.memory_kinds)
         #: Open registrations by their table token (closed with the backend).
         self.registered: dict[int, BlobRegistration] = {}
+        #: Regions, by id (the value is the region itself, which also keeps its id from being
+        #: reused), whose whole span the table found inside one open registration: a group in
+        #: one of them is recognized without asking the table again, since its slots lie in
+        #: the region (V1.2). Only ever a subset of what the table recognizes: cleared whenever
+        #: a registration closes (M3.7, M4.5). Read on the holder's call sequence (B2).
+        self.recognized: dict[int, SlotRegion] = {}
         #: Attempts whose change came from the holder's own call (cancel, shutdown): the
         #: deadline thread wakes them, so wake never runs inside a backend method.
         self.wakes_due: list[_BlobAttempt] = []
+
+    def recognize(self, group: LayerGroupRows, index: int) -> None:
+        """M4 for one group, by the table (raises ``InvalidSubmission``); remembers the group's
+        region when its whole span lies inside the registered region that holds the rows."""
+        held = self.table.locate(group, index).region
+        region = group.region
+        if held is not None and held.base <= region.base and region.end <= held.end:
+            if len(self.recognized) >= 1024:
+                self.recognized.clear()
+            self.recognized[id(region)] = region
 
     def wake_later(self, attempt: _BlobAttempt) -> None:
         """Under ``cond``: have the deadline thread call ``attempt``'s wake. Wakes are batched:
@@ -229,6 +247,7 @@ class BlobRegistration(Registration):
         with core.cond:
             if core.registered.pop(self._entry.token, None) is None:
                 return
+            core.recognized.clear()
             self._entry.close()
         core.driver.unregister(self._entry.regions)
 
@@ -253,7 +272,11 @@ class _BlobAttempt(Attempt):
         self._sizes = sizes
         self._offsets = offsets
         self._unorder = unorder  # issue order -> group-major order, when they differ
-        self._delivered = np.zeros(len(keys), dtype=bool)
+        #: One bit per row in issue order, made when a chunk first needs it: an attempt whose
+        #: one chunk delivers every row never writes or reads it.
+        self._delivered: np.ndarray | None = None
+        #: How many rows have a true bit (so "all delivered" costs no pass over the bits).
+        self._held = 0
         self._fault: tuple[int, str] | None = None
         self._timeout_s = timeout_s
         self._deadline = time.monotonic() + timeout_s
@@ -290,15 +313,26 @@ class _BlobAttempt(Attempt):
         """Read-only masks, one per group, cut from ``_delivered`` as it stands (a mask of all
         true bits is a shared read-only array, which no one can write: A6.3, A6.5)."""
         offsets = self._offsets
-        if len(offsets) == 2 and self._delivered.all():
-            return (_all_true(offsets[1]),)
-        delivered = self._delivered if self._unorder is None else self._delivered[self._unorder]
+        n = len(self._keys)
+        if len(offsets) == 2 and self._held == n:
+            return (_all_true(n),)
+        delivered = self._delivered_bits()
+        if self._unorder is not None:
+            delivered = delivered[self._unorder]
         masks = []
         for i in range(len(offsets) - 1):
             mask = delivered[offsets[i]:offsets[i + 1]].copy()
             mask.setflags(write=False)
             masks.append(mask)
         return tuple(masks)
+
+    def _delivered_bits(self) -> np.ndarray:
+        delivered = self._delivered
+        if delivered is None:
+            delivered = self._delivered = np.zeros(len(self._keys), dtype=bool)
+            if self._held:  # only a chunk of every row counts without the bits
+                delivered[:] = True
+        return delivered
 
     def _conclude_locked(self, outcome: Outcome) -> None:
         self._outcome = outcome
@@ -329,19 +363,22 @@ class _BlobAttempt(Attempt):
         """Whether the next chunk may run, and whether a wake is owed (the attempt concluded
         because its deadline passed). ``inline``: the holder's own call runs the chunk, so the
         deadline thread owes that wake (W1.6)."""
-        expired = False
         with self._core.cond:
-            if self._outcome is None and time.monotonic() >= self._deadline:
-                self._expire_locked()
-                expired = True
-                if inline:
-                    self._core.wake_later(self)
-            if self._outcome is not None:
-                self._remaining -= 1
-                go = False
-            else:
-                self._running += 1
-                go = True
+            return self._begin_chunk_locked(inline)
+
+    def _begin_chunk_locked(self, inline: bool) -> tuple[bool, bool]:
+        expired = False
+        if self._outcome is None and time.monotonic() >= self._deadline:
+            self._expire_locked()
+            expired = True
+            if inline:
+                self._core.wake_later(self)
+        if self._outcome is not None:
+            self._remaining -= 1
+            go = False
+        else:
+            self._running += 1
+            go = True
         return go, expired and not inline
 
     def _end_chunk(self, lo: int, hi: int, result: BatchResult, inline: bool) -> bool:
@@ -372,8 +409,12 @@ class _BlobAttempt(Attempt):
         if status.shape != (hi - lo,):
             self._fault_at(lo, f"the store driver answered {status.size} statuses for {hi - lo} keys")
             return
-        if not status.any():  # every key OK (code 0): the common case, one numpy call
-            self._delivered[lo:hi] = True
+        if _all_ok(status):  # every key OK (code 0): the common case
+            if hi - lo == len(self._keys):
+                self._held = hi - lo  # the one chunk of every row: no bits to write
+            else:
+                self._delivered_bits()[lo:hi] = True
+                self._held += hi - lo
             return
         if self._op == _PUT:
             ok = (status == _OK) | (status == _THERE)
@@ -381,7 +422,8 @@ class _BlobAttempt(Attempt):
         else:
             ok = status == _OK
             fine = ok | (status == _MISSING)
-        self._delivered[lo:hi] = ok
+        self._delivered_bits()[lo:hi] = ok
+        self._held += int(np.count_nonzero(ok))
         bad = np.flatnonzero(~fine)
         if bad.size:
             i = int(bad[0])
@@ -395,6 +437,18 @@ class _BlobAttempt(Attempt):
 
 
 _NO_KEYS = BatchResult(np.zeros(0, dtype=np.uint8))
+_NO_ROWS = np.zeros(0, dtype=np.uint64)
+_NO_ROWS.setflags(write=False)
+_ADDRESS_LIMIT = 1 << 64
+
+
+def _row_addresses(region: SlotRegion, slots: np.ndarray) -> np.ndarray:
+    """``region.addresses(slots)``; a few rows in Python ints, which costs less than numpy's
+    fixed price per call (the same values: a region that ends past 2**64 takes numpy's path)."""
+    if slots.size > 4 or region.end >= _ADDRESS_LIMIT:
+        return region.addresses(slots)
+    base, step = region.base, region.slot_bytes
+    return np.array([base + slot * step for slot in slots.tolist()], dtype=np.uint64)
 
 
 @functools.lru_cache(maxsize=256)
@@ -432,17 +486,27 @@ def _run_chunk(driver: StoreDriver, attempt: _BlobAttempt, lo: int, hi: int, *, 
     go, owed = attempt._begin_chunk(inline)
     if not go:
         return owed
-    result = _NO_KEYS
-    if hi > lo:
-        call = driver.put if attempt._op == _PUT else driver.get_into
-        try:
-            result = call(attempt._keys[lo:hi], attempt._addresses[lo:hi], attempt._sizes[lo:hi])
-            if not isinstance(result, BatchResult):
-                raise TypeError(f"returned {type(result).__name__}, not a BatchResult")
-        except Exception as exc:
-            log.warning("store driver %s raised during a %s: %s", type(driver).__name__, attempt._op, exc)
-            result = BatchResult.uniform(
-                hi - lo, KeyStatus.FAILED, f"the store driver raised {type(exc).__name__}: {exc}")
+    return _finish_chunk(attempt, lo, hi, _call_driver(driver, attempt, lo, hi), inline=inline)
+
+
+def _call_driver(driver: StoreDriver, attempt: _BlobAttempt, lo: int, hi: int) -> BatchResult:
+    """The driver's answer for rows ``lo:hi`` of a chunk that has begun; a driver that raises or
+    answers something else is a fault of every row (S5.3)."""
+    if hi == lo:
+        return _NO_KEYS
+    call = driver.put if attempt._op == _PUT else driver.get_into
+    try:
+        result = call(attempt._keys[lo:hi], attempt._addresses[lo:hi], attempt._sizes[lo:hi])
+        if not isinstance(result, BatchResult):
+            raise TypeError(f"returned {type(result).__name__}, not a BatchResult")
+    except Exception as exc:
+        log.warning("store driver %s raised during a %s: %s", type(driver).__name__, attempt._op, exc)
+        result = BatchResult.uniform(
+            hi - lo, KeyStatus.FAILED, f"the store driver raised {type(exc).__name__}: {exc}")
+    return result
+
+
+def _finish_chunk(attempt: _BlobAttempt, lo: int, hi: int, result: BatchResult, *, inline: bool) -> bool:
     try:
         return attempt._end_chunk(lo, hi, result, inline)
     except Exception:  # never lose a worker; the attempt will still hit its deadline
@@ -570,6 +634,7 @@ class BlobBackend(Backend, Lookup):
         try:
             core.driver.register(entry.regions)
         except BaseException:
+            core.recognized.clear()
             entry.close()
             raise
         registration = BlobRegistration(core, entry)
@@ -603,23 +668,25 @@ class BlobBackend(Backend, Lookup):
         addresses, sizes = [], []
         offsets = [0]
         total_bytes = 0
+        kinds = self._capabilities.memory_kinds
         for group in view.groups:
             region = group.region
-            rows = group.rows
+            rows = group.slots.size
             offsets.append(offsets[-1] + rows)
             if rows == 0:
                 continue
             total_bytes += rows * region.slot_bytes
-            if region.memory_kind not in self._capabilities.memory_kinds:
+            if region.memory_kind not in kinds:
                 raise InvalidSubmission(
                     f"group {group.group_id} lies in {region.memory_kind.value} memory, which this store "
-                    f"driver cannot reach (it reaches: {_kinds(self._capabilities.memory_kinds)})")
-            core.table.locate(group, len(offsets) - 2)  # M4: every row inside one registered region
+                    f"driver cannot reach (it reaches: {_kinds(kinds)})")
+            if core.recognized.get(id(region)) is not region:
+                core.recognize(group, len(offsets) - 2)  # M4: every row inside one registered region
             if group.names is None:
                 raise InvalidSubmission(
                     f"group {group.group_id} carries no content names; a blob backend addresses rows by name")
             keys += store_keys(namespace, group.group_id, group.names)
-            addresses.append(group.addresses())
+            addresses.append(_row_addresses(region, group.slots))
             sizes.append(_row_sizes(rows, region.slot_bytes))
         if op == _GET and not _rows_distinct(view):
             clash = view.overlapping_rows()
@@ -642,7 +709,8 @@ class BlobBackend(Backend, Lookup):
             keys = [keys[i] for i in order.tolist()]
             unorder = np.argsort(order)
         else:
-            flat_addresses = flat_sizes = np.zeros(0, dtype=np.uint64)
+            flat_addresses = flat_sizes = _NO_ROWS
+        inline = total_bytes <= self._inline_bytes
         if total_bytes <= self._chunk_bytes:
             bounds = [0, len(keys)]  # one chunk; an empty submission still concludes on a worker
         else:
@@ -657,21 +725,26 @@ class BlobBackend(Backend, Lookup):
             attempt = _BlobAttempt(core, op, view, wake, keys, flat_addresses, flat_sizes, offsets,
                                    len(bounds) - 1, timeout_s, unorder)
             core.active[attempt] = None
-            if total_bytes > self._inline_bytes and attempt._deadline < core.watch_until:
+            if inline:
+                # The chunk's start, under the same hold of the lock (A8.1: the deadline is
+                # still checked before the copy).
+                go = attempt._begin_chunk_locked(inline=True)[0]
+            elif attempt._deadline < core.watch_until:
                 core.watch_until = attempt._deadline
                 core.watch.notify()
-        if total_bytes <= self._inline_bytes:
+        if inline:
             # One chunk, moved here: the attempt has concluded and quiesced when this returns
             # (A3 asks nothing of the holder; A2.6 lets both come before the return), and the
             # deadline thread owes its wakes, since no wake runs inside this call (W1.1, W1.6).
-            try:
-                _run_chunk(core.driver, attempt, 0, len(keys), inline=True)
-            finally:
-                if attempt._outcome is None:  # recording failed: the deadline thread takes over
-                    with core.cond:
-                        if attempt._deadline < core.watch_until:
-                            core.watch_until = attempt._deadline
-                            core.watch.notify()
+            if go:
+                try:
+                    _finish_chunk(attempt, 0, len(keys), _call_driver(core.driver, attempt, 0, len(keys)), inline=True)
+                finally:
+                    if attempt._outcome is None:  # recording failed: the deadline thread takes over
+                        with core.cond:
+                            if attempt._deadline < core.watch_until:
+                                core.watch_until = attempt._deadline
+                                core.watch.notify()
             return attempt
         put = core.queue.put
         for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import abc
 import enum
-import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -33,12 +32,26 @@ class KeyStatus(enum.IntEnum):
 _HIGHEST_STATUS = int(max(KeyStatus))
 
 
-@functools.lru_cache(maxsize=64)
+#: Read-only arrays of OK codes by length, shared, since nobody can write them.
+_OK_CODES: dict[int, np.ndarray] = {}
+
+
 def _all_ok(n: int) -> np.ndarray:
-    """A read-only array of ``n`` OK codes; shared, since nobody can write it."""
-    status = np.zeros(n, dtype=np.uint8)  # KeyStatus.OK is 0
-    status.setflags(write=False)
+    """A read-only array of ``n`` OK codes (shared; at most 64 lengths are kept)."""
+    status = _OK_CODES.get(n)
+    if status is None:
+        status = np.zeros(n, dtype=np.uint8)  # KeyStatus.OK is 0
+        status.setflags(write=False)
+        if len(_OK_CODES) >= 64:
+            _OK_CODES.clear()
+        _OK_CODES[n] = status
     return status
+
+
+def all_ok(status: np.ndarray) -> bool:
+    """Whether every code of a :class:`BatchResult`'s ``status`` is ``OK``: at once for the
+    shared array :meth:`BatchResult.ok` answers, else by looking at the codes."""
+    return _OK_CODES.get(status.size) is status or not status.any()
 
 
 @dataclass(frozen=True, slots=True)

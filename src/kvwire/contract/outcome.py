@@ -43,7 +43,15 @@ _FAILED_CAUSES = frozenset({Cause.DEADLINE, Cause.FAULT, Cause.PEER_GONE, Cause.
 _CANCELLED_CAUSES = frozenset({Cause.HOLDER_CANCELLED, Cause.PEER_CANCELLED, Cause.SHUTDOWN})
 
 
+_BOOL = np.dtype(np.bool_)
+
+
 def _keep_or_copy(mask: object, index: int) -> np.ndarray:
+    # The common case first, in as few steps as possible: a plain, read-only, one-dimensional
+    # bool array is kept as it is (A6.3). Anything else takes the full path below, which gives
+    # the same answer for that case and the errors for the others.
+    if type(mask) is np.ndarray and mask.dtype is _BOOL and mask.ndim == 1 and not mask.flags.writeable:
+        return mask
     dtype = getattr(mask, "dtype", None)
     if dtype is None:
         raise TypeError(f"delivery mask {index} must be a bool numpy array, got {type(mask).__name__}")
@@ -62,7 +70,11 @@ def _keep_or_copy(mask: object, index: int) -> np.ndarray:
     return plain
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+_set = object.__setattr__
+_DELIVERED, _FAILED, _CANCELLED = OutcomeStatus.DELIVERED, OutcomeStatus.FAILED, OutcomeStatus.CANCELLED
+
+
+@dataclass(frozen=True, slots=True, eq=False, init=False)
 class Outcome:
     """How an attempt ended: ``DELIVERED``, ``FAILED`` (with a reason) or ``CANCELLED``
     (locally, or by the peer), and one read-only bool delivery mask per view group.
@@ -79,32 +91,44 @@ class Outcome:
     by_peer: bool = False
     cause: Cause | None = None
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.status, OutcomeStatus):
-            raise TypeError(f"Outcome.status must be an OutcomeStatus, got {self.status!r}")
-        if isinstance(self.masks, np.ndarray):
+    def __init__(self, status: OutcomeStatus, masks: tuple[np.ndarray, ...], reason: str | None = None,
+                 by_peer: bool = False, cause: Cause | None = None) -> None:
+        # Written out rather than generated: an outcome is made for every submission, so the
+        # checks run in as few Python steps as the same rules allow (one pass, no generator).
+        if not isinstance(status, OutcomeStatus):
+            raise TypeError(f"Outcome.status must be an OutcomeStatus, got {status!r}")
+        if isinstance(masks, np.ndarray):
             raise TypeError("Outcome.masks is a sequence of masks, one per view group")
-        object.__setattr__(self, "masks", tuple(_keep_or_copy(m, i) for i, m in enumerate(self.masks)))
-        if self.status is OutcomeStatus.FAILED and not self.reason:
+        kept = []
+        for i, mask in enumerate(masks):
+            kept.append(_keep_or_copy(mask, i))
+        _set(self, "status", status)
+        _set(self, "masks", tuple(kept))
+        _set(self, "reason", reason)
+        _set(self, "by_peer", by_peer)
+        _set(self, "cause", cause)
+        if status is _DELIVERED and reason is None and cause is None and not by_peer:
+            return  # the common case: nothing more to check
+        if status is _FAILED and not reason:
             raise ValueError("a FAILED Outcome must say why (reason)")
-        if self.status is OutcomeStatus.DELIVERED and self.reason is not None:
+        if status is _DELIVERED and reason is not None:
             raise ValueError("a DELIVERED Outcome carries no failure reason")
-        if self.by_peer and self.status is not OutcomeStatus.CANCELLED:
+        if by_peer and status is not _CANCELLED:
             raise ValueError("only a CANCELLED Outcome can be cancelled by the peer")
-        if self.cause is not None and not isinstance(self.cause, Cause):
-            raise TypeError(f"Outcome.cause must be a Cause or None, got {self.cause!r}")
-        if self.status is OutcomeStatus.DELIVERED and self.cause is not None:
+        if cause is not None and not isinstance(cause, Cause):
+            raise TypeError(f"Outcome.cause must be a Cause or None, got {cause!r}")
+        if status is _DELIVERED and cause is not None:
             raise ValueError("a DELIVERED Outcome carries no cause")
-        if self.status is OutcomeStatus.FAILED and self.cause is not None and self.cause not in _FAILED_CAUSES:
+        if status is _FAILED and cause is not None and cause not in _FAILED_CAUSES:
             raise ValueError(f"a FAILED Outcome's cause is one of {sorted(c.name for c in _FAILED_CAUSES)}, "
-                             f"got {self.cause.name}")
-        if self.status is OutcomeStatus.CANCELLED:
-            if self.cause is None:
-                object.__setattr__(self, "cause", Cause.PEER_CANCELLED if self.by_peer else Cause.HOLDER_CANCELLED)
-            elif self.cause not in _CANCELLED_CAUSES:
+                             f"got {cause.name}")
+        if status is _CANCELLED:
+            if cause is None:
+                _set(self, "cause", Cause.PEER_CANCELLED if by_peer else Cause.HOLDER_CANCELLED)
+            elif cause not in _CANCELLED_CAUSES:
                 raise ValueError(f"a CANCELLED Outcome's cause is one of "
-                                 f"{sorted(c.name for c in _CANCELLED_CAUSES)}, got {self.cause.name}")
-            elif (self.cause is Cause.PEER_CANCELLED) != self.by_peer:
+                                 f"{sorted(c.name for c in _CANCELLED_CAUSES)}, got {cause.name}")
+            elif (cause is Cause.PEER_CANCELLED) != by_peer:
                 raise ValueError("a CANCELLED Outcome's cause is PEER_CANCELLED exactly when by_peer is true")
 
     @classmethod
