@@ -217,7 +217,8 @@ def test_a_publish_to_a_full_store_is_partly_declined_not_failed(
 @pytest.fixture(scope="module")
 def fragile_backend(mooncake_ready: None) -> Iterator[tuple[MasterProcess, BlobBackend]]:
     master = MasterProcess().start()
-    backend = build(master.address, segment_bytes=16 << 20, timeout_s=8.0)
+    # Its segment at setup: the fixture probes the store with puts before any test registers.
+    backend = build(master.address, segment_bytes=16 << 20, timeout_s=8.0, segment_when="setup")
     try:
         yield master, backend
     finally:

@@ -56,13 +56,18 @@ class MooncakeDriver(StoreDriver):
     memory_kinds = frozenset({MemoryKind.HOST})
 
     def __init__(self, client: Any, *, master: str, owned_master: MasterProcess | None = None,
-                 close_client: bool = True, check_existing: bool = True) -> None:
+                 close_client: bool = True, check_existing: bool = True, mount_segment_bytes: int = 0,
+                 protocol: str = "tcp") -> None:
         """A driver over ``client``, a set-up ``MooncakeDistributedStore`` reaching ``master``.
         ``close()`` closes the client unless ``close_client`` is false (a client shared by
         several drivers), and stops ``owned_master`` if given. With ``check_existing`` false,
         ``put`` skips the existence check (one master round trip per call) and reports every
-        stored key ``OK``, never ``ALREADY_THERE``."""
+        stored key ``OK``, never ``ALREADY_THERE``. With ``mount_segment_bytes`` the client
+        contributes a segment of that size (over ``protocol``) when the first region is
+        registered, not before: a driver that never moves rows holds no objects."""
         self._client = client
+        self._mount_segment_bytes = int(mount_segment_bytes)
+        self._protocol = protocol
         self._check_existing = check_existing
         self._master = master
         self._owned_master = owned_master
@@ -90,8 +95,9 @@ class MooncakeDriver(StoreDriver):
             client = module.MooncakeDistributedStore()
             hostname = settings.hostname_for(master)
             started = time.monotonic()
+            later = settings.segment_bytes if settings.segment_when == "registered" else 0
             rc = client.setup(
-                hostname, settings.metadata_server, settings.segment_bytes, settings.local_buffer_bytes,
+                hostname, settings.metadata_server, settings.segment_bytes - later, settings.local_buffer_bytes,
                 settings.protocol, settings.rdma_devices, master,
             )
             if rc != 0:
@@ -101,9 +107,11 @@ class MooncakeDriver(StoreDriver):
             if owned is not None:
                 owned.stop()
             raise
-        log.info("mooncake client %s set up against master %s (%s, segment %d bytes)",
-                 hostname, master, settings.protocol, settings.segment_bytes)
-        return cls(client, master=master, owned_master=owned, check_existing=check_existing)
+        log.info("mooncake client %s set up against master %s (%s, segment %d bytes%s)",
+                 hostname, master, settings.protocol, settings.segment_bytes,
+                 ", contributed at the first registration" if later else "")
+        return cls(client, master=master, owned_master=owned, check_existing=check_existing,
+                   mount_segment_bytes=later, protocol=settings.protocol)
 
     @property
     def master(self) -> str:
@@ -128,6 +136,8 @@ class MooncakeDriver(StoreDriver):
         with self._cond:
             if self._closed:
                 raise RuntimeError("the Mooncake driver is closed; it registers nothing")
+            if regions and self._mount_segment_bytes:
+                self._mount_segment_locked()
             for region in regions:
                 if region.memory_kind not in self.memory_kinds:
                     self._unregister_locked(done)
@@ -145,6 +155,23 @@ class MooncakeDriver(StoreDriver):
                     )
                 self._registered[region.base] = region
                 done.append(region)
+
+    def _mount_segment_locked(self) -> None:
+        """Contribute the segment deferred at setup (``segment_when = registered``), once."""
+        size = self._mount_segment_bytes
+        answer = self._client.allocate_and_mount_segment(size, self._protocol, "")
+        rc = int(answer.get("ret", -1)) if isinstance(answer, dict) else int(answer)
+        if rc != 0:
+            raise RuntimeError(
+                f"Mooncake could not mount this client's {size}-byte segment (segment_when = registered): "
+                f"{codes.describe('allocate_and_mount_segment', rc)}")
+        self._mount_segment_bytes = 0
+        log.info("mooncake client contributed its %d-byte segment at its first registration", size)
+
+    @property
+    def segment_pending(self) -> bool:
+        """Whether the client's segment waits for the first registration to be contributed."""
+        return self._mount_segment_bytes > 0
 
     def unregister(self, regions: Sequence[SlotRegion]) -> None:
         with self._cond:

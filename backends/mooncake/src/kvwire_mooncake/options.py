@@ -35,6 +35,12 @@ OPTIONS: tuple[Option, ...] = (
            "Memory this client contributes to the store's pool: 0 (a pure client) or at least 16 MiB. "
            "Stored objects live in some client's segment and vanish when that client closes.",
            minimum=0),
+    Option("segment_when", str, "registered",
+           "When the client contributes its segment: 'registered', once the backend registers its first "
+           "region (a backend that moves no rows, such as a vLLM scheduler's lookup-only one, then holds no "
+           "objects: every object lives with a worker, where its readers on that worker copy it locally); "
+           "'setup', at once, for a backend that only lends memory to the pool.",
+           choices=("registered", "setup")),
     Option("local_buffer_bytes", int, 16 << 20,
            "Mooncake's staging buffer. Rows move zero-copy from registered memory and do not pass "
            "through it (measured with 0.3.13), so the default suffices for any row size.",
@@ -75,6 +81,8 @@ class ClientSettings:
     metadata_server: str = "P2PHANDSHAKE"
     local_hostname: str = ""
     segment_bytes: int = 256 << 20
+    #: ``"setup"``: contribute the segment at setup; ``"registered"``: at the first registration.
+    segment_when: str = "setup"
     local_buffer_bytes: int = 16 << 20
     setup_retries: int = 2
     rpc_timeout_s: float = 10.0
@@ -85,6 +93,10 @@ class ClientSettings:
             raise ConfigError(
                 f"option 'segment_bytes' of backend 'mooncake': {self.segment_bytes} is too small; "
                 f"Mooncake needs 0 (contribute no memory) or at least {MIN_SEGMENT_BYTES} bytes"
+            )
+        if self.segment_when not in ("setup", "registered"):
+            raise ConfigError(
+                f"option 'segment_when' of backend 'mooncake': {self.segment_when!r} is neither 'setup' nor 'registered'"
             )
         if self.master and not _is_host_port(self.master):
             raise ConfigError(
@@ -105,6 +117,7 @@ class ClientSettings:
             metadata_server=options.get("metadata_server", "P2PHANDSHAKE"),
             local_hostname=options.get("local_hostname", ""),
             segment_bytes=int(options.get("segment_bytes", 256 << 20)),
+            segment_when=options.get("segment_when", "setup"),
             local_buffer_bytes=int(options.get("local_buffer_bytes", 16 << 20)),
             setup_retries=int(options.get("setup_retries", 2)),
             rpc_timeout_s=float(options.get("rpc_timeout_s", 10.0)),
