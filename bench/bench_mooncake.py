@@ -1,6 +1,18 @@
 """Mooncake plugin against the raw Mooncake zero-copy calls, on the same rows, in the same run.
 
     .venv/bin/python bench/bench_mooncake.py [--quick] [--total-mib N] [--runs N] [--check-existing]
+    .venv/bin/python bench/bench_mooncake.py --prompts [--lengths 1024,...] [--runs N] [--variant NAME=JSON]
+                                             [--engines [--schedulers N [--scheduler-options JSON]]]
+
+``--prompts``: the store calls alone at the sizes a 1k..16k-token prompt of the tiny vLLM test
+model moves (31..511 whole blocks, 2 layers x 16 KiB per block), kvwire (a publish and a fetch of
+one view, a group per layer, through the plugin's backend: the calls kvwire-vllm makes) against
+the raw store API called the way vLLM's ``MooncakeStoreConnector`` calls it (one key per block,
+a buffer per layer: ``batch_is_exist`` then ``batch_put_from_multi_buffers``; one
+``batch_get_into_multi_buffers``), side by side in one run, medians. The writer is this
+process, the reader a spawned one; the segment is a third process's (``mooncake_client``), so
+every byte of both paths crosses the transfer engine, or with ``--engines`` the writer's and the
+reader's own (as two engines' workers hold them: part of each fetch is then a local copy).
 
 Starts its own ``mooncake_master`` on free loopback ports (and stops it). A writer publishes
 ~64 MiB of rows (64 KiB ... 16 MiB each) and a reader fetches them into other memory:
@@ -29,7 +41,11 @@ and not put them again. Raw has no such step to match: Mooncake 0.3.13's ``batch
 answers ``0`` for a key that exists (it keeps the first object and moves no bytes), exactly as
 for a new key, and a publish's outcome is the same either way (the row is held). So the default
 comparison times the same Mooncake calls on both sides; ``--check-existing`` times the plugin's
-default configuration against the same raw calls (kvwire then does one call more than raw)."""
+default configuration against the same raw calls (kvwire then does one call more than raw).
+
+Why one file of this size: both modes share the reader process and its pipe protocol, the byte
+checks off the timed threads, the key layout and the master; split, each would import the
+other's internals."""
 
 from __future__ import annotations
 
@@ -40,6 +56,7 @@ import json
 import multiprocessing
 import os
 import statistics
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -51,7 +68,7 @@ os.environ.setdefault("MC_STORE_CLIENT_SETUP_RETRIES", "1")
 
 import numpy as np  # noqa: E402
 from _waiting import Direction, Mover  # noqa: E402  (bench/ is on sys.path when a bench runs)
-from kvwire_mooncake.master import MasterProcess  # noqa: E402
+from kvwire_mooncake.master import MasterProcess, find_master_binary, free_port  # noqa: E402
 
 from kvwire.blob import BlobBackend, store_keys  # noqa: E402
 from kvwire.contract import (  # noqa: E402
@@ -298,6 +315,231 @@ def measure(writer: BlobBackend, reader: Reader, row_bytes: int, total: int, run
     return figures
 
 
+# -- prompt sizes: kvwire against vLLM's MooncakeStoreConnector's way of calling the store ---------
+
+BLOCK_TOKENS, LAYERS, LAYER_BLOCK_BYTES = 32, 2, 16 * KIB  # the tiny Llama of tests/vllm and bench_vllm
+PROMPTS = (1024, 2048, 4096, 8192, 16384)
+HOLDER_SEGMENT = 1 << 30
+
+
+def vllm_keys(blocks: int, salt: int) -> list[str]:
+    """Keys as long as vLLM's ``PoolKey`` strings (model, namespace and ranks, then the block
+    hash): one key per block, all layers in one object."""
+    return [f"tiny-llama@tp_rank:0@pcp0@dcp0@pp_rank:0@{salt:032x}{b:032x}" for b in range(blocks)]
+
+
+class PromptSide:
+    """One engine worker's side: a KV tensor per layer (``[num_blocks, 16 KiB]``, as vLLM's CPU
+    cache lays out one layer), registered with a kvwire backend built by the plugin, whose
+    Mooncake client also serves the raw calls (registered once, used by both)."""
+
+    def __init__(self, master: str, num_blocks: int, options: dict[str, Any]) -> None:
+        self.backend = load("mooncake").build({"master": master, "segment_bytes": 0, "setup_retries": 1,
+                                               "timeout_s": 60.0, **options})
+        assert isinstance(self.backend, BlobBackend)
+        self.client = self.backend.driver.client  # type: ignore[attr-defined]
+        self.caches = [np.zeros((num_blocks, LAYER_BLOCK_BYTES), dtype=np.uint8) for _ in range(LAYERS)]
+        self.regions = [region_of(c, 10 + i) for i, c in enumerate(self.caches)]
+        self.registration = self.backend.register_regions(self.regions)
+        self.mover = Mover()
+
+    def block_ids(self, blocks: int) -> np.ndarray:
+        return np.arange(1, blocks + 1)  # block 0 is vLLM's null block
+
+    def view(self, blocks: int, salt: int) -> View:
+        ids = self.block_ids(blocks)
+        names = names_of(blocks, salt)
+        return View(tuple(LayerGroupRows(g, CacheKind.PAGED, self.regions[g], ids,
+                                         TokenRange(0, BLOCK_TOKENS * blocks), names) for g in range(LAYERS)))
+
+    def vllm_args(self, blocks: int, salt: int) -> tuple[list[str], list[list[int]], list[list[int]]]:
+        """What vLLM's connector passes: per block one key, one pointer and size per layer."""
+        addresses = np.stack([r.addresses(self.block_ids(blocks)) for r in self.regions], axis=1)
+        return vllm_keys(blocks, salt), addresses.tolist(), [[LAYER_BLOCK_BYTES] * LAYERS] * blocks
+
+    def driver_args(self, blocks: int, salt: int) -> tuple[list[str], np.ndarray, np.ndarray]:
+        """What the blob backend hands its driver for the view: every group's keys, block by block."""
+        ids, names = self.block_ids(blocks), names_of(blocks, salt)
+        keys = [k for pair in zip(*(store_keys(HINT.get("namespace"), g, names) for g in range(LAYERS)), strict=True)
+                for k in pair]
+        addresses = np.stack([r.addresses(ids) for r in self.regions], axis=1).reshape(-1).astype(np.uint64)
+        return keys, addresses, np.full(blocks * LAYERS, LAYER_BLOCK_BYTES, dtype=np.uint64)
+
+    def digest(self, blocks: int) -> str:
+        ids = self.block_ids(blocks)
+        return hashlib.sha256(b"".join(c[ids].tobytes() for c in self.caches)).hexdigest()
+
+    def publish(self, path: str, blocks: int, salt: int) -> float:
+        started = time.perf_counter()
+        if path == "vllm":  # KVCacheStoreSendingThread: batch_is_exist, then put the missing ones
+            keys, addresses, sizes = self.vllm_args(blocks, salt)
+            started = time.perf_counter()
+            exist = self.client.batch_is_exist(keys)
+            todo = [i for i, e in enumerate(exist) if e != 1]
+            codes = self.client.batch_put_from_multi_buffers(
+                [keys[i] for i in todo], [addresses[i] for i in todo], [sizes[i] for i in todo])
+            took = time.perf_counter() - started
+            assert not any(codes), f"vllm-way put answered {sorted(set(codes))}"
+            return took
+        if path == "driver":  # kvwire's driver called directly, without the blob backend
+            keys, addresses, sizes = self.driver_args(blocks, salt)
+            started = time.perf_counter()
+            result = self.backend.driver.put(keys, addresses, sizes)
+            took = time.perf_counter() - started
+            assert not result.status.any(), result.first_reason()
+            return took
+        self.mover.move(self.backend, Direction.PUBLISH, self.view(blocks, salt), HINT)
+        return time.perf_counter() - started
+
+    def fetch(self, path: str, blocks: int, salt: int, expect: str) -> float:
+        off_thread(lambda: [c.fill(0) for c in self.caches])
+        if path == "vllm":  # KVCacheStoreRecvingThread: one batch_get_into_multi_buffers
+            keys, addresses, sizes = self.vllm_args(blocks, salt)
+            started = time.perf_counter()
+            got = self.client.batch_get_into_multi_buffers(keys, addresses, sizes)
+            took = time.perf_counter() - started
+            assert got == [LAYER_BLOCK_BYTES * LAYERS] * blocks, f"vllm-way get answered {sorted(set(got))}"
+        elif path == "driver":
+            keys, addresses, sizes = self.driver_args(blocks, salt)
+            started = time.perf_counter()
+            result = self.backend.driver.get_into(keys, addresses, sizes)
+            took = time.perf_counter() - started
+            assert not result.status.any(), result.first_reason()
+        else:
+            view = self.view(blocks, salt)
+            started = time.perf_counter()
+            self.mover.move(self.backend, Direction.FETCH, view, HINT)
+            took = time.perf_counter() - started
+        if off_thread(lambda: self.digest(blocks)) != expect:
+            raise AssertionError(f"{path} fetch of {blocks} blocks: the bytes differ from what was published")
+        return took
+
+    def close(self) -> None:
+        self.registration.close()
+        self.backend.close()
+
+
+def prompt_reader_process(conn: Connection, master: str, num_blocks: int, variants: dict[str, Any]) -> None:
+    """The spawned reader (engine B's worker): one side per variant, driven by JSON commands."""
+    sides = {name: PromptSide(master, num_blocks, options) for name, options in variants.items()}
+    try:
+        conn.send_bytes(b"{}")
+        while True:
+            command = json.loads(conn.recv_bytes())
+            if command["op"] != "fetch":
+                break
+            try:
+                side = sides[command["side"]]
+                seconds = side.fetch(command["path"], command["blocks"], command["salt"], command["expect"])
+                answer: dict[str, Any] = {"ok": True, "seconds": seconds}
+            except AssertionError as exc:
+                answer = {"ok": False, "error": str(exc)}
+            conn.send_bytes(json.dumps(answer).encode())
+    finally:
+        for side in sides.values():
+            side.close()
+
+
+def start_holder(master: str) -> subprocess.Popen[bytes]:
+    """A standalone ``mooncake_client`` contributing the store's only segment: every put and every
+    get of both paths crosses the transfer engine (loopback TCP), as between engines whose
+    objects live in a third process's memory."""
+    binary = find_master_binary().with_name("mooncake_client")
+    return subprocess.Popen([str(binary), "-host=127.0.0.1", "-metadata_server=P2PHANDSHAKE",
+                             f"-master_server_address={master}", f"-global_segment_size={HOLDER_SEGMENT}",
+                             f"-port={free_port()}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def prompts_main(runs: int, variants: dict[str, dict[str, Any]], lengths: tuple[int, ...], engines: bool = False,
+                 schedulers: int = 0, scheduler_options: dict[str, Any] | None = None) -> None:
+    """kvwire (each variant of plugin options) against vLLM's way, at each prompt length.
+    ``engines``: no holder; the writer's and the reader's clients contribute the segments (256 MiB
+    each), as two engines' workers do, so part of each fetch is local; plus ``schedulers``
+    lookup-only kvwire backends (kvwire-vllm's scheduler sides) built with ``scheduler_options``,
+    which register nothing."""
+    if engines:
+        if len(variants) != 1:
+            raise SystemExit("--engines compares one kvwire column with vLLM's way (no --variant)")
+        variants = {name: {"segment_bytes": 256 * MIB, **options} for name, options in variants.items()}
+    blocks_of = {length: (length - 1) // BLOCK_TOKENS for length in lengths}  # B loads all but the last block
+    num_blocks = max(blocks_of.values()) + 1
+    paths = ["vllm", "driver", *variants]
+    where = ("the segments in the writer's and the reader's clients (256 MiB each)"
+             + (f", {schedulers} lookup-only backend(s) with options {scheduler_options or '(defaults)'}"
+                if schedulers else "") if engines else "the segment in a third (a mooncake_client holder)")
+    print(f"kvwire over Mooncake vs vLLM MooncakeStoreConnector's store calls, at the blocks a prompt moves "
+          f"({LAYERS} layers x {LAYER_BLOCK_BYTES // KIB} KiB per block); writer and reader in two processes, "
+          f"{where}; median ms of {runs} runs (after 1 warm-up); paths rotate order each run")
+    for name, options in variants.items():
+        print(f"  {name}: plugin options {options or '(defaults)'}")
+    print("  driver: the first column's driver called directly with the keys and addresses its backend "
+          "would pass (no blob backend, no worker thread)")
+    print("  vllm: batch_is_exist + batch_put_from_multi_buffers (1 key per block, 1 buffer per layer); "
+          "batch_get_into_multi_buffers")
+    header = (f"{'prompt':>7} {'blocks':>6} {'op':<8} " + " ".join(f"{p:>14}" for p in paths)
+              + "  vllm/each: " + " ".join(paths[1:]))
+    print(header)
+    counter = iter(range(1, 1 << 30))
+    with MasterProcess(lease_ttl_ms=10_000) as master:
+        holder = None if engines else start_holder(master.address)
+        lookups = [load("mooncake").build({"master": master.address, "setup_retries": 1, **(scheduler_options or {})})
+                   for _ in range(schedulers)]
+        writers: dict[str, PromptSide] = {}
+        context = multiprocessing.get_context("spawn")
+        conn, child_end = context.Pipe()
+        reader = context.Process(target=prompt_reader_process, args=(child_end, master.address, num_blocks, variants),
+                                 daemon=True)
+        try:
+            time.sleep(0.5)  # the holder mounts its segment
+            writers = {name: PromptSide(master.address, num_blocks, options) for name, options in variants.items()}
+            client = next(iter(writers.values())).client
+            reader.start()
+            if not conn.poll(120):
+                raise TimeoutError("the reader process did not start within 120 s")
+            conn.recv_bytes()
+            for length in lengths:
+                blocks = blocks_of[length]
+                seconds: dict[tuple[str, str], list[float]] = {}
+                for run in range(runs + 1):
+                    shift = run % len(paths)
+                    for path in paths[shift:] + paths[:shift]:
+                        salt = next(counter)
+                        side = writers[path] if path in variants else next(iter(writers.values()))
+                        rng = np.random.default_rng(salt)
+                        for cache in side.caches:
+                            cache[side.block_ids(blocks)] = rng.integers(0, 256, (blocks, LAYER_BLOCK_BYTES),
+                                                                         dtype=np.uint8)
+                        expect = side.digest(blocks)
+                        publish_s = side.publish(path, blocks, salt)
+                        conn.send_bytes(json.dumps({"op": "fetch", "side": path if path in variants
+                                                    else next(iter(variants)), "path": path, "blocks": blocks, "salt": salt,
+                                                    "expect": expect}).encode())
+                        answer = json.loads(conn.recv_bytes())
+                        if not answer["ok"]:
+                            raise AssertionError(answer["error"])
+                        client.remove_all(True)
+                        if run:
+                            seconds.setdefault((path, "publish"), []).append(publish_s)
+                            seconds.setdefault((path, "fetch"), []).append(answer["seconds"])
+                for op in ("publish", "fetch"):
+                    medians = {p: statistics.median(seconds[(p, op)]) for p in paths}
+                    ratio = " ".join(f"{medians['vllm'] / medians[p]:.2f}x" for p in paths[1:])
+                    print(f"{length:>7} {blocks:>6} {op:<8} " + " ".join(f"{medians[p] * 1e3:>14.2f}" for p in paths)
+                          + f"  {ratio}", flush=True)
+        finally:
+            if reader.is_alive():
+                conn.send_bytes(json.dumps({"op": "exit"}).encode())
+                reader.join(60)
+            for side in writers.values():
+                side.close()
+            for backend in lookups:
+                backend.close()
+            if holder is not None:
+                holder.terminate()
+                holder.wait(10)
+    print("vllm/each: vLLM's median seconds / that column's (above 1: faster than vLLM's way)")
+
+
 def label(row_bytes: int) -> str:
     return f"{row_bytes // KIB} KiB" if row_bytes < MIB else f"{row_bytes // MIB} MiB"
 
@@ -310,7 +552,28 @@ def main() -> None:
     parser.add_argument("--check-existing", action="store_true",
                         help="build the plugin with check_existing=true, its default (a batch_is_exist before "
                              "each put, which raw does not do); without it both sides make the same calls")
+    parser.add_argument("--prompts", action="store_true",
+                        help="instead: kvwire against vLLM's MooncakeStoreConnector's store calls at the blocks a "
+                             "1k..16k-token prompt moves (tiny Llama: 2 layers x 16 KiB per block)")
+    parser.add_argument("--engines", action="store_true",
+                        help="with --prompts: the segments in the writer's and reader's clients, as in two engines")
+    parser.add_argument("--schedulers", type=int, default=0,
+                        help="with --engines: this many lookup-only kvwire backends besides (scheduler sides)")
+    parser.add_argument("--scheduler-options", default="{}", metavar="JSON",
+                        help="with --schedulers: their plugin options, e.g. '{\"segment_when\": \"setup\"}'")
+    parser.add_argument("--lengths", default=",".join(map(str, PROMPTS)), help="with --prompts: prompt lengths")
+    parser.add_argument("--variant", action="append", default=[], metavar="NAME=JSON",
+                        help="with --prompts: another kvwire column, the plugin built with these options "
+                             "(e.g. 'chunk4m={\"chunk_bytes\": 4194304}'); the column 'kvwire' has the defaults")
     args = parser.parse_args()
+    if args.prompts:
+        variants: dict[str, dict[str, Any]] = {"kvwire": {}}
+        for text in args.variant:
+            name, _, options = text.partition("=")
+            variants[name] = json.loads(options)
+        prompts_main(args.runs or 7, variants, tuple(int(x) for x in args.lengths.split(",")), args.engines,
+                     args.schedulers, json.loads(args.scheduler_options))
+        return
     global CHECK_EXISTING
     CHECK_EXISTING = args.check_existing
     runs = args.runs or (3 if args.quick else 11)
