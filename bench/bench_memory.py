@@ -15,16 +15,30 @@ the round trip (submission, the hand-off to a worker thread and the wake back).
 Overhead: one-row submissions of 4 KiB, sequentially (submit, wait for the wake, next) and
 pipelined (a window of submissions in flight), against the bare driver call; goals <= 50 us and
 <= 20 us. Per-row cost: the slope of a submission's time between 16 and 256 rows of 4 KiB
-(publish, then fetch); goal <= 1 us per row."""
+(publish, then fetch); goal <= 1 us per row. Beside the wall times, the process's CPU time for
+the same work (all threads): on a machine shared with other jobs, wall time also counts the
+time slices they take.
+
+Before and after in one run: ``--against TREE`` alternates this bench (fresh processes, the same
+bench code) between the kvwire tree at TREE, e.g. a ``git worktree`` of an earlier commit, and
+the installed one, and prints the medians side by side:
+
+    git worktree add --detach /tmp/kvw-before <commit>
+    .venv/bin/python bench/bench_memory.py --against /tmp/kvw-before --rounds 3"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import time
 import uuid
+from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 from _waiting import Direction, Mover  # noqa: E402  (bench/ is on sys.path when a bench runs)
@@ -133,7 +147,7 @@ def trace_driver(*backends: BlobBackend) -> list[float]:
     return spent
 
 
-def per_row(runs: int) -> tuple[float, float, float]:
+def per_row(runs: int) -> tuple[float, float, float, float, float]:
     """Microseconds each extra 4 KiB row adds to a publish and to a fetch: the slope between
     submissions of 16 and 256 rows, medians over ``runs`` runs of 50 submissions each. The store
     holds one run's objects, so each run evicts the last one's and reuses its memory (a full
@@ -148,6 +162,7 @@ def per_row(runs: int) -> tuple[float, float, float]:
     backend.register_regions([src_region, dst_region])
     mover = Mover()
     times: dict[tuple[Direction, int], list[float]] = {}
+    cpu_times: dict[tuple[Direction, int], list[float]] = {}
     staging: dict[int, list[np.ndarray]] = {}
     salt = iter(range(1, 1 << 30))
     for run in range(runs + 1):  # the first run warms up
@@ -155,11 +170,12 @@ def per_row(runs: int) -> tuple[float, float, float]:
             salts = [next(salt) for _ in range(count)]
             for op, region in ((Direction.PUBLISH, src_region), (Direction.FETCH, dst_region)):
                 views = [view_of(region, n, s) for s in salts]
-                started = time.perf_counter()
+                started, cpu = time.perf_counter(), time.process_time()
                 for v in views:
                     mover.move(backend, op, v, HINT)
                 if run:
                     times.setdefault((op, n), []).append((time.perf_counter() - started) / len(views))
+                    cpu_times.setdefault((op, n), []).append((time.process_time() - cpu) / len(views))
             # the same bytes copied by numpy into slabs of the store's size, reused (no fresh pages)
             slabs = staging.setdefault(n, [np.zeros((n, row), dtype=np.uint8) for _ in range(count)])
             started = time.perf_counter()
@@ -168,9 +184,12 @@ def per_row(runs: int) -> tuple[float, float, float]:
             if run:
                 times.setdefault((None, n), []).append((time.perf_counter() - started) / count)  # type: ignore[arg-type]
     backend.close()
-    slope = [(statistics.median(times[(op, sizes[1])]) - statistics.median(times[(op, sizes[0])]))
-             / (sizes[1] - sizes[0]) * 1e6 for op in (Direction.PUBLISH, Direction.FETCH, None)]
-    return slope[0], slope[1], slope[2]
+    def slope(of: dict[tuple[Direction, int], list[float]], op: Direction | None) -> float:
+        return ((statistics.median(of[(op, sizes[1])]) - statistics.median(of[(op, sizes[0])]))  # type: ignore[index]
+                / (sizes[1] - sizes[0]) * 1e6)
+
+    return (slope(times, Direction.PUBLISH), slope(times, Direction.FETCH), slope(times, None),
+            slope(cpu_times, Direction.PUBLISH), slope(cpu_times, Direction.FETCH))
 
 
 def machine() -> str:
@@ -197,23 +216,27 @@ def overhead(submissions: int, runs: int) -> dict[str, float]:
     def record(label: str, seconds: float) -> None:
         results.setdefault(label, []).append(seconds / submissions * 1e6)
 
+    def timed(label: str, work: Callable[[], None]) -> None:
+        """Wall time, and the CPU time of the whole process (every thread) for the same work:
+        on a machine shared with other jobs the first counts their time slices too."""
+        started, cpu = time.perf_counter(), time.process_time()
+        work()
+        record(label, time.perf_counter() - started)
+        record(f"{label}, CPU", time.process_time() - cpu)
+
+    def sequential(op: Direction, batch: list[View]) -> Callable[[], None]:
+        def work() -> None:
+            for v in batch:
+                mover.move(backend, op, v, HINT)
+        return work
+
     for _ in range(runs):
         store.clear()
-        started = time.perf_counter()
-        for v in views:
-            mover.move(backend, Direction.PUBLISH, v, HINT)
-        record("publish, sequential", time.perf_counter() - started)
-        started = time.perf_counter()
-        for v in fetch_views:
-            mover.move(backend, Direction.FETCH, v, HINT)
-        record("fetch, sequential", time.perf_counter() - started)
+        timed("publish, sequential", sequential(Direction.PUBLISH, views))
+        timed("fetch, sequential", sequential(Direction.FETCH, fetch_views))
         store.clear()
-        started = time.perf_counter()
-        pipelined(backend, views, Direction.PUBLISH)
-        record("publish, pipelined (window 32)", time.perf_counter() - started)
-        started = time.perf_counter()
-        pipelined(backend, fetch_views, Direction.FETCH)
-        record("fetch, pipelined (window 32)", time.perf_counter() - started)
+        timed("publish, pipelined (window 32)", lambda: pipelined(backend, views, Direction.PUBLISH))
+        timed("fetch, pipelined (window 32)", lambda: pipelined(backend, fetch_views, Direction.FETCH))
         # Per-step trace of the sequential publish: the submission call (which moves a row this
         # small itself), the driver call inside it, and the holder loop's wait after it.
         store.clear()
@@ -240,7 +263,8 @@ def overhead(submissions: int, runs: int) -> dict[str, float]:
             type(driver).put(driver, [key], address, size)  # the class's put: not the traced one
         record("bare driver put (no backend)", time.perf_counter() - started)
     backend.close()
-    return {label: statistics.median(values) for label, values in results.items()}
+    order = sorted(results, key=lambda label: label.endswith(", CPU"))  # wall times first, then CPU times
+    return {label: statistics.median(results[label]) for label in order}
 
 
 def pipelined(backend: BlobBackend, views: list[View], op: Direction, window: int = 32) -> None:
@@ -257,35 +281,107 @@ def pipelined(backend: BlobBackend, views: list[View], op: Direction, window: in
     assert all(w.status is not WaitStatus.EXPIRED for w in wait_all(in_flight, 30.0, at_deadline=AtDeadline.RETURN))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer runs and smaller submissions")
-    args = parser.parse_args()
-    runs = 3 if args.quick else 7
-    total = (16 if args.quick else 64) * MIB
+def measure(quick: bool) -> dict:
+    """Every figure of the bench, as printed by :func:`report`."""
+    runs = 3 if quick else 7
+    total = (16 if quick else 64) * MIB
+    submissions = 500 if quick else 2000
+    result: dict = {"machine": machine(), "runs": runs, "total": total, "submissions": submissions, "rows": []}
+    for row_bytes in (64 * KIB, 256 * KIB, 1 * MIB, 4 * MIB, 16 * MIB):
+        backend, numpy_rate, share, driver_s, rest_s = throughput(row_bytes, total, runs)
+        label = f"{row_bytes // KIB} KiB" if row_bytes < MIB else f"{row_bytes // MIB} MiB"
+        result["rows"].append({"row": label, "count": max(2, total // row_bytes), "backend": backend,
+                               "numpy": numpy_rate, "ratio": backend / numpy_rate, "share": share,
+                               "driver_ms": driver_s * 1e3, "rest_ms": rest_s * 1e3})
+    result["overhead"] = overhead(submissions, runs)
+    publish_us, fetch_us, copy_us, publish_cpu, fetch_cpu = per_row(runs)
+    result["per_row"] = {"publish": publish_us, "fetch": fetch_us, "publish, CPU": publish_cpu,
+                         "fetch, CPU": fetch_cpu, "numpy copy of the same row": copy_us}
+    return result
 
-    print(f"machine: {machine()}")
-    print(f"round trip (publish + fetch) through the memory plugin, ~{total // MIB} MiB per submission, "
+
+def report(result: dict) -> None:
+    runs = result["runs"]
+    print(f"machine: {result['machine']}")
+    print(f"round trip (publish + fetch) through the memory plugin, ~{result['total'] // MIB} MiB per submission, "
           f"median of {runs} runs; GiB/s of payload")
     print("baseline: plain numpy, np.copyto of the same bytes into a staging slab and back, same run")
     print("trace: ms inside the store driver's calls (the copies) and ms of the rest of the round trip")
     print(f"{'row':>8} {'rows':>5} {'backend':>9} {'numpy':>8} {'ratio':>7} {'publish share':>14} "
           f"{'in driver':>10} {'rest':>8}")
-    for row_bytes in (64 * KIB, 256 * KIB, 1 * MIB, 4 * MIB, 16 * MIB):
-        backend, numpy_rate, share, driver_s, rest_s = throughput(row_bytes, total, runs)
-        label = f"{row_bytes // KIB} KiB" if row_bytes < MIB else f"{row_bytes // MIB} MiB"
-        print(f"{label:>8} {max(2, total // row_bytes):>5} {backend:>9.2f} {numpy_rate:>8.2f} "
-              f"{backend / numpy_rate:>6.2f}x {share:>13.0%} {driver_s * 1e3:>10.2f} {rest_s * 1e3:>8.2f}")
-
-    submissions = 500 if args.quick else 2000
-    print(f"\nper-submission overhead, one 4 KiB row, {submissions} submissions, median of {runs} runs")
-    for label, micros in overhead(submissions, runs).items():
-        print(f"  {label:<34} {micros:8.1f} µs")
-    publish_us, fetch_us, copy_us = per_row(runs)
+    for r in result["rows"]:
+        print(f"{r['row']:>8} {r['count']:>5} {r['backend']:>9.2f} {r['numpy']:>8.2f} "
+              f"{r['ratio']:>6.2f}x {r['share']:>13.0%} {r['driver_ms']:>10.2f} {r['rest_ms']:>8.2f}")
+    print(f"\nper-submission overhead, one 4 KiB row, {result['submissions']} submissions, median of {runs} runs"
+          " (CPU: the process's CPU time, all threads, for the same work)")
+    for label, micros in result["overhead"].items():
+        print(f"  {label:<40} {micros:8.1f} µs")
     print(f"\nper-row cost inside a submission (4 KiB rows, slope from 16 to 256 rows), median of {runs} runs")
-    print(f"  {'publish':<34} {publish_us:8.2f} µs/row")
-    print(f"  {'fetch':<34} {fetch_us:8.2f} µs/row")
-    print(f"  {'numpy copy of the same row':<34} {copy_us:8.2f} µs/row (the floor: the 4 KiB copy itself)")
+    for label, micros in result["per_row"].items():
+        note = " (the floor: the 4 KiB copy itself)" if label.startswith("numpy") else ""
+        print(f"  {label:<40} {micros:8.2f} µs/row{note}")
+
+
+def against(before: Path, rounds: int, quick: bool) -> None:
+    """Before and after side by side: this bench, run ``rounds`` times alternately on the tree at
+    ``before`` (its ``src`` and ``backends/memory/src`` first on the path) and on the installed
+    one, each in a fresh process; every figure is the median over the rounds of each side's
+    medians. The same bench code measures both."""
+    before = before.resolve()
+    env_before = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(before / "src"), str(before / "backends" / "memory" / "src")]))
+    env_after = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    sides: dict[str, list[dict]] = {"before": [], "after": []}
+    for _ in range(rounds):
+        for side, env in (("before", env_before), ("after", env_after)):
+            argv = [sys.executable, __file__, "--json", "-"] + (["--quick"] if quick else [])
+            out = subprocess.run(argv, env=env, check=True, capture_output=True, text=True).stdout
+            sides[side].append(json.loads(out))
+    med = statistics.median
+    first = sides["after"][0]
+    print(f"machine: {first['machine']}")
+    print(f"before: {before} ({_commit(before)}); after: this tree ({_commit(Path(__file__).resolve().parent.parent)})")
+    print(f"{rounds} rounds, alternating before/after, each a fresh process running this bench"
+          f"{' --quick' if quick else ''}; medians over the rounds\n")
+    print(f"{'what':<48} {'before':>9} {'after':>9} {'after/before':>13}")
+    for i, r in enumerate(first["rows"]):
+        b, a = (med(x["rows"][i]["ratio"] for x in sides[s]) for s in ("before", "after"))
+        print(f"{'round trip vs numpy, ' + r['row'] + ' rows':<48} {b:>8.2f}x {a:>8.2f}x {a / b:>12.2f}")
+    for section, unit in (("overhead", "µs"), ("per_row", "µs/row")):
+        for label in first[section]:
+            b, a = (med(x[section][label] for x in sides[s]) for s in ("before", "after"))
+            print(f"{(label + ' (' + unit + ')'):<48} {b:>9.2f} {a:>9.2f} {a / b:>12.2f}")
+
+
+def _commit(tree: Path) -> str:
+    try:
+        return subprocess.run(["git", "-C", str(tree), "log", "-1", "--format=%h"], check=True,
+                              capture_output=True, text=True).stdout.strip() + (
+            " + uncommitted changes" if subprocess.run(["git", "-C", str(tree), "status", "--porcelain", "--",
+                                                        "src", "backends/memory", "bench"],
+                                                       capture_output=True, text=True).stdout.strip() else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "not a git tree"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer runs and smaller submissions")
+    parser.add_argument("--json", metavar="FILE", help="write the figures as JSON to FILE ('-': stdout) instead")
+    parser.add_argument("--against", metavar="TREE", type=Path,
+                        help="before/after: alternate this bench between the kvwire tree at TREE and this one")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of --against (default 3)")
+    args = parser.parse_args()
+    if args.against is not None:
+        against(args.against, args.rounds, args.quick)
+        return
+    result = measure(args.quick)
+    if args.json is None:
+        report(result)
+    elif args.json == "-":
+        json.dump(result, sys.stdout)
+    else:
+        Path(args.json).write_text(json.dumps(result))
 
 
 if __name__ == "__main__":

@@ -664,52 +664,49 @@ class BlobBackend(Backend, Lookup):
             raise InvalidSubmission(f"wake must be callable, got {type(wake).__name__}")
         namespace = self._namespace_of(hint)
         timeout_s = self._timeout_s if hint.timeout_s is None else hint.timeout_s
-        keys: list[str] = []
-        addresses, sizes = [], []
-        offsets = [0]
-        total_bytes = 0
-        kinds = self._capabilities.memory_kinds
-        for group in view.groups:
-            region = group.region
-            rows = group.slots.size
-            offsets.append(offsets[-1] + rows)
-            if rows == 0:
-                continue
-            total_bytes += rows * region.slot_bytes
-            if region.memory_kind not in kinds:
-                raise InvalidSubmission(
-                    f"group {group.group_id} lies in {region.memory_kind.value} memory, which this store "
-                    f"driver cannot reach (it reaches: {_kinds(kinds)})")
-            if core.recognized.get(id(region)) is not region:
-                core.recognize(group, len(offsets) - 2)  # M4: every row inside one registered region
-            if group.names is None:
-                raise InvalidSubmission(
-                    f"group {group.group_id} carries no content names; a blob backend addresses rows by name")
-            keys += store_keys(namespace, group.group_id, group.names)
-            addresses.append(_row_addresses(region, group.slots))
-            sizes.append(_row_sizes(rows, region.slot_bytes))
-        if op == _GET and not _rows_distinct(view):
-            clash = view.overlapping_rows()
-            if clash is not None:
-                (ga, ra), (gb, rb) = clash
-                raise InvalidSubmission(
-                    f"fetch rows overlap: row {ra} of group {view.groups[ga].group_id} and row {rb} of "
-                    f"group {view.groups[gb].group_id} locate the same memory (V4)")
+        groups = view.groups
         unorder = None
-        if len(addresses) == 1:
-            flat_addresses, flat_sizes = addresses[0], sizes[0]
-        elif addresses:
-            flat_addresses, flat_sizes = np.concatenate(addresses), np.concatenate(sizes)
-            # Issue rows block by block across groups (row 0 of every group, then row 1, ...), so
-            # a store that fills up or a batch whose later part fails still holds whole blocks
-            # of a prefix in every group, which is what a resuming request can use.
-            within = np.concatenate([np.arange(offsets[i + 1] - offsets[i]) for i in range(len(offsets) - 1)])
-            order = np.argsort(within, kind="stable")
-            flat_addresses, flat_sizes = flat_addresses[order], flat_sizes[order]
-            keys = [keys[i] for i in order.tolist()]
-            unorder = np.argsort(order)
+        if len(groups) == 1:  # the usual view: one group, no lists to build and join
+            group = groups[0]
+            rows = group.slots.size
+            offsets = [0, rows]
+            if rows:
+                keys, flat_addresses, flat_sizes, total_bytes = self._rows_of(namespace, group, 0)
+                if op == _GET and rows > 1 and not _increasing(group.slots):
+                    self._refuse_overlap(view)
+            else:
+                keys, flat_addresses, flat_sizes, total_bytes = [], _NO_ROWS, _NO_ROWS, 0
         else:
-            flat_addresses = flat_sizes = _NO_ROWS
+            keys = []
+            addresses, sizes = [], []
+            offsets = [0]
+            total_bytes = 0
+            for index, group in enumerate(groups):
+                rows = group.slots.size
+                offsets.append(offsets[-1] + rows)
+                if rows == 0:
+                    continue
+                group_keys, group_addresses, group_sizes, group_bytes = self._rows_of(namespace, group, index)
+                keys += group_keys
+                addresses.append(group_addresses)
+                sizes.append(group_sizes)
+                total_bytes += group_bytes
+            if op == _GET:
+                self._refuse_overlap(view)
+            if len(addresses) == 1:
+                flat_addresses, flat_sizes = addresses[0], sizes[0]
+            elif addresses:
+                flat_addresses, flat_sizes = np.concatenate(addresses), np.concatenate(sizes)
+                # Issue rows block by block across groups (row 0 of every group, then row 1, ...),
+                # so a store that fills up or a batch whose later part fails still holds whole
+                # blocks of a prefix in every group, which is what a resuming request can use.
+                within = np.concatenate([np.arange(offsets[i + 1] - offsets[i]) for i in range(len(offsets) - 1)])
+                order = np.argsort(within, kind="stable")
+                flat_addresses, flat_sizes = flat_addresses[order], flat_sizes[order]
+                keys = [keys[i] for i in order.tolist()]
+                unorder = np.argsort(order)
+            else:
+                flat_addresses = flat_sizes = _NO_ROWS
         inline = total_bytes <= self._inline_bytes
         if total_bytes <= self._chunk_bytes:
             bounds = [0, len(keys)]  # one chunk; an empty submission still concludes on a worker
@@ -750,6 +747,37 @@ class BlobBackend(Backend, Lookup):
         for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
             put((attempt, lo, hi))
         return attempt
+
+    def _rows_of(self, namespace: str, group: LayerGroupRows, index: int
+                 ) -> tuple[list[str], np.ndarray, np.ndarray, int]:
+        """A group's keys, row addresses, row sizes and bytes, once it is known that the
+        backend may move them: a memory kind the driver reaches (M1.4), rows inside one open
+        registration (M4) and a name on every row (N1.5); else ``InvalidSubmission``. ``index``
+        is the group's place in the view. Only for a group with rows."""
+        region = group.region
+        if region.memory_kind not in self._capabilities.memory_kinds:
+            raise InvalidSubmission(
+                f"group {group.group_id} lies in {region.memory_kind.value} memory, which this store "
+                f"driver cannot reach (it reaches: {_kinds(self._capabilities.memory_kinds)})")
+        core = self._core
+        if core.recognized.get(id(region)) is not region:
+            core.recognize(group, index)  # M4: every row inside one registered region
+        if group.names is None:
+            raise InvalidSubmission(
+                f"group {group.group_id} carries no content names; a blob backend addresses rows by name")
+        rows = group.slots.size
+        return (store_keys(namespace, group.group_id, group.names), _row_addresses(region, group.slots),
+                _row_sizes(rows, region.slot_bytes), rows * region.slot_bytes)
+
+    @staticmethod
+    def _refuse_overlap(view: View) -> None:
+        """V4: a fetch whose rows overlap raises ``InvalidSubmission`` naming two of them."""
+        clash = view.overlapping_rows()
+        if clash is not None:
+            (ga, ra), (gb, rb) = clash
+            raise InvalidSubmission(
+                f"fetch rows overlap: row {ra} of group {view.groups[ga].group_id} and row {rb} of "
+                f"group {view.groups[gb].group_id} locate the same memory (V4)")
 
     def lookup(self, groups: Sequence[int], names: np.ndarray, hint: Hint,
                timeout_s: float | None = None) -> np.ndarray:
@@ -872,13 +900,10 @@ class BlobBackend(Backend, Lookup):
                 f"{len(self._core.active)} in flight{', shut down' if self._core.closed else ''})")
 
 
-def _rows_distinct(view: View) -> bool:
-    """A cheap sufficient test for V4: one group whose slot indices strictly increase (slots of
-    one region never overlap). ``False`` means "check the whole view", not "overlap"."""
-    if len(view.groups) != 1:
-        return False
-    slots = view.groups[0].slots
-    return slots.size < 2 or bool((slots[1:] > slots[:-1]).all())
+def _increasing(slots: np.ndarray) -> bool:
+    """A cheap sufficient test for V4 within one group: slot indices that strictly increase
+    (slots of one region never overlap). ``False`` means "check the whole view", not "overlap"."""
+    return bool((slots[1:] > slots[:-1]).all())
 
 
 def _all_quiesced(attempts: frozenset[Attempt]) -> bool:

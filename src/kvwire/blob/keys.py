@@ -6,7 +6,6 @@ hold ``/``, so a key splits back into its parts unambiguously."""
 
 from __future__ import annotations
 
-import functools
 import re
 
 import numpy as np
@@ -17,7 +16,6 @@ __all__ = ["KEY_PREFIX", "check_namespace", "store_keys"]
 KEY_PREFIX = "kvw1"
 
 _NAMESPACE = re.compile(r"^[A-Za-z0-9._:@+=-][A-Za-z0-9._:@+=/-]{0,127}$")
-_NEWLINE = ord("\n")
 
 
 def check_namespace(namespace: object) -> str:
@@ -33,23 +31,19 @@ def check_namespace(namespace: object) -> str:
     return namespace
 
 
-@functools.lru_cache(maxsize=256)
-def _prefix(namespace: str, group_id: int) -> np.ndarray:
-    """``kvw1/{namespace}/g{group_id}/`` as read-only ASCII codes (a bad namespace raises, and
-    is not cached)."""
-    prefix = np.frombuffer(f"{KEY_PREFIX}/{check_namespace(namespace)}/g{group_id}/".encode("ascii"),
-                           dtype=np.uint8)
-    prefix.setflags(write=False)
-    return prefix
+#: ``(namespace, group_id)`` -> the keys' common head ``kvw1/{namespace}/g{group_id}/``, and
+#: the same after a newline (only namespaces that passed :func:`check_namespace` get here).
+_heads: dict[tuple[str, int], tuple[str, str]] = {}
 
 
-@functools.lru_cache(maxsize=256)
-def _prefix_text(namespace: str, group_id: int) -> str:
-    return _prefix(namespace, group_id).tobytes().decode("ascii")
-
-
-#: Up to this many rows, keys are cut from one hex string.
-_FEW_ROWS = 8
+def _head(namespace: str, group_id: int) -> tuple[str, str]:
+    head = _heads.get((namespace, group_id))
+    if head is None:
+        text = f"{KEY_PREFIX}/{check_namespace(namespace)}/g{group_id}/"  # a bad namespace raises
+        if len(_heads) >= 256:
+            _heads.clear()
+        head = _heads[(namespace, group_id)] = (text, "\n" + text)
+    return head
 
 
 def store_keys(namespace: str, group_id: int, names: np.ndarray) -> list[str]:
@@ -61,18 +55,13 @@ def store_keys(namespace: str, group_id: int, names: np.ndarray) -> list[str]:
     rows, width = names.shape
     if not isinstance(namespace, str):
         check_namespace(namespace)  # raises ValueError, as for any namespace it refuses
-    prefix = _prefix(namespace, int(group_id))
-    if rows == 0:
-        return []
-    if rows <= _FEW_ROWS:  # a few keys: string slicing costs less than the buffer's fixed numpy calls
-        head, step = _prefix_text(namespace, int(group_id)), 2 * width
-        text = names.tobytes().hex()
-        return [head + text[i:i + step] for i in range(0, rows * step, step)]
-    start, end = prefix.size, prefix.size + 2 * width
-    # One line per key, "prefix + hex + \n", laid out in one buffer; bytes.hex, the decode and
-    # the split each run in C over the whole batch.
-    buf = np.empty((rows, end + 1), dtype=np.uint8)
-    buf[:, :start] = prefix
-    buf[:, start:end] = np.frombuffer(names.tobytes().hex().encode("ascii"), dtype=np.uint8).reshape(rows, 2 * width)
-    buf[:, end] = _NEWLINE
-    return buf.tobytes()[:-1].decode("ascii").split("\n")
+    head, next_head = _head(namespace, int(group_id))
+    if rows <= 1:
+        return [head + names.tobytes().hex()] if rows else []
+    if not width:
+        return [head] * rows
+    # One hex string with a newline after every name, each newline then followed by the head,
+    # split at the newlines: every step runs in C over the whole batch (no key has a newline:
+    # a namespace cannot hold one, and hex digits are not one).
+    lines = names.tobytes().hex("\n", width)
+    return (head + lines.replace("\n", next_head)).split("\n")

@@ -32,6 +32,9 @@ QUIESCE_GRACE_S = 5.0
 
 S = TypeVar("S", bound="Submission")
 
+#: The guard of a wait given no lock (a nullcontext keeps no state, so one serves every wait).
+_NO_LOCK: AbstractContextManager[object] = nullcontext()
+
 
 class Direction(enum.StrEnum):
     """Which way a submission moves rows (S1). A ``StrEnum``: it reads and prints as its value."""
@@ -302,9 +305,9 @@ def _wait(subs: Sequence[Submission], timeout_s: float, quiesce: bool, at_deadli
     if not isinstance(at_deadline, AtDeadline):
         raise TypeError(f"at_deadline must be an AtDeadline, got {at_deadline!r}")
     wakes = subs[0].wakes
-    if any(s.wakes is not wakes for s in subs):
+    if len(subs) > 1 and any(s.wakes is not wakes for s in subs):
         raise ValueError("the submissions of one wait share one Wakes (submit(..., wakes=shared))")
-    guard: AbstractContextManager[object] = lock if lock is not None else nullcontext()
+    guard: AbstractContextManager[object] = lock if lock is not None else _NO_LOCK
     deadline = time.monotonic() + timeout_s
     done: dict[int, WaitStatus] = {}
     cancelled: set[int] = set()
@@ -314,7 +317,9 @@ def _wait(subs: Sequence[Submission], timeout_s: float, quiesce: bool, at_deadli
         cancel.watch(wakes.nudge)
     try:
         while True:
-            seen, nudged = wakes.count, wakes.nudges
+            # Read without the condition's lock (an int read is atomic): a value read stale is
+            # only lower, which costs one more look, and wait_beyond compares under the lock.
+            seen, nudged = wakes._count, wakes._nudges
             with guard:
                 for i, sub in enumerate(subs):
                     if i not in done and sub.look(quiesce):
@@ -343,7 +348,7 @@ def _wait(subs: Sequence[Submission], timeout_s: float, quiesce: bool, at_deadli
     finally:
         if cancel is not None:
             cancel.unwatch(wakes.nudge)
-    count = wakes.count
+    count = wakes._count
     picked = sorted(done) if any_done and done else range(len(subs))
     return tuple(
         Waited(subs[i], done.get(i, WaitStatus.EXPIRED), subs[i].outcome, subs[i].quiesced_seen, i in cancelled,

@@ -90,16 +90,26 @@ class MemoryDriver(StoreDriver):
                 f"{op}: {len(keys)} keys, {addresses.size} addresses and {sizes.size} sizes; give one of each per key")
         where, lengths = addresses.tolist(), sizes.tolist()
         if where:
-            # The common case in C-level list calls: every row lies within the hull of the rows,
-            # and the hull within one registered span (spans are disjoint, so that suffices).
+            # The common case: every row lies within the hull of the rows, and the hull within
+            # one registered span (spans are disjoint, so that suffices). The hull in C-level
+            # list calls for a few rows, in numpy for more (exact: a row end past 2**64, which
+            # uint64 would wrap, takes the path below).
             starts, ends = self._bounds
-            span = bisect_right(starts, min(where)) - 1
-            if span >= 0 and max(map(add, where, lengths)) <= ends[span]:
+            if len(where) <= 32:
+                low, high = min(where), max(map(add, where, lengths))
+            else:
+                row_ends = addresses + sizes
+                low, high = int(addresses.min()), int(row_ends.max())
+                if not bool((row_ends >= addresses).all()):
+                    high = ends[-1] + 1 if ends else 1  # wrapped: never inside
+            span = bisect_right(starts, low) - 1
+            if span >= 0 and high <= ends[span]:
                 return where, lengths
         starts, ends = self._starts, self._ends
         if starts.size:
             span = np.searchsorted(starts, addresses, side="right").astype(np.int64) - 1
-            inside = (span >= 0) & (addresses + sizes <= ends[np.maximum(span, 0)])
+            row_ends = addresses + sizes
+            inside = (span >= 0) & (row_ends <= ends[np.maximum(span, 0)]) & (row_ends >= addresses)
         else:
             inside = np.zeros(addresses.size, dtype=bool)
         if not inside.all():

@@ -58,11 +58,30 @@ def _run(iterator: Iterator[object]) -> None:
     deque(iterator, maxlen=0)
 
 
+def _in_a_row(addresses: Sequence[int], size: int) -> bool:
+    """Whether ``addresses`` are ``size`` bytes apart, in order (``addresses[i] == addresses[0] +
+    i * size``): two list comparisons in C, the first of which rejects most batches that are not."""
+    first, n = addresses[0], len(addresses)
+    if addresses[-1] != first + (n - 1) * size:
+        return False
+    if type(addresses) is not list:
+        addresses = list(addresses)
+    return addresses == list(range(first, first + n * size, size))
+
+
 def _copy(targets: Sequence[int], sources: Sequence[int], sizes: Sequence[int], total: int) -> None:
-    """Copy ``sizes[i]`` bytes from ``sources[i]`` to ``targets[i]`` for every row. A small batch
-    copies holding the GIL; a large one merges rows that continue each other at both ends into
-    one memmove per run (found with numpy), since one long copy runs faster than many short ones
-    (the C library streams a long copy past the caches)."""
+    """Copy ``sizes[i]`` bytes from ``sources[i]`` to ``targets[i]`` for every row. Rows of one
+    size that continue each other at both ends (the usual batch: consecutive slots into one
+    slab) are one memmove. Otherwise a small batch copies row by row holding the GIL, and a
+    large one merges the rows that continue each other into one memmove per run (found with
+    numpy), since one long copy runs faster than many short ones (the C library streams a long
+    copy past the caches)."""
+    n = len(sizes)
+    if n > 1:
+        size = sizes[0]
+        if size and sizes.count(size) == n and _in_a_row(targets, size) and _in_a_row(sources, size):
+            (_memmove_holding_gil if total <= SMALL_COPY_BYTES else _memmove)(targets[0], sources[0], total)
+            return
     if total <= SMALL_COPY_BYTES:
         _run(map(_memmove_holding_gil, targets, sources, sizes))
         return
@@ -117,8 +136,10 @@ class MemoryStore:
         _copy(list(map(_address_of, targets)), sources, new_sizes, need)
         with self._lock:
             objects = self._objects
-            raced = list(map(objects.__contains__, new_keys))  # another writer of a name came first
-            if any(raced):
+            if not objects.keys().isdisjoint(new_keys):  # another writer of a name came first
+                raced = list(map(objects.__contains__, new_keys))
+                if there is None:
+                    there = [False] * n
                 for key, target, was in zip(new_keys, targets, raced, strict=True):
                     if was:
                         self._used -= target[_SIZE]
@@ -130,7 +151,7 @@ class MemoryStore:
             else:
                 objects.update(zip(new_keys, targets, strict=True))
             self._trim_spare()
-        if not any(there):
+        if there is None or not any(there):
             return None
         return np.array(there, dtype=np.uint8)  # ALREADY_THERE is 1, OK is 0
 
@@ -140,19 +161,26 @@ class MemoryStore:
         when every key is ``OK``, else one uint8 status per key: ``OK``, ``MISSING``, or
         ``FAILED`` when the object has another size (nothing is written there), with a reason
         for each ``FAILED`` key."""
+        wrong: list[bool] = []
         with self._lock:
             objects = self._objects
             found = list(map(objects.get, keys))
-            hit = list(map(is_not, found, repeat(None)))
-            whole = all(hit)
+            # Entries are non-empty tuples, so all() is true exactly when every key was found.
+            whole = all(found)
             if whole:
+                hit: list[bool] = []
                 entries, hit_keys, targets, want = found, keys, addresses, sizes
             else:
+                hit = list(map(is_not, found, repeat(None)))
                 entries, hit_keys = list(compress(found, hit)), list(compress(keys, hit))
                 targets, want = list(compress(addresses, hit)), list(compress(sizes, hit))
             held = list(map(_size_of, entries))
-            wrong = list(map(ne, held, want))
-            if any(wrong):
+            if type(want) is not list:
+                want = list(want)
+            if held != want:  # an object of another size: its row is a fault, nothing written
+                wrong = list(map(ne, held, want))
+                if whole:
+                    hit = [True] * len(keys)
                 whole = False
                 right = list(map(not_, wrong))
                 entries, targets, held = (list(compress(x, right)) for x in (entries, targets, held))
@@ -268,13 +296,15 @@ class MemoryStore:
     # -- under the lock -----------------------------------------------------------------------
 
     def _reserve(self, keys: Sequence[str], addresses: Sequence[int], sizes: Sequence[int]
-                 ) -> tuple[list[bool], list[str], list[int], list[_Entry], list[int], int] | None:
+                 ) -> tuple[list[bool] | None, list[str], list[int], list[_Entry], list[int], int] | None:
         """For a put of distinct keys: touch the keys already stored, make room for the others
         (evicting), reserve their bytes and take memory for them. ``None`` when not every new
-        object fits (the caller goes row by row)."""
+        object fits (the caller goes row by row). Which keys were there comes back as ``None``
+        when none was."""
         objects = self._objects
-        there = list(map(objects.__contains__, keys))
-        if any(there):
+        there: list[bool] | None = None
+        if not objects.keys().isdisjoint(keys):
+            there = list(map(objects.__contains__, keys))
             _run(map(objects.move_to_end, compress(keys, there)))
             fresh = list(map(not_, there))
             new_keys = list(compress(keys, fresh))
