@@ -114,6 +114,9 @@ class MemoryStore:
         self._spare_bytes = 0
         self._reading = 0    # reads copying now: memory removed meanwhile waits in _held_back
         self._held_back: list[_Entry] = []
+        #: Counts insertions into ``_objects``: a put that finds it unchanged after its copy
+        #: knows no other writer stored one of its names meanwhile, without asking per key.
+        self._inserted = 0
         self._lock = threading.Lock()
 
     # -- by address: what the driver uses --------------------------------------------------------
@@ -129,6 +132,7 @@ class MemoryStore:
                 fresh = None
             else:
                 fresh = self._reserve(keys, addresses, sizes)
+                inserted = self._inserted
         if fresh is None:  # a name twice in the batch, or only part of it fits: row by row
             return np.array([self._write_row(k, a, s) for k, a, s in zip(keys, addresses, sizes, strict=True)],
                             dtype=np.uint8)
@@ -136,7 +140,8 @@ class MemoryStore:
         _copy(list(map(_address_of, targets)), sources, new_sizes, need)
         with self._lock:
             objects = self._objects
-            if not objects.keys().isdisjoint(new_keys):  # another writer of a name came first
+            if self._inserted != inserted and not objects.keys().isdisjoint(new_keys):
+                # another writer of a name came first
                 raced = list(map(objects.__contains__, new_keys))
                 if there is None:
                     there = [False] * n
@@ -150,6 +155,7 @@ class MemoryStore:
                 there = [t or next(marks) for t in there]
             else:
                 objects.update(zip(new_keys, targets, strict=True))
+            self._inserted += 1
             self._trim_spare()
         if there is None or not any(there):
             return None
@@ -335,6 +341,7 @@ class MemoryStore:
                 self._give(target)
                 return KeyStatus.ALREADY_THERE
             self._objects[key] = target
+            self._inserted += 1
             self._trim_spare()
             return KeyStatus.OK
 
@@ -347,19 +354,22 @@ class MemoryStore:
             return False
         objects = self._objects
         freed = accumulate(map(_size_of, objects.values()))
-        count = 0
+        count = freed_bytes = 0
         while True:  # how many of the oldest objects free ``excess`` bytes, found in runs of 256
             run = list(islice(freed, 256))
             at = bisect_left(run, excess)
             if at < len(run):
                 count += at + 1
+                freed_bytes = run[at]
                 break
             count += len(run)
+            if run:
+                freed_bytes = run[-1]
             if len(run) < 256:
                 break
         victims = list(map(objects.pop, list(islice(objects, count))))
         self._evicted += count
-        self._used -= sum(map(_size_of, victims))
+        self._used -= freed_bytes  # the running sum of the victims' sizes
         self._give_many(victims)
         return self._used + size <= self.capacity_bytes
 
