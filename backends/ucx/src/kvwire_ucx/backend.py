@@ -31,6 +31,7 @@ from kvwire.contract.capabilities import SERVE_PULLS, OtherEnd
 from kvwire.contract.serving import PullRequest, ServesPulls
 from kvwire_ucx import wire
 from kvwire_ucx.address import AddressError, PeerAddress
+from kvwire_ucx.affinity import widened
 from kvwire_ucx.attempt import AttemptKind, WireStats
 from kvwire_ucx.engine import Engine
 from kvwire_ucx.nixl import NixlAgent, NixlError
@@ -75,7 +76,8 @@ class UcxBackend(Backend, ServesPulls):
         self._settings = settings
         self._capabilities = capabilities_for(settings)
         self._regions = HostRegions(MEMORY_KINDS)
-        self._engine = Engine(settings)
+        with widened():  # its threads (and UCX's, NIXL's) must not inherit an engine's one-core pin
+            self._engine = Engine(settings)
         self._closed = False
         log.debug("kvwire-ucx backend listening on %s", self._engine.address)
 

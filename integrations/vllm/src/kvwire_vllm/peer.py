@@ -164,9 +164,10 @@ def ring_path(path: str) -> bool:
         return False
 
 
-def ring(engine_id: str) -> None:
+def ring(engine_id: str) -> bool:
     """The worker's end: ring the engine core's bell (the worker's parent process; or this one,
     for an engine whose worker runs in the engine core). Never blocks."""
     for pid in (os.getppid(), os.getpid()):
         if ring_path(_bell_path(engine_id, pid)):
-            return
+            return True
+    return False

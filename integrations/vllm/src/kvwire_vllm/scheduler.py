@@ -365,6 +365,7 @@ class SchedulerSide:
         self._poked = True
         core = self._core() if self._core is not None else None
         inputs = getattr(core, "input_queue", None)
+        trace.event("scheduler", "rang", core=inputs is not None)
         if inputs is not None:
             from vllm.v1.engine import EngineCoreRequestType
 

@@ -133,7 +133,8 @@ class WorkerSide:
         """The backend's wake for new pulls (its thread): wake a dozing step, and ring the engine
         core, which may be idle (nothing else would step it)."""
         self.wakes()
-        peer.ring(self.engine_id)
+        rang = peer.ring(self.engine_id)
+        trace.event("worker", "pull_arrived", rang=rang)
 
     def transceiver_state(self) -> bytes:
         """This engine's transceiver state (kvwire's TransceiverState bytes): what a pulling
@@ -269,6 +270,7 @@ class WorkerSide:
             return
         self._replies[serve.pull_id] = transfer
         self._reply_of[transfer] = serve.pull_id
+        trace.event("worker", "pull_replied", pull=serve.pull_id, blocks=count)
         self.pulls_served += 1
         self.pull_blocks_served += count
 
