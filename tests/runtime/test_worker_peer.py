@@ -9,17 +9,12 @@ import time
 import numpy as np
 import pytest
 import torch
+from worker_support import backend_problem, worker_pool
 
-from kvwire.registry import ConfigError, PluginError, load
+from kvwire.runtime import ModelConfig, Worker
 
-try:
-    _why = load("ucx").check() if load("ucx").check else None
-except (ConfigError, PluginError) as exc:  # not installed, or broken
-    _why = str(exc)
-if _why:
+if _why := backend_problem("ucx"):
     pytest.skip(f"the ucx backend is unavailable: {_why}", allow_module_level=True)
-
-from kvwire.runtime import ModelConfig, Worker  # noqa: E402
 
 MODEL = ModelConfig(layers=4, layers_per_group=2, heads=2, head_dim=16, block_tokens=16, max_tokens=1024, seed=3)
 
@@ -39,18 +34,11 @@ def prompt(n: int, seed: int = 0) -> np.ndarray:
 
 @pytest.fixture
 def workers():
-    made = []
+    def build(name: str, **kw) -> Worker:
+        return Worker(MODEL, backend="ucx", num_blocks=kw.pop("num_blocks", 128), name=name, timeout_s=10, **kw)
 
-    def make(name: str, **kw) -> Worker:
-        w = Worker(MODEL, backend="ucx", num_blocks=kw.pop("num_blocks", 128), name=name, timeout_s=10, **kw)
-        made.append(w)
-        return w
-
-    yield make
-    for w in made:
-        w.close()
-    for w in made:
-        assert w.pins() == 0, f"{w.name} kept pins"
+    with worker_pool(build) as make:
+        yield make
 
 
 def test_seed_flow_pull_from_a_peers_reuse_tree(workers):
@@ -77,11 +65,13 @@ def test_settle_waits_until_the_serving_end_has_its_pins_back(workers):
     a, b = workers("A"), workers("B")
     p = prompt(200)
     a.generate(p, max_tokens=1)
-    engine = b.backend._engine
-    tell = engine._tell
-    engine._tell = lambda fetch, message: engine._timer(0.3, lambda: tell(fetch, message))  # a slow Ack
+    from kvwire_ucx import wire
+    from kvwire_ucx.faults import Direction
+
+    acks = b.backend.engine.faults.hold(Direction.OUTGOING, lambda message: isinstance(message, wire.Ack))
     assert b.pull(p, source=a.transceiver_state()).blocks_moved == 12
-    assert a.pins() > 0  # B is done; A still waits for the Ack
+    assert a.pins() > 0  # B is done; A still waits for the Ack, held at B
+    acks.release(after_s=0.3)  # a slow Ack
     assert a.settle(5)
     assert a.pins() == 0
 

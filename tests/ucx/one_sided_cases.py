@@ -9,7 +9,6 @@ README says why), and the main run goes on with two-sided tests."""
 from __future__ import annotations
 
 import signal
-import threading
 import time
 
 import numpy as np
@@ -33,6 +32,7 @@ from ucx_holders import (  # noqa: E402
     check_timeline,
     fill,
     row_pattern,
+    serve_filled,
 )
 
 from kvwire.contract import Cause, InvalidSubmission, MemoryKind, SlotRegion  # noqa: E402
@@ -135,8 +135,8 @@ def test_trust_model_a_reader_reaches_every_registered_region_and_nothing_else(m
     req, pool = requesting_end(make_backend, "one-sided")
     attempt, slots = req.fetch(a.address(), names[:2])
     assert req.wait(attempt, slots, 10).is_delivered
-    reader = req.backend._engine.nixl
-    agent = a._engine.nixl.name.encode()
+    reader = req.backend.engine.nixl
+    agent = a.engine.nixl.name.encode()
     landing = pool.arrays[0][20]
     local = np.array([[landing.ctypes.data, SLOT, 0]], dtype=np.uint64)
 
@@ -144,7 +144,7 @@ def test_trust_model_a_reader_reaches_every_registered_region_and_nothing_else(m
         handle, done = reader.read(local, np.array([[address, SLOT, 0]], dtype=np.uint64), agent)
         deadline = time.monotonic() + 5
         while not done and time.monotonic() < deadline:
-            a._engine.nixl.progress()
+            a.engine.nixl.progress()
             done = reader.done(handle)
         reader.release(handle)
         assert done
@@ -217,11 +217,7 @@ def test_pull_from_another_process_one_sided(make_backend) -> None:
 def test_a_requester_killed_after_the_offer_leaves_no_pin_on_the_server(make_backend, holders) -> None:
     slot = 1 << 20
     server = make_backend(mode="one-sided")
-    pool, tree, names = Pool(GROUPS, 64, slot), ReuseTree(), block_names(64)
-    server.register_regions(pool.regions)
-    fill(pool, tree, names)
-    published = threading.Event()
-    holder = ServingHolder(server, pool, tree, on_publish=lambda answer: published.set())
+    holder, published = serve_filled(server, GROUPS, 64, slot)
     holders.append(holder)
     client = Child("request", slot, 64, server.address().hex(), mode="one-sided")
     try:
@@ -235,7 +231,7 @@ def test_a_requester_killed_after_the_offer_leaves_no_pin_on_the_server(make_bac
     outcome = holder.answers[0].outcome
     # the requester may have finished reading (and acknowledged) before it died
     assert outcome.is_delivered or (outcome.is_failed and "gone" in outcome.reason), outcome
-    assert tree.wait_unpinned(5)
+    assert holder.tree.wait_unpinned(5)
 
 
 def test_the_seed_flow_through_workers_in_the_one_sided_mode() -> None:

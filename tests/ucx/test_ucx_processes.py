@@ -10,7 +10,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from kvwire.testing.require import backend_module
 
 backend_module("ucxx._lib.libucxx", "ucx", "ucxx-cu12==0.52.0")  # skips, or fails when the run requires ucx
 
-from ucx_holders import Pool, Requester, ReuseTree, ServingHolder, block_names, fill, row_pattern  # noqa: E402
+from ucx_holders import Pool, Requester, block_names, row_pattern, serve_filled  # noqa: E402
 
 from kvwire.contract import Cause  # noqa: E402
 
@@ -164,7 +163,7 @@ def test_a_server_frozen_mid_pull_fails_at_the_deadline_and_quiesces_within_the_
     assert outcome.is_failed and outcome.cause is Cause.DEADLINE and "deadline" in outcome.reason
     assert 0 < outcome.rows_delivered < 128
     # it quiesced because the grace ran out and forced the connection closed, not by itself
-    events = attempt._job.machine.events()
+    events = attempt.job.machine.events()
     stop = events.index("DeadlinePassed")
     assert "GraceExpired" in events[stop:] and "ConnectionLost" in events[stop:], events
     assert attempt.quiesced() and not req.lent
@@ -173,11 +172,7 @@ def test_a_server_frozen_mid_pull_fails_at_the_deadline_and_quiesces_within_the_
 def test_a_requester_killed_mid_pull_leaves_no_pin_on_the_server(children, make_backend, holders) -> None:
     slot = 1 << 20
     server = make_backend(window_bytes=4 << 20)
-    pool, tree, names = Pool(GROUPS, 64, slot), ReuseTree(), block_names(64)
-    server.register_regions(pool.regions)
-    fill(pool, tree, names)
-    published = threading.Event()
-    holder = ServingHolder(server, pool, tree, on_publish=lambda answer: published.set())
+    holder, published = serve_filled(server, GROUPS, 64, slot)
     holders.append(holder)
     client = children("request", slot, 64, server.address().hex())
     assert client.read() == {"fetching": True}
@@ -190,7 +185,7 @@ def test_a_requester_killed_mid_pull_leaves_no_pin_on_the_server(children, make_
     assert holder.wait_settled(1, 10)
     outcome = holder.answers[0].outcome
     assert outcome.is_failed and "gone" in outcome.reason, outcome
-    assert tree.wait_unpinned(5)
+    assert holder.tree.wait_unpinned(5)
 
 
 def test_a_closed_port_fails_fast_with_a_clear_reason(requester) -> None:
@@ -204,4 +199,4 @@ def test_a_closed_port_fails_fast_with_a_clear_reason(requester) -> None:
     outcome = req.wait(attempt, slots, 15)
     assert outcome.is_failed and outcome.cause is Cause.PEER_GONE  # refused at once, not at the deadline
     assert "could not connect" in outcome.reason and "refused" in outcome.reason.lower()
-    assert attempt._job.machine.events()[:2] == ["Start", "ConnectionLost"]  # then the drained receives complete
+    assert attempt.job.machine.events()[:2] == ["Start", "ConnectionLost"]  # then the drained receives complete

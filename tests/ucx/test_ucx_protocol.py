@@ -4,7 +4,11 @@ peer death, and the two cancel-meets-the-answer races (55dfe49, c5d6258) as fixe
 sockets, no threads, no clocks: microseconds per case, the same result every run.
 
 ``test_zz_every_transition_is_driven`` (last) checks that the cases above drove every entry of
-both transition tables."""
+both transition tables.
+
+Why one file of this size: that last check reads what every case of both machines recorded in
+this module's run (``DRIVEN``), so the cases of both tables and the check belong to one module;
+a case stays a few lines beside the table entry it drives."""
 
 from __future__ import annotations
 

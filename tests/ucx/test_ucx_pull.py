@@ -179,7 +179,7 @@ def test_a_peer_that_is_not_serving_declines_at_once(pair) -> None:
     outcome = p.req.wait(attempt, slots, 10)
     # declined, not left to its deadline
     assert outcome.is_failed and outcome.cause is Cause.DECLINED and "not serving" in outcome.reason
-    assert attempt._job.machine.events()[:2] == ["Start", "Declined"]  # then the drained receives complete
+    assert attempt.job.machine.events()[:2] == ["Start", "Declined"]  # then the drained receives complete
 
 
 def test_a_holder_that_never_answers_fails_the_fetch_at_its_deadline(pair) -> None:
@@ -187,7 +187,7 @@ def test_a_holder_that_never_answers_fails_the_fetch_at_its_deadline(pair) -> No
     attempt, slots = p.req.fetch(p.a.address(), p.names[:3], timeout_s=0.5)
     outcome = p.req.wait(attempt, slots, 10)
     assert outcome.is_failed and outcome.cause is Cause.DEADLINE and "before the peer answered" in outcome.reason
-    assert attempt._job.machine.events()[:2] == ["Start", "DeadlinePassed"]  # its own deadline, not the peer's word
+    assert attempt.job.machine.events()[:2] == ["Start", "DeadlinePassed"]  # its own deadline, not the peer's word
     assert p.holder.requests_seen == 1
     assert p.tree.pinned() == 0
 
@@ -207,7 +207,7 @@ def test_a_mute_peer_fails_the_fetch_at_its_deadline_and_it_quiesces_within_the_
         outcome = req.wait(attempt, slots, 10)
     assert outcome.is_failed and outcome.cause is Cause.DEADLINE and "deadline" in outcome.reason
     # quiesced because the grace ran out and closed the connection, which ended the receives
-    events = attempt._job.machine.events()
+    events = attempt.job.machine.events()
     assert events[:3] == ["Start", "DeadlinePassed", "GraceExpired"], events
     assert "ConnectionLost" in events and attempt.quiesced() and not req.lent
 
@@ -413,38 +413,29 @@ def test_an_offer_that_crosses_a_cancel_is_still_told_the_pull_is_over(make_back
     must conclude cancelled by the peer, not wait for an Ack until its deadline (found under load
     by the suite's N2, fixed in 55dfe49)."""
     from kvwire_ucx import wire
+    from kvwire_ucx.faults import Direction
 
     gate = threading.Event()
     e = ends(make_backend, holders, GROUPS, 4, SLOT, requester={"timeout_s": 10.0}, gate=gate)
-    engine = e.b._engine
-    held: list[tuple[object, object]] = []
-    send = engine._send
-
-    def hold_cancels(conn, message) -> None:
-        if isinstance(message, wire.Cancel):
-            held.append((conn, message))
-        else:
-            send(conn, message)
-
-    engine._send = hold_cancels
+    cancels = e.b.engine.faults.hold(Direction.OUTGOING, lambda message: isinstance(message, wire.Cancel))
     attempt, slots = e.req.fetch(e.a.address(), e.names)
     assert e.holder.wait_requests(1, 5)
     attempt.cancel()
     gate.set()
     outcome = e.req.wait(attempt, slots, 5)  # the offer and its rows arrived: nothing is posted any more
     assert outcome.is_cancelled and outcome.cause is Cause.HOLDER_CANCELLED
-    assert len(held) == 1, "the requester must send its Cancel once"
+    assert wait_for(lambda: cancels.held, 5) and len(cancels.held) == 1, "the requester must send its Cancel once"
     # The cancel quiesced the requester (its receives drained), so the offer may still be on its
     # way: wait for it to be heard, then check it was heard after the cancel.
-    machine = attempt._job.machine
+    machine = attempt.job.machine
     assert wait_for(lambda: "Offered" in machine.events(), 5), machine.events()
     requester_events = machine.events()
     assert requester_events.index("HolderCancelled") < requester_events.index("Offered"), requester_events
-    engine.submit(send, *held[0])
+    cancels.release()
     assert e.holder.wait_settled(1, 15)
     served = e.holder.answers[0]
     assert served.outcome.is_cancelled and served.outcome.cause is Cause.PEER_CANCELLED, served.outcome
-    server_events = served.attempt._job.machine.events()
+    server_events = served.attempt.job.machine.events()
     assert server_events.index("Answered") < server_events.index("CancelReceived"), server_events
     assert e.tree.wait_unpinned(5)
 
@@ -454,22 +445,22 @@ def test_a_cancel_that_finds_every_row_arrived_before_the_offer_still_tells_the_
     The offer is held back at the requester until its holder cancelled with every row arrived:
     a cancel then finds nothing posted and must still tell the serving end (fixed in c5d6258;
     before, the serving end waited for its deadline)."""
+    from kvwire_ucx import wire
+    from kvwire_ucx.faults import Direction
+
     e = ends(make_backend, holders, GROUPS, 4, SLOT, requester={"timeout_s": 10.0})
-    engine = e.b._engine
-    held: list[tuple[object, object]] = []
-    on_answer = engine._on_answer
-    engine._on_answer = lambda conn, message: held.append((conn, message))
+    offers = e.b.engine.faults.hold(Direction.INCOMING, lambda message: isinstance(message, wire.Offer))
     attempt, slots = e.req.fetch(e.a.address(), e.names)
-    assert wait_for(lambda: e.b.stats().rows_received == 8 and len(held) == 1, 5), "every row and the offer came"
+    assert wait_for(lambda: e.b.stats().rows_received == 8 and len(offers.held) == 1, 5), "every row and the offer came"
     attempt.cancel()
     outcome = e.req.wait(attempt, slots, 5)
     assert outcome.is_cancelled and outcome.cause is Cause.HOLDER_CANCELLED
-    assert attempt._job.machine.history[-1] == ("ASKED", "HolderCancelled", "DONE")
-    engine.submit(on_answer, *held[0])  # the offer arrives after the pull ended here: ignored
+    assert attempt.job.machine.history[-1] == ("ASKED", "HolderCancelled", "DONE")
+    offers.release()  # the offer arrives after the pull ended here: ignored
     assert e.holder.wait_settled(1, 15)
     served = e.holder.answers[0]
     assert served.outcome.is_cancelled and served.outcome.cause is Cause.PEER_CANCELLED, served.outcome
-    assert "Offered" not in attempt._job.machine.events()
+    assert "Offered" not in attempt.job.machine.events()
     assert e.tree.wait_unpinned(5)
 
 

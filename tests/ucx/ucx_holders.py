@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -304,6 +305,16 @@ def fill(pool: Pool, tree: ReuseTree, names: Sequence[bytes], first_slot: int = 
         for g, gid in enumerate(pool.group_ids):
             pool.arrays[g][slot] = row_pattern(name, gid, pool.slot_bytes)
         tree.insert(name, slot)
+
+
+def serve_filled(server: Any, groups: Sequence[int], blocks: int, slot_bytes: int) -> tuple[ServingHolder, threading.Event]:
+    """``server`` serving ``blocks`` filled blocks of ``slot_bytes`` per group through a
+    :class:`ServingHolder`, and an event set once it published an answer."""
+    pool, tree = Pool(groups, blocks, slot_bytes), ReuseTree()
+    server.register_regions(pool.regions)
+    fill(pool, tree, block_names(blocks))
+    published = threading.Event()
+    return ServingHolder(server, pool, tree, on_publish=lambda answer: published.set()), published
 
 
 def check_timeline(timeline: dict[str, float], wall: float, *orders: tuple[str, ...]) -> None:

@@ -9,10 +9,9 @@ import importlib.util
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from kvwire.contract import CONTRACT_VERSION, Capabilities, MemoryKind
-from kvwire.contract.capabilities import SERVE_PULLS, OtherEnd
+from kvwire.contract import CONTRACT_VERSION
 from kvwire.registry.plugin import Plugin
-from kvwire_ucx.settings import OPTIONS, UcxSettings
+from kvwire_ucx.settings import OPTIONS, UcxSettings, capabilities_for
 
 if TYPE_CHECKING:
     from kvwire_ucx.backend import UcxBackend
@@ -46,17 +45,7 @@ _DEFAULTS = UcxSettings()
 plugin = Plugin(
     name="ucx",
     contract_version=CONTRACT_VERSION,
-    capabilities=Capabilities(
-        contract_version=CONTRACT_VERSION,
-        fetch=True,
-        publish=True,
-        memory_kinds=frozenset({MemoryKind.HOST}),
-        other_end=OtherEnd.PEER,
-        content_addressed=True,
-        max_in_flight=_DEFAULTS.max_in_flight,
-        cancellation=True,
-        protocols=frozenset({SERVE_PULLS}),
-    ),
+    capabilities=capabilities_for(_DEFAULTS),
     create=create,
     options=OPTIONS,
     summary="UCX peer-to-peer transfers; serves request-free pulls from a peer's reuse tree",

@@ -13,13 +13,11 @@ from typing import Any
 import numpy as np
 
 from kvwire.contract import (
-    CONTRACT_VERSION,
     Attempt,
     Backend,
     Capabilities,
     Hint,
     InvalidSubmission,
-    MemoryKind,
     Outcome,
     SlotRegion,
     SubmissionRejected,
@@ -27,7 +25,6 @@ from kvwire.contract import (
     WakeFn,
 )
 from kvwire.contract.backend import Registration
-from kvwire.contract.capabilities import SERVE_PULLS, OtherEnd
 from kvwire.contract.serving import PullRequest, ServesPulls
 from kvwire_ucx import wire
 from kvwire_ucx.address import AddressError, PeerAddress
@@ -36,29 +33,11 @@ from kvwire_ucx.attempt import AttemptKind, WireStats
 from kvwire_ucx.engine import Engine
 from kvwire_ucx.nixl import NixlAgent, NixlError
 from kvwire_ucx.regions import HostRegions
-from kvwire_ucx.settings import UcxSettings
+from kvwire_ucx.settings import MEMORY_KINDS, UcxSettings, capabilities_for
 
 __all__ = ["UcxBackend", "capabilities_for"]
 
 log = logging.getLogger(__name__)
-
-MEMORY_KINDS = frozenset({MemoryKind.HOST})
-
-
-def capabilities_for(settings: UcxSettings) -> Capabilities:
-    """What a backend built with ``settings`` declares."""
-    return Capabilities(
-        contract_version=CONTRACT_VERSION,
-        fetch=True,
-        publish=True,
-        memory_kinds=MEMORY_KINDS,
-        other_end=OtherEnd.PEER,
-        content_addressed=True,
-        max_in_flight=settings.max_in_flight,
-        cancellation=True,
-        protocols=frozenset({SERVE_PULLS}),
-    )
-
 
 class UcxBackend(Backend, ServesPulls):
     """A peer backend over UCX. ``fetch`` pulls named blocks from the peer whose
@@ -216,6 +195,13 @@ class UcxBackend(Backend, ServesPulls):
     @property
     def settings(self) -> UcxSettings:
         return self._settings
+
+    @property
+    def engine(self) -> Engine:
+        """The progress thread's engine, for tests and tools: its fault-injection seam
+        (``engine.faults``, :mod:`kvwire_ucx.faults`), its NIXL agent, its instance id. A holder
+        never needs it."""
+        return self._engine
 
     def __repr__(self) -> str:
         return f"UcxBackend({self._engine.address}, {'shut down' if self._closed else 'open'})"

@@ -1,8 +1,9 @@
 """One control connection per peer: its TCP socket and framing, and the UCX endpoint to the same
 peer, with how each ends (:class:`Connection`, :class:`Connections`, :class:`Endpoints`).
 
-Everything here runs on the progress thread. A connection knows nothing of pulls beyond the
-tables of the transfers on it; what a closed connection means for them is the engine's."""
+Everything here runs on the progress thread. A connection knows nothing of pulls: which pulls
+run on it is the engine's sides' to keep, and what a closed connection means for them the
+engine's."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import os
 import selectors
 import socket
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -21,9 +22,6 @@ from kvwire_ucx import wire
 from kvwire_ucx._ucx import Array, UCXError, ucx_api
 from kvwire_ucx.address import PeerAddress
 from kvwire_ucx.reactor import Reactor
-
-if TYPE_CHECKING:
-    from kvwire_ucx.engine import FetchJob, ReplyJob
 
 __all__ = ["Connection", "ConnectionState", "Connections", "Endpoints", "PROBE_TAG"]
 
@@ -59,8 +57,6 @@ class Connection:
         self.out = bytearray()
         self.ep: Any = None
         self.want_write = False
-        self.fetches: dict[int, FetchJob] = {}
-        self.replies: dict[int, ReplyJob] = {}
         self.nixl_sent = -1   # generation of this end's NIXL metadata the peer was sent
         self.nixl_peer = b""  # the peer's NIXL agent, loaded from a ReadOffer on this connection
 

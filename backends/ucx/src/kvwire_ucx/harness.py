@@ -53,7 +53,7 @@ class UcxHarness(Harness):
             raise
         # The suite answers pulls with each request's own ticket; this one stands for "a ticket
         # of the source" where a test publishes without a request (it names no pull).
-        publish_hint = Hint.of("ticket", backend=source._engine.instance, pull=0)
+        publish_hint = Hint.of("ticket", backend=source.engine.instance, pull=0)
         return Ends(source, sink, publish_hint, Hint.of("peer", address=source.address()))
 
 

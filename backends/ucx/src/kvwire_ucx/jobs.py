@@ -1,25 +1,32 @@
 """The engine's record of one pull at each end: the protocol machine, the attempt, the
-connection and the row mover it uses (:class:`FetchJob`, :class:`ReplyJob`), and the holder's
-ticket for answering a pull (:class:`Ticket`). Data only; the engine drives them."""
+connection and the row mover it uses (:class:`FetchJob`, :class:`ReplyJob`), the holder's
+ticket for answering a pull (:class:`Ticket`), what the two sides of the engine
+(:mod:`kvwire_ucx.requesting`, :mod:`kvwire_ucx.serving`) ask of the engine that routes their
+events (:class:`Router`) and what each works with (:class:`Side`). Data only; the engine drives
+them."""
 
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, Any
+import threading
+from typing import Any, Protocol
 
+from kvwire.contract import Cause
 from kvwire.contract.serving import PullRequest
+from kvwire_ucx import wire
 from kvwire_ucx.address import PeerAddress
 from kvwire_ucx.attempt import UcxAttempt
+from kvwire_ucx.connection import Connection
+from kvwire_ucx.nixl import NixlAgent
 from kvwire_ucx.nixl_reads import RangeReads
 from kvwire_ucx.protocol.requester import PullRequester, RequesterState
 from kvwire_ucx.protocol.server import PullServer, ServerState
+from kvwire_ucx.reactor import Reactor
 from kvwire_ucx.regions import GroupRows
+from kvwire_ucx.settings import UcxSettings
 from kvwire_ucx.tag_rows import TagReceives, TagSends
 
-if TYPE_CHECKING:
-    from kvwire_ucx.connection import Connection
-
-__all__ = ["FetchJob", "ReplyJob", "Ticket"]
+__all__ = ["FetchJob", "Job", "ReplyJob", "Router", "Side", "Ticket"]
 
 
 class FetchJob:
@@ -93,4 +100,28 @@ class ReplyJob:
 
 
 Job = FetchJob | ReplyJob
-_ = Any
+
+
+class Router(Protocol):
+    """What a side of the engine asks of the engine (:class:`kvwire_ucx.engine.Engine`), on the
+    progress thread: hand a job an event, send a frame, end a connection, count."""
+
+    def feed(self, job: Job, event: Any) -> None: ...
+    def send(self, conn: Connection, message: wire.Message) -> None: ...
+    def drop(self, conn: Connection, reason: str) -> None: ...    # the peer broke the protocol
+    def close(self, conn: Connection, reason: str, *, lost: bool = False, cause: Cause | None = None) -> None: ...
+    def count(self, key: str, n: int = 1) -> None: ...
+
+
+class Side:
+    """What each side of the engine works with: the engine (as its :class:`Router`), the engine's
+    lock (for what holder threads touch), the settings, the NIXL agent (one-sided mode only) and
+    the reactor (for timers and wakes)."""
+
+    def __init__(self, router: Router, lock: threading.Lock, settings: UcxSettings, nixl: NixlAgent | None,
+                 reactor: Reactor) -> None:
+        self._router = router
+        self._lock = lock
+        self._settings = settings
+        self._nixl = nixl
+        self._reactor = reactor

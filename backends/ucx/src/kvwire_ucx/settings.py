@@ -1,4 +1,5 @@
-"""The options of a kvwire-ucx backend, as frozen data, and their declarations for the registry."""
+"""The options of a kvwire-ucx backend, as frozen data, their declarations for the registry, and
+what a backend built with them declares (:func:`capabilities_for`)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from kvwire.contract import CONTRACT_VERSION, Capabilities, MemoryKind
+from kvwire.contract.capabilities import SERVE_PULLS, OtherEnd
 from kvwire.registry.plugin import Option
 
-__all__ = ["UcxSettings", "OPTIONS", "MODES"]
+__all__ = ["UcxSettings", "OPTIONS", "MODES", "MEMORY_KINDS", "capabilities_for"]
+
+MEMORY_KINDS = frozenset({MemoryKind.HOST})
 
 #: "two-sided" (default): rows travel as UCX tag messages into the rows the requester lent.
 #: "one-sided": pulls are answered with where the rows lie, and the requester reads them itself
@@ -99,3 +104,18 @@ OPTIONS: tuple[Option, ...] = (
            "registered memory through NIXL (faster; exposes every registered region to peers: trusted clusters "
            "only; needs kvwire-ucx[nixl])", choices=MODES),
 )
+
+
+def capabilities_for(settings: UcxSettings) -> Capabilities:
+    """What a backend built with ``settings`` declares."""
+    return Capabilities(
+        contract_version=CONTRACT_VERSION,
+        fetch=True,
+        publish=True,
+        memory_kinds=MEMORY_KINDS,
+        other_end=OtherEnd.PEER,
+        content_addressed=True,
+        max_in_flight=settings.max_in_flight,
+        cancellation=True,
+        protocols=frozenset({SERVE_PULLS}),
+    )

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import collections
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -75,6 +75,21 @@ class SelfDrain:
         self._worker = None
 
 
+def _row_buffers(groups: tuple[GroupRows, ...], start: int, end: int,
+                 counts: tuple[int, ...] | None) -> Iterator[tuple[int, int, int, Any]]:
+    """``(number, group index, row, buffer over its slot)`` of each row among block-major
+    numbers ``[start, end)``, the offered ones only given ``counts``."""
+    width = len(groups)
+    for seq in range(start, end):
+        ri, gi = divmod(seq, width)
+        if counts is not None and ri >= counts[gi]:
+            continue
+        group = groups[gi]
+        assert group.span is not None
+        offset = int(group.offsets[ri])
+        yield seq, gi, ri, Array(group.span[offset : offset + group.slot_bytes])
+
+
 class TagReceives:
     """The receives one fetch posted, in posting order."""
 
@@ -86,21 +101,12 @@ class TagReceives:
     def post(self, worker: Any, start: int, end: int, counts: tuple[int, ...] | None) -> None:
         """One receive per row among block-major numbers ``[start, end)`` (offered ones only,
         given ``counts``) on ``worker``; raises :class:`PostError` if UCX refuses one."""
-        groups = self._groups
-        width = len(groups)
         tag_recv, make_tag, append = worker.tag_recv, ucx_api.UCXXTag, self.posted.append
         tag_high = self._tag_high
         seq = start
         posted = 0
         try:
-            for seq in range(start, end):
-                ri, gi = divmod(seq, width)
-                if counts is not None and ri >= counts[gi]:
-                    continue
-                group = groups[gi]
-                assert group.span is not None
-                offset = int(group.offsets[ri])
-                buffer = Array(group.span[offset : offset + group.slot_bytes])
+            for seq, gi, ri, buffer in _row_buffers(self._groups, start, end, counts):
                 append((tag_recv(buffer, make_tag(tag_high | seq)), buffer, gi, ri))
                 posted += 1
         except UCXError as exc:
@@ -145,8 +151,6 @@ class TagSends:
     def post(self, ep: Any, start: int, end: int, counts: tuple[int, ...], limit: int) -> int:
         """Send the offered rows among block-major numbers ``[start, min(end, limit))``; how
         many. Raises :class:`PostError` if UCX refuses one."""
-        groups = self._groups
-        width = len(groups)
         tag_high = self._tag_high
         posted = 0
         if start >= min(end, limit):
@@ -156,14 +160,7 @@ class TagSends:
         tag_send, make_tag, append = ep.tag_send, ucx_api.UCXXTag, self.posted.append
         seq = start
         try:
-            for seq in range(start, min(end, limit)):
-                ri, gi = divmod(seq, width)
-                if ri >= counts[gi]:
-                    continue
-                group = groups[gi]
-                assert group.span is not None
-                offset = int(group.offsets[ri])
-                buffer = Array(group.span[offset : offset + group.slot_bytes])
+            for seq, gi, ri, buffer in _row_buffers(self._groups, start, min(end, limit), counts):
                 append((tag_send(buffer, make_tag(tag_high | seq)), buffer, gi, ri))
                 posted += 1
         except UCXError as exc:

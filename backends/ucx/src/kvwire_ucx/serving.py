@@ -1,0 +1,290 @@
+"""The serving side of one engine: a ``Pull`` frame turned into the holder's :class:`PullRequest`
+and its ticket, the holder's answer (or decline) taken up, the requester's later words (``Go``,
+``Cancel``, ``Ack``) routed to the reply they name, and the one-sided offers out.
+
+The tickets are the one part the holder's threads touch (:meth:`Serving.claim`,
+:meth:`Serving.decline`, :meth:`Serving.take_incoming`), under the engine's lock; everything else
+runs on the progress thread. What a reply does is its machine's
+(:mod:`kvwire_ucx.protocol.server`), and every event goes to it through the engine
+(:class:`~kvwire_ucx.jobs.Router`)."""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+
+import numpy as np
+
+from kvwire.contract import Hint, InvalidSubmission
+from kvwire.contract.backend import WakeFn
+from kvwire.contract.serving import PullRequest
+from kvwire_ucx import wire
+from kvwire_ucx.attempt import UcxAttempt
+from kvwire_ucx.connection import Connection
+from kvwire_ucx.jobs import ReplyJob, Router, Side, Ticket
+from kvwire_ucx.nixl import NixlAgent
+from kvwire_ucx.protocol import events as ev
+from kvwire_ucx.protocol.server import PullServer, ReplySpec, ServerState
+from kvwire_ucx.reactor import Reactor
+from kvwire_ucx.regions import GroupRows
+from kvwire_ucx.settings import UcxSettings
+from kvwire_ucx.tag_rows import TagSends
+
+__all__ = ["Serving"]
+
+#: How long the ticket of a request the holder took but never answered stays answerable after
+#: the request went away (so the late answer learns why instead of 'unknown ticket').
+_TICKET_LINGER_S = 60.0
+#: While a one-sided offer is out, the serving end progresses its NIXL agent this often (NIXL
+#: has no fd). A peer that was just sent the metadata is probably wiring up a connection, which
+#: waits for that progress: then often; afterwards a cma or RDMA read needs nothing of the serving
+#: end, and polling every millisecond took a quarter of the reader's speed on two shared cores.
+_NIXL_WIREUP_POLL_S = 0.001
+_NIXL_WIREUP_S = 0.25
+_NIXL_SERVE_POLL_S = 0.005
+
+
+class Serving(Side):
+    """The replies of one engine, by connection and transfer id, and the holder's tickets (each
+    names this end's ``instance``)."""
+
+    def __init__(self, router: Router, lock: threading.Lock, settings: UcxSettings, nixl: NixlAgent | None,
+                 reactor: Reactor, instance: int) -> None:
+        super().__init__(router, lock, settings, nixl, reactor)
+        self._instance = instance
+        self._pull_ids = iter(range(1, 1 << 63))
+        self._tickets: dict[int, ReplyJob] = {}  # pull id -> reply (guarded by the lock)
+        self._incoming: collections.deque[ReplyJob] = collections.deque()  # guarded by the lock
+        self._wake: WakeFn | None = None  # the serving holder's (guarded by the lock)
+        self._on: dict[Connection, dict[int, ReplyJob]] = {}
+        self._read_replies: set[ReplyJob] = set()  # one-sided offers the requester has not finished
+        self._wiring_until = 0.0  # until then a peer may be wiring up to this end's NIXL agent
+
+    # ================================================================ the holder's threads
+
+    def start(self, wake: WakeFn) -> None:
+        with self._lock:
+            self._wake = wake
+
+    def take_incoming(self) -> tuple[PullRequest, ...]:
+        out = []
+        with self._lock:
+            while self._incoming:
+                job = self._incoming.popleft()
+                if job.ticket is Ticket.OPEN:
+                    job.surfaced = True
+                    out.append(job.request)
+        return tuple(out)
+
+    def claim(self, pull_id: int) -> ReplyJob:
+        """Take the ticket of pull ``pull_id`` for an answer (:meth:`unclaim` gives it back)."""
+        with self._lock:
+            job = self._tickets.get(pull_id)
+            if job is None or job.ticket is Ticket.CLAIMED:
+                raise InvalidSubmission(f"pull {pull_id} is unknown or was already answered; answer each request once")
+            job.claimed_from, job.ticket = job.ticket, Ticket.CLAIMED
+        return job
+
+    def unclaim(self, job: ReplyJob) -> None:
+        """Give a claimed ticket back: the answer never left the holder."""
+        with self._lock:
+            if job.ticket is Ticket.CLAIMED:
+                job.ticket = job.claimed_from
+
+    def decline(self, pull_id: int, reason: str) -> bool:
+        """The holder declines pull ``pull_id``; whether it was still answerable."""
+        with self._lock:
+            job = self._tickets.get(pull_id)
+            if job is None or job.ticket is Ticket.CLAIMED:
+                return False
+            job.claimed_from, job.ticket = job.ticket, Ticket.CLAIMED
+        self._reactor.submit(self._router.feed, job, ev.HolderDeclined(reason))
+        return True
+
+    # ================================================================ the progress thread
+
+    def on(self, conn: Connection) -> list[ReplyJob]:
+        """The replies running on ``conn``."""
+        return list(self._on.get(conn, {}).values())
+
+    def on_pull(self, conn: Connection, message: wire.Pull) -> None:
+        """A requester's ``Pull``: declined at once, or a request for the holder."""
+        self._router.count("pulls_received")
+        if message.transfer in self._on.get(conn, {}):
+            self._router.drop(conn, f"peer {conn.label} reused transfer id {message.transfer}")
+            return
+        if self._reactor.stopping:
+            self._decline_now(conn, message.transfer, "not serving: the serving end is shutting down")
+            return
+        with self._lock:
+            wake = self._wake
+            waiting = sum(1 for r in self._tickets.values() if r.ticket is Ticket.OPEN)
+        if wake is None:
+            self._decline_now(conn, message.transfer, "not serving: the peer's holder has not started serving pulls")
+            return
+        mode = "one-sided" if self._nixl is not None else "two-sided"
+        if message.one_sided != (self._nixl is not None):
+            # Modes never mix: a process that loaded NIXL must not run two-sided rendezvous
+            # (see the README: UCX 1.21 can crash there when a peer dies).
+            asked = "one-sided" if message.one_sided else "two-sided"
+            self._decline_now(conn, message.transfer, f"this end serves {mode} pulls only (option mode={mode!r}); "
+                                                      f"the pull is {asked}")
+            return
+        if waiting >= self._settings.max_pending_pulls:
+            self._decline_now(conn, message.transfer, f"busy: {waiting} pulls are already waiting for the serving holder")
+            return
+        pull_id = next(self._pull_ids)
+        timeout_s = message.timeout_ms / 1000.0
+        request = PullRequest(
+            ticket=Hint.of("ticket", timeout_s=timeout_s, backend=self._instance, pull=pull_id),
+            groups=tuple(g for g, _ in message.groups),
+            slot_bytes=tuple(s for _, s in message.groups),
+            names=np.frombuffer(message.names, dtype=np.uint8).reshape(message.count, message.width),
+            peer=conn.label,
+            credentials=message.credentials,
+        )
+        spec = ReplySpec(message.transfer, message.credit, len(message.groups), message.count,
+                         one_sided=message.one_sided, peer=conn.label)
+        job = ReplyJob(pull_id, conn, PullServer(spec), request, time.monotonic() + timeout_s, message.tag_base)
+        self._on.setdefault(conn, {})[message.transfer] = job
+        with self._lock:
+            self._tickets[pull_id] = job
+            self._incoming.append(job)
+        self._reactor.call_later(timeout_s, lambda: self._wait_expired(job))
+        self._reactor.wake_later("serve", wake)
+
+    def on_word(self, conn: Connection, message: wire.Go | wire.Cancel | wire.Ack) -> None:
+        """A requester's later word about the reply it names."""
+        reply = self._on.get(conn, {}).get(message.transfer)
+        if reply is None:
+            if isinstance(message, wire.Go):
+                self._router.drop(conn, f"peer {conn.label} named rows of transfer {message.transfer}, "
+                                        "which was not offered")
+            return  # an Ack or Cancel for a pull over at this end
+        if isinstance(message, wire.Go):
+            self._router.feed(reply, ev.GoReceived(message.start, message.end))
+        elif isinstance(message, wire.Cancel):
+            self._router.feed(reply, ev.CancelReceived(message.reason))
+        else:
+            self._router.feed(reply, ev.AckReceived(message.rows))
+
+    def _decline_now(self, conn: Connection, transfer: int, reason: str) -> None:
+        self._router.count("pulls_declined")
+        self._router.send(conn, wire.Decline(transfer, wire.clip_reason(reason)))
+
+    def _wait_expired(self, job: ReplyJob) -> None:
+        with self._lock:
+            unclaimed = job.ticket is Ticket.OPEN
+        if unclaimed and job.machine.state is ServerState.WAITING:
+            self._router.feed(job, ev.WaitExpired())
+
+    def answer(self, job: ReplyJob, attempt: UcxAttempt, groups: tuple[GroupRows, ...], rows: tuple[int, ...],
+               refusal: str | None, deadline: float) -> None:
+        """Take up the holder's answer (``publish``): its row mover, then the machine's event."""
+        job.attempt = attempt
+        attempt.job = job
+        job.groups = groups
+        job.deadline = deadline
+        if attempt.cancel_requested:  # the holder cancelled it before it went out
+            job.cancel_fed = True
+            self._router.feed(job, ev.AnswerWithdrawn())
+            return
+        counts = rows
+        if job.machine.state is ServerState.WAITING and refusal is None:
+            if self._nixl is not None:
+                counts = self._prepare_read_offer(job, rows)
+            else:
+                job.sends = TagSends(groups, job.tag_base)
+        self._router.feed(job, ev.Answered(counts, rows, refusal))
+
+    def _prepare_read_offer(self, job: ReplyJob, counts: tuple[int, ...]) -> tuple[int, ...]:
+        """This end's NIXL metadata (when the connection was not sent this generation) and the
+        longest common block prefix whose ReadOffer fits in one frame (still a valid answer)."""
+        assert self._nixl is not None
+        generation, metadata = self._nixl.metadata()
+        if job.conn.nixl_sent == generation:
+            metadata = b""
+        agent = self._nixl.name.encode()
+        job.read_offer = (generation, metadata, agent)
+        return fit_read_offer(counts, agent, metadata)
+
+    def send_read_offer(self, job: ReplyJob, counts: tuple[int, ...]) -> None:
+        assert job.read_offer is not None
+        generation, metadata, agent = job.read_offer
+        addresses = []
+        for group, count in zip(job.groups, counts, strict=True):
+            if count == 0 or group.span is None:
+                addresses.append(np.zeros(0, dtype=np.uint64))
+                continue
+            base = group.span.__array_interface__["data"][0]
+            addresses.append(group.offsets[:count] + np.uint64(base))
+        self._router.send(job.conn, wire.ReadOffer(job.transfer, counts, agent, generation, metadata, tuple(addresses)))
+        if metadata:
+            self._wiring_until = time.monotonic() + _NIXL_WIREUP_S
+        job.conn.nixl_sent = generation
+        self._read_replies.add(job)
+
+    def offering_reads(self) -> bool:
+        """Whether a one-sided offer is out (the NIXL agent then needs progress)."""
+        return bool(self._read_replies)
+
+    def sleep_cap(self) -> float:
+        """How long the progress thread may sleep, as far as the offers out are concerned."""
+        if self._read_replies:
+            return _NIXL_WIREUP_POLL_S if time.monotonic() < self._wiring_until else _NIXL_SERVE_POLL_S
+        return 1.0
+
+    def gone(self, job: ReplyJob) -> None:
+        """A reply that went GONE is no longer the connection's; its ticket lingers if the holder
+        saw the request (so a late answer learns why), else it goes."""
+        self._unlist(job)
+        with self._lock:
+            if job.ticket is Ticket.OPEN:
+                job.ticket = Ticket.EXPIRED
+            linger = job.ticket is Ticket.EXPIRED and job.surfaced
+            if job.ticket is Ticket.EXPIRED and not linger:
+                self._tickets.pop(job.pull_id, None)
+        if linger:
+            self._reactor.call_later(max(0.0, job.expires_at - time.monotonic()) + _TICKET_LINGER_S,
+                                     lambda: self._drop_ticket(job))
+
+    def _drop_ticket(self, job: ReplyJob) -> None:
+        with self._lock:
+            if self._tickets.get(job.pull_id) is job and job.ticket is Ticket.EXPIRED:
+                del self._tickets[job.pull_id]
+
+    def forget(self, job: ReplyJob) -> None:
+        """``job`` is done: no longer its connection's, nor answerable."""
+        self._read_replies.discard(job)
+        self._unlist(job)
+        with self._lock:
+            if self._tickets.get(job.pull_id) is job:
+                del self._tickets[job.pull_id]
+
+    def _unlist(self, job: ReplyJob) -> None:
+        on = self._on.get(job.conn)
+        if on is not None and on.get(job.transfer) is job:
+            del on[job.transfer]
+            if not on:
+                del self._on[job.conn]
+
+    def clear(self) -> None:
+        """The engine is torn down: no request is answerable any more."""
+        with self._lock:
+            self._tickets.clear()
+            self._incoming.clear()
+
+
+def fit_read_offer(counts: tuple[int, ...], agent: bytes, metadata: bytes) -> tuple[int, ...]:
+    """``counts`` cut to the longest common block prefix whose ReadOffer fits in one frame."""
+    if wire.ReadOffer.body_bytes(counts, agent, metadata) <= wire.MAX_MESSAGE_BYTES:
+        return counts
+    lo, hi = 0, max(counts)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if wire.ReadOffer.body_bytes(tuple(min(c, mid) for c in counts), agent, metadata) <= wire.MAX_MESSAGE_BYTES:
+            lo = mid
+        else:
+            hi = mid - 1
+    return tuple(min(c, lo) for c in counts)
