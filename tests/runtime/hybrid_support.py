@@ -1,5 +1,5 @@
-"""What the hybrid-model tests share: the model, prompts, and a fault-injecting wrapper that
-makes a real backend lose every STATE row it fetches."""
+"""What the hybrid-model tests share: the model, prompts, comparing logits, and a fault-injecting
+wrapper that makes a real backend lose every STATE row it fetches."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import ctypes
 from collections.abc import Sequence
 
 import numpy as np
+import torch
 
 from kvwire.contract import Attempt, Backend, CacheKind, Capabilities, Hint, Outcome, SlotRegion, View
 from kvwire.contract.backend import Registration, WakeFn
@@ -20,6 +21,11 @@ POISON = 0x7E
 
 def prompt(n: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, MODEL.vocab, n)
+
+
+def same(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """Whether two logits tensors agree (a pulled prefix decodes as a local prefill does)."""
+    return bool(torch.allclose(got, want, rtol=1e-4, atol=1e-5))
 
 
 class _LosesState(Attempt):

@@ -12,23 +12,16 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import pytest
 import torch
-from hybrid_support import MODEL, POISON, LosesState, prompt
+from hybrid_support import MODEL, POISON, LosesState, prompt, same
+from worker_support import backend_problem, worker_pool
 
-from kvwire.registry import ConfigError, PluginError, load, load_config
+from kvwire.registry import load_config
 from kvwire.runtime import Worker
-
-
-def _mooncake_missing() -> str | None:
-    try:
-        plugin = load("mooncake")
-        return plugin.check() if plugin.check else None
-    except (ConfigError, PluginError) as exc:
-        return str(exc)
 
 
 @pytest.fixture(scope="module")
 def mooncake_config() -> Iterator[object]:
-    if why := _mooncake_missing():
+    if why := backend_problem("mooncake"):
         pytest.skip(f"the mooncake backend is unavailable: {why}")
     with load_config(backend="mooncake", validate=False).services() as config:
         yield config
@@ -44,25 +37,15 @@ def workers(request: pytest.FixtureRequest) -> Iterator[Callable[..., Worker]]:
     else:
         config = request.getfixturevalue("mooncake_config")
         options = {"namespace": f"hybrid-{tag}"}
-    made: list[Worker] = []
 
-    def make(name: str, *, lose_state: bool = False, **kw: object) -> Worker:
+    def build(name: str, *, lose_state: bool = False, **kw: object) -> Worker:
         cfg = type(config)(config.name, {**config.options, **options}, config.source, config.worker)
         instance = LosesState(cfg.build()) if lose_state else None
-        w = Worker(MODEL, config=cfg, num_blocks=kw.pop("num_blocks", 64), name=name, timeout_s=10,
-                   instance=instance, **kw)
-        made.append(w)
-        return w
+        return Worker(MODEL, config=cfg, num_blocks=kw.pop("num_blocks", 64), name=name, timeout_s=10,
+                      instance=instance, **kw)
 
-    yield make
-    for w in made:
-        w.close()
-    for w in made:
-        assert w.pins() == 0, f"{w.name} kept pins"
-
-
-def same(got: torch.Tensor, want: torch.Tensor) -> bool:
-    return bool(torch.allclose(got, want, rtol=1e-4, atol=1e-5))
+    with worker_pool(build) as make:
+        yield make
 
 
 def test_a_hybrid_prompt_published_pulled_and_decoded_equals_a_local_prefill(workers):

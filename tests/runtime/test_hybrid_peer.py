@@ -19,20 +19,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
+from hybrid_support import MODEL, LosesState, prompt, same
+from worker_support import backend_problem, worker_pool
 
-from kvwire.registry import ConfigError, PluginError, load, load_config
+from kvwire.registry import load, load_config
+from kvwire.runtime import Worker
 
-try:
-    _why = load("ucx").check() if load("ucx").check else None
-except (ConfigError, PluginError) as exc:  # not installed, or broken
-    _why = str(exc)
-if _why:
+if _why := backend_problem("ucx"):
     pytest.skip(f"the ucx backend is unavailable: {_why}", allow_module_level=True)
-
-from hybrid_support import MODEL, LosesState, prompt  # noqa: E402
-
-from kvwire.runtime import Worker  # noqa: E402
 
 
 #: Which mode this process tests: two-sided here, one-sided in the child process below.
@@ -60,29 +54,17 @@ def test_the_one_sided_cases_in_their_own_process(tmp_path: Path) -> None:
 @pytest.fixture(params=[MODE])
 def workers(request: pytest.FixtureRequest) -> Iterator[Callable[..., Worker]]:
     options = {"mode": request.param}
-    made: list[Worker] = []
 
-    def make(name: str, *, lose_state: bool = False, **kw: object) -> Worker:
+    def build(name: str, *, lose_state: bool = False, **kw: object) -> Worker:
         instance = None
         if lose_state:
             config = load_config(backend="ucx", validate=False)
             instance = LosesState(load("ucx").build({**config.options, **options}))
-        w = Worker(MODEL, backend="ucx", options=options, num_blocks=kw.pop("num_blocks", 64), name=name,
-                   timeout_s=10, instance=instance, **kw)
-        made.append(w)
-        return w
+        return Worker(MODEL, backend="ucx", options=options, num_blocks=kw.pop("num_blocks", 64), name=name,
+                      timeout_s=10, instance=instance, **kw)
 
-    yield make
-    for w in made:
-        assert w.wait_served(10)
-    for w in made:
-        w.close()
-    for w in made:
-        assert w.pins() == 0, f"{w.name} kept pins"
-
-
-def same(got: torch.Tensor, want: torch.Tensor) -> bool:
-    return bool(torch.allclose(got, want, rtol=1e-4, atol=1e-5))
+    with worker_pool(build, wait_served=True) as make:
+        yield make
 
 
 def test_a_hybrid_prompt_pulled_from_a_peer_and_decoded_equals_a_local_prefill(workers):

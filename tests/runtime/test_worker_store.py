@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from worker_support import worker_pool
 
 from kvwire.runtime import ModelConfig, StateError, Worker
 
@@ -19,18 +20,12 @@ def prompt(n: int, seed: int = 0) -> np.ndarray:
 @pytest.fixture
 def workers(request):
     store = f"test-{request.node.name}"
-    made = []
 
-    def make(name: str, **kw) -> Worker:
-        w = Worker(MODEL, backend="memory", options={"store": store}, num_blocks=128, name=name, timeout_s=10, **kw)
-        made.append(w)
-        return w
+    def build(name: str, **kw) -> Worker:
+        return Worker(MODEL, backend="memory", options={"store": store}, num_blocks=128, name=name, timeout_s=10, **kw)
 
-    yield make
-    for w in made:
-        w.close()
-    for w in made:
-        assert w.pins() == 0, f"{w.name} kept pins"
+    with worker_pool(build) as make:
+        yield make
 
 
 def test_seed_flow_publish_then_pull_then_decode(workers):
