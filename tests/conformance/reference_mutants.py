@@ -21,16 +21,25 @@ from typing import Any
 
 import numpy as np
 
-from kvwire.contract import Capabilities, Cause, Hint, InvalidSubmission, OutcomeStatus, PullRequest, View, WakeFn
-from kvwire.testing.reference.core import Access, ReferenceAttempt, Reactor, read_rows
+from kvwire.contract import (
+    Capabilities,
+    Cause,
+    Hint,
+    InvalidSubmission,
+    OutcomeStatus,
+    PullRequest,
+    View,
+    WakeFn,
+)
+from kvwire.testing.reference.core import Access, Reactor, ReferenceAttempt, read_rows
 from kvwire.testing.reference.harness import ControlledStore, ReferencePeerHarness, ReferenceStoreHarness
 from kvwire.testing.reference.peer import Ack, Cancel, Fabric, ReferencePeer, Request, Rows, _Pull
 from kvwire.testing.reference.store import (
     ReferenceStoreBackend,
     RowStatus,
     StoreReply,
-    _capabilities,
     _Work,
+    store_capabilities,
 )
 
 # -- how a mutant becomes a harness ---------------------------------------------------------------
@@ -353,7 +362,7 @@ class DriftingBound(ReferenceStoreBackend):
     """B4: capabilities() builds a fresh declaration each call, its queue bound the room left."""
 
     def capabilities(self) -> Capabilities:
-        return _capabilities(max(1, self._capabilities.max_in_flight - len(self._reactor.live)))
+        return store_capabilities(max(1, self._capabilities.max_in_flight - len(self._reactor.live)))
 
 
 class _OffByOneReactor(Reactor):

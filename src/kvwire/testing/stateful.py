@@ -14,7 +14,7 @@ Use :func:`holder_model` to get the machine for one harness, and run it with
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from hypothesis import strategies as st
@@ -51,6 +51,8 @@ JUNK = -1
 UNKNOWN = -2
 #: Steps before the machine may shut an end down (after which most submissions are rejected).
 SHUTDOWN_AFTER = 15
+
+M = TypeVar("M", bound=RuleBasedStateMachine)
 
 
 def content(group: int, name: int, size: int) -> np.ndarray:
@@ -353,14 +355,25 @@ class HolderModel(RuleBasedStateMachine):
             for f in list(self.flight):
                 self._finish(f)
         finally:
-            for registration in self.registrations:
-                registration.close()
-            self.harness.close(self.ends)
+            close_ends(self.harness, self.ends, self.registrations)
+
+
+def close_ends(harness: Harness, ends: Ends, registrations: list[Registration]) -> None:
+    """A machine's last step: close the registrations it made, then the harness's ends."""
+    for registration in registrations:
+        registration.close()
+    harness.close(ends)
+
+
+def bound(machine: type[M], harness: Harness, kind: MemoryKind) -> type[M]:
+    """``machine`` bound to ``harness``, with rows in ``kind`` memory (one class per backend, so
+    hypothesis keeps their examples apart)."""
+    return type(f"{machine.__name__}_{harness.name.replace('-', '_')}", (machine,), {"harness": harness, "kind": kind})
 
 
 def holder_model(harness: Harness, kind: MemoryKind = MemoryKind.HOST) -> type[HolderModel]:
-    """The machine class for ``harness``, with rows in ``kind`` memory."""
-    return type(f"HolderModel_{harness.name.replace('-', '_')}", (HolderModel,), {"harness": harness, "kind": kind})
+    """The holder model for ``harness``, with rows in ``kind`` memory."""
+    return bound(HolderModel, harness, kind)
 
 
 def settings_for_machine() -> Any:

@@ -29,7 +29,7 @@ from kvwire.testing.harness import Ends, Harness
 from kvwire.testing.holder import Submission, call_briefly, speaks_causes
 from kvwire.testing.layout import random_names
 from kvwire.testing.serving import Answer, SuiteServer
-from kvwire.testing.stateful import GROUPS, content
+from kvwire.testing.stateful import GROUPS, bound, close_ends, content
 
 __all__ = ["pull_model", "PullModel"]
 
@@ -129,7 +129,7 @@ class PullModel(RuleBasedStateMachine):
 
     def _check(self, pull: Pull, out: Outcome) -> None:
         for gi, ((gid, size), mask) in enumerate(zip(GROUPS, out.masks, strict=True)):
-            for row, (name, slot, bit) in enumerate(zip(pull.names, pull.slots.tolist(), mask.tolist(), strict=True)):
+            for name, slot, bit in zip(pull.names, pull.slots.tolist(), mask.tolist(), strict=True):
                 if bit:
                     actual = self.sink[gi].read([slot])[0]
                     assert np.array_equal(actual, content(gid, name, size)), (
@@ -306,14 +306,12 @@ class PullModel(RuleBasedStateMachine):
             self._decline_leftovers()
             assert self.tree.pinned == 0, f"N2: {self.tree.pinned} pins left after every answer quiesced"
         finally:
-            for registration in self.registrations:
-                registration.close()
-            self.harness.close(self.ends)
+            close_ends(self.harness, self.ends, self.registrations)
 
 
 def pull_model(harness: Harness, kind: MemoryKind = MemoryKind.HOST) -> type[PullModel]:
-    """The machine class for ``harness``, with rows in ``kind`` memory."""
-    return type(f"PullModel_{harness.name.replace('-', '_')}", (PullModel,), {"harness": harness, "kind": kind})
+    """The pull model for ``harness``, with rows in ``kind`` memory."""
+    return bound(PullModel, harness, kind)
 
 
 def settings_for_pull_machine() -> Any:

@@ -1,6 +1,7 @@
-"""What the reference store and the reference peer share: an attempt's two states (its outcome and
-its access to memory), the backend's threads (:class:`Reactor`), and moving rows between
-registered memory and plain arrays.
+"""What the reference store and the reference peer share: what they declare
+(:func:`reference_capabilities`), an attempt's two states (its outcome and its access to memory),
+the backend's threads (:class:`Reactor`), and moving rows between registered memory and plain
+arrays.
 
 Every rule about *when* an attempt changes is here, once:
 
@@ -28,10 +29,39 @@ from collections.abc import Callable
 
 import numpy as np
 
-from kvwire.contract import Attempt, Cause, Outcome, OutcomeStatus, SubmissionRejected, View, WakeFn
+from kvwire.contract import (
+    CONTRACT_VERSION,
+    SERVE_PULLS,
+    Attempt,
+    Capabilities,
+    Cause,
+    MemoryKind,
+    OtherEnd,
+    Outcome,
+    OutcomeStatus,
+    SubmissionRejected,
+    View,
+    WakeFn,
+)
 from kvwire.contract.regions import Located
 
-__all__ = ["Access", "ReferenceAttempt", "Reactor", "read_rows", "write_rows"]
+__all__ = ["Access", "ReferenceAttempt", "Reactor", "read_rows", "reference_capabilities", "write_rows"]
+
+
+def reference_capabilities(other_end: OtherEnd, max_in_flight: int) -> Capabilities:
+    """What a reference backend declares: fetch and publish of named blocks in host memory, with
+    cancellation; a peer also serves pulls (N2)."""
+    return Capabilities(
+        contract_version=CONTRACT_VERSION,
+        fetch=True,
+        publish=True,
+        memory_kinds=frozenset({MemoryKind.HOST}),
+        other_end=other_end,
+        content_addressed=True,
+        max_in_flight=max_in_flight,
+        cancellation=True,
+        protocols=frozenset({SERVE_PULLS}) if other_end is OtherEnd.PEER else frozenset(),
+    )
 
 log = logging.getLogger(__name__)
 

@@ -16,13 +16,22 @@ import numpy as np
 from kvwire.contract import Capabilities, Hint
 from kvwire.testing.gate import CallFaults, Gate, faulted_rows
 from kvwire.testing.harness import Ends, FaultPlan, Harness, Unavailable
-from kvwire.testing.reference.peer import Fabric, Fault, Link, Message, ReferencePeer, Request, Rows, peer_capabilities
+from kvwire.testing.reference.peer import (
+    Fabric,
+    Fault,
+    Link,
+    Message,
+    ReferencePeer,
+    Request,
+    Rows,
+    peer_capabilities,
+)
 from kvwire.testing.reference.store import (
     ReferenceStore,
     ReferenceStoreBackend,
     RowStatus,
     StoreReply,
-    _capabilities,
+    store_capabilities,
 )
 
 __all__ = ["ReferenceStoreHarness", "ReferencePeerHarness", "ControlledStore", "ControlledLink", "store_harness",
@@ -80,7 +89,7 @@ class ReferenceStoreHarness(Harness):
     max_in_flight = 64
 
     def capabilities(self) -> Capabilities:
-        return _capabilities(self.max_in_flight)
+        return store_capabilities(self.max_in_flight)
 
     def distribution(self) -> str:
         return "kvwire.testing.reference.store (the reference store backend shipped with kvwire)"

@@ -43,14 +43,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvwire.contract import (
-    CONTRACT_VERSION,
-    SERVE_PULLS,
     Backend,
     Capabilities,
     Cause,
     Hint,
     InvalidSubmission,
-    MemoryKind,
     OtherEnd,
     OutcomeStatus,
     PullRequest,
@@ -63,7 +60,13 @@ from kvwire.contract import (
     WakeFn,
 )
 from kvwire.contract.regions import Located
-from kvwire.testing.reference.core import ReferenceAttempt, Reactor, read_rows, write_rows
+from kvwire.testing.reference.core import (
+    Reactor,
+    ReferenceAttempt,
+    read_rows,
+    reference_capabilities,
+    write_rows,
+)
 
 __all__ = ["ReferencePeer", "Fabric", "Link", "Request", "Rows", "Ack", "Cancel", "Declined", "Fault",
            "peer_capabilities"]
@@ -72,17 +75,7 @@ _PEER_FIELDS = frozenset({"address", "credentials"})
 
 
 def peer_capabilities(max_in_flight: int = 16) -> Capabilities:
-    return Capabilities(
-        contract_version=CONTRACT_VERSION,
-        fetch=True,
-        publish=True,
-        memory_kinds=frozenset({MemoryKind.HOST}),
-        other_end=OtherEnd.PEER,
-        content_addressed=True,
-        max_in_flight=max_in_flight,
-        cancellation=True,
-        protocols=frozenset({SERVE_PULLS}),
-    )
+    return reference_capabilities(OtherEnd.PEER, max_in_flight)
 
 
 # -- messages ------------------------------------------------------------------------------------

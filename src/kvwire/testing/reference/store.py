@@ -31,13 +31,11 @@ from typing import Protocol
 import numpy as np
 
 from kvwire.contract import (
-    CONTRACT_VERSION,
     Backend,
     Capabilities,
     Cause,
     Hint,
     InvalidSubmission,
-    MemoryKind,
     OtherEnd,
     OutcomeStatus,
     RegionTable,
@@ -48,7 +46,13 @@ from kvwire.contract import (
     WakeFn,
 )
 from kvwire.contract.regions import Located
-from kvwire.testing.reference.core import ReferenceAttempt, Reactor, read_rows, write_rows
+from kvwire.testing.reference.core import (
+    Reactor,
+    ReferenceAttempt,
+    read_rows,
+    reference_capabilities,
+    write_rows,
+)
 
 __all__ = ["ReferenceStore", "ReferenceStoreBackend", "RowStatus", "StoreReply", "StoreEnd", "STORE_HINT_KIND"]
 
@@ -134,17 +138,8 @@ class ReferenceStore:
             return len(self._objects)
 
 
-def _capabilities(max_in_flight: int) -> Capabilities:
-    return Capabilities(
-        contract_version=CONTRACT_VERSION,
-        fetch=True,
-        publish=True,
-        memory_kinds=frozenset({MemoryKind.HOST}),
-        other_end=OtherEnd.STORE,
-        content_addressed=True,
-        max_in_flight=max_in_flight,
-        cancellation=True,
-    )
+def store_capabilities(max_in_flight: int) -> Capabilities:
+    return reference_capabilities(OtherEnd.STORE, max_in_flight)
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,7 +166,7 @@ class ReferenceStoreBackend(Backend):
         self._store = store
         self._namespace = namespace
         self._timeout_s = float(timeout_s)
-        self._capabilities = _capabilities(max_in_flight)  # one frozen object for the instance's life (B4)
+        self._capabilities = store_capabilities(max_in_flight)  # one frozen object for the instance's life (B4)
         self._table = RegionTable(self._capabilities.memory_kinds)
         self._reactor = Reactor("kvwire-reference-store", max_in_flight, workers)
 
