@@ -240,6 +240,18 @@ def test_the_peer_going_away_fails_the_pull_and_drains() -> None:
     assert d.state is R.DONE
 
 
+def test_rows_from_a_peer_the_address_does_not_name_never_count() -> None:
+    """Rows that landed in the first window before the peer's Hello showed another instance
+    answering at the address (a stale address) are not the named peer's: none stays delivered.
+    A peer that merely went away keeps the rows it delivered (A5)."""
+    for untrusted, kept in ((False, 2), (True, 0)):
+        d = started()
+        d(rows([(0, 0), (1, 0)]))
+        d(ev.ConnectionLost("another kvwire-ucx backend answers at P", Cause.PEER_GONE, untrusted))
+        (outcome,) = d.outcomes()
+        assert outcome.is_failed and outcome.cause is Cause.PEER_GONE and outcome.rows_delivered == kept
+
+
 def test_a_stop_while_receiving_cancels_and_waits_for_the_rows_named() -> None:
     for event, cause in ((ev.HolderCancelled(), Cause.HOLDER_CANCELLED), (ev.Shutdown(), Cause.SHUTDOWN),
                          (ev.DeadlinePassed(), Cause.DEADLINE)):

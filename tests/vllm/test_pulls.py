@@ -1,6 +1,7 @@
-"""Request-free pulls between two real vLLM engines (issue 17): engine 0 serves pulls from vLLM's
+"""Request-free pulls between real vLLM engines (issue 17): engine 0 serves pulls from vLLM's
 prefix cache through kvwire-ucx (``serve-pulls``), engine 1's requests carry engine 0's
-transceiver state and load the prompt's blocks from it. Each engine runs in its own process
+transceiver state and load the prompt's blocks from it (engine 2 too, for concurrent pulls from two
+engines). Each engine runs in its own process
 (:mod:`engine_driver`); the engines of one UCX mode start once per module. Nothing waits by
 sleeping: every wait is for a condition, with a deadline."""
 
@@ -24,18 +25,7 @@ BLOCK = 32
 TIMEOUT_S = 8.0
 BACKGROUND_S = 120.0
 
-pytestmark = [
-    pytest.mark.usefixtures("vllm_venv"),
-    # Known and open (issue 17): the pulling engine reaches the serving engine through an address
-    # whose instance id the serving backend's Hello does not match, so the requester closes the
-    # connection as stale; the pull brings the prompt only when its rows arrive before that
-    # Hello is read. In a full run 1 to 4 of these 10 fail (0 blocks pulled, the request
-    # recomputed correctly). Not strict, so a run where the race goes the right way still
-    # reports XPASS rather than hiding the result.
-    pytest.mark.xfail(strict=False, reason="issue 17: the pulling engine's address of the serving engine carries "
-                                           "an instance id the serving backend does not answer with (stale-address "
-                                           "race); pulls succeed only when rows win it"),
-]
+pytestmark = pytest.mark.usefixtures("vllm_venv")
 
 
 def prompt(seed: int, length: int) -> list[int]:
@@ -57,10 +47,11 @@ def whole_blocks(length: int) -> int:
 
 
 class Pair:
-    """Engine 0 (serving) and engine 1 (pulling) of one UCX mode."""
+    """Engine 0 (serving) and engine 1 (pulling) of one UCX mode, and engine 2 (pulling too, for
+    concurrent pulls from two engines)."""
 
-    def __init__(self, serving: Engine, pulling: Engine, mode: str) -> None:
-        self.serving, self.pulling, self.mode = serving, pulling, mode
+    def __init__(self, serving: Engine, pulling: Engine, other: Engine, mode: str) -> None:
+        self.serving, self.pulling, self.other, self.mode = serving, pulling, other, mode
         self._state: str | None = None
 
     @property
@@ -81,6 +72,7 @@ def _engines(model_dir: Path, logs: Path, mode: str) -> dict[str, Engine]:
     engines = {
         "serving": Engine(f"{mode}-0", model_dir, config, env=env, log_dir=logs, new_session=True),
         "pulling": Engine(f"{mode}-1", model_dir, config, env=env, log_dir=logs, new_session=True),
+        "other": Engine(f"{mode}-2", model_dir, config, env=env, log_dir=logs, new_session=True),
     }
     return engines
 
@@ -92,7 +84,7 @@ def pair(request: pytest.FixtureRequest, model_dir: Path, tmp_path_factory: pyte
     engines = _engines(model_dir, logs, mode)
     try:
         start_all(list(engines.values()))
-        yield Pair(engines["serving"], engines["pulling"], mode)
+        yield Pair(engines["serving"], engines["pulling"], engines["other"], mode)
     finally:
         for engine in engines.values():
             if engine.proc.poll() is None:
@@ -155,13 +147,22 @@ def test_local_blocks_are_skipped_and_a_second_pull_moves_nothing(pair: Pair) ->
 
 
 def test_many_concurrent_pulls_leave_no_pin(pair: Pair) -> None:
-    """50 requests pulled at once from engine 0, all correct; then engine 0 holds no pin: no reply
-    in flight, and vLLM's prefix cache can be reset (it refuses while any block is referenced)."""
+    """50 requests pulled at once from engine 0 by two engines (25 each, all in flight together),
+    all correct; then engine 0 holds no pin: no reply in flight, and vLLM's prefix cache can be
+    reset (it refuses while any block is referenced)."""
     prompts = [prompt(1800 + i, 200) for i in range(50)]
     served = pair.serving.generate(prompts, max_tokens=1)["outputs"]
-    pulled = pair.pulling.generate(prompts, max_tokens=1, source=pair.state)["outputs"]
-    assert [o["tokens"] for o in pulled] == [o["tokens"] for o in served]
-    assert sum(kv(o)["loaded_blocks"] for o in pulled) == 50 * whole_blocks(200)
+    ids = {pair.pulling: [f"c{i}" for i in range(0, 50, 2)], pair.other: [f"c{i}" for i in range(1, 50, 2)]}
+    for engine, names in ids.items():
+        for name in names:
+            engine.add(name, prompts[int(name[1:])], max_tokens=1, source=pair.state)
+    pulled: dict[int, dict[str, Any]] = {}
+    for engine, names in ids.items():
+        for name, output in zip(names, engine.collect(*names), strict=True):
+            pulled[int(name[1:])] = output
+    assert [pulled[i]["tokens"] for i in range(50)] == [o["tokens"] for o in served]
+    assert sum(kv(pulled[i])["loaded_blocks"] for i in range(50)) == 50 * whole_blocks(200)
+    assert pair.serving.state()["pulls_served"] >= 50
 
     def settled() -> bool:
         s = pair.serving.state()

@@ -403,8 +403,9 @@ class Engine:
         self.close_connection(conn, reason, cause=Cause.FAULT)
 
     def close_connection(self, conn: Connection, reason: str, *, lost: bool = False,
-                         cause: Cause | None = None) -> None:
-        """End the connection and every pull on it (each hears :class:`ConnectionLost`)."""
+                         cause: Cause | None = None, untrusted: bool = False) -> None:
+        """End the connection and every pull on it (each hears :class:`ConnectionLost`);
+        ``untrusted``: the peer is not the one its address names, and nothing it sent counts."""
         if not self.wires.close(conn):
             return
         if lost:
@@ -415,7 +416,7 @@ class Engine:
             self.endpoints.lost(conn)
         else:
             self.endpoints.close(conn)
-        event = ev.ConnectionLost(reason, cause or (Cause.PEER_GONE if lost else Cause.FAULT))
+        event = ev.ConnectionLost(reason, cause or (Cause.PEER_GONE if lost else Cause.FAULT), untrusted)
         for fetch in self.requesting.on(conn):
             self.feed(fetch, event)
         for reply in self.serving.on(conn):
@@ -449,7 +450,8 @@ class Engine:
                         self.port, conn.label, message.instance, conn.address.instance)
             self.close_connection(
                 conn, f"another kvwire-ucx backend answers at {conn.label} (instance {message.instance:#x}, "
-                      f"the address names {conn.address.instance:#x}); the address is stale", lost=True)
+                      f"the address names {conn.address.instance:#x}); the address is stale", lost=True,
+                untrusted=True)
             return
         problem = self.endpoints.make(conn, message.worker_address)
         if problem is not None:

@@ -67,11 +67,15 @@ class GraceExpired:
 @dataclass(frozen=True, slots=True)
 class ConnectionLost:
     """The control connection to the peer closed, taking its UCX endpoint: ``cause`` is
-    ``PEER_GONE`` (it died, hung up, could not be reached) or ``FAULT`` (this end dropped it for
-    a protocol violation, or closed it after a grace)."""
+    ``PEER_GONE`` (it died, hung up, could not be reached, or another backend answers at its
+    address) or ``FAULT`` (this end dropped it for a protocol violation, or closed it after a
+    grace)."""
 
     reason: str
     cause: Cause = Cause.PEER_GONE
+    #: The peer that answered is not the one the address names (a stale address): nothing it
+    #: sent counts, so no row of the pull stays marked delivered.
+    untrusted: bool = False
 
 
 # ---------------------------------------------------------------- requesting side

@@ -445,6 +445,9 @@ class PullRequester:
 
     def _connection_lost(self, event: ConnectionLost, out: list[Action]) -> None:
         if self.state in _LIVE:
+            if event.untrusted:
+                for mask in self.masks:
+                    mask[:] = False  # rows from a peer the address does not name never count
             self._fail(out, event.reason, event.cause)
         if self.outstanding:
             out.append(Drain())
