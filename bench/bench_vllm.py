@@ -39,7 +39,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "vllm"))
 
 from engines import (  # noqa: E402
-    TINY_LLAMA, VLLM_PYTHON, Engine, files_object_count, kvwire_transfer_config, start_all, store_key_count,
+    TINY_LLAMA,
+    VLLM_PYTHON,
+    Engine,
+    files_object_count,
+    kvwire_transfer_config,
+    start_all,
+    store_key_count,
     write_model,
 )
 
@@ -83,6 +89,7 @@ def ttft(engine: Engine, p: list[int]) -> tuple[float, int, float]:
 def wait_for_files(root: Path, at_least: int, timeout_s: float = 60.0) -> None:
     """Wait until the files store holds ``at_least`` objects (A's saves). Outside the clock."""
     from engines import files_object_count
+
     from kvwire.testing.holder import wait_for
 
     wait_for(lambda: files_object_count(root) >= at_least, timeout_s, f"{at_least} objects in {root}")

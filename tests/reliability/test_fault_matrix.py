@@ -8,7 +8,6 @@ import threading
 import time
 
 import numpy as np
-import pytest
 import torch
 from kvwire_memory.driver import MemoryDriver
 from kvwire_memory.store import named_store

@@ -17,11 +17,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from engines import (
-    Engine, EngineError, files_object_count, kvwire_transfer_config, start_all, store_key_count, wait_for_keys,
+    Engine,
+    EngineError,
+    files_object_count,
+    kvwire_transfer_config,
+    start_all,
+    store_key_count,
+    wait_for_keys,
     wait_for_objects,
 )
+
 from kvwire.testing.holder import wait_for
 
 BLOCK = 32

@@ -44,7 +44,7 @@ from typing import Literal
 
 import numpy as np
 
-from kvwire.testing.faults import Block, Decline, Evict, FailCall, Fault, FailKeys, Slow
+from kvwire.testing.faults import Block, Decline, Evict, FailCall, FailKeys, Fault, Slow
 from kvwire.testing.harness import FaultPlan, Hold
 
 __all__ = ["Gate", "faults_name", "faulted_rows", "CallFaults", "CallVerdict"]

@@ -14,8 +14,8 @@ from typing import Any, TypeVar
 import numpy as np
 
 from kvwire.contract import Attempt, Backend, Hint, InvalidSubmission, Outcome, View
-from kvwire.runtime import holding
 from kvwire.contract.errors import SubmissionError
+from kvwire.runtime import holding
 
 __all__ = ["Wakes", "Submission", "submit", "settle", "check_outcome", "same_outcome", "call_briefly",
            "wait_for", "refused", "speaks_causes", "holder_call", "BLOCKING_LIMIT_S"]

@@ -10,7 +10,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from kvwire.contract import Backend, Hint, Outcome, View
-from kvwire.runtime.holding import QUIESCE_GRACE_S, AtDeadline, Direction, Submission, Wakes, submit, wait, wait_any
+from kvwire.runtime.holding import (
+    QUIESCE_GRACE_S,
+    AtDeadline,
+    Direction,
+    Submission,
+    Wakes,
+    submit,
+    wait,
+    wait_any,
+)
 
 __all__ = ["Transfer", "start", "finished", "doze", "wait_out", "QUIESCE_GRACE_S"]
 
