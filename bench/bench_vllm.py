@@ -12,7 +12,8 @@ Engines (each its own process, .venv-vllm, the tiny dummy-weight Llama of tests/
   then it reads back (the files outlive nothing else, so a second engine would time the same);
 - plain recompute: an engine with no connector.
 - kvwire over the no-server ``files`` store (a directory of the bench's): A and B, B asks the
-  store and loads; its like-for-like is ``ExampleConnector`` (files too, but one engine).
+  store and loads; and ``kvwire / files, one engine``: ExampleConnector's own work (one engine
+  saves, its prefix cache is reset, it loads back), the like-for-like figure for it.
 
 ``--trace DIR``: the kvwire engines write the connector's per-step trace (``KVWIRE_VLLM_TRACE``)
 there, and the bench prints, for kvwire/mooncake's B at each length, where its time went.
@@ -167,6 +168,10 @@ def main() -> int:
         files_root = work / "files-store"
         fs = kvwire_transfer_config("files", {"root": str(files_root), "capacity_bytes": 4 << 30})
         pairs["kvwire / files"] = (engine("fs-A", fs), engine("fs-B", fs, traced("fs-B")))
+        # ExampleConnector's own work: one engine saves, its prefix cache is reset, it loads back
+        solo_root = work / "files-solo"
+        solo = engine("fs-1", kvwire_transfer_config("files", {"root": str(solo_root), "capacity_bytes": 4 << 30}))
+        pairs["kvwire / files, one engine"] = (solo, solo)
         everyone = list({id(e): e for pair in pairs.values() for e in pair}.values())
         began = time.monotonic()
         try:
@@ -190,6 +195,8 @@ def main() -> int:
                                 settle_store(master.metrics_port, before, (length - 1) // BLOCK)
                             if label == "kvwire / files":
                                 wait_for_files(files_root, files_before + LAYERS * ((length - 1) // BLOCK))
+                            if label == "kvwire / files, one engine":
+                                wait_for_files(solo_root, files_object_count(solo_root) + LAYERS * ((length - 1) // BLOCK))
                             if a is b and not a.call({"op": "reset_prefix_cache"})["ok"]:
                                 raise RuntimeError(f"{label}: reset_prefix_cache failed; a local hit would be timed")
                             seconds, cached, t0 = ttft(b, p)
@@ -226,9 +233,10 @@ def main() -> int:
     lines.append("ratio vLLM MooncakeStoreConnector TTFT / kvwire-over-mooncake TTFT: " + ", ".join(
         f"{length}: {statistics.median(r[2] for r in rows if r[0] == 'vLLM MooncakeStoreConnector' and r[1] == length) / statistics.median(r[2] for r in rows if r[0] == 'kvwire / mooncake' and r[1] == length):.2f}x"
         for length in lengths))
-    lines.append("ratio vLLM ExampleConnector TTFT / kvwire-over-files TTFT: " + ", ".join(
-        f"{length}: {statistics.median(r[2] for r in rows if r[0] == 'vLLM ExampleConnector' and r[1] == length) / statistics.median(r[2] for r in rows if r[0] == 'kvwire / files' and r[1] == length):.2f}x"
-        for length in lengths))
+    for files_label in ("kvwire / files", "kvwire / files, one engine"):
+        lines.append(f"ratio vLLM ExampleConnector TTFT / {files_label} TTFT: " + ", ".join(
+            f"{length}: {statistics.median(r[2] for r in rows if r[0] == 'vLLM ExampleConnector' and r[1] == length) / statistics.median(r[2] for r in rows if r[0] == files_label and r[1] == length):.2f}x"
+            for length in lengths))
     if traces:
         lines += ["", "per-request trace of B (ms after LLM.generate began):", *traces]
     text = "\n".join(lines) + "\n"
