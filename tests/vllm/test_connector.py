@@ -30,6 +30,9 @@ from engines import (
 
 from kvwire.testing.holder import wait_for
 
+#: One worker runs every vLLM test module, in order, under pytest-xdist (``--dist loadgroup``).
+pytestmark = pytest.mark.xdist_group("vllm")
+
 BLOCK = 32
 LAYERS = 2  # the tiny model's: the store holds one object per block and layer
 NAMESPACE = "vllm-test"
@@ -252,7 +255,13 @@ def test_engine_shut_down_mid_transfer(engines: dict[str, Engine], gated: Gated)
     log = g.log_tail(400_000)
     assert code == 0, log[-4000:]
     assert "kvwire: connector shut down: " in log and "every attempt quiesced" in log, log[-4000:]
-    assert "still touch vLLM's KV memory" not in log and "force killing" not in log, log[-4000:]
+    assert "still touch vLLM's KV memory" not in log, log[-4000:]
+    # Both connector halves finished their shutdown; vLLM's process manager force-kills an engine
+    # core whose own teardown outlasts its 5 s budget (seen on a loaded host), which must not be
+    # kvwire's doing: the scheduler side's shutdown ended before any such kill.
+    ended = log.find("kvwire: scheduler side shut down in ")
+    killed = log.find("force killing")
+    assert ended >= 0 and (killed < 0 or ended < killed), log[-4000:]
     assert files_object_count(gated.root) == objects + 5 * LAYERS  # the held save completed whole
 
 
@@ -284,18 +293,36 @@ def test_a_then_b_over_files_store(model_dir: Path, engines: dict[str, Engine], 
         b.close()
 
 
-@pytest.mark.parametrize(("extra", "message"), [
+BAD_CONFIGURATIONS = [
     ({"backend": "no-such-store", "options": {}}, "unknown backend 'no-such-store'; installed backends:"),
     ({"backend": "mooncake", "options": {"mastr": "127.0.0.1:1"}}, "backend 'mooncake' has no option 'mastr'"),
-])
-def test_bad_configuration_refuses_to_start(model_dir: Path, vllm_venv: Path, tmp_path: Path,
-                                            extra: dict[str, Any], message: str) -> None:
-    config = {"kv_connector": "KvwireConnector", "kv_connector_module_path": "kvwire_vllm", "kv_role": "kv_both",
-              "kv_connector_extra_config": extra}
-    engine = Engine("bad", model_dir, config, log_dir=tmp_path)
+]
+
+
+@pytest.fixture(scope="module")
+def refused_logs(model_dir: Path, vllm_venv: Path, tmp_path_factory: pytest.TempPathFactory) -> list[str | None]:
+    """Start one engine per bad configuration, all at once (each start takes most of a minute
+    before the connector is built); each one's log once it failed to start, or None if it started."""
+    logs = tmp_path_factory.mktemp("bad-config-logs")
+    engines = [Engine(f"bad-{i}", model_dir, {"kv_connector": "KvwireConnector", "kv_connector_module_path":
+                                              "kvwire_vllm", "kv_role": "kv_both", "kv_connector_extra_config": extra},
+                      log_dir=logs) for i, (extra, _) in enumerate(BAD_CONFIGURATIONS)]
+    tails: list[str | None] = []
     try:
-        with pytest.raises(EngineError):
-            engine.start()
-        assert message in engine.log_tail(200_000)
+        for engine in engines:
+            try:
+                engine.start()
+                tails.append(None)
+            except EngineError:
+                tails.append(engine.log_tail(200_000))
     finally:
-        engine.close()
+        for engine in engines:  # a driver whose engine failed exits by itself: these overlap
+            engine.close()
+    return tails
+
+
+@pytest.mark.parametrize("index", range(len(BAD_CONFIGURATIONS)), ids=["unknown-backend", "misspelt-option"])
+def test_bad_configuration_refuses_to_start(refused_logs: list[str | None], index: int) -> None:
+    log = refused_logs[index]
+    assert log is not None, f"the engine started with {BAD_CONFIGURATIONS[index][0]}"
+    assert BAD_CONFIGURATIONS[index][1] in log

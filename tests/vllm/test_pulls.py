@@ -25,7 +25,10 @@ BLOCK = 32
 TIMEOUT_S = 8.0
 BACKGROUND_S = 120.0
 
-pytestmark = pytest.mark.usefixtures("vllm_venv")
+#: One worker runs every vLLM test module, in order, under pytest-xdist (``--dist loadgroup``):
+#: their engines would otherwise start side by side on a small host, and this module's last test
+#: kills engine 0.
+pytestmark = [pytest.mark.usefixtures("vllm_venv"), pytest.mark.xdist_group("vllm")]
 
 
 def prompt(seed: int, length: int) -> list[int]:
@@ -174,6 +177,38 @@ def test_many_concurrent_pulls_leave_no_pin(pair: Pair) -> None:
     again = prompt(1850, 200)
     mine = out(pair.serving.generate([again], max_tokens=1))
     theirs = out(pair.pulling.generate([again], max_tokens=1, source=pair.state))
+    assert theirs["tokens"] == mine["tokens"] and kv(theirs)["loaded_blocks"] == whole_blocks(200)
+
+
+def test_a_silent_serving_engine_costs_a_deadline_and_leaks_no_pin(pair: Pair) -> None:
+    """Engine 0 stopped (SIGSTOP: alive, silent) for the whole of engine 1's pull: engine 1's
+    request completes once the load's deadline passed, every block recomputed, with engine 0's
+    tokens; engine 0, continued, drops the stale pull (no reply in flight, no pin: its prefix
+    cache resets) and serves the next pull."""
+    p = prompt(1705, 300)
+    served = out(pair.serving.generate([p], max_tokens=2))
+    state = pair.state
+    group = pair.serving.proc.pid
+    os.killpg(group, signal.SIGSTOP)
+    try:
+        pair.pulling.add("silent", p, max_tokens=2, source=state)
+        (done,) = pair.pulling.collect("silent")  # the driver's own timeout: it must not hang
+    finally:
+        os.killpg(group, signal.SIGCONT)
+    assert done["tokens"] == served["tokens"]
+    assert kv(done)["loaded_blocks"] == 0
+    assert kv(done)["failed_blocks"] == whole_blocks(len(p))
+    assert pair.pulling.state()["loads"] == []
+
+    def settled() -> bool:
+        s = pair.serving.state()
+        return s["replies_in_flight"] == 0 and s["pulls_pending"] == 0
+
+    wait_for(settled, BACKGROUND_S, "engine 0's stale reply dropped")
+    wait_for(pair.serving.reset_prefix_cache, BACKGROUND_S, "engine 0's prefix cache reset (no pinned block)")
+    again = prompt(1706, 200)
+    mine = out(pair.serving.generate([again], max_tokens=1))
+    theirs = out(pair.pulling.generate([again], max_tokens=1, source=state))
     assert theirs["tokens"] == mine["tokens"] and kv(theirs)["loaded_blocks"] == whole_blocks(200)
 
 

@@ -379,13 +379,21 @@ class SchedulerSide:
         return bool(self._pins or self._serves or (self._poked and self._running()))
 
     def shutdown(self) -> None:
+        began = time.monotonic()
         if self._bell is not None:
             self._bell.close()
             self._bell = None
         backend, self.backend = self.backend, None
-        if backend is None:
-            return
-        if backend.shutdown():  # it only answered lookups: no attempt can be in flight
-            log.error("kvwire lookup backend reports attempts in flight at shutdown; not closing it")
-            return
-        backend.close()
+        if backend is not None:
+            if backend.shutdown():  # it only answered lookups: no attempt can be in flight
+                log.error("kvwire lookup backend reports attempts in flight at shutdown; not closing it")
+                return
+            backend.close()
+        pool = self.kv_cache_manager.block_pool if self.kv_cache_manager is not None else None
+        pins = self._pins
+        self._pins = {}
+        if pool is not None:
+            for blocks in pins.values():
+                pool.free_blocks(blocks)
+        log.info("kvwire: scheduler side shut down in %.3f s (%d pull pin set(s) returned)",
+                 time.monotonic() - began, len(pins))
