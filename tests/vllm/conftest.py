@@ -16,17 +16,6 @@ sys.path.insert(0, str(Path(__file__).parent))
 from engines import VLLM_PYTHON, write_model  # noqa: E402
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The vLLM modules first (their order kept): under pytest-xdist they are one unit of work
-    (``xdist_group("vllm")``) and the longest, so the other worker runs everything else meanwhile
-    rather than waiting for them at the end."""
-    here = Path(__file__).parent
-    first = [item for item in items if here in Path(str(item.path)).parents]
-    if first:
-        chosen = set(map(id, first))
-        items[:] = first + [item for item in items if id(item) not in chosen]
-
-
 def need_vllm_venv() -> None:
     """Fail under CI, skip elsewhere, when .venv-vllm is missing."""
     if VLLM_PYTHON.exists():
