@@ -13,9 +13,13 @@ case "${1:-}" in
     shift
     # Everything: our tests, and the conformance suite against every installed backend that
     # registers a harness (thorough profile). pytest exits 5 when it collected nothing: that
-    # is a broken run, never a pass. Arguments replace the default selection.
+    # is a broken run, never a pass. Arguments replace the default selection. Two pytest-xdist
+    # workers: one process's tests use about one core of this kind of 2-core machine (measured:
+    # 1157 s of CPU in a 1164 s run); the vLLM modules stay on one worker (xdist_group), and
+    # come where they are collected: run first, beside the heavy conformance subprocesses, the
+    # run was slower (18 min 51 s) and two timing-bound tests failed under the load.
     if [ "$#" -eq 0 ]; then
-      set -- tests --pyargs kvwire.testing.suite --kvwire-profile thorough
+      set -- tests --pyargs kvwire.testing.suite --kvwire-profile thorough -n 2 --dist loadgroup
     fi
     # Every backend this repository ships must load here: a broken import fails the run, it
     # never turns into skips (kvwire.testing.require).
