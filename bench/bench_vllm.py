@@ -45,6 +45,7 @@ from engines import (  # noqa: E402
     Engine,
     files_object_count,
     kvwire_transfer_config,
+    report,
     start_all,
     store_key_count,
     write_model,
@@ -239,11 +240,7 @@ def main() -> int:
             for length in lengths))
     if traces:
         lines += ["", "per-request trace of B (ms after LLM.generate began):", *traces]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out is not None:
-        args.out.write_text(text)
-    return 0
+    return report(lines, args.out)
 
 
 if __name__ == "__main__":

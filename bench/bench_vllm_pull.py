@@ -31,7 +31,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "vllm"))
 
-from engines import TINY_LLAMA, Engine, kvwire_transfer_config, start_all, write_model  # noqa: E402
+from engines import TINY_LLAMA, Engine, kvwire_transfer_config, report, start_all, write_model  # noqa: E402
 
 BLOCK = 32
 LAYERS = TINY_LLAMA["num_hidden_layers"]
@@ -126,11 +126,7 @@ def main() -> int:
                                                                                 if n >= min(wins))
                  else f"pulling is faster at {wins}" if wins else "pulling is never faster here")
         lines.append(f"crossover, {m}: {where}")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out is not None:
-        args.out.write_text(text)
-    return 0
+    return report(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -205,3 +205,12 @@ def wait_for_objects(root: Path, count: int, timeout_s: float = 60.0) -> None:
 
     wait_for(lambda: files_object_count(root) == count, timeout_s,
              f"the files store {root} holding {count} objects (it holds {files_object_count(root)})")
+
+
+def report(lines: list[str], out: Path | None) -> int:
+    """A bench's table: printed, and written to ``out`` when given; the bench's exit status."""
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if out is not None:
+        out.write_text(text)
+    return 0

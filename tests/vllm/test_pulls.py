@@ -96,6 +96,22 @@ def pair(request: pytest.FixtureRequest, model_dir: Path, tmp_path_factory: pyte
                 engine.close(timeout_s=1)
 
 
+def holds_no_pin_and_serves_on(pair: Pair, seed: int) -> None:
+    """Engine 0 ends with no reply in flight and no pin (vLLM resets its prefix cache only when no
+    block is referenced), and serves on: its own request, and a pull of the same prompt."""
+
+    def settled() -> bool:
+        s = pair.serving.state()
+        return s["replies_in_flight"] == 0 and s["pulls_pending"] == 0
+
+    wait_for(settled, BACKGROUND_S, "engine 0's replies all quiesced")
+    wait_for(pair.serving.reset_prefix_cache, BACKGROUND_S, "engine 0's prefix cache reset (no pinned block)")
+    again = prompt(seed, 200)
+    mine = out(pair.serving.generate([again], max_tokens=1))
+    theirs = out(pair.pulling.generate([again], max_tokens=1, source=pair.state))
+    assert theirs["tokens"] == mine["tokens"] and kv(theirs)["loaded_blocks"] == whole_blocks(200)
+
+
 def test_five_steps(pair: Pair) -> None:
     """The seed's flow: engine 0 serves a prompt, its state is non-empty bytes, engine 1 given
     both produces the same token with the prompt's whole blocks external, a normal request for
@@ -166,18 +182,7 @@ def test_many_concurrent_pulls_leave_no_pin(pair: Pair) -> None:
     assert [pulled[i]["tokens"] for i in range(50)] == [o["tokens"] for o in served]
     assert sum(kv(pulled[i])["loaded_blocks"] for i in range(50)) == 50 * whole_blocks(200)
     assert pair.serving.state()["pulls_served"] >= 50
-
-    def settled() -> bool:
-        s = pair.serving.state()
-        return s["replies_in_flight"] == 0 and s["pulls_pending"] == 0
-
-    wait_for(settled, BACKGROUND_S, "engine 0's replies all quiesced")
-    wait_for(pair.serving.reset_prefix_cache, BACKGROUND_S, "engine 0's prefix cache reset (no pinned block)")
-    # and it serves on: its own requests and pulls
-    again = prompt(1850, 200)
-    mine = out(pair.serving.generate([again], max_tokens=1))
-    theirs = out(pair.pulling.generate([again], max_tokens=1, source=pair.state))
-    assert theirs["tokens"] == mine["tokens"] and kv(theirs)["loaded_blocks"] == whole_blocks(200)
+    holds_no_pin_and_serves_on(pair, 1850)
 
 
 def test_a_silent_serving_engine_costs_a_deadline_and_leaks_no_pin(pair: Pair) -> None:
@@ -199,17 +204,7 @@ def test_a_silent_serving_engine_costs_a_deadline_and_leaks_no_pin(pair: Pair) -
     assert kv(done)["loaded_blocks"] == 0
     assert kv(done)["failed_blocks"] == whole_blocks(len(p))
     assert pair.pulling.state()["loads"] == []
-
-    def settled() -> bool:
-        s = pair.serving.state()
-        return s["replies_in_flight"] == 0 and s["pulls_pending"] == 0
-
-    wait_for(settled, BACKGROUND_S, "engine 0's stale reply dropped")
-    wait_for(pair.serving.reset_prefix_cache, BACKGROUND_S, "engine 0's prefix cache reset (no pinned block)")
-    again = prompt(1706, 200)
-    mine = out(pair.serving.generate([again], max_tokens=1))
-    theirs = out(pair.pulling.generate([again], max_tokens=1, source=state))
-    assert theirs["tokens"] == mine["tokens"] and kv(theirs)["loaded_blocks"] == whole_blocks(200)
+    holds_no_pin_and_serves_on(pair, 1706)
 
 
 def test_a_serving_engine_killed_mid_pull(pair: Pair) -> None:
