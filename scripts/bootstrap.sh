@@ -53,6 +53,8 @@ for p in "${projects[@]}"; do
     *) args+=(-e "$p") ;;
   esac
 done
+# pytest below 9.2: pytest 9.2 keeps node ids where pytest-xdist 3.8 cannot add its '@group'
+# suffix, so --dist loadgroup silently stops grouping (tests/conftest.py refuses such a run).
 say "installing ${args[*]}"
-"${pip[@]}" "${args[@]}" "torch==2.13.0"
+"${pip[@]}" "${args[@]}" "torch==2.13.0" "pytest>=8,<9.2"
 echo "$stamp_src" > "$venv/.kvwire-stamp"
