@@ -426,11 +426,14 @@ def test_an_offer_that_crosses_a_cancel_is_still_told_the_pull_is_over(make_back
     assert outcome.is_cancelled and outcome.cause is Cause.HOLDER_CANCELLED
     assert wait_for(lambda: cancels.held, 5) and len(cancels.held) == 1, "the requester must send its Cancel once"
     # The cancel quiesced the requester (its receives drained), so the offer may still be on its
-    # way: wait for it to be heard, then check it was heard after the cancel.
+    # way. Rows travel over UCX and the offer over the control socket: on a loaded machine the
+    # rows can land, the requester's machine finish and its fetch be forgotten before the offer
+    # comes, and an answer to a pull given up on is then dropped unheard. Either way the requester
+    # did not hear the offer before its cancel (the server's side below shows that the two crossed).
     machine = attempt.job.machine
-    assert wait_for(lambda: "Offered" in machine.events(), 5), machine.events()
+    wait_for(lambda: "Offered" in machine.events(), 2)
     requester_events = machine.events()
-    assert requester_events.index("HolderCancelled") < requester_events.index("Offered"), requester_events
+    assert "Offered" not in requester_events[:requester_events.index("HolderCancelled")], requester_events
     cancels.release()
     assert e.holder.wait_settled(1, 15)
     served = e.holder.answers[0]
