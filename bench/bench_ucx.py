@@ -14,7 +14,11 @@ not need it, and its polling thread would slow the kvwire end in that process); 
 ``transfer`` until the state is ``DONE``; "raw" gives NIXL one descriptor per row (as the rows
 are lent), "raw 1" one descriptor for the whole span (possible here because the rows are
 adjacent on both sides; kvwire-ucx merges adjacent rows itself). The raw pair has no request and
-no answer: it is the floor kvwire's protocol adds to. Ratios are raw seconds / kvwire seconds.
+no answer: it is the floor kvwire's protocol adds to. "ask" is the raw pair doing the same
+protocol with NIXL's own means: the names in one notification, the serving end's lookup (the
+holder's, vectorized) and the held rows' addresses in one notification back, the READ (one
+descriptor per row) carrying a "done" notification, both agents polling; timed from sending the
+names until the READ is ``DONE``. Ratios are raw seconds / kvwire seconds.
 
 Two processes on loopback (``UCX_NET_DEVICES=lo``, endpoint error handling on for both paths).
 A serving process holds ``rows`` blocks of each row size; this process pulls them all:
@@ -181,7 +185,8 @@ def serve(max_bytes: int, busy: bool, mode: str) -> None:
     lock = threading.Lock()
     wake = threading.Event()
     stop = False
-    wired = threading.Event()
+    polling = threading.Event()  # the raw NIXL agent is progressed by the thread below
+    polled = threading.Lock()  # held by that thread while it progresses the agent
 
     def holder() -> None:
         live: list[Any] = []
@@ -201,12 +206,16 @@ def serve(max_bytes: int, busy: bool, mode: str) -> None:
         agent = raw_nixl_agent("raw-server", memory)
 
         def progress() -> None:
-            # NIXL's connection wire-up waits for the target to progress; once the other process
-            # says its agent is wired up, this thread stops taking turns at this process's GIL
-            while not stop and not wired.is_set():
-                agent.get_new_notifs()
-                time.sleep(0.001)
+            # NIXL's wire-up, and the raw READs once this agent knows the reader too, wait for the
+            # target to progress; between raw runs this thread stops taking turns at this
+            # process's GIL (and leaves the agent's notifications to answer_asks)
+            while not stop:
+                if not polling.wait(0.05):
+                    continue
+                with polled:
+                    agent.get_new_notifs()
 
+        polling.set()
         threading.Thread(target=progress, daemon=True).start()
         say(kvwire=backend.address().hex(), nixl=agent.get_agent_metadata().hex(),  # type: ignore[attr-defined]
             base=memory.ctypes.data)
@@ -245,8 +254,21 @@ def serve(max_bytes: int, busy: bool, mode: str) -> None:
                 s.check_error()
             del buffers
             say(sent=rows)
-        elif command["do"] == "wired":
-            wired.set()
+        elif command["do"] == "nixl-peer":  # the pulling agent, for answers to its asks
+            client = agent.add_remote_agent(bytes.fromhex(command["nixl"]))
+            agent.send_notif(client, b"hello")  # wired up while the progress thread runs
+            say(ok=True)
+        elif command["do"] == "raw-ask":
+            say(ready=True)
+            answer_asks(agent, client, base=memory.ctypes.data, size=command["size"], tree=tree)
+            say(answered=True)
+        elif command["do"] in ("poll", "unpoll"):
+            if command["do"] == "poll":
+                polling.set()
+            else:
+                polling.clear()
+                with polled:  # out of get_new_notifs: the next ask's notification is answer_asks'
+                    pass
             say(ok=True)
         elif command["do"] == "quit":
             break
@@ -261,6 +283,24 @@ def serve(max_bytes: int, busy: bool, mode: str) -> None:
         registration.close()
     backend.close()
     say(bye=True)
+
+
+def answer_asks(agent: Any, client: bytes, base: int, size: int, tree: np.ndarray) -> None:
+    """The serving end of the raw NIXL protocol pair, with NIXL's own means: wait for an ask (the
+    block names, one notification), look them up as the kvwire holder does, answer with the held
+    rows' addresses (one notification), and keep progressing until the reader's "done" (the
+    notification its READ carries): a cma READ of a passive agent that stops progressing can
+    stay in PROC."""
+    names = b""
+    while not names:
+        for messages in agent.get_new_notifs().values():
+            names = next((m for m in messages if m != b"done"), names)
+    count = held_prefix(tree, np.frombuffer(names, dtype=np.uint8).reshape(-1, 32))
+    addresses = np.arange(count, dtype=np.uint64) * np.uint64(size) + np.uint64(base)
+    agent.send_notif(client, addresses.tobytes())
+    done = False
+    while not done:
+        done = any(b"done" in messages for messages in agent.get_new_notifs().values())
 
 
 def say(**message: Any) -> None:
@@ -446,36 +486,72 @@ def main_one_sided(args: argparse.Namespace) -> int:
         def run_kvwire(view: Any) -> float:
             return pull(backend, view, address, woken, timelines)
 
-        def run_raw(size: int, rows: int) -> float:
-            started = time.perf_counter()
-            if size < 0:  # one descriptor for the whole span
-                size, rows = -size * rows, 1
-            local = np.zeros((rows, 3), dtype=np.uint64)
-            remote = np.zeros((rows, 3), dtype=np.uint64)
-            offsets = np.arange(rows, dtype=np.uint64) * np.uint64(size)
-            local[:, 0], local[:, 1] = offsets + np.uint64(memory.ctypes.data), size
-            remote[:, 0], remote[:, 1] = offsets + np.uint64(base), size
+        def read(size: int, local_rows: np.ndarray, remote_rows: np.ndarray, done: bytes) -> float:
+            """One NIXL READ, a descriptor of ``size`` bytes per row, until it is ``DONE``; the
+            clock's reading then (before the handle is released)."""
+            local = np.zeros((len(local_rows), 3), dtype=np.uint64)
+            remote = np.zeros((len(remote_rows), 3), dtype=np.uint64)
+            local[:, 0], remote[:, 0] = local_rows, remote_rows
+            local[:, 1] = remote[:, 1] = size
             handle = agent.initialize_xfer("READ", agent.get_xfer_descs(local, "DRAM"),
-                                           agent.get_xfer_descs(remote, "DRAM"), peer, b"")
+                                           agent.get_xfer_descs(remote, "DRAM"), peer, done)
             state = agent.transfer(handle)
             while state == "PROC":
                 state = agent.check_xfer_state(handle)
-            seconds = time.perf_counter() - started
+            ended = time.perf_counter()
             agent.release_xfer_handle(handle)
             assert state == "DONE", state
+            return ended
+
+        def rows_at(start: int, size: int, rows: int) -> np.ndarray:
+            return np.arange(rows, dtype=np.uint64) * np.uint64(size) + np.uint64(start)
+
+        def run_raw(size: int, rows: int) -> float:
+            assert server.ask(do="poll").get("ok")
+            try:
+                return raw_read(size, rows)
+            finally:
+                assert server.ask(do="unpoll").get("ok")
+
+        def raw_read(size: int, rows: int) -> float:
+            started = time.perf_counter()
+            if size < 0:  # one descriptor for the whole span
+                size, rows = -size * rows, 1
+            return read(size, rows_at(memory.ctypes.data, size, rows), rows_at(base, size, rows), b"") - started
+
+        def run_raw_ask(size: int, names: bytes) -> float:
+            """The raw protocol pair: the names in a notification, the addresses back in one, the
+            READ (one descriptor per row, as "raw") carrying the "done" notification."""
+            assert server.ask(do="raw-ask", size=size).get("ready")
+            started = time.perf_counter()
+            agent.send_notif(peer, names)
+            answer = b""
+            while not answer:
+                for messages in agent.get_new_notifs().values():
+                    answer = messages[0] if messages else answer
+            remote_rows = np.frombuffer(answer, dtype=np.uint64)
+            seconds = read(size, rows_at(memory.ctypes.data, size, len(remote_rows)), remote_rows, b"done") - started
+            assert server.read().get("answered")
             return seconds
 
         def timed(run: Callable[[], float], nbytes: int) -> float:
             return checked(run, memory, expected, nbytes)
 
-        run_raw(1, 1)  # wires the raw pair up while the serving process progresses its agent
-        assert server.ask(do="wired").get("ok")
+        raw_read(1, 1)  # wires the raw pair up while the serving process progresses its agent
+        # then the serving agent learns this one, for its answers, and wires that way up with a
+        # first notification (told before the READ above, it left that READ in PROC)
+        assert server.ask(do="nixl-peer", nixl=agent.get_agent_metadata().hex()).get("ok")
+        while not any(b"hello" in m for m in agent.get_new_notifs().values()):
+            pass
+        assert server.ask(do="unpoll").get("ok")
         print(f"kvwire-ucx one-sided vs a raw NIXL agent pair (READ); two processes on loopback; "
               f"{args.token_bytes} B per token, 16-token blocks; {args.runs} runs (medians)")
         print("  answer ms: kvwire's request until its answer arrived (the round trip, the serving holder's lookup")
-        print("  included); read ms: the answer until the pull concluded (the NIXL READs); raw 1 ms: raw 1's whole read")
+        print("  included); read ms: the answer until the pull concluded (the NIXL READs); raw 1 ms: raw 1's whole read;")
+        print("  ask ms: the raw protocol pair (names in a notification, addresses back in one, READ, done), whole")
         print(f"{'tokens':>7} {'payload':>9} {'kvwire GB/s':>12} {'tokens/s':>10} {'raw GB/s':>9} {'ratio':>6} "
-              f"{'worst':>6} {'raw 1 GB/s':>11} {'ratio':>6} {'answer ms':>10} {'read ms':>8} {'raw 1 ms':>9}")
+              f"{'worst':>6} {'raw 1 GB/s':>11} {'ratio':>6} {'answer ms':>10} {'read ms':>8} {'raw 1 ms':>9} "
+              f"{'kvwire ms':>9} {'ask ms':>7} {'ratio':>6}")
         region_id = 2
         for size, rows in cases:
             nbytes = size * rows
@@ -484,9 +560,11 @@ def main_one_sided(args: argparse.Namespace) -> int:
             region_id += 1
             registration = backend.register_regions([region])
             view = view_of(region, rows, block_names(rows))
-            times: dict[str, list[float]] = {"kv": [], "raw": [], "raw1": []}
+            times: dict[str, list[float]] = {"kv": [], "raw": [], "raw1": [], "ask": []}
+            names = block_names(rows).tobytes()
             runs = {"kv": lambda: run_kvwire(view), "raw": lambda: run_raw(size, rows),  # noqa: B023
-                    "raw1": lambda: run_raw(-size, rows)}  # noqa: B023
+                    "raw1": lambda: run_raw(-size, rows),  # noqa: B023
+                    "ask": lambda: run_raw_ask(size, names)}  # noqa: B023
             for run in runs.values():
                 timed(run, nbytes)  # warm-up
             timelines.clear()
@@ -495,9 +573,10 @@ def main_one_sided(args: argparse.Namespace) -> int:
                 for which in order:
                     times[which].append(timed(runs[which], nbytes))
             registration.close()
-            kv, raw, raw1 = times["kv"], times["raw"], times["raw1"]
+            kv, raw, raw1, ask = times["kv"], times["raw"], times["raw1"], times["ask"]
             ratios = [r / k for r, k in zip(raw, kv, strict=True)]
             ratios1 = [r / k for r, k in zip(raw1, kv, strict=True)]
+            ratios_ask = [r / k for r, k in zip(ask, kv, strict=True)]
             kv_rate = nbytes / statistics.median(kv) / 1e9
             raw_rate = nbytes / statistics.median(raw) / 1e9
             tokens = rows * 16
@@ -508,11 +587,14 @@ def main_one_sided(args: argparse.Namespace) -> int:
                             "raw_gbps": raw_rate, "ratio": statistics.median(ratios), "worst": min(ratios),
                             "raw1_gbps": nbytes / statistics.median(raw1) / 1e9,
                             "ratio1": statistics.median(ratios1), "answer_ms": answer_ms, "read_ms": read_ms,
-                            "kvwire_s": kv, "raw_s": raw, "raw1_s": raw1})
+                            "ask_ms": statistics.median(ask) * 1e3, "ratio_ask": statistics.median(ratios_ask),
+                            "kvwire_s": kv, "raw_s": raw, "raw1_s": raw1, "ask_s": ask})
             print(f"{tokens:>7} {nbytes / MIB:>5.0f} MiB {kv_rate:>12.2f} {tokens / statistics.median(kv):>10.3g} "
                   f"{raw_rate:>9.2f} {statistics.median(ratios):>6.2f} {min(ratios):>6.2f} "
                   f"{nbytes / statistics.median(raw1) / 1e9:>11.2f} {statistics.median(ratios1):>6.2f} "
-                  f"{answer_ms:>10.2f} {read_ms:>8.2f} {statistics.median(raw1) * 1e3:>9.2f}", flush=True)
+                  f"{answer_ms:>10.2f} {read_ms:>8.2f} {statistics.median(raw1) * 1e3:>9.2f} "
+                  f"{statistics.median(kv) * 1e3:>9.2f} {statistics.median(ask) * 1e3:>7.2f} "
+                  f"{statistics.median(ratios_ask):>6.2f}", flush=True)
         agent.remove_remote_agent(peer)
         close(backend)
     finally:
