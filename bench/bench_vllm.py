@@ -191,13 +191,14 @@ def main() -> int:
                         else:
                             before = store_key_count(master.metrics_port)
                             files_before = files_object_count(files_root)
+                            solo_before = files_object_count(solo_root)
                             a.generate([p], max_tokens=1)
                             if "ooncake" in label:
                                 settle_store(master.metrics_port, before, (length - 1) // BLOCK)
                             if label == "kvwire / files":
                                 wait_for_files(files_root, files_before + LAYERS * ((length - 1) // BLOCK))
                             if label == "kvwire / files, one engine":
-                                wait_for_files(solo_root, files_object_count(solo_root) + LAYERS * ((length - 1) // BLOCK))
+                                wait_for_files(solo_root, solo_before + LAYERS * ((length - 1) // BLOCK))
                             if a is b and not a.call({"op": "reset_prefix_cache"})["ok"]:
                                 raise RuntimeError(f"{label}: reset_prefix_cache failed; a local hit would be timed")
                             seconds, cached, t0 = ttft(b, p)
