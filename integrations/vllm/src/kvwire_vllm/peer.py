@@ -87,9 +87,24 @@ def source_of(params: Mapping[str, Any] | None) -> bytes | None:
 # -- waking an idle engine core ------------------------------------------------------------------
 
 
+#: Linux's abstract socket names live in no directory and go with the socket: an engine core that
+#: is killed leaves nothing behind. Elsewhere the bell is a file in the temp directory.
+_ABSTRACT = sys.platform.startswith("linux")
+
+
 def _bell_path(engine_id: str, pid: int) -> str:
     tag = hashlib.blake2b(f"{engine_id}:{pid}".encode(), digest_size=8).hexdigest()
+    if _ABSTRACT:
+        return f"\0kvwire-vllm-{tag}.bell"
     return os.path.join(tempfile.gettempdir(), f"kvwire-vllm-{tag}.bell")
+
+
+def _unlink_bell(path: str) -> None:
+    if not path.startswith("\0"):
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
 
 
 def find_engine_core() -> Callable[[], object] | None:
@@ -109,15 +124,13 @@ def find_engine_core() -> Callable[[], object] | None:
 
 
 class Doorbell:
-    """The engine-core end: a UNIX datagram socket named after the engine id and this process,
-    and a thread that calls ``on_ring`` for each datagram (their content is ignored)."""
+    """The engine-core end: a UNIX datagram socket named after the engine id and this process
+    (an abstract name on Linux), and a thread that calls ``on_ring`` for each datagram (their
+    content is ignored)."""
 
     def __init__(self, engine_id: str, on_ring: Callable[[], None]) -> None:
         self.path = _bell_path(engine_id, os.getpid())
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
+        _unlink_bell(self.path)
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._sock.bind(self.path)
         self._on_ring = on_ring
@@ -146,10 +159,7 @@ class Doorbell:
             ring_path(self.path)  # unblocks recv
         finally:
             self._sock.close()
-            try:
-                os.unlink(self.path)
-            except FileNotFoundError:
-                pass
+            _unlink_bell(self.path)
 
 
 _out = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
