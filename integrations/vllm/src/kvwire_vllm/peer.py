@@ -157,6 +157,10 @@ class Doorbell:
         self._closed = True
         try:
             ring_path(self.path)  # unblocks recv
+            if threading.current_thread() is not self._thread:
+                # the socket (and so an abstract name) lives on while the thread is inside recv:
+                # once this returns, no ring reaches the bell
+                self._thread.join(timeout=5.0)
         finally:
             self._sock.close()
             _unlink_bell(self.path)
