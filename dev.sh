@@ -15,9 +15,9 @@ case "${1:-}" in
     # registers a harness (thorough profile). pytest exits 5 when it collected nothing: that
     # is a broken run, never a pass. Arguments replace the default selection. Two pytest-xdist
     # workers: one process's tests use about one core of this kind of 2-core machine (measured:
-    # 1157 s of CPU in a 1164 s run); the vLLM modules stay on one worker (xdist_group), and
-    # come where they are collected: run first, beside the heavy conformance subprocesses, the
-    # run was slower (18 min 51 s) and two timing-bound tests failed under the load.
+    # 1157 s of CPU in a 1164 s run). --dist loadgroup keeps each xdist_group on one worker: the
+    # vLLM modules (their engines never start two at once) and the UCX protocol module (its last
+    # test checks what the others drove); the whole run takes ~11 min here.
     if [ "$#" -eq 0 ]; then
       set -- tests --pyargs kvwire.testing.suite --kvwire-profile thorough -n 2 --dist loadgroup
     fi

@@ -9,8 +9,10 @@ One-sided mode: a prompt of T tokens is T/16 blocks of one group, each block row
 ``token-bytes``. kvwire: both backends ``mode="one-sided"``, timed as below (request, the holder's
 answer with the rows' addresses, the NIXL READs, the acknowledgement). raw: a ``nixl_agent`` in
 each process (UCX backend, same loopback settings), metadata exchanged and the connection wired
-up once before any clock (then the serving process stops progressing its agent: a cma READ does
-not need it, and its polling thread would slow the kvwire end in that process); timed from building the per-row descriptor lists through ``initialize_xfer("READ")`` and
+up once before any clock; the serving process polls its agent during the raw runs only (once it
+knows the reading agent, for the "ask" answers, a READ of its memory waits for that; the polling
+thread would slow the kvwire end in that process); timed from building the per-row descriptor
+lists through ``initialize_xfer("READ")`` and
 ``transfer`` until the state is ``DONE``; "raw" gives NIXL one descriptor per row (as the rows
 are lent), "raw 1" one descriptor for the whole span (possible here because the rows are
 adjacent on both sides; kvwire-ucx merges adjacent rows itself). The raw pair has no request and

@@ -3,26 +3,11 @@ always stopped."""
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-
-
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """The one-sided mode's two pytest processes (test_ucx_one_sided.py, minutes of their own)
-    start as soon as they are selected, so they run beside the rest of the session. Under
-    pytest-xdist each worker collects everything and the workers already run side by side: each
-    run then starts when its test does."""
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        return
-    for item in session.items:
-        module = getattr(item, "module", None)
-        if module is not None and module.__name__.rsplit(".", 1)[-1] == "test_ucx_one_sided":
-            module.start_early()
-            return
 
 
 @pytest.fixture
