@@ -387,8 +387,8 @@ class SchedulerSide:
         if backend is not None:
             if backend.shutdown():  # it only answered lookups: no attempt can be in flight
                 log.error("kvwire lookup backend reports attempts in flight at shutdown; not closing it")
-                return
-            backend.close()
+            else:
+                backend.close()
         pool = self.kv_cache_manager.block_pool if self.kv_cache_manager is not None else None
         pins = self._pins
         self._pins = {}
