@@ -27,6 +27,9 @@ KEYS: Mapping[str, str] = {
     "load_failure_policy": "'recompute' (default: vLLM recomputes blocks a load missed) or 'fail'",
     "lookup": "ask the store which blocks it holds before loading (default true, where the backend "
               "declares 'lookup'); false: load every whole block and let vLLM recompute what misses",
+    "load_async": "true (default): a load runs beside the engine's steps and the request waits for it; "
+                  "false: the load runs inside the step that computes the rest of the prompt, each layer "
+                  "waited for just before its attention (one step fewer; the step waits for the store)",
 }
 
 
@@ -39,6 +42,7 @@ class ConnectorConfig:
     timeout_s: float = 10.0
     load_failure_policy: str = "recompute"
     lookup: bool = True
+    load_async: bool = True
 
     @classmethod
     def parse(cls, extra: Mapping[str, Any] | None) -> ConnectorConfig:
@@ -67,7 +71,10 @@ class ConnectorConfig:
         lookup = extra.get("lookup", True)
         if not isinstance(lookup, bool):
             raise ConfigError(f"kv_connector_extra_config 'lookup' must be true or false, got {lookup!r}")
-        config = cls(backend, dict(options), float(timeout), policy, lookup)
+        load_async = extra.get("load_async", True)
+        if not isinstance(load_async, bool):
+            raise ConfigError(f"kv_connector_extra_config 'load_async' must be true or false, got {load_async!r}")
+        config = cls(backend, dict(options), float(timeout), policy, lookup, load_async)
         config.plugin().resolve(config.options)  # unknown backend or option: kvwire's ConfigError
         return config
 

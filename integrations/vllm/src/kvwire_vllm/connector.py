@@ -87,7 +87,7 @@ class KvwireConnector(KVConnectorBase_V1):
         self._worker().start_load_kv()
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        return  # loads are asynchronous: vLLM schedules a request once get_finished reports it
+        self._worker().wait_for_layer_load(layer_name)  # only loads inside the step (load_async false)
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: AttentionMetadata,
                       **kwargs: Any) -> None:

@@ -14,10 +14,11 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadat
 
 from kvwire_vllm.names import NAME_BYTES
 
-__all__ = ["BlockPlan", "ServePlan", "StepPlan", "KvwireMetadata", "PullAsk", "WorkerReport", "KvwireWorkerMeta"]
+__all__ = ["BlockPlan", "ServePlan", "StepPlan", "KvwireMetadata", "PullAsk", "SyncLoad", "WorkerReport",
+           "KvwireWorkerMeta"]
 
-_VERSION = 2
-_REPORT_VERSION = 1
+_VERSION = 3
+_REPORT_VERSION = 2
 #: Bounds of what one step's report may carry (decoding refuses more).
 MAX_ASKS = 4096
 MAX_ASK_BLOCKS = 32768
@@ -36,6 +37,7 @@ class BlockPlan:
     block_ids: tuple[int, ...]
     names: bytes  # len(block_ids) * NAME_BYTES
     source: bytes = b""  # a load's peer address (its transceiver state's); empty: the store
+    sync: bool = False  # a load vLLM computes on in this same step (load_async false)
 
     def __post_init__(self) -> None:
         if len(self.names) != len(self.block_ids) * NAME_BYTES:
@@ -70,7 +72,7 @@ class StepPlan:
 
     def to_bytes(self) -> bytes:
         def plans(items: tuple[BlockPlan, ...]) -> list[list[object]]:
-            return [[p.req_id, p.first, list(p.block_ids), p.names, p.source] for p in items]
+            return [[p.req_id, p.first, list(p.block_ids), p.names, p.source, p.sync] for p in items]
 
         serves = [[s.pull_id, list(s.block_ids), s.reason] for s in self.serves]
         return msgpack.packb([_VERSION, plans(self.loads), plans(self.saves), list(self.preempted), self.idle,
@@ -85,8 +87,9 @@ class StepPlan:
             loads, saves, preempted, idle, serves = rest
 
             def plans(items: list[list[object]]) -> tuple[BlockPlan, ...]:
-                return tuple(BlockPlan(str(r), int(f), tuple(int(b) for b in ids), bytes(n), bytes(src))  # type: ignore[arg-type]
-                             for r, f, ids, n, src in items)
+                return tuple(BlockPlan(str(r), int(f), tuple(int(b) for b in ids), bytes(n), bytes(src),  # type: ignore[arg-type]
+                                       bool(sync))
+                             for r, f, ids, n, src, sync in items)
 
             return cls(plans(loads), plans(saves), tuple(str(r) for r in preempted), bool(idle),
                        tuple(ServePlan(int(i), tuple(int(b) for b in ids), str(why)[:MAX_REASON])
@@ -119,19 +122,30 @@ class PullAsk:
 
 
 @dataclass(frozen=True, slots=True)
+class SyncLoad:
+    """A load that ran inside this step (``load_async`` false): the request, and the index in
+    its load plan of the first block that did not arrive in every layer (-1: all arrived)."""
+
+    req_id: str
+    first_missed: int = -1
+    missed: int = 0  # blocks that did not arrive
+
+
+@dataclass(frozen=True, slots=True)
 class WorkerReport:
-    """What a worker tells the scheduler side each step: pulls to look up and pin, and pulls whose
-    reply has concluded and quiesced (their pins may go)."""
+    """What a worker tells the scheduler side each step: pulls to look up and pin, pulls whose
+    reply has concluded and quiesced (their pins may go), and the loads this step ran."""
 
     asks: tuple[PullAsk, ...] = ()
     done: tuple[int, ...] = ()
+    loaded: tuple[SyncLoad, ...] = ()
 
     def __bool__(self) -> bool:
-        return bool(self.asks or self.done)
+        return bool(self.asks or self.done or self.loaded)
 
     def to_bytes(self) -> bytes:
-        return msgpack.packb([_REPORT_VERSION, [[a.pull_id, a.names] for a in self.asks], list(self.done)],
-                             use_bin_type=True)
+        return msgpack.packb([_REPORT_VERSION, [[a.pull_id, a.names] for a in self.asks], list(self.done),
+                              [[s.req_id, s.first_missed, s.missed] for s in self.loaded]], use_bin_type=True)
 
     @classmethod
     def from_bytes(cls, data: bytes) -> WorkerReport:
@@ -139,20 +153,21 @@ class WorkerReport:
         if len(data) > MAX_REPORT_BYTES:
             raise ValueError(f"kvwire worker report of {len(data)} bytes is too large")
         try:
-            version, asks, done = msgpack.unpackb(data, raw=False, strict_map_key=True,
-                                                  max_bin_len=MAX_ASK_BLOCKS * NAME_BYTES,
-                                                  max_array_len=max(MAX_ASKS, 2) * 4)
+            version, *rest = msgpack.unpackb(data, raw=False, strict_map_key=True,
+                                             max_bin_len=MAX_ASK_BLOCKS * NAME_BYTES,
+                                             max_str_len=MAX_REASON, max_array_len=max(MAX_ASKS, 2) * 4)
             if version != _REPORT_VERSION:
                 raise ValueError(f"version {version}; this kvwire-vllm reads {_REPORT_VERSION}")
+            asks, done, loaded = rest
             out = tuple(PullAsk(int(i), bytes(n)) for i, n in asks)
             if any(len(a.names) % NAME_BYTES for a in out):
                 raise ValueError("names are not whole")
-            return cls(out, tuple(int(i) for i in done))
+            return cls(out, tuple(int(i) for i in done), tuple(SyncLoad(str(r), int(f), int(m)) for r, f, m in loaded))
         except (ValueError, TypeError, msgpack.ExtraData) as exc:
             raise ValueError(f"kvwire worker report is malformed: {exc}") from None
 
     def merged(self, other: WorkerReport) -> WorkerReport:
-        return WorkerReport(self.asks + other.asks, self.done + other.done)
+        return WorkerReport(self.asks + other.asks, self.done + other.done, self.loaded + other.loaded)
 
 
 @dataclass

@@ -181,7 +181,8 @@ class SchedulerSide:
 
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int, bool]:
         """Leading whole blocks past the local hit that the store holds (all of them, when the
-        backend cannot be asked), to load asynchronously."""
+        backend cannot be asked), to load asynchronously (or, with ``load_async`` false, inside
+        the step that computes the rest)."""
         first = num_computed_tokens // self.block_size
         end = min(self.loadable_blocks(request), self._missed_from.get(request.request_id, len(request.block_hashes)))
         held = 0
@@ -198,7 +199,7 @@ class SchedulerSide:
         self._matched[request.request_id] = (first, held)
         if held <= 0:
             return 0, False
-        return held * self.block_size, True
+        return held * self.block_size, self.config.load_async
 
     def _lookup(self, names: np.ndarray) -> int:
         """How many leading names the store holds in every layer; 0 when it cannot say."""
@@ -231,7 +232,8 @@ class SchedulerSide:
             count = min(count, held)
         block_ids = blocks.get_block_ids()[0][first:first + count]
         plan = BlockPlan(req_id, first, tuple(int(b) for b in block_ids),
-                         self.names(request, first, first + count).tobytes(), self._sources.get(req_id, b""))
+                         self.names(request, first, first + count).tobytes(), self._sources.get(req_id, b""),
+                         sync=not self.config.load_async)
         tracked.load = plan
         tracked.next_save = first + count
         self._loads.append(plan)
@@ -272,24 +274,38 @@ class SchedulerSide:
         meta = output.kv_connector_worker_meta
         if isinstance(meta, KvwireWorkerMeta):
             try:
-                self._serve(meta.report())
+                report = meta.report()
+                self._serve(report)
             except ValueError as exc:
                 log.error("kvwire: dropped a malformed worker report: %s", exc)
+            else:
+                for done in report.loaded:  # loads that ran inside the step (load_async false)
+                    self._load_ended(done.req_id, done.first_missed if done.first_missed >= 0 else None,
+                                     done.missed)
         bad = output.invalid_block_ids or set()
         for req_id in output.finished_recving or ():
             trace.event("scheduler", "load_reported", req=req_id)
             tracked = self._tracked.get(req_id)
             if tracked is None or tracked.load is None:
                 continue
-            load = tracked.load
-            failed = [i for i, b in enumerate(load.block_ids) if b in bad]
-            tracked.failed_blocks += len(failed)
-            tracked.loaded_blocks += len(load.block_ids) - len(failed)
-            if failed:  # vLLM recomputes from the first block that did not arrive: save those again
-                tracked.next_save = min(tracked.next_save, load.first + failed[0])
-                missed = load.first + failed[0]
-                self._missed_from[req_id] = min(self._missed_from.get(req_id, missed), missed)
-            tracked.load = None
+            failed = [i for i, b in enumerate(tracked.load.block_ids) if b in bad]
+            self._load_ended(req_id, failed[0] if failed else None, len(failed))
+
+    def _load_ended(self, req_id: str, first_missed: int | None, missed: int) -> None:
+        """A request's load is over: count it; from the first block that did not arrive vLLM
+        recomputes, so those blocks are saved again once computed, and never offered again."""
+        tracked = self._tracked.get(req_id)
+        if tracked is None or tracked.load is None:
+            return
+        load = tracked.load
+        missed = min(missed, len(load.block_ids))
+        tracked.failed_blocks += missed
+        tracked.loaded_blocks += len(load.block_ids) - missed
+        if first_missed is not None:
+            at = load.first + first_missed
+            tracked.next_save = min(tracked.next_save, at)
+            self._missed_from[req_id] = min(self._missed_from.get(req_id, at), at)
+        tracked.load = None
 
     def request_finished(self, request: Request, block_ids: Sequence[int]) -> tuple[bool, dict[str, Any] | None]:
         """Blocks with saves submitted stay allocated until the worker reports the saves ended."""

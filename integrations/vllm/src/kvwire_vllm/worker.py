@@ -4,7 +4,14 @@ Each attention layer's cache tensor is one :class:`SlotRegion` whose slots are v
 a request's block ids are the rows of every layer group and bytes move straight between vLLM's
 cache and the backend: no staging copy, no Python bytes. Loads and saves are submitted and left
 to the backend's threads; each step polls them without blocking. A save keeps its request's
-blocks allocated (the scheduler side delays their freeing) until its attempt has quiesced."""
+blocks allocated (the scheduler side delays their freeing) until its attempt has quiesced.
+
+With ``load_async`` false a load runs inside the step that computes on it: one attempt per layer
+is submitted before the forward, and each layer's attention waits for its own attempt
+(``wait_for_layer_load``), so later layers still load while earlier ones compute. Blocks that did
+not arrive are reported as load errors of that same step (vLLM discards the step's output for
+the request and recomputes from the first of them), and the request's blocks computed in that
+step, on a context that was not whole, are not saved."""
 
 from __future__ import annotations
 
@@ -34,7 +41,7 @@ from kvwire.runtime.holding import Direction, Wakes
 from kvwire_vllm import holder, peer, trace
 from kvwire_vllm.config import ConnectorConfig
 from kvwire_vllm.holder import QUIESCE_GRACE_S, Transfer
-from kvwire_vllm.metadata import BlockPlan, KvwireWorkerMeta, PullAsk, ServePlan, StepPlan, WorkerReport
+from kvwire_vllm.metadata import BlockPlan, KvwireWorkerMeta, PullAsk, ServePlan, StepPlan, SyncLoad, WorkerReport
 from kvwire_vllm.names import NAME_BYTES
 from kvwire_vllm.scheduler import layout_of, scope_of, store_namespace
 from kvwire_vllm.stats import KvwireStats
@@ -100,6 +107,13 @@ class WorkerSide:
         self._errors: set[int] = set()
         self._refused: set[str] = set()  # loads refused at submission, reported done next step
         self._kept: list[Transfer] = []  # never quiesced: their memory is not ours to reuse
+        # Loads inside this step (load_async false): per request, one attempt per layer (None:
+        # refused) and whether each has been waited out; requests whose load missed blocks
+        # (their saves this step are skipped); what to report to the scheduler side.
+        self._layer_of = {name: i for i, name in enumerate(self.layers)}
+        self._sync: dict[str, tuple[BlockPlan, list[Transfer | None], list[bool | None]]] = {}
+        self._sync_missed: set[str] = set()
+        self._report_loaded: list[SyncLoad] = []
         self.stats = KvwireStats()
         capabilities = self.backend.capabilities()
         self.peer = capabilities.other_end is OtherEnd.PEER
@@ -152,21 +166,21 @@ class WorkerSide:
     def bind(self, plan: StepPlan) -> None:
         self._plan = plan
 
-    def view_of(self, plan: BlockPlan) -> View:
+    def view_of(self, plan: BlockPlan, regions: tuple[SlotRegion, ...] | None = None) -> View:
         names = plan.name_array()
         tokens = TokenRange(plan.first * self.block_size, (plan.first + len(plan.block_ids)) * self.block_size)
         return View(tuple(LayerGroupRows(region.region_id, CacheKind.PAGED, region, np.asarray(plan.block_ids),
-                                         tokens, names) for region in self.regions))
+                                         tokens, names) for region in (regions or self.regions)))
 
-    def _start(self, op: Direction, plan: BlockPlan) -> Transfer | None:
+    def _start(self, op: Direction, plan: BlockPlan, view: View | None = None) -> Transfer | None:
         assert self.backend is not None
         if plan.source:
             hint = Hint.of("peer", timeout_s=self.config.timeout_s, address=plan.source)
         else:
             hint = Hint.of("store", timeout_s=self.config.timeout_s, namespace=self.namespace)
         try:
-            return holder.start(self.backend, op, plan.req_id, self.view_of(plan), plan.block_ids, hint, self.wakes,
-                                self.config.timeout_s + QUIESCE_GRACE_S)
+            return holder.start(self.backend, op, plan.req_id, view or self.view_of(plan), plan.block_ids, hint,
+                                self.wakes, self.config.timeout_s + QUIESCE_GRACE_S)
         except SubmissionError as exc:  # nothing escaped (S3)
             log.warning("kvwire %s of request %s refused: %s", op.value, plan.req_id, exc)
             return None
@@ -185,6 +199,11 @@ class WorkerSide:
         if self.registration is None:
             return
         for plan in self._plan.loads:
+            if plan.sync:
+                layers = [self._start(Direction.FETCH, plan, self.view_of(plan, (region,))) for region in self.regions]
+                self._sync[plan.req_id] = (plan, layers, [None] * len(layers))
+                trace.event("worker", "load_submitted", req=plan.req_id, blocks=len(plan.block_ids), sync=True)
+                continue
             transfer = self._start(Direction.FETCH, plan)
             if transfer is None:  # refused: every block is a load error, the request is done waiting
                 self._errors.update(plan.block_ids)
@@ -194,7 +213,49 @@ class WorkerSide:
                 self._loads[plan.req_id] = transfer
                 trace.event("worker", "load_submitted", req=plan.req_id, blocks=len(plan.block_ids))
 
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        """Before a layer's attention: this step's loads of that layer have quiesced."""
+        index = self._layer_of.get(layer_name)
+        if index is None:
+            return
+        for _, layers, waited in self._sync.values():
+            if waited[index] is None:
+                transfer = layers[index]
+                waited[index] = transfer is not None and holder.wait_out(transfer)
+
+    def _finish_sync_loads(self) -> None:
+        """After the forward (or when vLLM asks for load errors): wait out any layer no attention
+        waited for, then report per request the blocks that did not arrive in every layer."""
+        sync, self._sync = self._sync, {}
+        for req_id, (plan, layers, waited) in sync.items():
+            whole = np.ones(len(plan.block_ids), dtype=bool)
+            for index, transfer in enumerate(layers):
+                if transfer is None:  # refused at submission (S3: nothing moved)
+                    whole[:] = False
+                    continue
+                if waited[index] is None:
+                    waited[index] = holder.wait_out(transfer)
+                if not waited[index]:  # never quiesced: its memory may still be written
+                    self._keep(transfer)
+                    whole[:] = False
+                else:
+                    whole &= self._whole(transfer)
+            missed = np.flatnonzero(~whole)
+            self._errors.update(plan.block_ids[i] for i in missed.tolist())
+            moved = int(whole.sum())
+            seconds = time.perf_counter() - min((t.started for t in layers if t is not None), default=time.perf_counter())
+            self.stats.add(loads=1, load_blocks=moved, load_bytes=moved * sum(r.slot_bytes for r in self.regions),
+                           load_seconds=seconds, load_error_blocks=int(missed.size))
+            self._report_loaded.append(SyncLoad(req_id, int(missed[0]) if missed.size else -1, int(missed.size)))
+            trace.event("worker", "load_ended", req=req_id, sync=True, seconds=seconds, missed=int(missed.size))
+            if missed.size:
+                self._sync_missed.add(req_id)
+                log.warning("kvwire load of request %s: %d of %d blocks did not arrive; vLLM recomputes them",
+                            req_id, missed.size, len(plan.block_ids))
+
     def wait_for_save(self) -> None:
+        self._finish_sync_loads()
+        missed, self._sync_missed = self._sync_missed, set()
         if self.registration is None:
             return
         # Pulls are answered here, after this step's forward: vLLM's blocks the scheduler pinned
@@ -203,7 +264,11 @@ class WorkerSide:
             self._reply(serve)
         for plan in self._plan.saves:
             self._with_saves.add(plan.req_id)
+            if plan.req_id in missed:  # computed on a context whose load missed: never stored
+                continue
             transfer = self._start(Direction.PUBLISH, plan)
+            trace.event("worker", "save_submitted", req=plan.req_id, first=plan.first, blocks=len(plan.block_ids),
+                        refused=transfer is None)
             if transfer is None:
                 self.stats.add(save_failures=1)
             else:
@@ -277,8 +342,8 @@ class WorkerSide:
     def worker_meta(self) -> KvwireWorkerMeta | None:
         """This step's report to the scheduler side: pulls to pin, replies whose pins may go."""
         self._take_pulls()
-        report = WorkerReport(tuple(self._report_asks), tuple(self._report_done))
-        self._report_asks, self._report_done = [], []
+        report = WorkerReport(tuple(self._report_asks), tuple(self._report_done), tuple(self._report_loaded))
+        self._report_asks, self._report_done, self._report_loaded = [], [], []
         return KvwireWorkerMeta(report.to_bytes()) if report else None
 
     def get_finished(self, finished_req_ids: Iterable[str]) -> tuple[set[str], set[str]]:
@@ -363,6 +428,7 @@ class WorkerSide:
                        save_failures=int(moved < len(transfer.block_ids)))
 
     def take_load_errors(self) -> set[int]:
+        self._finish_sync_loads()
         errors, self._errors = self._errors, set()
         return errors
 
@@ -376,7 +442,8 @@ class WorkerSide:
         """What this worker holds now: loads and saves in flight (their requests), attempts that
         never quiesced, requests whose blocks vLLM keeps for our saves, and whether vLLM's KV
         memory is registered with an open backend."""
-        return {"loads": sorted(self._loads), "saves": sorted(self._saves), "kept": len(self._kept),
+        return {"loads": sorted(self._loads), "step_loads": sorted(self._sync), "saves": sorted(self._saves),
+                "kept": len(self._kept),
                 "holding_blocks_of": sorted(self._with_saves), "registered": self.registration is not None,
                 "backend_open": self.backend is not None, "load_errors_pending": len(self._errors),
                 "serving": self.serving, "pulls_pending": len(self._asked), "replies_in_flight": len(self._replies),
@@ -391,7 +458,7 @@ class WorkerSide:
         backend, self.backend = self.backend, None
         if backend is None:
             return
-        in_flight = self._in_flight()
+        in_flight = [*self._in_flight(), *(t for _, layers, _ in self._sync.values() for t in layers if t is not None)]
         for transfer in in_flight:
             transfer.cancel()
         deadline = time.monotonic() + timeout_s
@@ -406,6 +473,7 @@ class WorkerSide:
                 return
             self.wakes.wait_beyond(seen, min(deadline, time.monotonic() + 0.1))
         self._loads.clear()
+        self._sync.clear()
         self._saves.clear()
         self._replies.clear()
         self._reply_of.clear()
