@@ -13,7 +13,13 @@ Engines (each its own process, .venv-vllm, the tiny dummy-weight Llama of tests/
 - plain recompute: an engine with no connector.
 - kvwire over the no-server ``files`` store (a directory of the bench's): A and B, B asks the
   store and loads; and ``kvwire / files, one engine``: ExampleConnector's own work (one engine
-  saves, its prefix cache is reset, it loads back), the like-for-like figure for it.
+  saves, its prefix cache is reset, it loads back), the like-for-like figure for it; and the same
+  with ``load_async`` false (``kvwire / files, one engine, load in step``): the load runs inside
+  the step that computes the rest, as ExampleConnector's does.
+
+Between A's request and B's, outside the clock, the bench waits for A's saves to land and then
+1.2 s more: vLLM's worker busy-polls for 1 s after each step (its shm SpinCondition), and on this
+2-core VM an A still spinning takes a core from B; A stands for another machine.
 
 ``--trace DIR``: the kvwire engines write the connector's per-step trace (``KVWIRE_VLLM_TRACE``)
 there, and the bench prints, for kvwire/mooncake's B at each length, where its time went.
@@ -173,6 +179,12 @@ def main() -> int:
         solo_root = work / "files-solo"
         solo = engine("fs-1", kvwire_transfer_config("files", {"root": str(solo_root), "capacity_bytes": 4 << 30}))
         pairs["kvwire / files, one engine"] = (solo, solo)
+        step_root = work / "files-step"
+        in_step = engine("fs-s", kvwire_transfer_config("files", {"root": str(step_root), "capacity_bytes": 4 << 30},
+                                                         load_async=False), traced("fs-s"))
+        pairs["kvwire / files, one engine, load in step"] = (in_step, in_step)
+        roots = {"kvwire / files": files_root, "kvwire / files, one engine": solo_root,
+                 "kvwire / files, one engine, load in step": step_root}
         everyone = list({id(e): e for pair in pairs.values() for e in pair}.values())
         began = time.monotonic()
         try:
@@ -190,22 +202,22 @@ def main() -> int:
                             seconds, cached, t0 = ttft(b, p)
                         else:
                             before = store_key_count(master.metrics_port)
-                            files_before = files_object_count(files_root)
-                            solo_before = files_object_count(solo_root)
+                            files_before = files_object_count(roots[label]) if label in roots else 0
                             a.generate([p], max_tokens=1)
                             if "ooncake" in label:
                                 settle_store(master.metrics_port, before, (length - 1) // BLOCK)
-                            if label == "kvwire / files":
-                                wait_for_files(files_root, files_before + LAYERS * ((length - 1) // BLOCK))
-                            if label == "kvwire / files, one engine":
-                                wait_for_files(solo_root, solo_before + LAYERS * ((length - 1) // BLOCK))
+                            if label in roots:
+                                wait_for_files(roots[label], files_before + LAYERS * ((length - 1) // BLOCK))
+                            time.sleep(1.2)  # A's worker stops busy-polling (see the docstring)
                             if a is b and not a.call({"op": "reset_prefix_cache"})["ok"]:
                                 raise RuntimeError(f"{label}: reset_prefix_cache failed; a local hit would be timed")
                             seconds, cached, t0 = ttft(b, p)
                         rows.append((label, length, seconds, cached))
                         print(f"{label:30s} {length:6d} run {run}: {seconds * 1e3:8.1f} ms, cached {cached}", flush=True)
-                        if args.trace is not None and label in ("kvwire / mooncake", "kvwire / files"):
-                            name = "kv-B" if "ooncake" in label else "fs-B"
+                        traced_names = {"kvwire / mooncake": "kv-B", "kvwire / files": "fs-B",
+                                        "kvwire / files, one engine, load in step": "fs-s"}
+                        if args.trace is not None and label in traced_names:
+                            name = traced_names[label]
                             traces.append(f"{label} {length} run {run}: "
                                           f"{trace_summary(args.trace / f'{name}.jsonl', t0, seconds)}")
         finally:
@@ -235,7 +247,7 @@ def main() -> int:
     lines.append("ratio vLLM MooncakeStoreConnector TTFT / kvwire-over-mooncake TTFT: " + ", ".join(
         f"{length}: {statistics.median(r[2] for r in rows if r[0] == 'vLLM MooncakeStoreConnector' and r[1] == length) / statistics.median(r[2] for r in rows if r[0] == 'kvwire / mooncake' and r[1] == length):.2f}x"
         for length in lengths))
-    for files_label in ("kvwire / files", "kvwire / files, one engine"):
+    for files_label in roots:
         lines.append(f"ratio vLLM ExampleConnector TTFT / {files_label} TTFT: " + ", ".join(
             f"{length}: {statistics.median(r[2] for r in rows if r[0] == 'vLLM ExampleConnector' and r[1] == length) / statistics.median(r[2] for r in rows if r[0] == files_label and r[1] == length):.2f}x"
             for length in lengths))

@@ -185,6 +185,37 @@ def test_an_object_larger_than_the_store_is_declined_without_evicting_anything(t
     driver.close()
 
 
+def test_an_object_file_that_is_not_that_object_whole_fails_naming_it(tmp_path: Path) -> None:
+    """A destination of another size, a file cut short, one grown by a byte, a foreign header:
+    each read fails with a reason naming the key, and nothing past the destination is written."""
+    store, driver, memory = _store(tmp_path, capacity_bytes=1 << 20)
+    assert driver.put(["k"], *_addresses(memory, [0])).status.tolist() == [0]
+    sink = np.full(1100, 7, dtype=np.uint8)
+    driver.register([SlotRegion(2, sink.ctypes.data, 1100, 1, MemoryKind.HOST)])
+
+    def read(size: int) -> tuple[int, str]:
+        result = driver.get_into(["k"], np.array([sink.ctypes.data], np.uint64), np.array([size], np.uint64))
+        return int(result.status[0]), result.reasons.get(0, "")
+
+    failed = int(KeyStatus.FAILED)
+    assert read(999) == (failed, "object 'k' holds 1000 bytes, the destination 999")
+    assert (sink[999:] == 7).all(), "a read wrote past its destination"
+    assert read(1001) == (failed, "object 'k' holds 1000 bytes, the destination 1001")
+    sink[:] = 7
+    assert read(1000) == (int(KeyStatus.OK), "")
+    assert (sink[:1000] == memory[0]).all() and (sink[1000:] == 7).all()
+    path = store.path("k")
+    whole = Path(path).read_bytes()
+    Path(path).write_bytes(whole + b"x")
+    assert read(1000) == (failed, "object 'k' holds 1001 bytes, the destination 1000")
+    Path(path).write_bytes(whole[:10])
+    assert read(1000) == (failed, "object file of 'k' is torn")
+    Path(path).write_bytes(b"NOTKVWF1" + whole[8:])
+    status, reason = read(1000)
+    assert status == failed and "object file of 'k'" in reason and "is not that object whole" in reason
+    driver.close()
+
+
 def test_removing_an_object_never_tears_a_read_in_progress(tmp_path: Path) -> None:
     """Eviction unlinks; a reader that opened the object already reads it whole."""
     store, driver, memory = _store(tmp_path, capacity_bytes=1 << 20)

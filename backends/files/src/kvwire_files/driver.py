@@ -103,8 +103,7 @@ class FilesDriver(StoreDriver):
         where, lengths = self._check("get_into", keys, addresses, sizes)
         if self._closed:
             return BatchResult.uniform(len(keys), KeyStatus.FAILED, "the file store driver is closed")
-        read = self.store.read_into
-        answers = [read(key, address, size) for key, address, size in zip(keys, where, lengths, strict=True)]
+        answers = self.store.read_batch(list(keys), where, lengths)
         reasons = {i: why for i, (_, why) in enumerate(answers) if why is not None}
         if not reasons and all(code is KeyStatus.OK for code, _ in answers):
             return BatchResult.ok(len(keys))

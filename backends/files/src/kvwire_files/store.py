@@ -38,6 +38,8 @@ from dataclasses import dataclass
 
 from kvwire.blob import KeyStatus
 
+_blake2b = hashlib.blake2b
+
 __all__ = ["FileStore", "default_root"]
 
 _MAGIC = b"KVWFILE1"
@@ -98,8 +100,8 @@ class FileStore:
 
     def path(self, key: str) -> str:
         """The object file of ``key``: a hash of it, so no key can name a path outside ``root``."""
-        digest = hashlib.blake2b(key.encode(), digest_size=20).hexdigest()
-        return os.path.join(self._objects, digest[:2], digest)
+        digest = _blake2b(key.encode(), digest_size=20).hexdigest()
+        return f"{self._objects}/{digest[:2]}/{digest}"
 
     # -- objects ----------------------------------------------------------------------------------
 
@@ -174,32 +176,54 @@ class FileStore:
         """Read object ``key`` straight into ``size`` bytes at ``address`` (one ``preadv``, no
         copy through Python bytes): ``OK``, ``MISSING``, or ``FAILED`` with a reason when the
         file is not a whole object of exactly that size."""
-        try:
-            fd = os.open(self.path(key), os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            return KeyStatus.MISSING, None
-        except OSError as exc:
-            return KeyStatus.FAILED, f"opening {key!r} under {self.root} failed: {exc}"
-        try:
+        return self.read_batch([key], [address], [size])[0]
+
+    def read_batch(self, keys: list[str], addresses: list[int], sizes: list[int]) -> list[tuple[KeyStatus, str | None]]:
+        """:meth:`read_into` for each key in turn. Per object: open, one ``preadv`` of the header,
+        the payload and one byte more (a file of any other length reads short or fills that
+        byte, so no ``fstat`` is needed on the way), the LRU touch, close."""
+        out: list[tuple[KeyStatus, str | None]] = []
+        ok = (KeyStatus.OK, None)
+        missing = (KeyStatus.MISSING, None)
+        probe = bytearray(1)
+        flags = os.O_RDONLY | os.O_CLOEXEC
+        for key, address, size in zip(keys, addresses, sizes, strict=True):
             encoded = key.encode()
-            want = _header(encoded, size)
-            stored = os.fstat(fd).st_size
-            if stored != len(want) + size:
-                return KeyStatus.FAILED, (f"object {key!r} holds {stored - len(want)} bytes, the destination {size}"
-                                          if stored >= len(want) else f"object file of {key!r} is torn")
-            head = bytearray(len(want))
-            got = os.preadv(fd, [head, _view(address, size)] if size else [head], 0)
-            if got != len(want) + size or bytes(head) != want:
-                return KeyStatus.FAILED, f"object file of {key!r} under {self.root} is not that object whole"
+            digest = _blake2b(encoded, digest_size=20).hexdigest()
             try:
-                os.utime(fd)  # least recently used goes first when the store evicts
-            except OSError:
-                pass
-            return KeyStatus.OK, None
-        except OSError as exc:
-            return KeyStatus.FAILED, f"reading {key!r} under {self.root} failed: {exc}"
-        finally:
-            os.close(fd)
+                fd = os.open(f"{self._objects}/{digest[:2]}/{digest}", flags)
+            except FileNotFoundError:
+                out.append(missing)
+                continue
+            except OSError as exc:
+                out.append((KeyStatus.FAILED, f"opening {key!r} under {self.root} failed: {exc}"))
+                continue
+            try:
+                want = _header(encoded, size)
+                head = bytearray(len(want))
+                got = os.preadv(fd, [head, _view(address, size), probe] if size else [head, probe], 0)
+                if got != len(want) + size:
+                    out.append((KeyStatus.FAILED, self._misfit(fd, key, len(want), size)))
+                elif head != want:
+                    out.append((KeyStatus.FAILED, f"object file of {key!r} under {self.root} is not that object whole"))
+                else:
+                    try:
+                        os.utime(fd)  # least recently used goes first when the store evicts
+                    except OSError:
+                        pass
+                    out.append(ok)
+            except OSError as exc:
+                out.append((KeyStatus.FAILED, f"reading {key!r} under {self.root} failed: {exc}"))
+            finally:
+                os.close(fd)
+        return out
+
+    def _misfit(self, fd: int, key: str, header: int, size: int) -> str:
+        """Why an object file's length is not its header and ``size`` bytes (a slow path)."""
+        stored = os.fstat(fd).st_size
+        if stored >= header:
+            return f"object {key!r} holds {stored - header} bytes, the destination {size}"
+        return f"object file of {key!r} is torn"
 
     def discard(self, key: str) -> bool:
         """Unlink the object under ``key``; whether there was one. A reader that opened it
