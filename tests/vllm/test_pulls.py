@@ -75,7 +75,10 @@ def _engines(model_dir: Path, logs: Path, mode: str) -> dict[str, Engine]:
     engines = {
         "serving": Engine(f"{mode}-0", model_dir, config, env=env, log_dir=logs, new_session=True),
         "pulling": Engine(f"{mode}-1", model_dir, config, env=env, log_dir=logs, new_session=True),
-        "other": Engine(f"{mode}-2", model_dir, config, env=env, log_dir=logs, new_session=True),
+        # The other pulling engine loads inside the step (load_async false).
+        "other": Engine(f"{mode}-2", model_dir, kvwire_transfer_config("ucx", options, timeout_s=TIMEOUT_S,
+                                                                       load_async=False),
+                        env=env, log_dir=logs, new_session=True),
     }
     return engines
 
@@ -143,6 +146,28 @@ def test_a_partial_prefix_is_a_success(pair: Pair) -> None:
     assert pulled["tokens"] == served["tokens"]
     assert kv(pulled)["loaded_blocks"] == 5
     assert kv(pulled)["failed_blocks"] == whole_blocks(len(p)) - 5
+
+
+def test_a_pull_inside_the_step(pair: Pair) -> None:
+    """The other pulling engine loads inside the step that computes the rest (``load_async``
+    false): a whole prefix arrives in one pull of every layer; a partial one is a success too,
+    the rest recomputed in later steps; the tokens are the serving engine's either way."""
+    p = prompt(1710, 300)
+    served = out(pair.serving.generate([p], max_tokens=2))
+    pulled = out(pair.other.generate([p], max_tokens=2, source=pair.state))
+    assert pulled["tokens"] == served["tokens"]
+    assert pulled["num_cached_tokens"] == whole_blocks(len(p)) * BLOCK
+    assert kv(pulled)["loaded_blocks"] == whole_blocks(len(p)) and kv(pulled)["failed_blocks"] == 0
+    q = prompt(1711, 300)
+    served = out(pair.serving.generate([q], max_tokens=2))
+    wait_for(pair.serving.reset_prefix_cache, BACKGROUND_S, "engine 0's prefix cache reset (no block in use)")
+    pair.serving.generate([q[:5 * BLOCK + 7]], max_tokens=1)
+    pulled = out(pair.other.generate([q], max_tokens=2, source=pair.state))
+    assert pulled["tokens"] == served["tokens"]
+    assert kv(pulled)["loaded_blocks"] == 5
+    assert kv(pulled)["failed_blocks"] == whole_blocks(len(q)) - 5
+    state = pair.other.state()
+    assert state == {**state, "loads": [], "step_loads": [], "kept": 0, "load_errors_pending": 0}
 
 
 def test_local_blocks_are_skipped_and_a_second_pull_moves_nothing(pair: Pair) -> None:

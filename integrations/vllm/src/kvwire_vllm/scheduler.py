@@ -311,6 +311,17 @@ class SchedulerSide:
         """Blocks with saves submitted stay allocated until the worker reports the saves ended."""
         req_id = request.request_id
         tracked = self._tracked.pop(req_id, None)
+        if tracked is not None and tracked.load is not None and tracked.load.sync:
+            # Finished in the step that ran its load, before the worker's report of it reaches
+            # update_connector_output: vLLM lets a request finish there only if its load missed
+            # nothing (it discards the step's output of one that missed, and reschedules it),
+            # unless the failure policy failed the request.
+            whole = len(tracked.load.block_ids)
+            if getattr(request.status, "name", "") == "FINISHED_ERROR":
+                tracked.failed_blocks += whole
+            else:
+                tracked.loaded_blocks += whole
+            tracked.load = None
         self._matched.pop(req_id, None)
         self._missed_from.pop(req_id, None)
         self._sources.pop(req_id, None)

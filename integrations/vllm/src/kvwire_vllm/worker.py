@@ -88,14 +88,15 @@ _UNSENT = object()  # a layer of a load inside the step not submitted yet
 
 class _StepLoad:
     """A load inside this step (``load_async`` false): per layer its fetch (:data:`_UNSENT`,
-    ``None`` if refused, or the transfer) and whether it quiesced once waited for."""
+    ``None`` if refused, or the transfer) and whether it quiesced once waited for. A pull from a
+    peer is one fetch of every layer (a serving engine answers pulls of all its layers only)."""
 
     __slots__ = ("plan", "transfers", "waited", "started")
 
-    def __init__(self, plan: BlockPlan, layers: int) -> None:
+    def __init__(self, plan: BlockPlan, attempts: int) -> None:
         self.plan = plan
-        self.transfers: list[object] = [_UNSENT] * layers
-        self.waited: list[bool | None] = [None] * layers
+        self.transfers: list[object] = [_UNSENT] * attempts
+        self.waited: list[bool | None] = [None] * attempts
         self.started = time.perf_counter()
 
 
@@ -216,7 +217,7 @@ class WorkerSide:
             return
         for plan in self._plan.loads:
             if plan.sync:
-                load = self._sync[plan.req_id] = _StepLoad(plan, len(self.regions))
+                load = self._sync[plan.req_id] = _StepLoad(plan, 1 if plan.source else len(self.regions))
                 self._submit_layer(load, 0)
                 trace.event("worker", "load_submitted", req=plan.req_id, blocks=len(plan.block_ids), sync=True)
                 continue
@@ -231,8 +232,8 @@ class WorkerSide:
 
     def _submit_layer(self, load: _StepLoad, index: int) -> None:
         if index < len(load.transfers) and load.transfers[index] is _UNSENT:
-            region = self.regions[index]
-            load.transfers[index] = self._start(Direction.FETCH, load.plan, self.view_of(load.plan, (region,)))
+            regions = self.regions if len(load.transfers) == 1 else (self.regions[index],)
+            load.transfers[index] = self._start(Direction.FETCH, load.plan, self.view_of(load.plan, regions))
 
     def _wait_layer(self, load: _StepLoad, index: int) -> None:
         """Layer ``index`` of ``load`` has quiesced (submitted now if it was not), and the next
@@ -250,7 +251,7 @@ class WorkerSide:
         if index is None:
             return
         for load in self._sync.values():
-            self._wait_layer(load, index)
+            self._wait_layer(load, min(index, len(load.transfers) - 1))
 
     def _finish_sync_loads(self) -> None:
         """After the forward (or when vLLM asks for load errors): wait out any layer no attention
