@@ -14,7 +14,7 @@ Engines (each its own process, .venv-vllm, the tiny dummy-weight Llama of tests/
 
 The engines run in two phases of five (Mooncake: kvwire's pair, vLLM's pair, plain recompute;
 files: ExampleConnector and the three kvwire/files rows below), each ratio within one phase: all
-eleven at once exhaust this VM's memory.
+ten at once exhaust this VM's memory.
 - kvwire over the no-server ``files`` store (a directory of the bench's): A and B, B asks the
   store and loads; and ``kvwire / files, one engine``: ExampleConnector's own work (one engine
   saves, its prefix cache is reset, it loads back), the like-for-like figure for it; and the same
@@ -194,7 +194,7 @@ def main() -> int:
                     "kvwire / files, one engine": (solo, solo),
                     "kvwire / files, one engine, load in step": (in_step, in_step)}
 
-        # Two phases of five engines each, every ratio within one phase: eleven engines at once
+        # Two phases of five engines each, every ratio within one phase: ten engines at once
         # (~1.9 GB each) exhaust this VM's 23 GB and time the page cache thrashing.
         for phase in (mooncake_phase, files_phase):
             pairs = phase()
