@@ -277,13 +277,15 @@ def files_engines(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     root = top / "store"
     config = kvwire_transfer_config("files", {"root": str(root)})
     rpc = {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}  # the "state" op sends a function to the worker
+    s_trace = top / "s-trace.jsonl"  # S's connector trace: which layer waits vLLM made
     started = {"A": Engine("A-files", model_dir, config, log_dir=top, env=rpc),
                "B": Engine("B-files", model_dir, config, log_dir=top, env=rpc),
                "S": Engine("S-files", model_dir, kvwire_transfer_config("files", {"root": str(root)}, lookup=False,
-                                                                        load_async=False), log_dir=top, env=rpc)}
+                                                                        load_async=False), log_dir=top,
+                           env={**rpc, "KVWIRE_VLLM_TRACE": str(s_trace)})}
     try:
         start_all(list(started.values()))
-        yield {"root": root, **started}
+        yield {"root": root, "s_trace": s_trace, **started}
     finally:
         for engine in started.values():
             engine.close()
@@ -349,6 +351,14 @@ def test_a_load_inside_the_step(files_engines: dict[str, Any], engines: dict[str
     assert kvwire_params(out) == {**kvwire_params(out), "loaded_blocks": 12, "failed_blocks": 0}
     wait_for(lambda: settled(s), BACKGROUND_S, "S's transfers all concluded")
     assert files_object_count(root) == objects + 12 * LAYERS  # S saved nothing it loaded
+    # vLLM made each layer's attention wait for that layer's load (the dummy weights leave the
+    # tokens the same even on a cache never loaded, so only the connector's trace can tell).
+    events = [json.loads(line) for line in files_engines["s_trace"].read_text().splitlines()]
+    worker = [e for e in events if e["side"] == "worker"]
+    submitted = max(i for i, e in enumerate(worker) if e["event"] == "load_submitted" and e.get("sync"))
+    ended = next(i for i, e in enumerate(worker) if i > submitted and e["event"] == "load_ended")
+    waited = [e["layer"] for e in worker[submitted:ended] if e["event"] == "layer_waited"]
+    assert waited == list(range(LAYERS)), f"layer waits between the load's submission and its end: {waited}"
 
 
 def test_a_load_inside_the_step_that_misses_is_recomputed_and_never_stored(

@@ -8,10 +8,10 @@ blocks allocated (the scheduler side delays their freeing) until its attempt has
 
 With ``load_async`` false a load runs inside the step that computes on it: one attempt per layer,
 the first submitted before the forward; each layer's attention waits for its own attempt
-(``wait_for_layer_load``) and then submits the next layer's, which loads while this one computes. Blocks that did
-not arrive are reported as load errors of that same step (vLLM discards the step's output for
-the request and recomputes from the first of them), and the request's blocks computed in that
-step, on a context that was not whole, are not saved."""
+(``wait_for_layer_load``) and then submits the next layer's, which loads while this one
+computes. Blocks that did not arrive are reported as load errors of that same step (vLLM
+discards the step's output for the request and recomputes from the first of them), and the
+request's blocks computed in that step, on a context that was not whole, are not saved."""
 
 from __future__ import annotations
 
@@ -124,9 +124,8 @@ class WorkerSide:
         self._errors: set[int] = set()
         self._refused: set[str] = set()  # loads refused at submission, reported done next step
         self._kept: list[Transfer] = []  # never quiesced: their memory is not ours to reuse
-        # Loads inside this step (load_async false): per request, one attempt per layer (None:
-        # refused) and whether each has been waited out; requests whose load missed blocks
-        # (their saves this step are skipped); what to report to the scheduler side.
+        # Loads inside this step (load_async false), per request; requests whose load missed
+        # blocks (their saves this step are skipped); what to report to the scheduler side.
         self._layer_of = {name: i for i, name in enumerate(self.layers)}
         self._sync: dict[str, _StepLoad] = {}
         self._sync_missed: set[str] = set()
@@ -252,6 +251,8 @@ class WorkerSide:
             return
         for load in self._sync.values():
             self._wait_layer(load, min(index, len(load.transfers) - 1))
+        if self._sync:
+            trace.event("worker", "layer_waited", layer=index, loads=sorted(self._sync))
 
     def _finish_sync_loads(self) -> None:
         """After the forward (or when vLLM asks for load errors): wait out any layer no attention
