@@ -407,6 +407,10 @@ def test_a_load_inside_the_step_that_misses_is_recomputed_and_never_stored(
 BAD_CONFIGURATIONS = [
     ({"backend": "no-such-store", "options": {}}, "unknown backend 'no-such-store'; installed backends:"),
     ({"backend": "mooncake", "options": {"mastr": "127.0.0.1:1"}}, "backend 'mooncake' has no option 'mastr'"),
+    ({"backend": "files", "options": {}, "load_async": "no"},
+     "kv_connector_extra_config 'load_async' must be true or false, got 'no'"),
+    ({"backend": "files", "options": {}, "load_sync": True},
+     "kv_connector_extra_config of KvwireConnector has unknown key(s) 'load_sync'; allowed: backend:"),
 ]
 
 
@@ -432,7 +436,7 @@ def refused_logs(model_dir: Path, vllm_venv: Path, tmp_path_factory: pytest.Temp
     return tails
 
 
-@pytest.mark.parametrize("index", range(len(BAD_CONFIGURATIONS)), ids=["unknown-backend", "misspelt-option"])
+@pytest.mark.parametrize("index", range(len(BAD_CONFIGURATIONS)), ids=["unknown-backend", "misspelt-option", "load-async-not-a-bool", "unknown-key"])
 def test_bad_configuration_refuses_to_start(refused_logs: list[str | None], index: int) -> None:
     log = refused_logs[index]
     assert log is not None, f"the engine started with {BAD_CONFIGURATIONS[index][0]}"
