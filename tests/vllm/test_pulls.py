@@ -135,17 +135,22 @@ def test_five_steps(pair: Pair) -> None:
     assert other["num_cached_tokens"] < again["num_cached_tokens"]
 
 
-def test_a_partial_prefix_is_a_success(pair: Pair) -> None:
-    """Engine 0 lost part of the prefix (its cache reset, then only the first 5 blocks of the
-    prompt served again): engine 1 gets those 5, recomputes the rest, same tokens."""
-    p = prompt(1702, 300)
+def pulls_a_partial_prefix(pair: Pair, puller: Engine, seed: int) -> None:
+    """Engine 0 loses part of a prompt's prefix (its cache reset, then only the first 5 blocks
+    served again): ``puller`` gets those 5, recomputes the rest, same tokens."""
+    p = prompt(seed, 300)
     served = out(pair.serving.generate([p], max_tokens=2))
     wait_for(pair.serving.reset_prefix_cache, BACKGROUND_S, "engine 0's prefix cache reset (no block in use)")
     pair.serving.generate([p[:5 * BLOCK + 7]], max_tokens=1)
-    pulled = out(pair.pulling.generate([p], max_tokens=2, source=pair.state))
+    pulled = out(puller.generate([p], max_tokens=2, source=pair.state))
     assert pulled["tokens"] == served["tokens"]
     assert kv(pulled)["loaded_blocks"] == 5
     assert kv(pulled)["failed_blocks"] == whole_blocks(len(p)) - 5
+
+
+def test_a_partial_prefix_is_a_success(pair: Pair) -> None:
+    """Engine 0 lost part of the prefix: engine 1 gets what is left of it, recomputes the rest."""
+    pulls_a_partial_prefix(pair, pair.pulling, 1702)
 
 
 def test_a_pull_inside_the_step(pair: Pair) -> None:
@@ -158,14 +163,7 @@ def test_a_pull_inside_the_step(pair: Pair) -> None:
     assert pulled["tokens"] == served["tokens"]
     assert pulled["num_cached_tokens"] == whole_blocks(len(p)) * BLOCK
     assert kv(pulled)["loaded_blocks"] == whole_blocks(len(p)) and kv(pulled)["failed_blocks"] == 0
-    q = prompt(1711, 300)
-    served = out(pair.serving.generate([q], max_tokens=2))
-    wait_for(pair.serving.reset_prefix_cache, BACKGROUND_S, "engine 0's prefix cache reset (no block in use)")
-    pair.serving.generate([q[:5 * BLOCK + 7]], max_tokens=1)
-    pulled = out(pair.other.generate([q], max_tokens=2, source=pair.state))
-    assert pulled["tokens"] == served["tokens"]
-    assert kv(pulled)["loaded_blocks"] == 5
-    assert kv(pulled)["failed_blocks"] == whole_blocks(len(q)) - 5
+    pulls_a_partial_prefix(pair, pair.other, 1711)
     state = pair.other.state()
     assert state == {**state, "loads": [], "step_loads": [], "kept": 0, "load_errors_pending": 0}
 

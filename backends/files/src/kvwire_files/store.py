@@ -188,10 +188,8 @@ class FileStore:
         probe = bytearray(1)
         flags = os.O_RDONLY | os.O_CLOEXEC
         for key, address, size in zip(keys, addresses, sizes, strict=True):
-            encoded = key.encode()
-            digest = _blake2b(encoded, digest_size=20).hexdigest()
             try:
-                fd = os.open(f"{self._objects}/{digest[:2]}/{digest}", flags)
+                fd = os.open(self.path(key), flags)
             except FileNotFoundError:
                 out.append(missing)
                 continue
@@ -199,7 +197,7 @@ class FileStore:
                 out.append((KeyStatus.FAILED, f"opening {key!r} under {self.root} failed: {exc}"))
                 continue
             try:
-                want = _header(encoded, size)
+                want = _header(key.encode(), size)
                 head = bytearray(len(want))
                 got = os.preadv(fd, [head, _view(address, size), probe] if size else [head, probe], 0)
                 if got != len(want) + size:

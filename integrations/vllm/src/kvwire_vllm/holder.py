@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from kvwire.contract import Backend, Hint, Outcome, View
 from kvwire.runtime.holding import (
@@ -21,7 +22,10 @@ from kvwire.runtime.holding import (
     wait_any,
 )
 
-__all__ = ["Transfer", "start", "finished", "doze", "wait_out", "QUIESCE_GRACE_S"]
+if TYPE_CHECKING:
+    from kvwire_vllm.metadata import BlockPlan
+
+__all__ = ["Transfer", "StepLoad", "UNSENT", "start", "finished", "doze", "wait_out", "QUIESCE_GRACE_S"]
 
 
 @dataclass(eq=False)
@@ -48,6 +52,23 @@ class Transfer:
         if not self.cancelled and self.sub.outcome is None:
             self.sub.cancel()
         self.cancelled = True
+
+
+UNSENT = object()  # a layer of a load inside the step not submitted yet
+
+
+class StepLoad:
+    """A load inside this step (``load_async`` false): per layer its fetch (:data:`UNSENT`,
+    ``None`` if refused, or the transfer) and whether it quiesced once waited for. A pull from a
+    peer is one fetch of every layer (a serving engine answers pulls of all its layers only)."""
+
+    __slots__ = ("plan", "transfers", "waited", "started")
+
+    def __init__(self, plan: BlockPlan, attempts: int) -> None:
+        self.plan = plan
+        self.transfers: list[object] = [UNSENT] * attempts
+        self.waited: list[bool | None] = [None] * attempts
+        self.started = time.perf_counter()
 
 
 def start(backend: Backend, op: Direction, req_id: str, view: View, block_ids: tuple[int, ...], hint: Hint,

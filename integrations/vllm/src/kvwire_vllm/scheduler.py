@@ -310,18 +310,15 @@ class SchedulerSide:
     def request_finished(self, request: Request, block_ids: Sequence[int]) -> tuple[bool, dict[str, Any] | None]:
         """Blocks with saves submitted stay allocated until the worker reports the saves ended."""
         req_id = request.request_id
-        tracked = self._tracked.pop(req_id, None)
-        if tracked is not None and tracked.load is not None and tracked.load.sync:
+        load = self._tracked[req_id].load if req_id in self._tracked else None
+        if load is not None and load.sync:
             # Finished in the step that ran its load, before the worker's report of it reaches
             # update_connector_output: vLLM lets a request finish there only if its load missed
             # nothing (it discards the step's output of one that missed, and reschedules it),
             # unless the failure policy failed the request.
-            whole = len(tracked.load.block_ids)
-            if getattr(request.status, "name", "") == "FINISHED_ERROR":
-                tracked.failed_blocks += whole
-            else:
-                tracked.loaded_blocks += whole
-            tracked.load = None
+            failed = getattr(request.status, "name", "") == "FINISHED_ERROR"
+            self._load_ended(req_id, 0 if failed else None, len(load.block_ids) if failed else 0)
+        tracked = self._tracked.pop(req_id, None)
         self._matched.pop(req_id, None)
         self._missed_from.pop(req_id, None)
         self._sources.pop(req_id, None)

@@ -40,7 +40,7 @@ from kvwire.contract.serving import PullRequest, ServesPulls
 from kvwire.runtime.holding import Direction, Wakes
 from kvwire_vllm import holder, peer, trace
 from kvwire_vllm.config import ConnectorConfig
-from kvwire_vllm.holder import QUIESCE_GRACE_S, Transfer
+from kvwire_vllm.holder import QUIESCE_GRACE_S, UNSENT, StepLoad, Transfer
 from kvwire_vllm.metadata import BlockPlan, KvwireWorkerMeta, PullAsk, ServePlan, StepPlan, SyncLoad, WorkerReport
 from kvwire_vllm.names import NAME_BYTES
 from kvwire_vllm.scheduler import layout_of, scope_of, store_namespace
@@ -83,23 +83,6 @@ def regions_of(kv_caches: Mapping[str, torch.Tensor], layers: list[str]) -> tupl
     return tuple(regions)
 
 
-_UNSENT = object()  # a layer of a load inside the step not submitted yet
-
-
-class _StepLoad:
-    """A load inside this step (``load_async`` false): per layer its fetch (:data:`_UNSENT`,
-    ``None`` if refused, or the transfer) and whether it quiesced once waited for. A pull from a
-    peer is one fetch of every layer (a serving engine answers pulls of all its layers only)."""
-
-    __slots__ = ("plan", "transfers", "waited", "started")
-
-    def __init__(self, plan: BlockPlan, attempts: int) -> None:
-        self.plan = plan
-        self.transfers: list[object] = [_UNSENT] * attempts
-        self.waited: list[bool | None] = [None] * attempts
-        self.started = time.perf_counter()
-
-
 class WorkerSide:
     def __init__(self, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, config: ConnectorConfig) -> None:
         from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
@@ -127,7 +110,7 @@ class WorkerSide:
         # Loads inside this step (load_async false), per request; requests whose load missed
         # blocks (their saves this step are skipped); what to report to the scheduler side.
         self._layer_of = {name: i for i, name in enumerate(self.layers)}
-        self._sync: dict[str, _StepLoad] = {}
+        self._sync: dict[str, StepLoad] = {}
         self._sync_missed: set[str] = set()
         self._report_loaded: list[SyncLoad] = []
         self.stats = KvwireStats()
@@ -216,7 +199,7 @@ class WorkerSide:
             return
         for plan in self._plan.loads:
             if plan.sync:
-                load = self._sync[plan.req_id] = _StepLoad(plan, 1 if plan.source else len(self.regions))
+                load = self._sync[plan.req_id] = StepLoad(plan, 1 if plan.source else len(self.regions))
                 self._submit_layer(load, 0)
                 trace.event("worker", "load_submitted", req=plan.req_id, blocks=len(plan.block_ids), sync=True)
                 continue
@@ -229,12 +212,12 @@ class WorkerSide:
                 self._loads[plan.req_id] = transfer
                 trace.event("worker", "load_submitted", req=plan.req_id, blocks=len(plan.block_ids))
 
-    def _submit_layer(self, load: _StepLoad, index: int) -> None:
-        if index < len(load.transfers) and load.transfers[index] is _UNSENT:
+    def _submit_layer(self, load: StepLoad, index: int) -> None:
+        if index < len(load.transfers) and load.transfers[index] is UNSENT:
             regions = self.regions if len(load.transfers) == 1 else (self.regions[index],)
             load.transfers[index] = self._start(Direction.FETCH, load.plan, self.view_of(load.plan, regions))
 
-    def _wait_layer(self, load: _StepLoad, index: int) -> None:
+    def _wait_layer(self, load: StepLoad, index: int) -> None:
         """Layer ``index`` of ``load`` has quiesced (submitted now if it was not), and the next
         layer's fetch is on its way: one layer in flight per request, so it loads while this
         layer computes (two fetches at once ran slower here: their threads share one GIL)."""
@@ -271,18 +254,12 @@ class WorkerSide:
                     whole[:] = False
                 else:
                     whole &= self._whole(transfer)
-            missed = np.flatnonzero(~whole)
-            self._errors.update(plan.block_ids[i] for i in missed.tolist())
-            moved = int(whole.sum())
-            seconds = time.perf_counter() - load.started
-            self.stats.add(loads=1, load_blocks=moved, load_bytes=moved * sum(r.slot_bytes for r in self.regions),
-                           load_seconds=seconds, load_error_blocks=int(missed.size))
+            missed = self._account_load(req_id, plan.block_ids, whole, load.started)
             self._report_loaded.append(SyncLoad(req_id, int(missed[0]) if missed.size else -1, int(missed.size)))
-            trace.event("worker", "load_ended", req=req_id, sync=True, seconds=seconds, missed=int(missed.size))
+            trace.event("worker", "load_ended", req=req_id, sync=True, seconds=time.perf_counter() - load.started,
+                        missed=int(missed.size))
             if missed.size:
                 self._sync_missed.add(req_id)
-                log.warning("kvwire load of request %s: %d of %d blocks did not arrive; vLLM recomputes them",
-                            req_id, missed.size, len(plan.block_ids))
 
     def wait_for_save(self) -> None:
         self._finish_sync_loads()
@@ -405,7 +382,8 @@ class WorkerSide:
                 trace.event("worker", "load_ended", req=transfer.req_id, idle_step=self._plan.idle,
                             seconds=time.perf_counter() - transfer.started)
                 del self._loads[transfer.req_id]
-                self._account_load(transfer)
+                self._account_load(transfer.req_id, transfer.block_ids, self._whole(transfer), transfer.started,
+                                   transfer.outcome)
                 received.add(transfer.req_id)
             else:
                 left = [t for t in self._saves[transfer.req_id] if t is not transfer]
@@ -440,16 +418,19 @@ class WorkerSide:
         assert outcome is not None
         return np.logical_and.reduce(np.stack(outcome.masks)) if outcome.masks else np.zeros(0, dtype=bool)
 
-    def _account_load(self, transfer: Transfer) -> None:
-        whole = self._whole(transfer)
-        missed = [b for b, ok in zip(transfer.block_ids, whole.tolist(), strict=True) if not ok]
-        self._errors.update(missed)
+    def _account_load(self, req_id: str, block_ids: tuple[int, ...], whole: np.ndarray, started: float,
+                      outcome: object = None) -> np.ndarray:
+        """A load is over: blocks not ``whole`` (arrived in every layer) become load errors; the
+        stats count it. Returns the indices of the blocks that did not arrive."""
+        missed = np.flatnonzero(~whole)
+        self._errors.update(block_ids[i] for i in missed.tolist())
         moved = int(whole.sum())
         self.stats.add(loads=1, load_blocks=moved, load_bytes=moved * sum(r.slot_bytes for r in self.regions),
-                       load_seconds=time.perf_counter() - transfer.started, load_error_blocks=len(missed))
-        if missed:
-            log.warning("kvwire load of request %s: %d of %d blocks did not arrive (%r); vLLM recomputes them",
-                        transfer.req_id, len(missed), len(transfer.block_ids), transfer.outcome)
+                       load_seconds=time.perf_counter() - started, load_error_blocks=int(missed.size))
+        if missed.size:
+            log.warning("kvwire load of request %s: %d of %d blocks did not arrive%s; vLLM recomputes them",
+                        req_id, missed.size, len(block_ids), f" ({outcome!r})" if outcome is not None else "")
+        return missed
 
     def _account_save(self, transfer: Transfer) -> None:
         whole = self._whole(transfer)
