@@ -23,8 +23,8 @@ import tempfile
 import threading
 import time
 
-import numpy as np
 import kvwire_files
+import numpy as np
 
 from kvwire.contract import CacheKind, Hint, LayerGroupRows, MemoryKind, SlotRegion, TokenRange, View
 

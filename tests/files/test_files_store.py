@@ -1,6 +1,7 @@
 """The files backend as a user meets it: one process publishes, another fetches the same bytes
-and its lookups see them; a writer killed mid-object leaves nothing visible; a full store
-evicts (or declines); a bad root is refused at creation, naming the path."""
+and its lookups see them; a writer killed mid-pack leaves nothing visible; a full store evicts
+(or declines); removing and rewriting the index keeps every process's view whole; a bad root is
+refused at creation, naming the path."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from kvwire.registry import ConfigError
 
 SLOT = 4096
 ROWS = 6
+PACK_HEADER = 16  # magic and pack number
 HINT = Hint.of("store", namespace="tenant-a")
 
 #: Builds the same rows and names from a seed in any process, and moves them through a backend.
@@ -98,8 +100,7 @@ def test_one_process_publishes_another_fetches_the_same_bytes_and_looks_them_up(
 
 
 def test_a_writer_killed_mid_object_leaves_no_visible_object(tmp_path: Path) -> None:
-    """The writing process is killed (SIGKILL) after writing half of an object's file: no object
-    is visible, a fetch misses, a lookup says not held, and the next store to open the directory
+    """The writing process is killed (SIGKILL) after writing half of a pack: no object is visible, a fetch misses, a lookup says not held, and the next store to open the directory
     removes the dead writer's temp file."""
     root = tmp_path / "store"
     killed = _run(tmp_path, f'''
@@ -124,7 +125,7 @@ def test_a_writer_killed_mid_object_leaves_no_visible_object(tmp_path: Path) -> 
     assert killed.returncode == -signal.SIGKILL, (killed.returncode, killed.stdout, killed.stderr)
     temps = list((root / "tmp").iterdir())
     assert temps and all(0 < t.stat().st_size < SLOT for t in temps), "the writer died before writing half an object"
-    assert not [p for p in (root / "objects").rglob("*") if p.is_file()], "a torn object became visible"
+    assert not list((root / "packs").iterdir()), "a torn pack became visible"
 
     h = _helpers()
     data, names = h["rows"](12, 1, SLOT)  # type: ignore[operator]
@@ -157,7 +158,7 @@ def _addresses(memory: np.ndarray, rows: list[int]) -> tuple[np.ndarray, np.ndar
 
 
 def test_a_full_store_evicts_the_least_recently_used_or_declines(tmp_path: Path) -> None:
-    per_object = 1000 + 20 + len("k0")  # payload, header, key
+    per_object = 1000 + PACK_HEADER  # one put of one object: a pack of its payload and a header
     store, driver, memory = _store(tmp_path, capacity_bytes=4 * per_object, eviction=True)
     for i in range(4):
         assert driver.put([f"k{i}"], *_addresses(memory, [i])).status.tolist() == [0]
@@ -169,7 +170,7 @@ def test_a_full_store_evicts_the_least_recently_used_or_declines(tmp_path: Path)
     assert store.used_bytes <= store.capacity_bytes
     driver.close()
 
-    store, driver, memory = _store(tmp_path / "off", capacity_bytes=2 * per_object, eviction=False)
+    store, driver, memory = _store(tmp_path / "off", capacity_bytes=PACK_HEADER + 2000, eviction=False)
     result = driver.put(["k0", "k1", "k2"], *_addresses(memory, [0, 1, 2]))
     assert result.status.tolist() == [0, 0, 2], "beyond the capacity a put is declined"
     assert "full" in result.reasons[2]
@@ -186,10 +187,10 @@ def test_an_object_larger_than_the_store_is_declined_without_evicting_anything(t
 
 
 def test_an_object_file_that_is_not_that_object_whole_fails_naming_it(tmp_path: Path) -> None:
-    """A destination of another size, a file cut short, one grown by a byte, a foreign header:
-    each read fails with a reason naming the key, and nothing past the destination is written."""
+    """A destination of another size, a pack cut short, a foreign pack header: each read fails
+    with a reason naming the key, and nothing past the destination is written."""
     store, driver, memory = _store(tmp_path, capacity_bytes=1 << 20)
-    assert driver.put(["k"], *_addresses(memory, [0])).status.tolist() == [0]
+    assert driver.put(["k", "after"], *_addresses(memory, [0, 1])).status.tolist() == [0, 0]
     sink = np.full(1100, 7, dtype=np.uint8)
     driver.register([SlotRegion(2, sink.ctypes.data, 1100, 1, MemoryKind.HOST)])
 
@@ -204,26 +205,29 @@ def test_an_object_file_that_is_not_that_object_whole_fails_naming_it(tmp_path: 
     sink[:] = 7
     assert read(1000) == (int(KeyStatus.OK), "")
     assert (sink[:1000] == memory[0]).all() and (sink[1000:] == 7).all()
-    path = store.path("k")
+    located = store.locate("k")
+    assert located is not None
+    path, offset, size = located
+    assert (offset, size) == (PACK_HEADER, 1000)
     whole = Path(path).read_bytes()
-    Path(path).write_bytes(whole + b"x")
-    assert read(1000) == (failed, "object 'k' holds 1001 bytes, the destination 1000")
-    Path(path).write_bytes(whole[:10])
-    assert read(1000) == (failed, "object file of 'k' is torn")
-    Path(path).write_bytes(b"NOTKVWF1" + whole[8:])
-    status, reason = read(1000)
-    assert status == failed and "object file of 'k'" in reason and "is not that object whole" in reason
+    Path(path).write_bytes(whole[:offset + 10])
+    assert read(1000) == (failed, f"the pack file of 'k' under {store.root} is torn (cut short)")
+    Path(path).write_bytes(b"NOTKVWP2" + whole[8:])
+    assert read(1000) == (failed, f"the pack file of 'k' under {store.root} is not that pack")
     driver.close()
 
 
 def test_removing_an_object_never_tears_a_read_in_progress(tmp_path: Path) -> None:
-    """Eviction unlinks; a reader that opened the object already reads it whole."""
+    """Removing a pack's last object unlinks it; a reader that opened it already reads it whole."""
     store, driver, memory = _store(tmp_path, capacity_bytes=1 << 20)
     driver.put(["k"], *_addresses(memory, [0]))
-    reader = os.open(store.path("k"), os.O_RDONLY)
+    located = store.locate("k")
+    assert located is not None
+    reader = os.open(located[0], os.O_RDONLY)
     try:
         assert driver.remove(["k"]).status.tolist() == [0]
         assert not driver.exists(["k"]).any()
+        assert not os.path.exists(located[0]) and store.used_bytes == 0
         whole = os.pread(reader, 1 << 20, 0)
         assert whole[-1000:] == memory[0].tobytes()
     finally:
@@ -232,12 +236,17 @@ def test_removing_an_object_never_tears_a_read_in_progress(tmp_path: Path) -> No
 
 
 def test_keys_never_name_paths_outside_the_store(tmp_path: Path) -> None:
-    store, driver, _ = _store(tmp_path, capacity_bytes=1 << 20)
-    objects = os.path.join(store.root, "objects")
-    for key in ("../../etc/passwd", "/abs/path", "kvw1/ns/g0/" + "a" * 5000, "\x00nul"):
-        path = store.path(key)
-        assert os.path.commonpath([path, objects]) == objects
-        assert all(c in "0123456789abcdef" for c in os.path.basename(path))
+    """Keys spelt as paths are stored and read back; no file is named by any key."""
+    store, driver, memory = _store(tmp_path, capacity_bytes=1 << 20)
+    keys = ["../../etc/passwd", "/abs/path", "kvw1/ns/g0/" + "a" * 5000, "\x00nul"]
+    assert driver.put(keys, *_addresses(memory, [0, 1, 2, 3])).status.tolist() == [0] * 4
+    sink = np.zeros((4, 1000), dtype=np.uint8)
+    driver.register([SlotRegion(2, sink.ctypes.data, 1000, 4, MemoryKind.HOST)])
+    addresses = sink.ctypes.data + np.arange(4, dtype=np.uint64)[::-1] * 1000
+    assert driver.get_into(keys, addresses, np.full(4, 1000, np.uint64)).status.tolist() == [0] * 4
+    np.testing.assert_array_equal(sink[::-1], memory[:4])
+    names = sorted(str(p.relative_to(store.root)) for p in Path(store.root).rglob("*"))
+    assert names == ["FORMAT", "index.0", "ledger", "lock", "packs", f"packs/{0:016x}", "tmp"], names
     driver.close()
 
 
@@ -261,7 +270,7 @@ def test_concurrent_puts_of_one_key_keep_the_first_bytes(tmp_path: Path) -> None
     driver.register([SlotRegion(2, sink.ctypes.data, 1000, 1, MemoryKind.HOST)])
     assert driver.get_into(["same"], np.array([sink.ctypes.data], np.uint64), np.array([1000], np.uint64)).status[0] == 0
     assert any((sink == memory[r]).all() for r in range(6))
-    assert store.used_bytes == 1000 + 20 + len("same")
+    assert store.used_bytes == PACK_HEADER + 1000, "the packs of the puts that lost were not released"
     driver.close()
 
 
@@ -315,3 +324,187 @@ def test_lookup_answers_in_the_plugin_backend(tmp_path: Path) -> None:
         assert backend.lookup([0, 1], names, HINT).tolist() == [True, False]  # type: ignore[attr-defined]
     finally:
         backend.close()
+
+
+def _sink(driver: FilesDriver, rows: int, region_id: int = 2) -> np.ndarray:
+    sink = np.full((rows, 1000), 7, dtype=np.uint8)
+    driver.register([SlotRegion(region_id, sink.ctypes.data, 1000, rows, MemoryKind.HOST)])
+    return sink
+
+
+def test_a_get_reads_across_packs_in_any_order_and_leaves_misses_alone(tmp_path: Path) -> None:
+    """Two puts are two packs; one get asks for keys of both, interleaved, backwards, with a key
+    no put stored among them: each row gets its own object's bytes, and the miss stays as it was."""
+    store, driver, memory = _store(tmp_path, capacity_bytes=1 << 20)
+    assert driver.put(["a0", "a1", "a2"], *_addresses(memory, [0, 1, 2])).status.tolist() == [0] * 3
+    assert driver.put(["b0", "b1", "b2"], *_addresses(memory, [3, 4, 5])).status.tolist() == [0] * 3
+    assert len(os.listdir(os.path.join(store.root, "packs"))) == 2
+    keys = ["b2", "a2", "none", "b0", "a0", "b1", "a1"]
+    rows = [5, 2, None, 3, 0, 4, 1]
+    sink = _sink(driver, len(keys))
+    addresses = sink.ctypes.data + np.arange(len(keys), dtype=np.uint64) * 1000
+    result = driver.get_into(keys, addresses, np.full(len(keys), 1000, np.uint64))
+    assert result.status.tolist() == [0, 0, int(KeyStatus.MISSING), 0, 0, 0, 0] and not result.reasons
+    for got, row in zip(sink, rows, strict=True):
+        if row is None:
+            assert (got == 7).all(), "a miss wrote into its row"
+        else:
+            np.testing.assert_array_equal(got, memory[row])
+    driver.close()
+
+
+def test_removing_some_objects_of_a_pack_keeps_the_rest_and_the_last_frees_it(tmp_path: Path) -> None:
+    store, driver, memory = _store(tmp_path, capacity_bytes=1 << 20)
+    driver.put(["k0", "k1", "k2"], *_addresses(memory, [0, 1, 2]))
+    assert store.used_bytes == PACK_HEADER + 3000
+    assert driver.remove(["k1", "k1", "nope"]).status.tolist() == [0, int(KeyStatus.MISSING), int(KeyStatus.MISSING)]
+    assert driver.exists(["k0", "k1", "k2"]).tolist() == [True, False, True]
+    sink = _sink(driver, 2)
+    result = driver.get_into(["k2", "k0"], sink.ctypes.data + np.array([0, 1000], np.uint64), np.full(2, 1000, np.uint64))
+    assert result.status.tolist() == [0, 0]
+    np.testing.assert_array_equal(sink, memory[[2, 0]])
+    assert store.used_bytes == PACK_HEADER + 3000, "a pack's bytes stay until its last object goes"
+    assert driver.remove(["k0", "k2"]).status.tolist() == [0, 0]
+    assert store.used_bytes == 0 and not os.listdir(os.path.join(store.root, "packs"))
+    # The key can be stored again, and the new bytes are the ones read.
+    assert driver.put(["k1"], *_addresses(memory, [6])).status.tolist() == [0]
+    assert driver.get_into(["k1"], np.array([sink.ctypes.data], np.uint64), np.array([1000], np.uint64)).status[0] == 0
+    np.testing.assert_array_equal(sink[0], memory[6])
+    driver.close()
+
+
+def test_every_store_on_one_root_keeps_a_whole_view_while_the_index_is_rewritten(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two stores on one root (each with its own files and index, as two processes have) put,
+    remove and read while the index is rewritten many times: each answers as a plain model does,
+    and a store opened afterwards reads the same."""
+    import kvwire_files.store as store_module
+
+    monkeypatch.setattr(store_module, "_COMPACT_AT", 256)
+    root = str(tmp_path / "s")
+    memory = np.random.default_rng(5).integers(0, 256, size=(40, 1000), dtype=np.uint8)
+    drivers = []
+    for _ in range(2):
+        driver = FilesDriver(FileStore(root, capacity_bytes=1 << 22, eviction=False), owns_store=True)
+        driver.register([SlotRegion(1, memory.ctypes.data, 1000, 40, MemoryKind.HOST)])
+        drivers.append(driver)
+    model: dict[str, int] = {}
+    rng = np.random.default_rng(6)
+    sink = np.zeros((40, 1000), dtype=np.uint8)
+    for d in drivers:
+        d.register([SlotRegion(2, sink.ctypes.data, 1000, 40, MemoryKind.HOST)])
+    for step in range(120):
+        driver = drivers[step % 2]
+        keys = [f"k{int(k)}" for k in rng.choice(30, size=3, replace=False)]
+        if rng.random() < 0.6:
+            row = int(rng.integers(0, 40))
+            got = driver.put(keys, *_addresses(memory, [row] * 3)).status.tolist()
+            assert got == [1 if k in model else 0 for k in keys], (step, keys, got)
+            for k in keys:
+                model.setdefault(k, row)
+        else:
+            got = driver.remove(keys).status.tolist()
+            assert got == [0 if k in model else int(KeyStatus.MISSING) for k in keys], (step, keys, got)
+            for k in keys:
+                model.pop(k, None)
+    generations = [n for n in os.listdir(root) if n.startswith("index.")]
+    assert len(generations) == 1 and generations[0] != "index.0", generations
+    late = FilesDriver(FileStore(root, capacity_bytes=1 << 22, eviction=False), owns_store=True)
+    late.register([SlotRegion(2, sink.ctypes.data, 1000, 40, MemoryKind.HOST)])
+    every = [f"k{i}" for i in range(30)]
+    for driver in (*drivers, late):
+        assert driver.exists(every).tolist() == [k in model for k in every]
+        held = sorted(model)
+        addresses = sink.ctypes.data + np.arange(len(held), dtype=np.uint64) * 1000
+        assert (driver.get_into(held, addresses, np.full(len(held), 1000, np.uint64)).status == 0).all()
+        for i, key in enumerate(held):
+            np.testing.assert_array_equal(sink[i], memory[model[key]])
+    for driver in (*drivers, late):
+        driver.close()
+
+
+def test_a_key_twice_in_one_put_answers_as_its_first(tmp_path: Path) -> None:
+    store, driver, memory = _store(tmp_path, capacity_bytes=PACK_HEADER + 1500)
+    assert driver.put(["a", "a"], *_addresses(memory, [0, 1])).status.tolist() == [0, 1]
+    assert store.used_bytes == PACK_HEADER + 1000
+    big = driver.put(["b", "b"], np.array([memory.ctypes.data] * 2, np.uint64), np.array([2000, 2000], np.uint64))
+    assert big.status.tolist() == [int(KeyStatus.DECLINED)] * 2 and "exceeds" in big.reasons[1]
+    driver.close()
+
+
+def test_a_root_of_another_layout_is_refused_naming_it(tmp_path: Path) -> None:
+    older = tmp_path / "older"
+    (older / "objects").mkdir(parents=True)
+    stranger = tmp_path / "stranger"
+    stranger.mkdir()
+    (stranger / "FORMAT").write_bytes(b"something else\n")
+    for root, words in ((older, "older layout"), (stranger, "another layout")):
+        with pytest.raises(ConfigError, match="root") as info:
+            plugin.build({"root": str(root)})
+        assert str(root) in str(info.value) and words in str(info.value)
+
+
+def test_a_put_that_loses_a_race_for_its_key_keeps_the_winners_bytes_and_frees_its_pack(tmp_path: Path) -> None:
+    """Store A checks that "k" is absent and writes its pack; before it commits, store B (another
+    process's view of the root) puts "k" and "j". A answers ALREADY_THERE for "k" and OK for its
+    other key, every store reads B's bytes for "k", and the lost object's bytes stay counted only
+    while its pack holds a live object."""
+    first, a, memory = _store(tmp_path, capacity_bytes=1 << 20)
+    second = FileStore(first.root, capacity_bytes=1 << 20)
+    b = FilesDriver(second, owns_store=True)
+    b.register([SlotRegion(1, memory.ctypes.data, 1000, 8, MemoryKind.HOST)])
+    real = first._write_pack
+
+    def write_then_lose(*args: object) -> None:
+        assert b.put(["k", "j"], *_addresses(memory, [5, 6])).status.tolist() == [0, 0]
+        real(*args)  # type: ignore[arg-type]
+
+    first._write_pack = write_then_lose  # type: ignore[method-assign]
+    assert a.put(["k", "other"], *_addresses(memory, [0, 1])).status.tolist() == [1, 0]
+    first._write_pack = real  # type: ignore[method-assign]
+    sink = _sink(a, 2)
+    b.register([SlotRegion(2, sink.ctypes.data, 1000, 2, MemoryKind.HOST)])
+    for driver in (a, b):
+        result = driver.get_into(["k", "other"], sink.ctypes.data + np.array([0, 1000], np.uint64),
+                                 np.full(2, 1000, np.uint64))
+        assert result.status.tolist() == [0, 0]
+        np.testing.assert_array_equal(sink, memory[[5, 1]])
+    assert first.used_bytes == 2 * PACK_HEADER + 4000
+    assert a.remove(["other"]).status.tolist() == [0]
+    assert first.used_bytes == PACK_HEADER + 2000, "a pack left with only a lost object was not freed"
+    a.close()
+    b.close()
+
+
+def test_an_index_that_is_not_whole_fails_every_call_naming_it(tmp_path: Path) -> None:
+    """Bytes in the index that are no record (a key that is not UTF-8, an unknown kind, a record
+    cut short by the committed end) make each call of a store that reads them fail, naming the
+    index; nothing is read into the row and nothing is stored."""
+    import kvwire_files.store as store_module
+
+    for damage in ("key", "kind", "short"):
+        store, driver, memory = _store(tmp_path / damage, capacity_bytes=1 << 20)
+        assert driver.put(["k"], *_addresses(memory, [0])).status.tolist() == [0]
+        driver.close()
+        index = Path(store.root) / "index.0"
+        record = index.read_bytes()
+        if damage == "key":
+            index.write_bytes(record[:-1] + b"\xff")
+        elif damage == "kind":
+            index.write_bytes(bytes([9]) + record[1:])
+        else:  # the ledger commits one byte less than the record
+            ledger = Path(store.root) / "ledger"
+            used, next_pack, gen, length = store_module._LEDGER.unpack(ledger.read_bytes())
+            ledger.write_bytes(store_module._LEDGER.pack(used, next_pack, gen, length - 1))
+        reader = FilesDriver(FileStore(store.root, capacity_bytes=1 << 20), owns_store=True)
+        reader.register([SlotRegion(1, memory.ctypes.data, 1000, 8, MemoryKind.HOST)])
+        before = memory[7].copy()
+        got = reader.get_into(["k"], *_addresses(memory, [7]))
+        assert got.status.tolist() == [int(KeyStatus.FAILED)], damage
+        assert f"index {store.root}/index.0" in got.reasons[0], got.reasons
+        np.testing.assert_array_equal(memory[7], before)
+        assert reader.contains(["k"]).status.tolist() == [int(KeyStatus.FAILED)]
+        put = reader.put(["new"], *_addresses(memory, [1]))
+        assert put.status.tolist() == [int(KeyStatus.FAILED)] and "index" in put.reasons[0]
+        assert os.listdir(Path(store.root) / "packs") == [f"{0:016x}"], "a failed put left a pack"
+        reader.close()

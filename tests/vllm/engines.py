@@ -194,9 +194,16 @@ def wait_for_keys(metrics_port: int, count: int, timeout_s: float = 60.0) -> Non
 
 
 def files_object_count(root: Path) -> int:
-    """How many objects a ``files`` store directory holds (files under ``root/objects``)."""
-    objects = root / "objects"
-    return sum(1 for p in objects.rglob("*") if p.is_file()) if objects.exists() else 0
+    """How many objects a ``files`` store directory holds (the keys its index holds)."""
+    if not (root / "FORMAT").exists():
+        return 0
+    from kvwire_files import FileStore
+
+    store = FileStore(str(root), capacity_bytes=1)
+    try:
+        return len(store.keys())
+    finally:
+        store.close()
 
 
 def wait_for_objects(root: Path, count: int, timeout_s: float = 60.0) -> None:

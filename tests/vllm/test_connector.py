@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import random
-import struct
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from engines import (
     wait_for_keys,
     wait_for_objects,
 )
+from kvwire_files import FileStore
 
 from kvwire.testing.holder import wait_for
 
@@ -292,22 +292,30 @@ def files_engines(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 
 
 def clear_files_store(root: Path) -> None:
-    for path in (root / "objects").rglob("*"):
-        if path.is_file():
-            path.unlink()
+    """Remove every object, as another process sharing the directory would."""
+    store = FileStore(str(root), capacity_bytes=1)
+    try:
+        store.discard_batch(store.keys())
+    finally:
+        store.close()
 
 
 def files_payloads(root: Path) -> dict[str, np.ndarray]:
-    """Every object of a ``files`` store, by file name: its payload (one block of one layer) as
-    float32 (the tiny model's KV dtype), read past the object's header and key."""
-    out = {}
-    for path in (root / "objects").rglob("*"):
-        if path.is_file():
-            data = path.read_bytes()
-            magic, size, key_bytes = struct.unpack_from("<8sQI", data)
-            assert magic == b"KVWFILE1" and len(data) == 20 + key_bytes + size, path
-            out[path.name] = np.frombuffer(data[20 + key_bytes:], dtype=np.float32)
-    return out
+    """Every object of a ``files`` store, by key: its payload (one block of one layer) as float32
+    (the tiny model's KV dtype), read from the pack file and offset the index names."""
+    store = FileStore(str(root), capacity_bytes=1)
+    try:
+        out = {}
+        for key in store.keys():
+            located = store.locate(key)
+            assert located is not None, key
+            path, offset, size = located
+            with open(path, "rb") as f:
+                f.seek(offset)
+                out[key] = np.frombuffer(f.read(size), dtype=np.float32)
+        return out
+    finally:
+        store.close()
 
 
 def settled(engine: Engine) -> bool:

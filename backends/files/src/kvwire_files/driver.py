@@ -15,7 +15,7 @@ import numpy as np
 
 from kvwire.blob import BatchResult, KeyStatus, StoreDriver
 from kvwire.contract import MemoryKind, SlotRegion
-from kvwire_files.store import FileStore
+from kvwire_files.store import FileStore, _view
 
 __all__ = ["FilesDriver"]
 
@@ -30,10 +30,10 @@ class FilesDriver(StoreDriver):
         self._owns_store = owns_store
         self._lock = threading.Lock()
         self._spans: Counter[tuple[int, int]] = Counter()
-        # Disjoint, sorted [start, end) spans, replaced whole on every change so calls read them
-        # without the lock.
-        self._starts = np.zeros(0, dtype=np.uint64)
-        self._ends = np.zeros(0, dtype=np.uint64)
+        # Disjoint, sorted [start, end) spans and a byte view of each, replaced whole on every
+        # change so calls read them without the lock.
+        self._known: tuple[np.ndarray, np.ndarray, list[memoryview]] = (
+            np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.uint64), [])
         self._closed = False
 
     # -- regions -------------------------------------------------------------------------------
@@ -66,17 +66,18 @@ class FilesDriver(StoreDriver):
             else:
                 starts.append(start)
                 ends.append(end)
-        self._starts = np.array(starts, dtype=np.uint64)
-        self._ends = np.array(ends, dtype=np.uint64)
+        self._known = (np.array(starts, dtype=np.uint64), np.array(ends, dtype=np.uint64),
+                       [_view(start, end - start) for start, end in zip(starts, ends, strict=True)])
 
-    def _check(self, op: str, keys: Sequence[str], addresses: np.ndarray,
-               sizes: np.ndarray) -> tuple[list[int], list[int]]:
+    def _check(self, op: str, keys: Sequence[str], addresses: np.ndarray, sizes: np.ndarray) -> list[memoryview]:
+        """A byte view of each key's memory (a slice of its region's view: no copy); a
+        ``ValueError`` naming the key when its bytes lie in no registered region."""
         addresses = np.asarray(addresses, dtype=np.uint64)
         sizes = np.asarray(sizes, dtype=np.uint64)
         if not (len(keys) == addresses.size == sizes.size) or addresses.ndim != 1 or sizes.ndim != 1:
             raise ValueError(f"{op}: {len(keys)} keys, {addresses.size} addresses and {sizes.size} sizes; "
                              "give one of each per key")
-        starts, ends = self._starts, self._ends
+        starts, ends, views = self._known
         if starts.size:
             span = np.searchsorted(starts, addresses, side="right").astype(np.int64) - 1
             inside = (span >= 0) & (addresses + sizes <= ends[np.maximum(span, 0)])
@@ -86,24 +87,34 @@ class FilesDriver(StoreDriver):
             i = int(np.argmin(inside))
             raise ValueError(f"{op}: key {keys[i]!r} names {int(sizes[i])} bytes at {int(addresses[i]):#x}, which "
                              "lie in no region registered with this driver; register the region first")
-        return addresses.tolist(), sizes.tolist()
+        if not addresses.size:
+            return []
+        span_of = span.tolist()
+        lo = (addresses - starts[span]).tolist()
+        return [views[s][a:a + z] for s, a, z in zip(span_of, lo, sizes.tolist(), strict=True)]
 
     # -- objects -------------------------------------------------------------------------------
 
     def put(self, keys: Sequence[str], addresses: np.ndarray, sizes: np.ndarray) -> BatchResult:
-        where, lengths = self._check("put", keys, addresses, sizes)
+        buffers = self._check("put", keys, addresses, sizes)
         if self._closed:
             return BatchResult.uniform(len(keys), KeyStatus.FAILED, "the file store driver is closed")
-        status, reasons = self.store.write_from(list(keys), where, lengths)
+        try:
+            status, reasons = self.store.write_from(list(keys), buffers)
+        except OSError as exc:  # the index or the ledger cannot be read: nothing was stored
+            return BatchResult.uniform(len(keys), KeyStatus.FAILED, f"the file store at {self.store.root}: {exc}")
         if not reasons and all(s is KeyStatus.OK for s in status):
             return BatchResult.ok(len(keys))
         return BatchResult(np.array(status, dtype=np.uint8), reasons)
 
     def get_into(self, keys: Sequence[str], addresses: np.ndarray, sizes: np.ndarray) -> BatchResult:
-        where, lengths = self._check("get_into", keys, addresses, sizes)
+        buffers = self._check("get_into", keys, addresses, sizes)
         if self._closed:
             return BatchResult.uniform(len(keys), KeyStatus.FAILED, "the file store driver is closed")
-        answers = self.store.read_batch(list(keys), where, lengths)
+        try:
+            answers = self.store.read_batch(list(keys), buffers)
+        except OSError as exc:
+            return BatchResult.uniform(len(keys), KeyStatus.FAILED, f"the file store at {self.store.root}: {exc}")
         reasons = {i: why for i, (_, why) in enumerate(answers) if why is not None}
         if not reasons and all(code is KeyStatus.OK for code, _ in answers):
             return BatchResult.ok(len(keys))
@@ -116,8 +127,7 @@ class FilesDriver(StoreDriver):
             return np.zeros(len(keys), dtype=bool)
 
     def _holds(self, keys: Sequence[str]) -> np.ndarray:
-        holds = self.store.holds
-        return np.fromiter((holds(key) for key in keys), dtype=bool, count=len(keys))
+        return np.array(self.store.holds_batch(keys), dtype=bool).reshape(len(keys))
 
     def contains(self, keys: Sequence[str]) -> BatchResult:
         """``OK`` for each key the directory holds an object of now, ``MISSING`` for the others
@@ -135,9 +145,11 @@ class FilesDriver(StoreDriver):
     def remove(self, keys: Sequence[str]) -> BatchResult:
         if self._closed:
             return BatchResult.uniform(len(keys), KeyStatus.FAILED, "the file store driver is closed")
-        discard = self.store.discard
-        ok, missing = int(KeyStatus.OK), int(KeyStatus.MISSING)
-        return BatchResult(np.array([ok if discard(key) else missing for key in keys], dtype=np.uint8))
+        try:
+            done = np.array(self.store.discard_batch(keys), dtype=bool).reshape(len(keys))
+        except OSError as exc:
+            return BatchResult.uniform(len(keys), KeyStatus.FAILED, f"the file store at {self.store.root}: {exc}")
+        return BatchResult(np.where(done, int(KeyStatus.OK), int(KeyStatus.MISSING)).astype(np.uint8))
 
     def close(self) -> None:
         """Stop answering (later calls fail); the objects stay for other processes. Idempotent."""

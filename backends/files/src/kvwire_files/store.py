@@ -2,52 +2,70 @@
 
 Layout under ``root``::
 
-    objects/ab/ab12...ef   one file per object, named by a hash of its key (never by the key)
-    tmp/                   objects being written: ``{pid}.{thread}.{n}.tmp``
-    ledger                 8 bytes: the object bytes the store counts against its capacity
-    lock                   flock'd around every change to the ledger and every eviction
+    FORMAT         "kvwire-files 2": the layout below (a root of another layout is refused)
+    packs/0000...  one file per put batch: a header (magic, pack number), then the objects'
+                   bytes back to back
+    index.{gen}    what is where: an append-only log of records (an object added at an offset
+                   of a pack; an object removed; a pack removed)
+    ledger         32 bytes: the bytes the store counts against its capacity, the next pack
+                   number, the index's generation and its committed length
+    lock           flock'd around every change to the ledger, the index and the packs
+    tmp/           packs being written: ``{pid}.{thread}.{n}.tmp``
 
-An object file is a header (magic, payload size, the key itself) followed by the payload. It is
-written whole under ``tmp/`` and then hard-linked to its name in ``objects/``: ``link`` is atomic
-and never replaces an existing name, so a reader sees a whole object or none, a put under an
-existing key keeps the first object's bytes, and a writer killed mid-object leaves only a temp
-file nobody reads (removed once its process is gone). The header names the key, so a file that
-is not the object asked for (a hash collision, a torn file after power loss) is never taken for
-it.
+**Why packs.** A put or a get of a batch costs a few system calls per pack, not per object: a
+vLLM block of one layer is 16 KiB, and the opening, closing and touching of one file per object
+cost as much as copying its bytes. A batch of one put is written whole to a temp file, then
+renamed into ``packs/`` and its records appended to the index, both under the lock; a get opens
+each pack its keys lie in once and reads each run of adjacent objects with one ``preadv``
+straight into the rows.
 
-**Eviction never removes an object mid-read.** Removing (or evicting) an object unlinks its name;
-a reader that already opened the file keeps reading the same, whole, unchanged bytes, and the
-space is freed when the last reader closes it (POSIX unlink semantics). A reader that comes
-after the unlink finds no object: a miss. So eviction needs no reader counts across processes.
-When a put would exceed the capacity, the store rescans its files (repairing the ledger) and,
-with eviction on, unlinks least-recently-used objects (a fetch touches its object's mtime) until
-the store is at most 90 % full; with eviction off the put is declined."""
+**The index.** Every process keeps the index in memory (about 150 bytes per object) and, before
+each call, reads the records committed since it last looked. Records are committed by writing
+them past the committed length and then raising that length in the ledger, both under the lock,
+so a reader never sees a half-written record, and a writer killed mid-record leaves bytes that
+the next writer overwrites. A put under a key the index holds keeps the first object's bytes
+(``ALREADY_THERE``), also when two writers race: the later one finds the key held when it commits.
+When the log has grown to four times what its live records need, the writer that notices writes
+them to ``index.{gen + 1}``; readers that see the new generation read it from its start.
+
+**Eviction never removes an object mid-read.** Removing a pack unlinks its file; a reader that
+already opened it keeps reading the same whole bytes (POSIX keeps an unlinked file until its last
+reader closes it), and a reader that comes later misses. A pack is removed when its last object
+is removed, or whole when the store evicts: when a put would exceed the capacity, the store
+rescans ``packs/`` (repairing the ledger after a writer was killed) and, with eviction on, unlinks
+least-recently-used packs (a get touches the packs it reads) until the store is at most 90 %
+full; with eviction off the put is declined."""
 
 from __future__ import annotations
 
 import ctypes
 import errno
 import fcntl
-import hashlib
 import itertools
 import os
 import struct
 import threading
-from collections.abc import Iterator
-from dataclasses import dataclass
+import time
+from collections.abc import Iterator, Sequence
 
 from kvwire.blob import KeyStatus
 
-_blake2b = hashlib.blake2b
-
 __all__ = ["FileStore", "default_root"]
 
-_MAGIC = b"KVWFILE1"
-_HEADER = struct.Struct("<8sQI")  # magic, payload bytes, key bytes; the key follows
-_U64 = struct.Struct("<Q")
+_FORMAT = b"kvwire-files 2\n"
+_PACK_MAGIC = b"KVWPACK2"
+_PACK_HEADER = struct.Struct("<8sQ")  # magic, pack number
+_LEDGER = struct.Struct("<QQQQ")  # used bytes, next pack number, index generation, committed length
+_RECORD = struct.Struct("<BQQQH")  # kind, pack, offset, size, key bytes; the key follows
+_ADD, _DROP_KEY, _DROP_PACK = 1, 2, 3
+_MAX_KEY = 0xFFFF
+#: At most this many buffers per ``preadv``/``writev`` (Linux's IOV_MAX is 1024).
+_IOV_MAX = 1024
 #: After an eviction the store holds at most this share of its capacity, so one scan of the
 #: directory pays for many puts.
 _EVICT_TO = 0.9
+#: The index is rewritten once it is this long and four times what its live records need.
+_COMPACT_AT = 4 << 20
 _counter = itertools.count(1)
 
 
@@ -62,23 +80,13 @@ def _view(address: int, size: int) -> memoryview:
     return memoryview((ctypes.c_char * size).from_address(address)).cast("B")
 
 
-def _header(key: bytes, size: int) -> bytes:
-    return _HEADER.pack(_MAGIC, size, len(key)) + key
-
-
-@dataclass(frozen=True, slots=True)
-class _Entry:
-    path: str
-    size: int
-    mtime: float
-
-
 class FileStore:
-    """The directory ``root`` as a store of at most ``capacity_bytes`` object bytes (file sizes,
-    headers included). Thread-safe, and safe to share with other processes on this machine.
+    """The directory ``root`` as a store of at most ``capacity_bytes`` bytes (pack files, headers
+    included). Thread-safe, and safe to share with other processes on this machine.
 
     Raises ``NotADirectoryError`` or ``PermissionError`` naming the path when ``root`` is not a
-    directory, or cannot be created or written; a missing root is created (mode 0700)."""
+    directory, or cannot be created or written; ``FileExistsError`` naming it when it holds a
+    store of another layout. A missing root is created (mode 0700)."""
 
     def __init__(self, root: str, *, capacity_bytes: int, eviction: bool = True, fsync: bool = False) -> None:
         if isinstance(capacity_bytes, bool) or not isinstance(capacity_bytes, int) or capacity_bytes < 1:
@@ -87,212 +95,422 @@ class FileStore:
         self.capacity_bytes = capacity_bytes
         self.eviction = bool(eviction)
         self.fsync = bool(fsync)
-        self._objects = os.path.join(self.root, "objects")
+        self._packs = os.path.join(self.root, "packs")
         self._tmp = os.path.join(self.root, "tmp")
-        _prepare(self.root, self._objects, self._tmp)
+        _prepare(self.root, self._packs, self._tmp)
         self._lock = threading.Lock()  # flock excludes processes, not threads sharing one fd
         self._lock_fd = os.open(os.path.join(self.root, "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         self._ledger_fd = os.open(os.path.join(self.root, "ledger"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        # The index as this process last read it; changed only under the lock.
+        self._gen = -1
+        self._log_fd = -1
+        self._read_to = 0
+        self._where: dict[str, tuple[int, int, int]] = {}  # key -> (pack, offset, size)
+        self._members: dict[int, set[str]] = {}  # pack -> its live keys
+        self._live_record_bytes = 0
         self._closed = False
-        self._sweep_temp()
+        with self._locked():
+            self._sweep_temp()
 
-    # -- names ------------------------------------------------------------------------------------
+    # -- where objects are ----------------------------------------------------------------------
 
-    def path(self, key: str) -> str:
-        """The object file of ``key``: a hash of it, so no key can name a path outside ``root``."""
-        digest = _blake2b(key.encode(), digest_size=20).hexdigest()
-        return f"{self._objects}/{digest[:2]}/{digest}"
+    def pack_path(self, pack: int) -> str:
+        """The file of pack number ``pack``. Paths never derive from keys."""
+        return f"{self._packs}/{pack:016x}"
+
+    def locate(self, key: str) -> tuple[str, int, int] | None:
+        """Where the object of ``key`` lies now: its pack file, offset and size; None if none."""
+        with self._locked():
+            self._refresh()
+            place = self._where.get(key)
+        return None if place is None else (self.pack_path(place[0]), place[1], place[2])
+
+    def keys(self) -> list[str]:
+        """Every key the store holds now."""
+        with self._locked():
+            self._refresh()
+            return list(self._where)
+
+    def holds(self, key: str) -> bool:
+        """Whether an object is stored under ``key`` now."""
+        return self.holds_batch([key])[0]
+
+    def holds_batch(self, keys: Sequence[str]) -> list[bool]:
+        """For each key, whether an object is stored under it now (one look at the index). Raises
+        ``OSError`` when the index cannot be read."""
+        with self._locked():
+            self._refresh()
+            where = self._where
+            return [key in where for key in keys]
 
     # -- objects ----------------------------------------------------------------------------------
 
-    def holds(self, key: str) -> bool:
-        """Whether an object is stored under ``key`` now. Raises ``OSError`` when the directory
-        cannot say (not for a missing object)."""
-        try:
-            os.stat(self.path(key))
-        except FileNotFoundError:
-            return False
-        return True
-
-    def write_from(self, keys: list[str], addresses: list[int], sizes: list[int]) -> tuple[list[KeyStatus], dict[int, str]]:
-        """Store ``sizes[i]`` bytes at ``addresses[i]`` as ``keys[i]``: ``OK``, ``ALREADY_THERE``
-        (the first bytes stay), ``DECLINED`` (no space) or ``FAILED``, with reasons."""
+    def write_from(self, keys: Sequence[str], buffers: Sequence[memoryview]) -> tuple[list[KeyStatus], dict[int, str]]:
+        """Store the bytes of ``buffers[i]`` (byte views) as ``keys[i]``, all in one pack:
+        ``OK``, ``ALREADY_THERE`` (the first bytes stay), ``DECLINED`` (no space) or ``FAILED``,
+        with reasons."""
+        if len(keys) != len(buffers):
+            raise ValueError(f"write_from: {len(keys)} keys and {len(buffers)} buffers")
         status: list[KeyStatus] = [KeyStatus.OK] * len(keys)
         reasons: dict[int, str] = {}
-        encoded = [k.encode() for k in keys]
-        todo = []
-        for i, key in enumerate(keys):
-            if os.path.exists(self.path(key)):
-                status[i] = KeyStatus.ALREADY_THERE
-            else:
-                todo.append(i)
-        costs = [_HEADER.size + len(encoded[i]) + sizes[i] for i in todo]
-        granted = self._reserve(costs)
-        for j, i in enumerate(todo):
-            if j >= granted:
-                status[i] = KeyStatus.DECLINED
-                reasons[i] = self._no_space(costs[j])
-                continue
-            try:
-                written = self._write_one(self.path(keys[i]), _header(encoded[i], sizes[i]), addresses[i], sizes[i])
-            except OSError as exc:
-                self._release(costs[j])
+        with self._locked():
+            self._refresh()
+            first: dict[str, int] = {}
+            twins: list[tuple[int, int]] = []
+            todo = []
+            for i, key in enumerate(keys):
+                if key in self._where:
+                    status[i] = KeyStatus.ALREADY_THERE
+                elif key in first:
+                    twins.append((i, first[key]))
+                elif len(key.encode()) > _MAX_KEY:
+                    status[i] = KeyStatus.FAILED
+                    reasons[i] = f"a key of {len(key.encode())} bytes is longer than the file store's {_MAX_KEY}"
+                else:
+                    first[key] = i
+                    todo.append(i)
+        if todo:
+            self._write_batch(keys, buffers, todo, status, reasons)
+        for i, j in twins:  # a key twice in one batch: the second answers as the first did
+            status[i] = KeyStatus.ALREADY_THERE if status[j] in (KeyStatus.OK, KeyStatus.ALREADY_THERE) else status[j]
+            if j in reasons:
+                reasons[i] = reasons[j]
+        return status, reasons
+
+    def _write_batch(self, keys: Sequence[str], buffers: Sequence[memoryview], todo: list[int],
+                     status: list[KeyStatus], reasons: dict[int, str]) -> None:
+        """Write the objects ``todo`` (indices into the batch) as one pack, filling in their
+        status and reasons."""
+        costs = [len(buffers[i]) for i in todo]
+        granted, pack, reserved = self._reserve(costs)
+        for j in range(granted, len(todo)):
+            status[todo[j]] = KeyStatus.DECLINED
+            reasons[todo[j]] = self._no_space(costs[j])
+        if not granted:
+            return
+        # Lay the pack out group by group (keys that differ only past their last "/", in the
+        # order given), so the rows of one layer lie back to back: a get of one layer's rows,
+        # the way a load inside the step asks, is then one read, not one read per row.
+        todo = sorted(todo[:granted], key=lambda i: keys[i].rpartition("/")[0])
+        costs = [len(buffers[i]) for i in todo]
+        temp = f"{self._tmp}/{os.getpid()}.{threading.get_ident()}.{next(_counter)}.tmp"
+        offsets = []
+        at = _PACK_HEADER.size
+        for cost in costs:
+            offsets.append(at)
+            at += cost
+        try:
+            self._write_pack(temp, pack, [buffers[i] for i in todo])
+        except OSError as exc:
+            _unlink(temp)
+            self._release(reserved)
+            for i in todo:
                 if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                     status[i] = KeyStatus.DECLINED
                     reasons[i] = f"the file store at {self.root} is out of space: {exc.strerror}"
                 else:
                     status[i] = KeyStatus.FAILED
                     reasons[i] = f"writing {keys[i]!r} under {self.root} failed: {exc}"
-                continue
-            if not written:
-                self._release(costs[j])
-                status[i] = KeyStatus.ALREADY_THERE
-        return status, reasons
+            return
+        placed = False
+        try:
+            with self._locked():
+                self._refresh()
+                fresh = [j for j, i in enumerate(todo) if keys[i] not in self._where]
+                for i in todo:
+                    if keys[i] in self._where:  # another writer committed it first
+                        status[i] = KeyStatus.ALREADY_THERE
+                if not fresh:
+                    _unlink(temp)
+                    self._write_ledger(used=max(0, self._read_ledger()[0] - reserved))
+                    return
+                os.rename(temp, self.pack_path(pack))
+                placed = True
+                if self.fsync:
+                    _fsync_dir(self._packs)
+                self._append(b"".join(_record(_ADD, pack, offsets[j], costs[j], keys[todo[j]])
+                                      for j in fresh))
+        except OSError as exc:
+            _unlink(self.pack_path(pack) if placed else temp)
+            self._release(reserved)
+            for i in todo:
+                if status[i] is KeyStatus.OK:
+                    status[i] = KeyStatus.FAILED
+                    reasons[i] = f"committing {keys[i]!r} under {self.root} failed: {exc}"
 
-    def _write_one(self, final: str, header: bytes, address: int, size: int) -> bool:
-        """Write one object to a temp file and link it into place; False if one was there."""
-        temp = os.path.join(self._tmp, f"{os.getpid()}.{threading.get_ident()}.{next(_counter)}.tmp")
+    def _write_pack(self, temp: str, pack: int, parts: list[memoryview]) -> None:
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
-            try:
-                _write_all(fd, [header, _view(address, size)] if size else [header])
-                if self.fsync:
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.makedirs(os.path.dirname(final), mode=0o700, exist_ok=True)
-            try:
-                os.link(temp, final)
-            except FileExistsError:
-                return False
-            return True
+            buffers: list[bytes | memoryview] = [_PACK_HEADER.pack(_PACK_MAGIC, pack)]
+            buffers.extend(part for part in parts if len(part))
+            for lo in range(0, len(buffers), _IOV_MAX):
+                _write_all(fd, buffers[lo:lo + _IOV_MAX])
+            os.utime(fd, ns=_now_ns())
+            if self.fsync:
+                os.fsync(fd)
         finally:
-            try:
-                os.unlink(temp)
-            except FileNotFoundError:
-                pass
+            os.close(fd)
 
-    def read_into(self, key: str, address: int, size: int) -> tuple[KeyStatus, str | None]:
-        """Read object ``key`` straight into ``size`` bytes at ``address`` (one ``preadv``, no
-        copy through Python bytes): ``OK``, ``MISSING``, or ``FAILED`` with a reason when the
-        file is not a whole object of exactly that size."""
-        return self.read_batch([key], [address], [size])[0]
+    def read_into(self, key: str, buffer: memoryview) -> tuple[KeyStatus, str | None]:
+        """Read object ``key`` straight into ``buffer``, a writable byte view (no copy through
+        Python bytes): ``OK``, ``MISSING``, or ``FAILED`` with a reason when the store holds it
+        at another size or its pack is not whole."""
+        return self.read_batch([key], [buffer])[0]
 
-    def read_batch(self, keys: list[str], addresses: list[int], sizes: list[int]) -> list[tuple[KeyStatus, str | None]]:
-        """:meth:`read_into` for each key in turn. Per object: open, one ``preadv`` of the header,
-        the payload and one byte more (a file of any other length reads short or fills that
-        byte, so no ``fstat`` is needed on the way), the LRU touch, close."""
-        out: list[tuple[KeyStatus, str | None]] = []
-        ok = (KeyStatus.OK, None)
+    def read_batch(self, keys: Sequence[str], buffers: Sequence[memoryview]) -> list[tuple[KeyStatus, str | None]]:
+        """:meth:`read_into` for each key. Per pack the keys lie in: open, a check of its header,
+        one ``preadv`` per run of adjacent objects (in the order they lie in the pack), the LRU
+        touch, close."""
+        n = len(keys)
+        if n != len(buffers):
+            raise ValueError(f"read_batch: {n} keys and {len(buffers)} buffers")
+        sizes = [len(b) for b in buffers]
         missing = (KeyStatus.MISSING, None)
-        probe = bytearray(1)
-        flags = os.O_RDONLY | os.O_CLOEXEC
-        for key, address, size in zip(keys, addresses, sizes, strict=True):
+        out: list[tuple[KeyStatus, str | None]] = [missing] * n
+        with self._locked():
+            self._refresh()
+            get = self._where.get
+            places = [get(key) for key in keys]
+        by_pack: dict[int, list[int]] = {}
+        ok = (KeyStatus.OK, None)
+        for i, place in enumerate(places):
+            if place is None:
+                continue
+            if place[2] != sizes[i]:
+                out[i] = (KeyStatus.FAILED, f"object {keys[i]!r} holds {place[2]} bytes, the destination {sizes[i]}")
+                continue
+            by_pack.setdefault(place[0], []).append(i)
+        for pack, members in by_pack.items():
             try:
-                fd = os.open(self.path(key), flags)
-            except FileNotFoundError:
-                out.append(missing)
+                fd = os.open(self.pack_path(pack), os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:  # evicted since the index was read: a miss
                 continue
             except OSError as exc:
-                out.append((KeyStatus.FAILED, f"opening {key!r} under {self.root} failed: {exc}"))
+                for i in members:
+                    out[i] = (KeyStatus.FAILED, f"opening the pack of {keys[i]!r} under {self.root} failed: {exc}")
                 continue
             try:
-                want = _header(key.encode(), size)
-                head = bytearray(len(want))
-                got = os.preadv(fd, [head, _view(address, size), probe] if size else [head, probe], 0)
-                if got != len(want) + size:
-                    out.append((KeyStatus.FAILED, self._misfit(fd, key, len(want), size)))
-                elif head != want:
-                    out.append((KeyStatus.FAILED, f"object file of {key!r} under {self.root} is not that object whole"))
-                else:
-                    try:
-                        os.utime(fd)  # least recently used goes first when the store evicts
-                    except OSError:
-                        pass
-                    out.append(ok)
+                if os.pread(fd, _PACK_HEADER.size, 0) != _PACK_HEADER.pack(_PACK_MAGIC, pack):
+                    for i in members:
+                        out[i] = (KeyStatus.FAILED, f"the pack file of {keys[i]!r} under {self.root} is not that pack")
+                    continue
+                members.sort(key=lambda i: places[i][1])  # type: ignore[index]
+                for run in _runs(members, places):
+                    start = places[run[0]][1]  # type: ignore[index]
+                    got = _readv(fd, [buffers[i] for i in run if sizes[i]], start)
+                    for i in run:
+                        end = places[i][1] + sizes[i]  # type: ignore[index]
+                        out[i] = ok if end - start <= got else (
+                            KeyStatus.FAILED, f"the pack file of {keys[i]!r} under {self.root} is torn (cut short)")
+                try:  # least recently used goes first when the store evicts
+                    os.utime(fd, ns=_now_ns())
+                except OSError:
+                    pass
             except OSError as exc:
-                out.append((KeyStatus.FAILED, f"reading {key!r} under {self.root} failed: {exc}"))
+                for i in members:
+                    if out[i] is missing:
+                        out[i] = (KeyStatus.FAILED, f"reading {keys[i]!r} under {self.root} failed: {exc}")
             finally:
                 os.close(fd)
         return out
 
-    def _misfit(self, fd: int, key: str, header: int, size: int) -> str:
-        """Why an object file's length is not its header and ``size`` bytes (a slow path)."""
-        stored = os.fstat(fd).st_size
-        if stored >= header:
-            return f"object {key!r} holds {stored - header} bytes, the destination {size}"
-        return f"object file of {key!r} is torn"
-
     def discard(self, key: str) -> bool:
-        """Unlink the object under ``key``; whether there was one. A reader that opened it
-        already still reads it whole."""
-        path = self.path(key)
+        """Remove the object under ``key``; whether there was one."""
+        return self.discard_batch([key])[0]
+
+    def discard_batch(self, keys: Sequence[str]) -> list[bool]:
+        """Remove the objects under ``keys``; for each, whether there was one. A pack whose last
+        object goes is unlinked; a reader that opened it already still reads it whole."""
+        done: list[bool] = []
+        with self._locked():
+            self._refresh()
+            records = []
+            emptied = []
+            for key in keys:
+                place = self._where.get(key)
+                done.append(place is not None)
+                if place is None:
+                    continue
+                records.append(_record(_DROP_KEY, place[0], 0, 0, key))
+                members = self._members[place[0]]
+                if len(members) == 1 and key in members:
+                    emptied.append(place[0])
+                self._forget_key(key)
+            freed = 0
+            for pack in emptied:
+                freed += _unlink_sized(self.pack_path(pack))
+                records.append(_record(_DROP_PACK, pack, 0, 0, ""))
+            if records:
+                self._append(b"".join(records), ahead=True)
+            if freed:
+                self._write_ledger(used=max(0, self._read_ledger()[0] - freed))
+        return done
+
+    # -- the index --------------------------------------------------------------------------------
+
+    def _refresh(self) -> None:
+        """Under the lock: apply the index records committed since this process last read it."""
+        _, _, gen, length = self._read_ledger()
+        if gen != self._gen:
+            fd = os.open(f"{self.root}/index.{gen}", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            if self._log_fd >= 0:
+                os.close(self._log_fd)
+            self._log_fd, self._gen, self._read_to = fd, gen, 0
+            self._where.clear()
+            self._members.clear()
+            self._live_record_bytes = 0
+        if length > self._read_to:
+            data = _pread_all(self._log_fd, length - self._read_to, self._read_to)
+            self._apply(data)
+            self._read_to = length
+
+    def _apply(self, data: bytes) -> None:
+        unpack = _RECORD.unpack_from
+        head = _RECORD.size
+        at, end = 0, len(data)
+        where, members = self._where, self._members
+        while at < end:
+            if at + head > end:
+                raise self._corrupt(at, "a record cut short")
+            kind, pack, offset, size, key_len = unpack(data, at)
+            if at + head + key_len > end or kind not in (_ADD, _DROP_KEY, _DROP_PACK):
+                raise self._corrupt(at, "a record cut short" if kind in (_ADD, _DROP_KEY, _DROP_PACK)
+                                    else f"a record of unknown kind {kind}")
+            try:
+                key = data[at + head:at + head + key_len].decode()
+            except UnicodeDecodeError:
+                raise self._corrupt(at, "a key that is not UTF-8") from None
+            at += head + key_len
+            if kind == _ADD:
+                if key not in where:  # the first record of a key wins
+                    where[key] = (pack, offset, size)
+                    members.setdefault(pack, set()).add(key)
+                    self._live_record_bytes += head + key_len
+            elif kind == _DROP_KEY:
+                place = where.get(key)
+                if place is not None and place[0] == pack:
+                    self._forget_key(key)
+            elif kind == _DROP_PACK:
+                for gone in list(members.get(pack, ())):
+                    self._forget_key(gone)
+                members.pop(pack, None)
+
+    def _corrupt(self, at: int, what: str) -> OSError:
+        return OSError(errno.EIO, f"the file store's index {self.root}/index.{self._gen} holds {what} at offset "
+                       f"{self._read_to + at}; remove the store's directory to start it afresh")
+
+    def _forget_key(self, key: str) -> None:
+        pack = self._where.pop(key)[0]
+        keys = self._members[pack]
+        keys.discard(key)
+        if not keys:
+            del self._members[pack]
+        self._live_record_bytes -= _RECORD.size + len(key.encode())
+
+    def _append(self, records: bytes, *, ahead: bool = False) -> None:
+        """Under the lock, after :meth:`_refresh`: commit ``records``, then apply them here (or,
+        with ``ahead``, they were applied already)."""
+        used, next_pack, gen, length = self._read_ledger()
+        os.pwrite(self._log_fd, records, length)
+        if self.fsync:
+            os.fsync(self._log_fd)
+        length += len(records)
+        self._write_ledger(length=length)
+        if not ahead:
+            self._apply(records)
+        self._read_to = length
+        if length >= _COMPACT_AT and length > 4 * self._live_record_bytes:
+            self._compact()
+
+    def _compact(self) -> None:
+        """Under the lock: write the live records to the next generation's index and switch to it."""
+        _, _, gen, _ = self._read_ledger()
+        path = f"{self.root}/index.{gen + 1}"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         try:
-            size = os.stat(path).st_size
-            os.unlink(path)
-        except FileNotFoundError:
-            return False
-        self._release(size)
-        return True
+            records = b"".join(_record(_ADD, pack, offset, size, key)
+                               for key, (pack, offset, size) in self._where.items())
+            os.pwrite(fd, records, 0)
+            if self.fsync:
+                os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._write_ledger(gen=gen + 1, length=len(records))
+        os.close(self._log_fd)
+        self._log_fd, self._gen, self._read_to = fd, gen + 1, len(records)
+        _unlink(f"{self.root}/index.{gen}")
 
     # -- capacity ---------------------------------------------------------------------------------
 
-    def _reserve(self, costs: list[int]) -> int:
-        """Count the leading ``costs`` against the capacity; how many fit (evicting if allowed)."""
-        if not costs:
-            return 0
+    def _reserve(self, costs: list[int]) -> tuple[int, int, int]:
+        """Count a pack of the leading ``costs`` against the capacity (evicting if allowed): how
+        many fit, the pack's number, and the bytes reserved."""
+        overhead = _PACK_HEADER.size
         # Room is made only for the leading objects that fit in the store at all: an object
         # larger than the capacity is declined without evicting anything for it.
-        need = 0
+        need = overhead
+        fitting = 0
         for cost in costs:
             if need + cost > self.capacity_bytes:
                 break
             need += cost
+            fitting += 1
         with self._locked():
-            used = self._read_ledger()
-            if used + sum(costs) > self.capacity_bytes and need:
+            self._refresh()
+            used, next_pack, _, _ = self._read_ledger()
+            if used + overhead + sum(costs) > self.capacity_bytes and fitting:
                 used = self._rescan(need)
-            granted, taken = 0, 0
+            granted, taken = 0, overhead
             for cost in costs:
                 if used + taken + cost > self.capacity_bytes:
                     break
                 taken += cost
                 granted += 1
-            self._write_ledger(used + taken)
-        return granted
+            if not granted:
+                self._write_ledger(used=used)
+                return 0, 0, 0
+            self._write_ledger(used=used + taken, next_pack=next_pack + 1)
+        return granted, next_pack, taken
 
     def _release(self, cost: int) -> None:
         with self._locked():
-            self._write_ledger(max(0, self._read_ledger() - cost))
+            self._write_ledger(used=max(0, self._read_ledger()[0] - cost))
 
     def _rescan(self, need: int) -> int:
-        """Under the lock: the bytes the directory really holds (objects and live temp files),
-        after evicting least-recently-used objects to make room for ``need`` when allowed."""
+        """Under the lock, after :meth:`_refresh`: the bytes the directory really holds (packs and
+        live temp files), after evicting least-recently-used packs to make room for ``need`` when
+        allowed. A pack the index has no live object of (its writer died committing) goes."""
         self._sweep_temp()
-        entries = list(self._entries())
-        used = sum(e.size for e in entries) + self._temp_bytes()
+        packs = []
+        records = []
+        used = self._temp_bytes()
+        for pack, size, mtime in self._pack_files():
+            if pack in self._members:
+                packs.append((mtime, pack, size))
+                used += size
+            else:
+                _unlink(self.pack_path(pack))
         if self.eviction and used + need > self.capacity_bytes:
             target = max(0, min(self.capacity_bytes - need, int(self.capacity_bytes * _EVICT_TO)))
-            for entry in sorted(entries, key=lambda e: e.mtime):
+            for _, pack, size in sorted(packs):
                 if used <= target:
                     break
-                try:
-                    os.unlink(entry.path)
-                except FileNotFoundError:
-                    continue
-                used -= entry.size
+                _unlink(self.pack_path(pack))
+                records.append(_record(_DROP_PACK, pack, 0, 0, ""))
+                used -= size
+        if records:
+            self._append(b"".join(records))
         return used
 
-    def _entries(self) -> Iterator[_Entry]:
-        for top in os.scandir(self._objects):
-            if not top.is_dir(follow_symlinks=False):
+    def _pack_files(self) -> Iterator[tuple[int, int, float]]:
+        for item in os.scandir(self._packs):
+            try:
+                pack = int(item.name, 16)
+                st = item.stat(follow_symlinks=False)
+            except (ValueError, FileNotFoundError):
                 continue
-            for item in os.scandir(top.path):
-                try:
-                    st = item.stat(follow_symlinks=False)
-                except FileNotFoundError:
-                    continue
-                yield _Entry(item.path, st.st_size, st.st_mtime)
+            yield pack, st.st_size, st.st_mtime
 
     def _temp_bytes(self) -> int:
         total = 0
@@ -304,43 +522,48 @@ class FileStore:
         return total
 
     def _sweep_temp(self) -> None:
-        """Remove temp files whose writing process is gone (a writer killed mid-object)."""
+        """Remove temp files whose writing process is gone (a writer killed mid-pack)."""
         for item in os.scandir(self._tmp):
             pid = item.name.split(".", 1)[0]
             if pid.isdigit() and not _alive(int(pid)):
-                try:
-                    os.unlink(item.path)
-                except FileNotFoundError:
-                    pass
+                _unlink(item.path)
 
     def _no_space(self, cost: int) -> str:
-        if cost > self.capacity_bytes:
+        if cost + _PACK_HEADER.size > self.capacity_bytes:
             return f"an object of {cost} bytes exceeds the file store's capacity of {self.capacity_bytes} bytes"
         return (f"the file store at {self.root} is full ({self.capacity_bytes} bytes"
                 f"{'' if self.eviction else ', eviction off'}); {cost} bytes do not fit")
 
     @property
     def used_bytes(self) -> int:
-        """The bytes the ledger counts now (objects, and objects being written)."""
+        """The bytes the ledger counts now (packs, and packs being written)."""
         with self._locked():
-            return self._read_ledger()
+            return self._read_ledger()[0]
 
     def _locked(self) -> _FileLock:
+        if self._closed:
+            raise OSError(errno.EBADF, f"the file store at {self.root} is closed")
         return _FileLock(self._lock, self._lock_fd)
 
-    def _read_ledger(self) -> int:
-        raw = os.pread(self._ledger_fd, _U64.size, 0)
-        return _U64.unpack(raw)[0] if len(raw) == _U64.size else 0
+    def _read_ledger(self) -> tuple[int, int, int, int]:
+        raw = os.pread(self._ledger_fd, _LEDGER.size, 0)
+        return _LEDGER.unpack(raw) if len(raw) == _LEDGER.size else (0, 0, 0, 0)
 
-    def _write_ledger(self, used: int) -> None:
-        os.pwrite(self._ledger_fd, _U64.pack(used), 0)
+    def _write_ledger(self, *, used: int | None = None, next_pack: int | None = None, gen: int | None = None,
+                      length: int | None = None) -> None:
+        old = self._read_ledger()
+        new = tuple(o if v is None else v for o, v in zip(old, (used, next_pack, gen, length), strict=True))
+        os.pwrite(self._ledger_fd, _LEDGER.pack(*new), 0)
 
     def close(self) -> None:
         """Close the store's files; its objects stay for other processes. Idempotent."""
-        if not self._closed:
+        with self._lock:
+            if self._closed:
+                return
             self._closed = True
-            os.close(self._lock_fd)
-            os.close(self._ledger_fd)
+            for fd in (self._lock_fd, self._ledger_fd, self._log_fd):
+                if fd >= 0:
+                    os.close(fd)
 
     def __repr__(self) -> str:
         return f"FileStore({self.root!r}, capacity {self.capacity_bytes} bytes, eviction {'on' if self.eviction else 'off'})"
@@ -368,6 +591,62 @@ class _FileLock:
             self._lock.release()
 
 
+def _now_ns() -> tuple[int, int]:
+    """Now, to the nanosecond, for a pack's times: a file system's own clock for them (tmpfs's)
+    may tick only every few milliseconds, too coarse to order a pack read since it was written."""
+    now = time.time_ns()
+    return now, now
+
+
+def _record(kind: int, pack: int, offset: int, size: int, key: str) -> bytes:
+    raw = key.encode()
+    return _RECORD.pack(kind, pack, offset, size, len(raw)) + raw
+
+
+def _runs(members: list[int], places: list[tuple[int, int, int] | None]) -> Iterator[list[int]]:
+    """Split ``members`` (sorted by offset) into runs of objects that lie back to back, at most
+    ``_IOV_MAX`` to a run."""
+    run: list[int] = []
+    end = -1
+    for i in members:
+        _, offset, size = places[i]  # type: ignore[misc]
+        if run and (offset != end or len(run) == _IOV_MAX):
+            yield run
+            run = []
+        run.append(i)
+        end = offset + size
+    if run:
+        yield run
+
+
+def _readv(fd: int, buffers: list[memoryview], offset: int) -> int:
+    """``preadv`` until the buffers are full or the file ends; the bytes read."""
+    total = sum(len(b) for b in buffers)
+    done = os.preadv(fd, buffers, offset) if buffers else 0
+    while 0 < done < total:  # a short read (rare): go on from where it stopped
+        k, at = 0, 0
+        while at + len(buffers[k]) <= done:  # buffers[k] is the first not yet full
+            at += len(buffers[k])
+            k += 1
+        more = os.preadv(fd, [buffers[k][done - at:], *buffers[k + 1:]], offset + done)
+        if not more:
+            break
+        done += more
+    return done
+
+
+def _pread_all(fd: int, size: int, offset: int) -> bytes:
+    parts = []
+    while size:
+        chunk = os.pread(fd, size, offset)
+        if not chunk:
+            raise OSError(errno.EIO, "the file store's index is shorter than its ledger says")
+        parts.append(chunk)
+        size -= len(chunk)
+        offset += len(chunk)
+    return b"".join(parts)
+
+
 def _write_all(fd: int, buffers: list[bytes | memoryview]) -> None:
     total = sum(len(b) for b in buffers)
     done = os.writev(fd, buffers)
@@ -386,6 +665,31 @@ def _write_all(fd: int, buffers: list[bytes | memoryview]) -> None:
         offset = end
 
 
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _unlink_sized(path: str) -> int:
+    """Unlink ``path``; the bytes it held (0 if it was gone)."""
+    try:
+        size = os.stat(path).st_size
+        os.unlink(path)
+    except FileNotFoundError:
+        return 0
+    return size
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -397,18 +701,41 @@ def _alive(pid: int) -> bool:
 
 
 def _prepare(root: str, *dirs: str) -> None:
-    """Create ``root`` (0700) and its folders, and prove it writable; errors name the path."""
+    """Create ``root`` (0700), its folders and its FORMAT, and prove it writable; errors name the
+    path."""
     if os.path.exists(root) and not os.path.isdir(root):
         raise NotADirectoryError(errno.ENOTDIR, "the file store's root is not a directory", root)
     try:
         os.makedirs(root, mode=0o700, exist_ok=True)
+    except NotADirectoryError:
+        raise NotADirectoryError(errno.ENOTDIR, "the file store's root lies under a path that is not a directory",
+                                 root) from None
+    except OSError as exc:
+        raise PermissionError(exc.errno, f"the file store's root cannot be written ({exc.strerror})", root) from None
+    marker = os.path.join(root, "FORMAT")
+    try:
+        with open(marker, "rb") as f:
+            found = f.read(64)
+    except FileNotFoundError:
+        found = None
+    except OSError as exc:
+        raise PermissionError(exc.errno, f"the file store's root cannot be read ({exc.strerror})", root) from None
+    if found is not None and found != _FORMAT:
+        raise FileExistsError(errno.EEXIST, f"the file store's root holds another layout ({found[:32]!r}); "
+                              "remove it or choose another root", root)
+    if found is None and os.path.exists(os.path.join(root, "objects")):
+        raise FileExistsError(errno.EEXIST, "the file store's root holds a store of an older layout (objects/); "
+                              "remove it or choose another root", root)
+    try:
         for folder in dirs:
             os.makedirs(folder, mode=0o700, exist_ok=True)
         probe = os.path.join(dirs[-1], f"{os.getpid()}.probe.{next(_counter)}.tmp")
         os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
         os.unlink(probe)
-    except NotADirectoryError:
-        raise NotADirectoryError(errno.ENOTDIR, "the file store's root lies under a path that is not a directory",
-                                 root) from None
+        if found is None:
+            temp = f"{marker}.{os.getpid()}.{next(_counter)}"
+            with open(temp, "wb") as f:
+                f.write(_FORMAT)
+            os.replace(temp, marker)
     except OSError as exc:
         raise PermissionError(exc.errno, f"the file store's root cannot be written ({exc.strerror})", root) from None
