@@ -494,8 +494,8 @@ def test_an_index_that_is_not_whole_fails_every_call_naming_it(tmp_path: Path) -
             index.write_bytes(bytes([9]) + record[1:])
         else:  # the ledger commits one byte less than the record
             ledger = Path(store.root) / "ledger"
-            used, next_pack, gen, length = store_module._LEDGER.unpack(ledger.read_bytes())
-            ledger.write_bytes(store_module._LEDGER.pack(used, next_pack, gen, length - 1))
+            used, next_pack, gen, length, _ = store_module._LEDGER.unpack(ledger.read_bytes())
+            ledger.write_bytes(store_module._ledger_bytes(used, next_pack, gen, length - 1))
         reader = FilesDriver(FileStore(store.root, capacity_bytes=1 << 20), owns_store=True)
         reader.register([SlotRegion(1, memory.ctypes.data, 1000, 8, MemoryKind.HOST)])
         before = memory[7].copy()
@@ -508,3 +508,78 @@ def test_an_index_that_is_not_whole_fails_every_call_naming_it(tmp_path: Path) -
         assert put.status.tolist() == [int(KeyStatus.FAILED)] and "index" in put.reasons[0]
         assert os.listdir(Path(store.root) / "packs") == [f"{0:016x}"], "a failed put left a pack"
         reader.close()
+
+
+def test_gets_and_lookups_never_wait_for_the_lock_another_process_holds(tmp_path: Path) -> None:
+    """Another process holds the store's lock and never lets go (stopped mid-put): this store's
+    gets and lookups still answer, and its puts wait; once the lock is free the put lands."""
+    import fcntl
+
+    store, driver, memory = _store(tmp_path, capacity_bytes=1 << 20)
+    assert driver.put(["k"], *_addresses(memory, [0])).status.tolist() == [0]
+    holder = os.open(os.path.join(store.root, "lock"), os.O_RDWR)  # its own open file: its own flock
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    answers: dict[str, object] = {}
+
+    def read() -> None:
+        answers["get"] = driver.get_into(["k"], *_addresses(memory, [7])).status.tolist()
+        answers["held"] = driver.contains(["k", "other"]).status.tolist()
+
+    def write() -> None:
+        answers["put"] = driver.put(["j"], *_addresses(memory, [1])).status.tolist()
+
+    reader, writer = threading.Thread(target=read), threading.Thread(target=write)
+    try:
+        reader.start()
+        reader.join(10)
+        assert not reader.is_alive(), "a get or a lookup waited for the lock another process holds"
+        assert answers == {"get": [0], "held": [0, int(KeyStatus.MISSING)]}
+        np.testing.assert_array_equal(memory[7], memory[0])
+        writer.start()
+        writer.join(0.2)
+        assert writer.is_alive() and "put" not in answers, "a put did not wait for the lock"
+    finally:
+        fcntl.flock(holder, fcntl.LOCK_UN)
+        os.close(holder)
+    writer.join(10)
+    assert answers["put"] == [0] and driver.exists(["j"]).tolist() == [True]
+    driver.close()
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm (tmpfs) on this machine")
+def test_in_shared_memory_a_small_fetch_and_a_lookup_end_inside_the_call_even_while_the_lock_is_held(
+        tmp_path: Path) -> None:
+    """On tmpfs a get only copies memory and takes no lock other processes hold: a fetch of a
+    few rows has concluded and quiesced when ``fetch`` returns, and a lookup answers, also while
+    another process holds the store's lock."""
+    import fcntl
+    import shutil
+    import tempfile
+
+    h = _helpers()
+    root = tempfile.mkdtemp(prefix="kvwire-files-inline-", dir="/dev/shm")
+    backend = plugin.build({"root": root})
+    holder = -1
+    try:
+        data, names = h["rows"](13, ROWS, SLOT)  # type: ignore[operator]
+        region, v = h["view"](data, names)  # type: ignore[operator]
+        with backend.register_regions([region]):
+            assert h["settle"](backend, "publish", v, HINT).masks[0].all()  # type: ignore[operator]
+        holder = os.open(os.path.join(root, "lock"), os.O_RDWR)
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        assert backend.lookup([0], names, HINT).tolist() == [True] * ROWS  # type: ignore[attr-defined]
+        sink = np.zeros_like(data)
+        region, v = h["view"](sink, names)  # type: ignore[operator]
+        woken = threading.Event()
+        with backend.register_regions([region]):
+            attempt = backend.fetch(v, HINT, woken.set)
+            outcome = attempt.poll()
+            assert outcome is not None and attempt.quiesced(), "the fetch had not ended when fetch() returned"
+            assert outcome.is_delivered and outcome.masks[0].all(), outcome
+            assert woken.wait(10), "no wake after the fetch ended"
+        np.testing.assert_array_equal(sink, data)
+    finally:
+        if holder >= 0:
+            os.close(holder)
+        backend.close()
+        shutil.rmtree(root, ignore_errors=True)

@@ -25,7 +25,8 @@ How it keeps the contract:
   driver's own request timeout.
 - **Small submissions move inside the call.** A submission of at most ``inline_bytes`` (the
   driver's :attr:`~kvwire.blob.driver.StoreDriver.inline_bytes`: 1 MiB for the in-memory
-  driver, 0 for a store that may block) is one chunk that ``fetch``/``publish`` hands to the
+  driver, 0 for a store that may block; for a fetch, ``inline_get_bytes`` when the driver sets
+  it: 1 MiB for the files store on tmpfs, whose reads take no lock) is one chunk that ``fetch``/``publish`` hands to the
   driver itself, so it has concluded and quiesced when the call returns: no hand-off to a worker
   and back. The contract allows it: nothing needs the holder's help (A3), conclusion and
   quiescence may come in any order and at any time after the submission call began (A2.6), and
@@ -559,7 +560,8 @@ class BlobBackend(Backend, Lookup):
     each has ``timeout_s`` (or the hint's) to conclude. ``workers`` threads move chunks of about
     ``chunk_bytes``. A submission of at most ``inline_bytes`` (default: the driver's
     :attr:`~kvwire.blob.driver.StoreDriver.inline_bytes`, 0 for a driver that may block) moves
-    inside the ``fetch``/``publish`` call and has concluded and quiesced when it returns.
+    inside the ``fetch``/``publish`` call and has concluded and quiesced when it returns (a fetch:
+the driver's :attr:`~kvwire.blob.driver.StoreDriver.inline_get_bytes` when it sets one).
     ``owns_driver``: whether :meth:`close` also closes the driver."""
 
     def __init__(
@@ -584,10 +586,14 @@ class BlobBackend(Backend, Lookup):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{label} must be an int >= 1, got {value!r}")
         if inline_bytes is None:
-            inline_bytes = driver.inline_bytes
-        if isinstance(inline_bytes, bool) or not isinstance(inline_bytes, int) or inline_bytes < 0:
-            raise ValueError(f"inline_bytes must be an int >= 0, got {inline_bytes!r}")
-        self._inline_bytes = min(inline_bytes, chunk_bytes)
+            get_bytes = driver.inline_bytes if driver.inline_get_bytes is None else driver.inline_get_bytes
+            limits = {_PUT: driver.inline_bytes, _GET: get_bytes}
+        else:
+            limits = {_PUT: inline_bytes, _GET: inline_bytes}
+        for value in limits.values():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"inline_bytes must be an int >= 0, got {value!r}")
+        self._inline_bytes = {op: min(value, chunk_bytes) for op, value in limits.items()}
         self._timeout_s = float(timeout_s)
         self._chunk_bytes = chunk_bytes
         self._owns_driver = owns_driver
@@ -707,7 +713,7 @@ class BlobBackend(Backend, Lookup):
                 unorder = np.argsort(order)
             else:
                 flat_addresses = flat_sizes = _NO_ROWS
-        inline = total_bytes <= self._inline_bytes
+        inline = total_bytes <= self._inline_bytes[op]
         if total_bytes <= self._chunk_bytes:
             bounds = [0, len(keys)]  # one chunk; an empty submission still concludes on a worker
         else:

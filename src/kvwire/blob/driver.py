@@ -113,6 +113,16 @@ class StoreDriver(abc.ABC):
     #: unless it makes the same promise.
     inline_bytes: int = 0
 
+    #: The same for a fetch alone; None: :attr:`inline_bytes`. For a driver whose reads only copy
+    #: memory while its writes may wait for another party (a store in shared memory whose writers
+    #: take a lock other processes share: the files store on tmpfs).
+    inline_get_bytes: int | None = None
+
+    #: Whether ``contains`` may run on the caller's thread for a lookup (L1), rather than on the
+    #: backend's lookup thread: only for a driver whose ``contains`` waits for nothing but memory
+    #: (a lookup must answer within its deadline, L1.7, also when the store stalls).
+    inline_contains: bool = False
+
     def register(self, regions: Sequence[SlotRegion]) -> None:
         """Make these spans usable as sources and destinations (zero-copy stores register them
         with their client). Raises ``RuntimeError`` naming the region if the store refuses."""

@@ -4,7 +4,8 @@ A lookup is one :meth:`~kvwire.blob.driver.StoreDriver.contains` call over the k
 (group, name) pair, built with the blob key layout (:func:`~kvwire.blob.keys.store_keys`), so it
 asks about exactly the objects a fetch of those rows would read. The call runs on a thread of
 the backend's own (started on first use), so the caller waits at most its deadline even when the
-store stops answering; a call still inside the driver at the deadline runs to its end and its
+store stops answering (a driver whose ``contains`` cannot stall, ``inline_contains``, is called
+on the caller's thread instead); a call still inside the driver at the deadline runs to its end and its
 answer is dropped. Lookups queue behind one another on that thread: behind a store call that
 hangs, later lookups fail by their own deadlines too, and no thread piles up per lookup."""
 
@@ -14,6 +15,7 @@ import collections
 import logging
 import math
 import threading
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -90,12 +92,19 @@ class LookupRunner:
         with self._cond:
             if self._stopped:
                 raise SubmissionRejected("this blob backend is shut down; it answers no lookup")
-            self._jobs.append(job)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name=self._thread_name, daemon=True)
-                self._thread.start()
-            self._cond.notify()
-        if not job.done.wait(timeout_s):
+            inline = self._driver.inline_contains
+            if not inline:
+                self._jobs.append(job)
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._run, name=self._thread_name, daemon=True)
+                    self._thread.start()
+                self._cond.notify()
+        if inline:  # a call that cannot stall (the driver says so): no hand-off to the thread
+            began = time.monotonic()
+            self._answer(job)
+            if time.monotonic() - began > timeout_s:  # L1.7: an answer past the deadline is none
+                job.done.clear()
+        if not job.done.wait(0 if inline else timeout_s):
             job.abandoned = True
             raise LookupFailed(
                 f"deadline passed: the store did not answer a lookup of {len(keys)} keys within {timeout_s:g} s")
@@ -108,7 +117,6 @@ class LookupRunner:
         return result
 
     def _run(self) -> None:
-        driver = self._driver
         while True:
             with self._cond:
                 while not self._jobs and not self._stopped:
@@ -116,14 +124,17 @@ class LookupRunner:
                 if not self._jobs:
                     return
                 job = self._jobs.popleft()
-            if job.abandoned:
-                continue
-            try:
-                job.result = driver.contains(job.keys)
-            except BaseException as exc:  # handed to the caller as LookupFailed
-                log.warning("store driver %s raised during a lookup: %s", type(driver).__name__, exc)
-                job.error = exc
-            job.done.set()
+            if not job.abandoned:
+                self._answer(job)
+
+    def _answer(self, job: _Job) -> None:
+        driver = self._driver
+        try:
+            job.result = driver.contains(job.keys)
+        except BaseException as exc:  # handed to the caller as LookupFailed
+            log.warning("store driver %s raised during a lookup: %s", type(driver).__name__, exc)
+            job.error = exc
+        job.done.set()
 
     def stop(self) -> None:
         """Refuse later lookups; the thread ends once the calls queued before now are done.

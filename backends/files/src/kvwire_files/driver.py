@@ -28,6 +28,11 @@ class FilesDriver(StoreDriver):
     def __init__(self, store: FileStore, *, owns_store: bool = False) -> None:
         self.store = store
         self._owns_store = owns_store
+        # A get takes no lock another process holds (kvwire_files.store): on tmpfs it only copies
+        # memory, so a small one may move inside the holder's call (A8.5 holds: nothing it waits
+        # for can stall). A put waits for the store's lock: never inline.
+        self.inline_get_bytes = (1 << 20) if store.in_memory else 0
+        self.inline_contains = store.in_memory
         self._lock = threading.Lock()
         self._spans: Counter[tuple[int, int]] = Counter()
         # Disjoint, sorted [start, end) spans and a byte view of each, replaced whole on every

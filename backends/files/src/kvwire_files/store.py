@@ -7,8 +7,8 @@ Layout under ``root``::
                    bytes back to back
     index.{gen}    what is where: an append-only log of records (an object added at an offset
                    of a pack; an object removed; a pack removed)
-    ledger         32 bytes: the bytes the store counts against its capacity, the next pack
-                   number, the index's generation and its committed length
+    ledger         36 bytes: the bytes the store counts against its capacity, the next pack
+                   number, the index's generation and its committed length, and their CRC-32
     lock           flock'd around every change to the ledger, the index and the packs
     tmp/           packs being written: ``{pid}.{thread}.{n}.tmp``
 
@@ -23,7 +23,10 @@ straight into the rows.
 each call, reads the records committed since it last looked. Records are committed by writing
 them past the committed length and then raising that length in the ledger, both under the lock,
 so a reader never sees a half-written record, and a writer killed mid-record leaves bytes that
-the next writer overwrites. A put under a key the index holds keeps the first object's bytes
+the next writer overwrites. Readers (gets and lookups) take no lock another process could hold:
+the committed part of a log never changes, and a read of the ledger that overlapped a write
+fails its checksum and is read again. So a process stopped while it holds the lock delays only
+other writers. A put under a key the index holds keeps the first object's bytes
 (``ALREADY_THERE``), also when two writers race: the later one finds the key held when it commits.
 When the log has grown to four times what its live records need, the writer that notices writes
 them to ``index.{gen + 1}``; readers that see the new generation read it from its start.
@@ -43,9 +46,11 @@ import errno
 import fcntl
 import itertools
 import os
+import re
 import struct
 import threading
 import time
+import zlib
 from collections.abc import Iterator, Sequence
 
 from kvwire.blob import KeyStatus
@@ -55,7 +60,10 @@ __all__ = ["FileStore", "default_root"]
 _FORMAT = b"kvwire-files 2\n"
 _PACK_MAGIC = b"KVWPACK2"
 _PACK_HEADER = struct.Struct("<8sQ")  # magic, pack number
-_LEDGER = struct.Struct("<QQQQ")  # used bytes, next pack number, index generation, committed length
+#: Used bytes, next pack number, index generation, committed length, and a CRC-32 of them.
+_LEDGER = struct.Struct("<QQQQI")
+#: How often a reader reads the ledger or opens the index again when a writer changed them under it.
+_RETRIES = 1000
 _RECORD = struct.Struct("<BQQQH")  # kind, pack, offset, size, key bytes; the key follows
 _ADD, _DROP_KEY, _DROP_PACK = 1, 2, 3
 _MAX_KEY = 0xFFFF
@@ -98,6 +106,9 @@ class FileStore:
         self._packs = os.path.join(self.root, "packs")
         self._tmp = os.path.join(self.root, "tmp")
         _prepare(self.root, self._packs, self._tmp)
+        #: Whether the root lies on a file system held in memory (tmpfs, ramfs): then a read only
+        #: copies memory (unless the machine swapped the pages out).
+        self.in_memory = _memory_backed(self.root)
         self._lock = threading.Lock()  # flock excludes processes, not threads sharing one fd
         self._lock_fd = os.open(os.path.join(self.root, "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         self._ledger_fd = os.open(os.path.join(self.root, "ledger"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -120,14 +131,14 @@ class FileStore:
 
     def locate(self, key: str) -> tuple[str, int, int] | None:
         """Where the object of ``key`` lies now: its pack file, offset and size; None if none."""
-        with self._locked():
+        with self._reading():
             self._refresh()
             place = self._where.get(key)
         return None if place is None else (self.pack_path(place[0]), place[1], place[2])
 
     def keys(self) -> list[str]:
         """Every key the store holds now."""
-        with self._locked():
+        with self._reading():
             self._refresh()
             return list(self._where)
 
@@ -138,7 +149,7 @@ class FileStore:
     def holds_batch(self, keys: Sequence[str]) -> list[bool]:
         """For each key, whether an object is stored under it now (one look at the index). Raises
         ``OSError`` when the index cannot be read."""
-        with self._locked():
+        with self._reading():
             self._refresh()
             where = self._where
             return [key in where for key in keys]
@@ -267,7 +278,7 @@ class FileStore:
         sizes = [len(b) for b in buffers]
         missing = (KeyStatus.MISSING, None)
         out: list[tuple[KeyStatus, str | None]] = [missing] * n
-        with self._locked():
+        with self._reading():
             self._refresh()
             get = self._where.get
             places = [get(key) for key in keys]
@@ -349,20 +360,32 @@ class FileStore:
     # -- the index --------------------------------------------------------------------------------
 
     def _refresh(self) -> None:
-        """Under the lock: apply the index records committed since this process last read it."""
-        _, _, gen, length = self._read_ledger()
-        if gen != self._gen:
-            fd = os.open(f"{self.root}/index.{gen}", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            if self._log_fd >= 0:
-                os.close(self._log_fd)
-            self._log_fd, self._gen, self._read_to = fd, gen, 0
-            self._where.clear()
-            self._members.clear()
-            self._live_record_bytes = 0
-        if length > self._read_to:
-            data = _pread_all(self._log_fd, length - self._read_to, self._read_to)
-            self._apply(data)
-            self._read_to = length
+        """Apply the index records committed since this process last read it. Needs the thread
+        lock only: the committed part of a log never changes (writers append past it, and a
+        rewrite goes to the next generation's file), so a reader takes no lock other processes
+        could hold it up with."""
+        for _ in range(_RETRIES):
+            _, _, gen, length = self._read_ledger()
+            if gen != self._gen:
+                try:
+                    fd = os.open(f"{self.root}/index.{gen}", os.O_RDWR | os.O_CLOEXEC)
+                except FileNotFoundError:
+                    if length:  # rewritten again since the ledger was read: read it again
+                        continue
+                    fd = os.open(f"{self.root}/index.{gen}", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+                if self._log_fd >= 0:
+                    os.close(self._log_fd)
+                self._log_fd, self._gen, self._read_to = fd, gen, 0
+                self._where.clear()
+                self._members.clear()
+                self._live_record_bytes = 0
+            if length > self._read_to:
+                data = _pread_all(self._log_fd, length - self._read_to, self._read_to)
+                self._apply(data)
+                self._read_to = length
+            return
+        raise OSError(errno.EAGAIN, f"the file store's index under {self.root} was rewritten {_RETRIES} times "
+                      "while this process read it")
 
     def _apply(self, data: bytes) -> None:
         unpack = _RECORD.unpack_from
@@ -540,20 +563,37 @@ class FileStore:
         with self._locked():
             return self._read_ledger()[0]
 
+    def _reading(self) -> threading.Lock:
+        """The lock a reader takes: this process's threads only (see :meth:`_refresh`)."""
+        if self._closed:
+            raise OSError(errno.EBADF, f"the file store at {self.root} is closed")
+        return self._lock
+
     def _locked(self) -> _FileLock:
         if self._closed:
             raise OSError(errno.EBADF, f"the file store at {self.root} is closed")
         return _FileLock(self._lock, self._lock_fd)
 
     def _read_ledger(self) -> tuple[int, int, int, int]:
-        raw = os.pread(self._ledger_fd, _LEDGER.size, 0)
-        return _LEDGER.unpack(raw) if len(raw) == _LEDGER.size else (0, 0, 0, 0)
+        """The ledger's four numbers. A reader holds no lock, so its read may overlap a writer's
+        and see part of each: the checksum tells, and it reads again."""
+        for _ in range(_RETRIES):
+            raw = os.pread(self._ledger_fd, _LEDGER.size, 0)
+            if not raw:
+                return 0, 0, 0, 0  # a new store
+            if len(raw) == _LEDGER.size:
+                *values, crc = _LEDGER.unpack(raw)
+                if zlib.crc32(raw[:-4]) == crc:
+                    return values[0], values[1], values[2], values[3]
+        raise OSError(errno.EIO, f"the file store's ledger {self.root}/ledger is damaged; remove the store's "
+                      "directory to start it afresh")
 
     def _write_ledger(self, *, used: int | None = None, next_pack: int | None = None, gen: int | None = None,
                       length: int | None = None) -> None:
+        """Under the lock: change some of the ledger's numbers (one ``pwrite`` of all of them)."""
         old = self._read_ledger()
         new = tuple(o if v is None else v for o, v in zip(old, (used, next_pack, gen, length), strict=True))
-        os.pwrite(self._ledger_fd, _LEDGER.pack(*new), 0)
+        os.pwrite(self._ledger_fd, _ledger_bytes(*new), 0)
 
     def close(self) -> None:
         """Close the store's files; its objects stay for other processes. Idempotent."""
@@ -589,6 +629,11 @@ class _FileLock:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
         finally:
             self._lock.release()
+
+
+def _ledger_bytes(used: int, next_pack: int, gen: int, length: int) -> bytes:
+    raw = struct.pack("<QQQQ", used, next_pack, gen, length)
+    return raw + struct.pack("<I", zlib.crc32(raw))
 
 
 def _now_ns() -> tuple[int, int]:
@@ -688,6 +733,27 @@ def _fsync_dir(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _memory_backed(path: str) -> bool:
+    """Whether ``path`` lies on tmpfs or ramfs, by the mount that holds it in /proc/self/mountinfo
+    (False where that cannot be read)."""
+    real = os.path.realpath(path)
+    best, kind = "", ""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as mounts:
+            for line in mounts:
+                left, sep, right = line.partition(" - ")
+                fields = left.split()
+                if not sep or len(fields) < 5 or not right.split():
+                    continue
+                point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
+                inside = real == point or real.startswith(point.rstrip("/") + "/")
+                if inside and len(point) >= len(best):  # the deepest mount, the latest of equals
+                    best, kind = point, right.split()[0]
+    except OSError:
+        return False
+    return kind in ("tmpfs", "ramfs")
 
 
 def _alive(pid: int) -> bool:
