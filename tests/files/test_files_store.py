@@ -583,3 +583,44 @@ def test_in_shared_memory_a_small_fetch_and_a_lookup_end_inside_the_call_even_wh
             os.close(holder)
         backend.close()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_packs_another_process_evicts_become_misses_here(tmp_path: Path) -> None:
+    """This process stores k0 then k1; another process sharing the directory stores k2 and k3
+    and, the store being full, evicts the least recently used pack (k0's). Here k0 is then a
+    miss (no fault, the row left as it was) and not held, and k1..k3 are read whole."""
+    root = tmp_path / "store"
+    per_pack = PACK_HEADER + SLOT
+    capacity = 3 * per_pack
+    memory = np.random.default_rng(21).integers(0, 256, size=(8, SLOT), dtype=np.uint8)
+    driver = FilesDriver(FileStore(str(root), capacity_bytes=capacity), owns_store=True)
+    driver.register([SlotRegion(1, memory.ctypes.data, SLOT, 8, MemoryKind.HOST)])
+    rows = memory.ctypes.data + np.arange(8, dtype=np.uint64) * SLOT
+    one = np.array([SLOT], np.uint64)
+    for i in range(2):
+        assert driver.put([f"k{i}"], rows[i:i + 1], one).status.tolist() == [0]
+    assert driver.exists(["k0", "k1"]).tolist() == [True, True]
+    other = _run(tmp_path, f'''
+        import numpy as np
+        from kvwire.contract import MemoryKind, SlotRegion
+        from kvwire_files import FilesDriver, FileStore
+        memory = np.random.default_rng(21).integers(0, 256, size=(8, {SLOT}), dtype=np.uint8)
+        driver = FilesDriver(FileStore({str(root)!r}, capacity_bytes={capacity}), owns_store=True)
+        driver.register([SlotRegion(1, memory.ctypes.data, {SLOT}, 8, MemoryKind.HOST)])
+        rows = memory.ctypes.data + np.arange(8, dtype=np.uint64) * {SLOT}
+        for i in (2, 3):
+            assert driver.put([f"k{{i}}"], rows[i:i + 1], np.array([{SLOT}], np.uint64)).status.tolist() == [0]
+        print(driver.exists(["k0", "k1", "k2", "k3"]).tolist())
+        driver.close()
+    ''')
+    assert other.returncode == 0, other.stderr
+    assert other.stdout.strip() == "[False, True, True, True]", other.stdout
+    assert driver.exists(["k0", "k1", "k2", "k3"]).tolist() == [False, True, True, True]
+    big = np.zeros((4, SLOT), dtype=np.uint8)
+    driver.register([SlotRegion(3, big.ctypes.data, SLOT, 4, MemoryKind.HOST)])
+    got = driver.get_into(["k0", "k1", "k2", "k3"], big.ctypes.data + np.arange(4, dtype=np.uint64) * SLOT,
+                          np.full(4, SLOT, np.uint64))
+    assert got.status.tolist() == [int(KeyStatus.MISSING), 0, 0, 0] and not got.reasons
+    assert not big[0].any(), "a miss wrote into its row"
+    np.testing.assert_array_equal(big[1:], memory[1:4])
+    driver.close()
