@@ -19,17 +19,18 @@ renamed into ``packs/`` and its records appended to the index, both under the lo
 each pack its keys lie in once and reads each run of adjacent objects with one ``preadv``
 straight into the rows.
 
-**The index.** Every process keeps the index in memory (about 150 bytes per object) and, before
-each call, reads the records committed since it last looked. Records are committed by writing
-them past the committed length and then raising that length in the ledger, both under the lock,
-so a reader never sees a half-written record, and a writer killed mid-record leaves bytes that
-the next writer overwrites. Readers (gets and lookups) take no lock another process could hold:
-the committed part of a log never changes, and a read of the ledger that overlapped a write
-fails its checksum and is read again. So a process stopped while it holds the lock delays only
-other writers. A put under a key the index holds keeps the first object's bytes
-(``ALREADY_THERE``), also when two writers race: the later one finds the key held when it commits.
-When the log has grown to four times what its live records need, the writer that notices writes
-them to ``index.{gen + 1}``; readers that see the new generation read it from its start.
+**The index.** Every process keeps the index in memory (about 270 bytes per object for keys of a
+16-byte name) and, before each call, reads the records committed since it last looked. Records
+are committed by writing them past the committed length and then raising that length in the
+ledger, both under the lock, so a reader never sees a half-written record, and a writer killed
+mid-record leaves bytes that the next writer overwrites. Readers (gets and lookups) take no lock
+another process could hold: the committed part of a log never changes, and a read of the ledger
+that overlapped a write fails its checksum and is read again. So a process stopped while it
+holds the lock delays only other writers. A put under a key the index holds keeps the first
+object's bytes (``ALREADY_THERE``), also when two writers race: the later one finds the key held
+when it commits. When the log has grown to four times what its live records need, the writer
+that notices writes them to ``index.{gen + 1}``; readers that see the new generation read it
+from its start.
 
 **Eviction never removes an object mid-read.** Removing a pack unlinks its file; a reader that
 already opened it keeps reading the same whole bytes (POSIX keeps an unlinked file until its last
