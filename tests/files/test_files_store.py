@@ -5,6 +5,7 @@ refused at creation, naming the path."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -624,3 +625,121 @@ def test_packs_another_process_evicts_become_misses_here(tmp_path: Path) -> None
     assert not big[0].any(), "a miss wrote into its row"
     np.testing.assert_array_equal(big[1:], memory[1:4])
     driver.close()
+
+
+#: Puts, removes and reads of keys 0..39 for ``seconds``, each object's bytes a function of its
+#: key, the index rewritten every few hundred records: what two processes at once run below.
+CHURN = textwrap.dedent('''
+    import json, sys, time, zlib
+    import numpy as np
+    import kvwire_files.store as store_module
+    from kvwire.blob import KeyStatus
+    from kvwire.contract import MemoryKind, SlotRegion
+    from kvwire_files import FilesDriver, FileStore
+
+    def churn(root, seed, seconds, size=512):
+        store_module._COMPACT_AT = 2048
+        # room for about 16 of the 40 objects: puts evict
+        driver = FilesDriver(FileStore(root, capacity_bytes=16 * (size + 16), eviction=True), owns_store=True)
+        keys = [f"kvw1/churn/g0/{i:04d}" for i in range(40)]
+        truth = np.stack([np.random.default_rng(zlib.crc32(k.encode())).integers(0, 256, size, dtype=np.uint8)
+                          for k in keys])
+        sink = np.zeros((8, size), dtype=np.uint8)
+        driver.register([SlotRegion(1, truth.ctypes.data, size, 40, MemoryKind.HOST),
+                         SlotRegion(2, sink.ctypes.data, size, 8, MemoryKind.HOST)])
+        rng = np.random.default_rng(seed)
+        counts = {"put": 0, "removed": 0, "read": 0, "missed": 0}
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            pick = rng.choice(40, size=8, replace=False)
+            chosen = [keys[i] for i in pick]
+            op = rng.random()
+            if op < 0.4:
+                got = driver.put(chosen, truth.ctypes.data + pick.astype(np.uint64) * size, np.full(8, size, np.uint64))
+                assert set(got.status.tolist()) <= {0, 1}, (got.status, got.reasons)
+                counts["put"] += 1
+            elif op < 0.55:
+                got = driver.remove(chosen)
+                assert set(got.status.tolist()) <= {0, int(KeyStatus.MISSING)}, got.status
+                counts["removed"] += 1
+            else:
+                sink[:] = 0
+                got = driver.get_into(chosen, sink.ctypes.data + np.arange(8, dtype=np.uint64) * size,
+                                      np.full(8, size, np.uint64))
+                status = got.status.tolist()
+                assert set(status) <= {0, int(KeyStatus.MISSING)}, (status, got.reasons)
+                for row, (i, code) in enumerate(zip(pick, status)):
+                    if code == 0:
+                        assert (sink[row] == truth[i]).all(), f"wrong bytes for {keys[i]}"
+                        counts["read"] += 1
+                    else:
+                        assert not sink[row].any(), "a miss wrote into its row"
+                        counts["missed"] += 1
+                held = driver.contains(chosen).status.tolist()
+                assert set(held) <= {0, int(KeyStatus.MISSING)}, held
+        driver.close()
+        return counts
+''')
+
+
+def test_two_processes_churning_one_store_never_read_wrong_bytes(tmp_path: Path) -> None:
+    """Two processes put, remove and read the same 40 keys at once for two seconds, the index
+    rewritten every few hundred records and the store small enough to evict: every read that
+    answers OK holds exactly its key's bytes, every other answer is a miss, and nothing fails."""
+    root = str(tmp_path / "store")
+    script = tmp_path / "churn.py"
+    script.write_text(CHURN + textwrap.dedent(f'''
+        print(json.dumps(churn({root!r}, int(sys.argv[1]), 2.0)))
+    '''))
+    runs = [subprocess.Popen([sys.executable, str(script), str(seed)], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True) for seed in (1, 2)]
+    results = [run.communicate(timeout=120) for run in runs]
+    for run, (out, err) in zip(runs, results, strict=True):
+        assert run.returncode == 0, err
+        counts = json.loads(out)
+        assert counts["read"] > 50 and counts["missed"] > 0 and counts["put"] > 20 and counts["removed"] > 5, counts
+    generations = [n for n in os.listdir(root) if n.startswith("index.")]
+    assert len(generations) == 1 and generations[0] != "index.0", f"the index was never rewritten: {generations}"
+
+
+def test_a_reader_whose_index_is_rewritten_between_its_look_and_its_read_reads_the_new_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Store R reads the ledger (generation g); before it opens ``index.g``, store W rewrites the
+    index to g + 1 and removes ``index.g``. R reads the ledger again and answers from the new
+    generation: what W holds, no error, and no stray index file."""
+    import kvwire_files.store as store_module
+
+    monkeypatch.setattr(store_module, "_COMPACT_AT", 256)
+    root = str(tmp_path / "s")
+    memory = np.random.default_rng(8).integers(0, 256, size=(4, 1000), dtype=np.uint8)
+    writer = FilesDriver(FileStore(root, capacity_bytes=1 << 22, eviction=False), owns_store=True)
+    writer.register([SlotRegion(1, memory.ctypes.data, 1000, 4, MemoryKind.HOST)])
+    assert writer.put(["kept"], *_addresses(memory, [0])).status.tolist() == [0]
+
+    def churn_until_rewritten() -> None:
+        start = writer.store._gen
+        for i in range(1000):
+            writer.put([f"t{i}"], *_addresses(memory, [1]))
+            writer.remove([f"t{i}"])
+            if writer.store._gen != start:
+                return
+        raise AssertionError("the writer never rewrote the index")
+
+    reader = FileStore(root, capacity_bytes=1 << 22)
+    real = reader._read_ledger
+    calls = []
+
+    def stale_once() -> tuple[int, int, int, int]:
+        seen = real()
+        if not calls:
+            churn_until_rewritten()  # index.{seen gen} is gone by the time the reader opens it
+        calls.append(seen)
+        return seen
+
+    monkeypatch.setattr(reader, "_read_ledger", stale_once)
+    assert reader.holds_batch(["kept", "t0"]) == [True, False]
+    assert len(calls) >= 2 and calls[-1][2] > calls[0][2], calls
+    generations = sorted(n for n in os.listdir(root) if n.startswith("index."))
+    assert generations == [f"index.{writer.store._gen}"], generations
+    reader.close()
+    writer.close()
