@@ -3,9 +3,10 @@
 No server: objects are files under ``root`` (by default a per-user directory under
 ``/dev/shm``, so they live in shared memory on Linux). A process publishes, another fetches the
 same bytes; vLLM's scheduler and worker processes, or two engines, meet in the same directory.
-Writes are atomic (a temp file linked into place), fetches read straight into the lent rows, and
-lookups (L1) ask which names are held. See :mod:`kvwire_files.store` for the layout and why
-eviction never removes an object mid-read."""
+A put writes one pack file for its whole batch (a temp file renamed into place, then committed
+to an index every process shares), fetches read straight into the lent rows without taking a
+lock, and lookups (L1) ask which names are held. See :mod:`kvwire_files.store` for the layout
+and why eviction never removes an object mid-read."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("eviction", bool, True,
            "when full, evict least-recently-used objects; when off, a put that does not fit is declined"),
     Option("fsync", bool, False,
-           "fsync each object before it is linked into place (only a root on disk that must survive power loss)"),
+           "fsync each pack and the index before a put is committed (only a root on disk that must survive power loss)"),
     Option("timeout_s", float, 30.0, "each attempt's and lookup's deadline unless its hint gives one", minimum=0.001),
     Option("max_in_flight", int, 64, "attempts in flight before submissions are rejected", minimum=1,
            maximum=1 << 16),
