@@ -343,6 +343,30 @@ def test_a_then_b_over_files_store(files_engines: dict[str, Any], engines: dict[
     assert files_object_count(root) == 9 * LAYERS
 
 
+def test_the_last_block_of_a_prompt_is_saved_only_when_the_store_lacks_it(
+        files_engines: dict[str, Any], engines: dict[str, Engine]) -> None:
+    """A prompt of exactly 6 whole blocks: B loads the 5 a load may cover (one token is always
+    left to compute) and computes the 6th in the step. Its lookup asked about the 6th too: held,
+    B submits no save for it and the store is unchanged; not held (A served only 5 blocks of
+    another such prompt), B saves it."""
+    root, a, b = files_engines["root"], files_engines["A"], files_engines["B"]
+    before = files_object_count(root)
+    p, q = prompt(11, 6 * BLOCK), prompt(12, 6 * BLOCK)
+    plain = engines["P"].generate([p, q])
+    tokens_p, tokens_q = plain["outputs"][0]["tokens"], plain["outputs"][1]["tokens"]
+    assert kvwire_params(a.generate([p]))["save_blocks"] == 6
+    assert kvwire_params(a.generate([q[: 5 * BLOCK + 3]]))["save_blocks"] == 5
+    wait_for_objects(root, before + 11 * LAYERS)
+    held = b.generate([p])
+    assert tokens_of(held) == tokens_p
+    assert kvwire_params(held) == {**kvwire_params(held), "loaded_blocks": 5, "failed_blocks": 0, "save_blocks": 0}
+    lacking = b.generate([q])
+    assert tokens_of(lacking) == tokens_q
+    assert kvwire_params(lacking) == {**kvwire_params(lacking), "loaded_blocks": 5, "failed_blocks": 0,
+                                      "save_blocks": 1}
+    wait_for_objects(root, before + 12 * LAYERS)
+
+
 def test_a_load_inside_the_step(files_engines: dict[str, Any], engines: dict[str, Engine]) -> None:
     """``load_async`` false: S loads what A saved inside the step that computes the rest, and
     generates the same tokens as an engine that computed everything."""

@@ -147,6 +147,10 @@ class SchedulerSide:
         self.kv_cache_manager: KVCacheManager | None = None
         self._tracked: dict[str, _Tracked] = {}
         self._matched: dict[str, tuple[int, int]] = {}  # req_id -> (first block, blocks) of the last answer
+        # req_id -> the end of the leading blocks the store held at the last answer, when that
+        # reaches past the blocks a load may cover (the prompt's last whole block, which the step
+        # computes since one token is always left to compute): those are not saved again.
+        self._held_to: dict[str, int] = {}
         self._loads: list[BlockPlan] = []
         self._saving: set[str] = set()
         # req_id -> index of the first block a load of it missed: vLLM reschedules such a request
@@ -191,9 +195,18 @@ class SchedulerSide:
             if source is None:
                 end = first  # nothing to load: no peer named
             self._sources[request.request_id] = source or b""
+        self._held_to.pop(request.request_id, None)
         if end > first:
-            trace.event("scheduler", "lookup", req=request.request_id, blocks=end - first)
-            held = end - first if self.backend is None else self._lookup(self.names(request, first, end))
+            # Ask also about the prompt's whole blocks past the loadable ones (the last one, when
+            # the prompt ends on a block boundary): held, the step computes it but saves it not.
+            ask = end
+            if end == self.loadable_blocks(request) and request.request_id not in self._missed_from:
+                ask = max(end, min(len(request.block_hashes), request.num_prompt_tokens // self.block_size))
+            trace.event("scheduler", "lookup", req=request.request_id, blocks=ask - first)
+            held = end - first if self.backend is None else self._lookup(self.names(request, first, ask))
+            if held > end - first:
+                self._held_to[request.request_id] = first + held
+                held = end - first
             trace.event("scheduler", "matched", req=request.request_id, held=held)
         # Remembered even when nothing is held: blocks below ``first`` are local hits, not saved again.
         self._matched[request.request_id] = (first, held)
@@ -236,6 +249,8 @@ class SchedulerSide:
                          sync=not self.config.load_async)
         tracked.load = plan
         tracked.next_save = first + count
+        if count == held:  # loads all it matched: the held blocks past it need no save
+            tracked.next_save = max(tracked.next_save, self._held_to.pop(req_id, 0))
         self._loads.append(plan)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KvwireMetadata:
@@ -320,6 +335,7 @@ class SchedulerSide:
             self._load_ended(req_id, 0 if failed else None, len(load.block_ids) if failed else 0)
         tracked = self._tracked.pop(req_id, None)
         self._matched.pop(req_id, None)
+        self._held_to.pop(req_id, None)
         self._missed_from.pop(req_id, None)
         self._sources.pop(req_id, None)
         delay = req_id in self._saving

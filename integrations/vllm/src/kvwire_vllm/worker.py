@@ -41,7 +41,15 @@ from kvwire.runtime.holding import Direction, Wakes
 from kvwire_vllm import holder, peer, trace
 from kvwire_vllm.config import ConnectorConfig
 from kvwire_vllm.holder import QUIESCE_GRACE_S, UNSENT, StepLoad, Transfer
-from kvwire_vllm.metadata import BlockPlan, KvwireWorkerMeta, PullAsk, ServePlan, StepPlan, SyncLoad, WorkerReport
+from kvwire_vllm.metadata import (
+    BlockPlan,
+    KvwireWorkerMeta,
+    PullAsk,
+    ServePlan,
+    StepPlan,
+    SyncLoad,
+    WorkerReport,
+)
 from kvwire_vllm.names import NAME_BYTES
 from kvwire_vllm.scheduler import layout_of, scope_of, store_namespace
 from kvwire_vllm.stats import KvwireStats
