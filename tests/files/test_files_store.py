@@ -106,15 +106,15 @@ def test_a_writer_killed_mid_object_leaves_no_visible_object(tmp_path: Path) -> 
     root = tmp_path / "store"
     killed = _run(tmp_path, f'''
         import os, signal
-        import kvwire_files.store as store_module
+        import kvwire_files.fs as fs_module
         from kvwire.registry import load
 
-        real = store_module._write_all
+        real = fs_module.write_all
         def write_half_then_die(fd, buffers):
             payload = b"".join(bytes(b) for b in buffers)
             os.write(fd, payload[: len(payload) // 2])
             os.kill(os.getpid(), signal.SIGKILL)
-        store_module._write_all = write_half_then_die
+        fs_module.write_all = write_half_then_die
 
         backend = load("files").build({{"root": {str(root)!r}}})
         data, names = rows(12, 1, {SLOT})

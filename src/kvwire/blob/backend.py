@@ -26,8 +26,8 @@ How it keeps the contract:
 - **Small submissions move inside the call.** A submission of at most ``inline_bytes`` (the
   driver's :attr:`~kvwire.blob.driver.StoreDriver.inline_bytes`: 1 MiB for the in-memory
   driver, 0 for a store that may block; for a fetch, ``inline_get_bytes`` when the driver sets
-  it: 1 MiB for the files store on tmpfs, whose reads take no lock) is one chunk that ``fetch``/``publish`` hands to the
-  driver itself, so it has concluded and quiesced when the call returns: no hand-off to a worker
+  it: 1 MiB for the files store on tmpfs, whose reads take no lock) is one chunk that
+  ``fetch``/``publish`` hands to the driver itself, so it has concluded and quiesced when the call returns: no hand-off to a worker
   and back. The contract allows it: nothing needs the holder's help (A3), conclusion and
   quiescence may come in any order and at any time after the submission call began (A2.6), and
   a driver that only copies memory cannot hold the call past the deadline (A8.5); the deadline is
@@ -561,7 +561,7 @@ class BlobBackend(Backend, Lookup):
     ``chunk_bytes``. A submission of at most ``inline_bytes`` (default: the driver's
     :attr:`~kvwire.blob.driver.StoreDriver.inline_bytes`, 0 for a driver that may block) moves
     inside the ``fetch``/``publish`` call and has concluded and quiesced when it returns (a fetch:
-the driver's :attr:`~kvwire.blob.driver.StoreDriver.inline_get_bytes` when it sets one).
+    the driver's :attr:`~kvwire.blob.driver.StoreDriver.inline_get_bytes` when it sets one).
     ``owns_driver``: whether :meth:`close` also closes the driver."""
 
     def __init__(

@@ -102,9 +102,10 @@ class LookupRunner:
         if inline:  # a call that cannot stall (the driver says so): no hand-off to the thread
             began = time.monotonic()
             self._answer(job)
-            if time.monotonic() - began > timeout_s:  # L1.7: an answer past the deadline is none
-                job.done.clear()
-        if not job.done.wait(0 if inline else timeout_s):
+            answered = time.monotonic() - began <= timeout_s  # L1.7: an answer past it is none
+        else:
+            answered = job.done.wait(timeout_s)
+        if not answered:
             job.abandoned = True
             raise LookupFailed(
                 f"deadline passed: the store did not answer a lookup of {len(keys)} keys within {timeout_s:g} s")

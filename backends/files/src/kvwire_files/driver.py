@@ -15,7 +15,8 @@ import numpy as np
 
 from kvwire.blob import BatchResult, KeyStatus, StoreDriver
 from kvwire.contract import MemoryKind, SlotRegion
-from kvwire_files.store import FileStore, _view
+from kvwire_files import fs
+from kvwire_files.store import FileStore
 
 __all__ = ["FilesDriver"]
 
@@ -72,7 +73,7 @@ class FilesDriver(StoreDriver):
                 starts.append(start)
                 ends.append(end)
         self._known = (np.array(starts, dtype=np.uint64), np.array(ends, dtype=np.uint64),
-                       [_view(start, end - start) for start, end in zip(starts, ends, strict=True)])
+                       [fs.view(start, end - start) for start, end in zip(starts, ends, strict=True)])
 
     def _check(self, op: str, keys: Sequence[str], addresses: np.ndarray, sizes: np.ndarray) -> list[memoryview]:
         """A byte view of each key's memory (a slice of its region's view: no copy); a

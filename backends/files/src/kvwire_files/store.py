@@ -1,5 +1,9 @@
 """A store of named, immutable objects in one directory, shared by every process that opens it.
 
+Why one file of this size (~600 lines): the packs, the index and the ledger change together under
+one lock, and every method reads the same in-memory index; split apart, each part would reach
+into the others' state. The system calls it makes are :mod:`kvwire_files.fs`.
+
 Layout under ``root``::
 
     FORMAT         "kvwire-files 2": the layout below (a root of another layout is refused)
@@ -42,19 +46,16 @@ full; with eviction off the put is declined."""
 
 from __future__ import annotations
 
-import ctypes
 import errno
-import fcntl
 import itertools
 import os
-import re
 import struct
 import threading
-import time
 import zlib
 from collections.abc import Iterator, Sequence
 
 from kvwire.blob import KeyStatus
+from kvwire_files import fs
 
 __all__ = ["FileStore", "default_root"]
 
@@ -84,11 +85,6 @@ def default_root() -> str:
     return os.path.join(base, f"kvwire-files-{os.getuid()}")
 
 
-def _view(address: int, size: int) -> memoryview:
-    """``size`` bytes of memory at ``address`` as a writable byte view (no copy)."""
-    return memoryview((ctypes.c_char * size).from_address(address)).cast("B")
-
-
 class FileStore:
     """The directory ``root`` as a store of at most ``capacity_bytes`` bytes (pack files, headers
     included). Thread-safe, and safe to share with other processes on this machine.
@@ -106,10 +102,10 @@ class FileStore:
         self.fsync = bool(fsync)
         self._packs = os.path.join(self.root, "packs")
         self._tmp = os.path.join(self.root, "tmp")
-        _prepare(self.root, self._packs, self._tmp)
+        fs.prepare(self.root, self._packs, self._tmp, layout=_FORMAT)
         #: Whether the root lies on a file system held in memory (tmpfs, ramfs): then a read only
         #: copies memory (unless the machine swapped the pages out).
-        self.in_memory = _memory_backed(self.root)
+        self.in_memory = fs.memory_backed(self.root)
         self._lock = threading.Lock()  # flock excludes processes, not threads sharing one fd
         self._lock_fd = os.open(os.path.join(self.root, "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         self._ledger_fd = os.open(os.path.join(self.root, "ledger"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -142,10 +138,6 @@ class FileStore:
         with self._reading():
             self._refresh()
             return list(self._where)
-
-    def holds(self, key: str) -> bool:
-        """Whether an object is stored under ``key`` now."""
-        return self.holds_batch([key])[0]
 
     def holds_batch(self, keys: Sequence[str]) -> list[bool]:
         """For each key, whether an object is stored under it now (one look at the index). Raises
@@ -214,7 +206,7 @@ class FileStore:
         try:
             self._write_pack(temp, pack, [buffers[i] for i in todo])
         except OSError as exc:
-            _unlink(temp)
+            fs.unlink(temp)
             self._release(reserved)
             for i in todo:
                 if exc.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -233,17 +225,17 @@ class FileStore:
                     if keys[i] in self._where:  # another writer committed it first
                         status[i] = KeyStatus.ALREADY_THERE
                 if not fresh:
-                    _unlink(temp)
+                    fs.unlink(temp)
                     self._write_ledger(used=max(0, self._read_ledger()[0] - reserved))
                     return
                 os.rename(temp, self.pack_path(pack))
                 placed = True
                 if self.fsync:
-                    _fsync_dir(self._packs)
+                    fs.fsync_dir(self._packs)
                 self._append(b"".join(_record(_ADD, pack, offsets[j], costs[j], keys[todo[j]])
                                       for j in fresh))
         except OSError as exc:
-            _unlink(self.pack_path(pack) if placed else temp)
+            fs.unlink(self.pack_path(pack) if placed else temp)
             self._release(reserved)
             for i in todo:
                 if status[i] is KeyStatus.OK:
@@ -256,21 +248,17 @@ class FileStore:
             buffers: list[bytes | memoryview] = [_PACK_HEADER.pack(_PACK_MAGIC, pack)]
             buffers.extend(part for part in parts if len(part))
             for lo in range(0, len(buffers), _IOV_MAX):
-                _write_all(fd, buffers[lo:lo + _IOV_MAX])
-            os.utime(fd, ns=_now_ns())
+                fs.write_all(fd, buffers[lo:lo + _IOV_MAX])
+            os.utime(fd, ns=fs.now_ns())
             if self.fsync:
                 os.fsync(fd)
         finally:
             os.close(fd)
 
-    def read_into(self, key: str, buffer: memoryview) -> tuple[KeyStatus, str | None]:
-        """Read object ``key`` straight into ``buffer``, a writable byte view (no copy through
-        Python bytes): ``OK``, ``MISSING``, or ``FAILED`` with a reason when the store holds it
-        at another size or its pack is not whole."""
-        return self.read_batch([key], [buffer])[0]
-
     def read_batch(self, keys: Sequence[str], buffers: Sequence[memoryview]) -> list[tuple[KeyStatus, str | None]]:
-        """:meth:`read_into` for each key. Per pack the keys lie in: open, a check of its header,
+        """Read object ``keys[i]`` straight into ``buffers[i]``, a writable byte view (no copy
+        through Python bytes): ``OK``, ``MISSING``, or ``FAILED`` with a reason when the store
+        holds it at another size or its pack is not whole. Per pack the keys lie in: open, a check of its header,
         one ``preadv`` per run of adjacent objects (in the order they lie in the pack), the LRU
         touch, close."""
         n = len(keys)
@@ -309,13 +297,13 @@ class FileStore:
                 members.sort(key=lambda i: places[i][1])  # type: ignore[index]
                 for run in _runs(members, places):
                     start = places[run[0]][1]  # type: ignore[index]
-                    got = _readv(fd, [buffers[i] for i in run if sizes[i]], start)
+                    got = fs.readv(fd, [buffers[i] for i in run if sizes[i]], start)
                     for i in run:
                         end = places[i][1] + sizes[i]  # type: ignore[index]
                         out[i] = ok if end - start <= got else (
                             KeyStatus.FAILED, f"the pack file of {keys[i]!r} under {self.root} is torn (cut short)")
                 try:  # least recently used goes first when the store evicts
-                    os.utime(fd, ns=_now_ns())
+                    os.utime(fd, ns=fs.now_ns())
                 except OSError:
                     pass
             except OSError as exc:
@@ -325,10 +313,6 @@ class FileStore:
             finally:
                 os.close(fd)
         return out
-
-    def discard(self, key: str) -> bool:
-        """Remove the object under ``key``; whether there was one."""
-        return self.discard_batch([key])[0]
 
     def discard_batch(self, keys: Sequence[str]) -> list[bool]:
         """Remove the objects under ``keys``; for each, whether there was one. A pack whose last
@@ -350,7 +334,7 @@ class FileStore:
                 self._forget_key(key)
             freed = 0
             for pack in emptied:
-                freed += _unlink_sized(self.pack_path(pack))
+                freed += fs.unlink_sized(self.pack_path(pack))
                 records.append(_record(_DROP_PACK, pack, 0, 0, ""))
             if records:
                 self._append(b"".join(records), ahead=True)
@@ -381,7 +365,7 @@ class FileStore:
                 self._members.clear()
                 self._live_record_bytes = 0
             if length > self._read_to:
-                data = _pread_all(self._log_fd, length - self._read_to, self._read_to)
+                data = fs.pread_all(self._log_fd, length - self._read_to, self._read_to)
                 self._apply(data)
                 self._read_to = length
             return
@@ -463,7 +447,7 @@ class FileStore:
         self._write_ledger(gen=gen + 1, length=len(records))
         os.close(self._log_fd)
         self._log_fd, self._gen, self._read_to = fd, gen + 1, len(records)
-        _unlink(f"{self.root}/index.{gen}")
+        fs.unlink(f"{self.root}/index.{gen}")
 
     # -- capacity ---------------------------------------------------------------------------------
 
@@ -514,13 +498,13 @@ class FileStore:
                 packs.append((mtime, pack, size))
                 used += size
             else:
-                _unlink(self.pack_path(pack))
+                fs.unlink(self.pack_path(pack))
         if self.eviction and used + need > self.capacity_bytes:
             target = max(0, min(self.capacity_bytes - need, int(self.capacity_bytes * _EVICT_TO)))
             for _, pack, size in sorted(packs):
                 if used <= target:
                     break
-                _unlink(self.pack_path(pack))
+                fs.unlink(self.pack_path(pack))
                 records.append(_record(_DROP_PACK, pack, 0, 0, ""))
                 used -= size
         if records:
@@ -549,8 +533,8 @@ class FileStore:
         """Remove temp files whose writing process is gone (a writer killed mid-pack)."""
         for item in os.scandir(self._tmp):
             pid = item.name.split(".", 1)[0]
-            if pid.isdigit() and not _alive(int(pid)):
-                _unlink(item.path)
+            if pid.isdigit() and not fs.alive(int(pid)):
+                fs.unlink(item.path)
 
     def _no_space(self, cost: int) -> str:
         if cost + _PACK_HEADER.size > self.capacity_bytes:
@@ -570,10 +554,10 @@ class FileStore:
             raise OSError(errno.EBADF, f"the file store at {self.root} is closed")
         return self._lock
 
-    def _locked(self) -> _FileLock:
+    def _locked(self) -> fs.FileLock:
         if self._closed:
             raise OSError(errno.EBADF, f"the file store at {self.root} is closed")
-        return _FileLock(self._lock, self._lock_fd)
+        return fs.FileLock(self._lock, self._lock_fd)
 
     def _read_ledger(self) -> tuple[int, int, int, int]:
         """The ledger's four numbers. A reader holds no lock, so its read may overlap a writer's
@@ -610,38 +594,9 @@ class FileStore:
         return f"FileStore({self.root!r}, capacity {self.capacity_bytes} bytes, eviction {'on' if self.eviction else 'off'})"
 
 
-class _FileLock:
-    __slots__ = ("_lock", "_fd")
-
-    def __init__(self, lock: threading.Lock, fd: int) -> None:
-        self._lock = lock
-        self._fd = fd
-
-    def __enter__(self) -> None:
-        self._lock.acquire()
-        try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX)
-        except BaseException:
-            self._lock.release()
-            raise
-
-    def __exit__(self, *exc: object) -> None:
-        try:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-        finally:
-            self._lock.release()
-
-
 def _ledger_bytes(used: int, next_pack: int, gen: int, length: int) -> bytes:
     raw = struct.pack("<QQQQ", used, next_pack, gen, length)
     return raw + struct.pack("<I", zlib.crc32(raw))
-
-
-def _now_ns() -> tuple[int, int]:
-    """Now, to the nanosecond, for a pack's times: a file system's own clock for them (tmpfs's)
-    may tick only every few milliseconds, too coarse to order a pack read since it was written."""
-    now = time.time_ns()
-    return now, now
 
 
 def _record(kind: int, pack: int, offset: int, size: int, key: str) -> bytes:
@@ -665,144 +620,3 @@ def _runs(members: list[int], places: list[tuple[int, int, int] | None]) -> Iter
         yield run
 
 
-def _readv(fd: int, buffers: list[memoryview], offset: int) -> int:
-    """``preadv`` until the buffers are full or the file ends; the bytes read."""
-    total = sum(len(b) for b in buffers)
-    done = os.preadv(fd, buffers, offset) if buffers else 0
-    while 0 < done < total:  # a short read (rare): go on from where it stopped
-        k, at = 0, 0
-        while at + len(buffers[k]) <= done:  # buffers[k] is the first not yet full
-            at += len(buffers[k])
-            k += 1
-        more = os.preadv(fd, [buffers[k][done - at:], *buffers[k + 1:]], offset + done)
-        if not more:
-            break
-        done += more
-    return done
-
-
-def _pread_all(fd: int, size: int, offset: int) -> bytes:
-    parts = []
-    while size:
-        chunk = os.pread(fd, size, offset)
-        if not chunk:
-            raise OSError(errno.EIO, "the file store's index is shorter than its ledger says")
-        parts.append(chunk)
-        size -= len(chunk)
-        offset += len(chunk)
-    return b"".join(parts)
-
-
-def _write_all(fd: int, buffers: list[bytes | memoryview]) -> None:
-    total = sum(len(b) for b in buffers)
-    done = os.writev(fd, buffers)
-    if done == total:
-        return
-    flat = [memoryview(b).cast("B") for b in buffers]
-    offset = 0
-    for buf in flat:  # a short write (rare): finish it piece by piece
-        end = offset + len(buf)
-        if done < end:
-            rest = buf[max(0, done - offset):]
-            while len(rest):
-                n = os.write(fd, rest)
-                rest = rest[n:]
-            done = end
-        offset = end
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
-def _unlink_sized(path: str) -> int:
-    """Unlink ``path``; the bytes it held (0 if it was gone)."""
-    try:
-        size = os.stat(path).st_size
-        os.unlink(path)
-    except FileNotFoundError:
-        return 0
-    return size
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _memory_backed(path: str) -> bool:
-    """Whether ``path`` lies on tmpfs or ramfs, by the mount that holds it in /proc/self/mountinfo
-    (False where that cannot be read)."""
-    real = os.path.realpath(path)
-    best, kind = "", ""
-    try:
-        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as mounts:
-            for line in mounts:
-                left, sep, right = line.partition(" - ")
-                fields = left.split()
-                if not sep or len(fields) < 5 or not right.split():
-                    continue
-                point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
-                inside = real == point or real.startswith(point.rstrip("/") + "/")
-                if inside and len(point) >= len(best):  # the deepest mount, the latest of equals
-                    best, kind = point, right.split()[0]
-    except OSError:
-        return False
-    return kind in ("tmpfs", "ramfs")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _prepare(root: str, *dirs: str) -> None:
-    """Create ``root`` (0700), its folders and its FORMAT, and prove it writable; errors name the
-    path."""
-    if os.path.exists(root) and not os.path.isdir(root):
-        raise NotADirectoryError(errno.ENOTDIR, "the file store's root is not a directory", root)
-    try:
-        os.makedirs(root, mode=0o700, exist_ok=True)
-    except NotADirectoryError:
-        raise NotADirectoryError(errno.ENOTDIR, "the file store's root lies under a path that is not a directory",
-                                 root) from None
-    except OSError as exc:
-        raise PermissionError(exc.errno, f"the file store's root cannot be written ({exc.strerror})", root) from None
-    marker = os.path.join(root, "FORMAT")
-    try:
-        with open(marker, "rb") as f:
-            found = f.read(64)
-    except FileNotFoundError:
-        found = None
-    except OSError as exc:
-        raise PermissionError(exc.errno, f"the file store's root cannot be read ({exc.strerror})", root) from None
-    if found is not None and found != _FORMAT:
-        raise FileExistsError(errno.EEXIST, f"the file store's root holds another layout ({found[:32]!r}); "
-                              "remove it or choose another root", root)
-    if found is None and os.path.exists(os.path.join(root, "objects")):
-        raise FileExistsError(errno.EEXIST, "the file store's root holds a store of an older layout (objects/); "
-                              "remove it or choose another root", root)
-    try:
-        for folder in dirs:
-            os.makedirs(folder, mode=0o700, exist_ok=True)
-        probe = os.path.join(dirs[-1], f"{os.getpid()}.probe.{next(_counter)}.tmp")
-        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
-        os.unlink(probe)
-        if found is None:
-            temp = f"{marker}.{os.getpid()}.{next(_counter)}"
-            with open(temp, "wb") as f:
-                f.write(_FORMAT)
-            os.replace(temp, marker)
-    except OSError as exc:
-        raise PermissionError(exc.errno, f"the file store's root cannot be written ({exc.strerror})", root) from None

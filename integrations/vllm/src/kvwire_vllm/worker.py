@@ -11,7 +11,11 @@ the first submitted before the forward; each layer's attention waits for its own
 (``wait_for_layer_load``) and then submits the next layer's, which loads while this one
 computes. Blocks that did not arrive are reported as load errors of that same step (vLLM
 discards the step's output for the request and recomputes from the first of them), and the
-request's blocks computed in that step, on a context that was not whole, are not saved."""
+request's blocks computed in that step, on a context that was not whole, are not saved.
+
+Why one file of this size (~500 lines): the worker side is one object that vLLM drives hook by
+hook, and its loads, saves and served pulls share one step plan, one set of transfers in flight
+and one report to the scheduler side; split apart, each part would reach into that state."""
 
 from __future__ import annotations
 

@@ -1,0 +1,196 @@
+"""System calls on a file store's directory: locks, vectored reads and writes, unlinks, the
+checks of a root, and whether a path lies in memory (tmpfs). No store logic: that is
+:mod:`kvwire_files.store`'s."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import fcntl
+import itertools
+import os
+import re
+import threading
+import time
+
+__all__ = ["FileLock", "alive", "fsync_dir", "memory_backed", "now_ns", "pread_all", "prepare", "readv", "unlink",
+           "unlink_sized", "view", "write_all"]
+
+_counter = itertools.count(1)
+
+
+def view(address: int, size: int) -> memoryview:
+    """``size`` bytes of memory at ``address`` as a writable byte view (no copy)."""
+    return memoryview((ctypes.c_char * size).from_address(address)).cast("B")
+
+
+class FileLock:
+    __slots__ = ("_lock", "_fd")
+
+    def __init__(self, lock: threading.Lock, fd: int) -> None:
+        self._lock = lock
+        self._fd = fd
+
+    def __enter__(self) -> None:
+        self._lock.acquire()
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+        finally:
+            self._lock.release()
+
+
+def now_ns() -> tuple[int, int]:
+    """Now, to the nanosecond, for a pack's times: a file system's own clock for them (tmpfs's)
+    may tick only every few milliseconds, too coarse to order a pack read since it was written."""
+    now = time.time_ns()
+    return now, now
+
+
+def readv(fd: int, buffers: list[memoryview], offset: int) -> int:
+    """``preadv`` until the buffers are full or the file ends; the bytes read."""
+    total = sum(len(b) for b in buffers)
+    done = os.preadv(fd, buffers, offset) if buffers else 0
+    while 0 < done < total:  # a short read (rare): go on from where it stopped
+        k, at = 0, 0
+        while at + len(buffers[k]) <= done:  # buffers[k] is the first not yet full
+            at += len(buffers[k])
+            k += 1
+        more = os.preadv(fd, [buffers[k][done - at:], *buffers[k + 1:]], offset + done)
+        if not more:
+            break
+        done += more
+    return done
+
+
+def pread_all(fd: int, size: int, offset: int) -> bytes:
+    parts = []
+    while size:
+        chunk = os.pread(fd, size, offset)
+        if not chunk:
+            raise OSError(errno.EIO, "the file store's index is shorter than its ledger says")
+        parts.append(chunk)
+        size -= len(chunk)
+        offset += len(chunk)
+    return b"".join(parts)
+
+
+def write_all(fd: int, buffers: list[bytes | memoryview]) -> None:
+    total = sum(len(b) for b in buffers)
+    done = os.writev(fd, buffers)
+    if done == total:
+        return
+    flat = [memoryview(b).cast("B") for b in buffers]
+    offset = 0
+    for buf in flat:  # a short write (rare): finish it piece by piece
+        end = offset + len(buf)
+        if done < end:
+            rest = buf[max(0, done - offset):]
+            while len(rest):
+                n = os.write(fd, rest)
+                rest = rest[n:]
+            done = end
+        offset = end
+
+
+def unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def unlink_sized(path: str) -> int:
+    """Unlink ``path``; the bytes it held (0 if it was gone)."""
+    try:
+        size = os.stat(path).st_size
+        os.unlink(path)
+    except FileNotFoundError:
+        return 0
+    return size
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def memory_backed(path: str) -> bool:
+    """Whether ``path`` lies on tmpfs or ramfs, by the mount that holds it in /proc/self/mountinfo
+    (False where that cannot be read)."""
+    real = os.path.realpath(path)
+    best, kind = "", ""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as mounts:
+            for line in mounts:
+                left, sep, right = line.partition(" - ")
+                fields = left.split()
+                if not sep or len(fields) < 5 or not right.split():
+                    continue
+                point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
+                inside = real == point or real.startswith(point.rstrip("/") + "/")
+                if inside and len(point) >= len(best):  # the deepest mount, the latest of equals
+                    best, kind = point, right.split()[0]
+    except OSError:
+        return False
+    return kind in ("tmpfs", "ramfs")
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def prepare(root: str, *dirs: str, layout: bytes) -> None:
+    """Create ``root`` (0700), its folders and its FORMAT file (``layout``), and prove it
+    writable; errors name the path. A root of another layout is refused."""
+    if os.path.exists(root) and not os.path.isdir(root):
+        raise NotADirectoryError(errno.ENOTDIR, "the file store's root is not a directory", root)
+    try:
+        os.makedirs(root, mode=0o700, exist_ok=True)
+    except NotADirectoryError:
+        raise NotADirectoryError(errno.ENOTDIR, "the file store's root lies under a path that is not a directory",
+                                 root) from None
+    except OSError as exc:
+        raise PermissionError(exc.errno, f"the file store's root cannot be written ({exc.strerror})", root) from None
+    marker = os.path.join(root, "FORMAT")
+    try:
+        with open(marker, "rb") as f:
+            found = f.read(64)
+    except FileNotFoundError:
+        found = None
+    except OSError as exc:
+        raise PermissionError(exc.errno, f"the file store's root cannot be read ({exc.strerror})", root) from None
+    if found is not None and found != layout:
+        raise FileExistsError(errno.EEXIST, f"the file store's root holds another layout ({found[:32]!r}); "
+                              "remove it or choose another root", root)
+    if found is None and os.path.exists(os.path.join(root, "objects")):
+        raise FileExistsError(errno.EEXIST, "the file store's root holds a store of an older layout (objects/); "
+                              "remove it or choose another root", root)
+    try:
+        for folder in dirs:
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+        probe = os.path.join(dirs[-1], f"{os.getpid()}.probe.{next(_counter)}.tmp")
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+        os.unlink(probe)
+        if found is None:
+            temp = f"{marker}.{os.getpid()}.{next(_counter)}"
+            with open(temp, "wb") as f:
+                f.write(layout)
+            os.replace(temp, marker)
+    except OSError as exc:
+        raise PermissionError(exc.errno, f"the file store's root cannot be written ({exc.strerror})", root) from None
