@@ -513,7 +513,8 @@ def test_an_index_that_is_not_whole_fails_every_call_naming_it(tmp_path: Path) -
 
 def test_gets_and_lookups_never_wait_for_the_lock_another_process_holds(tmp_path: Path) -> None:
     """Another process holds the store's lock and never lets go (stopped mid-put): this store's
-    gets and lookups still answer, and its puts wait; once the lock is free the put lands."""
+    gets and lookups still answer, also while a put of this process waits for that lock, and its
+    puts wait; once the lock is free the put lands."""
     import fcntl
 
     store, driver, memory = _store(tmp_path, capacity_bytes=1 << 20)
@@ -539,6 +540,14 @@ def test_gets_and_lookups_never_wait_for_the_lock_another_process_holds(tmp_path
         writer.start()
         writer.join(0.2)
         assert writer.is_alive() and "put" not in answers, "a put did not wait for the lock"
+        # A put of this process now waits for the other process: reads still do not wait.
+        answers.clear()
+        second = threading.Thread(target=read)
+        second.start()
+        second.join(10)
+        assert not second.is_alive(), "a get or a lookup waited behind a put of its own process"
+        assert answers == {"get": [0], "held": [0, int(KeyStatus.MISSING)]}
+        assert writer.is_alive(), "the put did not wait for the lock"
     finally:
         fcntl.flock(holder, fcntl.LOCK_UN)
         os.close(holder)

@@ -25,25 +25,35 @@ def view(address: int, size: int) -> memoryview:
 
 
 class FileLock:
-    __slots__ = ("_lock", "_fd")
+    """The store's lock across processes (``flock`` on ``fd``) and this process's share of it.
 
-    def __init__(self, lock: threading.Lock, fd: int) -> None:
-        self._lock = lock
+    ``writers`` (a thread lock) queues this process's writers before the ``flock``, since threads
+    sharing one open file share its ``flock``; ``state`` (the thread lock readers take for the
+    index held in memory) is taken only once the ``flock`` is held. So a reader never waits for a
+    writer of its own process that is waiting for another process."""
+
+    __slots__ = ("_writers", "_fd", "_state")
+
+    def __init__(self, writers: threading.Lock, fd: int, state: threading.Lock) -> None:
+        self._writers = writers
         self._fd = fd
+        self._state = state
 
     def __enter__(self) -> None:
-        self._lock.acquire()
+        self._writers.acquire()
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX)
         except BaseException:
-            self._lock.release()
+            self._writers.release()
             raise
+        self._state.acquire()
 
     def __exit__(self, *exc: object) -> None:
         try:
+            self._state.release()
             fcntl.flock(self._fd, fcntl.LOCK_UN)
         finally:
-            self._lock.release()
+            self._writers.release()
 
 
 def now_ns() -> tuple[int, int]:

@@ -106,7 +106,10 @@ class FileStore:
         #: Whether the root lies on a file system held in memory (tmpfs, ramfs): then a read only
         #: copies memory (unless the machine swapped the pages out).
         self.in_memory = fs.memory_backed(self.root)
-        self._lock = threading.Lock()  # flock excludes processes, not threads sharing one fd
+        # flock excludes processes, not threads sharing one fd: this process's writers queue on
+        # _writers before it, and the index held in memory is _lock's (readers take only that).
+        self._writers = threading.Lock()
+        self._lock = threading.Lock()
         self._lock_fd = os.open(os.path.join(self.root, "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         self._ledger_fd = os.open(os.path.join(self.root, "ledger"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         # The index as this process last read it; changed only under the lock.
@@ -557,7 +560,7 @@ class FileStore:
     def _locked(self) -> fs.FileLock:
         if self._closed:
             raise OSError(errno.EBADF, f"the file store at {self.root} is closed")
-        return fs.FileLock(self._lock, self._lock_fd)
+        return fs.FileLock(self._writers, self._lock_fd, self._lock)
 
     def _read_ledger(self) -> tuple[int, int, int, int]:
         """The ledger's four numbers. A reader holds no lock, so its read may overlap a writer's
