@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -738,8 +739,8 @@ def test_a_reader_whose_index_is_rewritten_between_its_look_and_its_read_reads_t
     real = reader._read_ledger
     calls = []
 
-    def stale_once() -> tuple[int, int, int, int]:
-        seen = real()
+    def stale_once(*args: bool) -> tuple[int, int, int, int]:
+        seen = real(*args)
         if not calls:
             churn_until_rewritten()  # index.{seen gen} is gone by the time the reader opens it
         calls.append(seen)
@@ -752,3 +753,131 @@ def test_a_reader_whose_index_is_rewritten_between_its_look_and_its_read_reads_t
     assert generations == [f"index.{writer.store._gen}"], generations
     reader.close()
     writer.close()
+
+
+def _on_a_disk_reading_without_waiting(tmp_path: Path) -> None:
+    from kvwire_files import fs
+
+    if fs.memory_backed(str(tmp_path)):
+        pytest.skip(f"{tmp_path} lies in memory (tmpfs): these tests need a root on a disk")
+    probe = FileStore(str(tmp_path / "probe"), capacity_bytes=1 << 20)
+    try:
+        if not probe.reads_without_waiting:
+            pytest.skip(f"this kernel or the file system of {tmp_path} offers no reads that do not wait "
+                        "(RWF_NOWAIT, openat2 RESOLVE_CACHED)")
+    finally:
+        probe.close()
+
+
+def test_on_a_disk_a_small_fetch_of_bytes_in_memory_and_a_lookup_end_inside_the_call_while_the_lock_is_held(
+        tmp_path: Path) -> None:
+    """On a disk the bytes a put just wrote are in the page cache: a fetch of a few rows has
+    concluded and quiesced when ``fetch`` returns, and a lookup answers, also while another
+    process holds the store's lock."""
+    import fcntl
+
+    _on_a_disk_reading_without_waiting(tmp_path)
+    h = _helpers()
+    root = str(tmp_path / "disk")
+    backend = plugin.build({"root": root})
+    holder = -1
+    try:
+        data, names = h["rows"](17, ROWS, SLOT)  # type: ignore[operator]
+        region, v = h["view"](data, names)  # type: ignore[operator]
+        with backend.register_regions([region]):
+            assert h["settle"](backend, "publish", v, HINT).masks[0].all()  # type: ignore[operator]
+        holder = os.open(os.path.join(root, "lock"), os.O_RDWR)
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        assert backend.lookup([0], names, HINT).tolist() == [True] * ROWS  # type: ignore[attr-defined]
+        sink = np.zeros_like(data)
+        region, v = h["view"](sink, names)  # type: ignore[operator]
+        woken = threading.Event()
+        with backend.register_regions([region]):
+            attempt = backend.fetch(v, HINT, woken.set)
+            outcome = attempt.poll()
+            assert outcome is not None and attempt.quiesced(), "the fetch had not ended when fetch() returned"
+            assert outcome.is_delivered and outcome.masks[0].all(), outcome
+            assert woken.wait(10), "no wake after the fetch ended"
+        np.testing.assert_array_equal(sink, data)
+    finally:
+        if holder >= 0:
+            os.close(holder)
+        backend.close()
+
+
+def test_on_a_disk_a_read_of_pages_not_in_memory_is_left_to_a_worker_and_still_lands(tmp_path: Path) -> None:
+    """The pack's pages are dropped from the page cache: a read asked not to wait gives up
+    (``None``) instead of reading the disk, and a fetch through the backend still brings the
+    right bytes (a worker reads them)."""
+    _on_a_disk_reading_without_waiting(tmp_path)
+    h = _helpers()
+    root = str(tmp_path / "cold")
+    backend = plugin.build({"root": root})
+    try:
+        data, names = h["rows"](19, ROWS, SLOT)  # type: ignore[operator]
+        region, v = h["view"](data, names)  # type: ignore[operator]
+        with backend.register_regions([region]):
+            assert h["settle"](backend, "publish", v, HINT).masks[0].all()  # type: ignore[operator]
+        store = backend.driver.store  # type: ignore[attr-defined]
+        (pack,) = os.listdir(os.path.join(root, "packs"))
+        fd = os.open(os.path.join(root, "packs", pack), os.O_RDONLY)
+        try:
+            # Written back, the pages are clean and can be dropped; a page still in another
+            # CPU's batch of new pages is not, so drop until the first page is gone.
+            for _ in range(200):
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                try:
+                    os.preadv(fd, [bytearray(1)], 0, os.RWF_NOWAIT)
+                except BlockingIOError:
+                    break
+                time.sleep(0.01)
+            else:
+                pytest.fail("the pack's pages could not be dropped from the page cache")
+        finally:
+            os.close(fd)
+        keys = store.keys()
+        scratch = [memoryview(bytearray(SLOT)) for _ in keys]
+        assert store.read_batch(keys, scratch, now=True) is None, "a read asked not to wait read the disk"
+        sink = np.zeros_like(data)
+        region, v = h["view"](sink, names)  # type: ignore[operator]
+        with backend.register_regions([region]):
+            out = h["settle"](backend, "fetch", v, HINT)  # type: ignore[operator]
+        assert out.is_delivered and out.masks[0].all(), out
+        np.testing.assert_array_equal(sink, data)
+    finally:
+        backend.close()
+
+
+def test_on_a_disk_a_pack_read_without_waiting_counts_as_used_when_the_next_put_evicts(tmp_path: Path) -> None:
+    """A read asked not to wait leaves the pack's LRU touch to this process's next put (a
+    change of the inode may wait for the journal). That put still finds the pack recently used
+    and evicts another."""
+    _on_a_disk_reading_without_waiting(tmp_path)
+    per_object = 1000 + PACK_HEADER
+    store, driver, memory = _store(tmp_path, capacity_bytes=4 * per_object, eviction=True)
+    for i in range(4):
+        assert driver.put([f"k{i}"], *_addresses(memory, [i])).status.tolist() == [0]
+    result = driver.get_into_now(["k0"], *_addresses(memory, [7]))
+    assert result is not None and result.status.tolist() == [0], "bytes just written were not read from memory"
+    np.testing.assert_array_equal(memory[7], memory[0])
+    assert driver.put(["k4"], *_addresses(memory, [4])).status.tolist() == [0]
+    held = driver.exists([f"k{i}" for i in range(5)]).tolist()
+    assert held[0] and held[4] and not held[1], f"least recently used first: {held}"
+    driver.close()
+
+
+def test_the_conformance_suite_passes_on_a_root_on_a_disk(tmp_path: Path) -> None:
+    """The shared suite (quick profile) against the plugin with its stores on a disk, where
+    small fetches and lookups take the path of reads that do not wait (the default run uses
+    shared memory)."""
+    _on_a_disk_reading_without_waiting(tmp_path)
+    base = tmp_path / "stores"
+    base.mkdir()
+    env = {**os.environ, "KVWIRE_FILES_CONFORMANCE_DIR": str(base)}
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
+                          "--pyargs", "kvwire.testing.suite", "--kvwire-backend", "files"],
+                         capture_output=True, text=True, timeout=600, env=env, cwd=str(tmp_path))
+    tail = run.stdout[-3000:]
+    assert run.returncode == 0, tail + run.stderr[-2000:]
+    assert " passed" in tail and "failed" not in tail, tail

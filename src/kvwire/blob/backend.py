@@ -26,9 +26,11 @@ How it keeps the contract:
 - **Small submissions move inside the call.** A submission of at most ``inline_bytes`` (the
   driver's :attr:`~kvwire.blob.driver.StoreDriver.inline_bytes`: 1 MiB for the in-memory
   driver, 0 for a store that may block; for a fetch, ``inline_get_bytes`` when the driver sets
-  it: 1 MiB for the files store on tmpfs, whose reads take no lock) is one chunk that
-  ``fetch``/``publish`` hands to the driver itself, so it has concluded and quiesced when the call returns: no hand-off to a worker
-  and back. The contract allows it: nothing needs the holder's help (A3), conclusion and
+  it: 1 MiB for the files store, whose reads take no lock) is one chunk that
+  ``fetch``/``publish`` hands to the driver itself, so it has concluded and quiesced when the
+  call returns: no hand-off to a worker and back. A fetch asks the driver's ``get_into_now``,
+  which may answer ``None`` instead of waiting (the files store on a disk, for pages not in
+  memory); then a worker moves the chunk, as for a larger submission. The contract allows it: nothing needs the holder's help (A3), conclusion and
   quiescence may come in any order and at any time after the submission call began (A2.6), and
   a driver that only copies memory cannot hold the call past the deadline (A8.5); the deadline is
   still checked before the copy (A8.1). What the text forbids is a wake inside the holder's call
@@ -382,6 +384,20 @@ class _BlobAttempt(Attempt):
             go = True
         return go, expired and not inline
 
+    def _hand_off(self) -> bool:
+        """Undo the start of the inline chunk (the driver would have waited): whether a worker
+        should run it now. If the attempt concluded meanwhile (its deadline), nothing is left
+        inside the driver, so it quiesces, and the deadline thread owes the wake (W1.6)."""
+        with self._core.cond:
+            self._running -= 1
+            if self._outcome is None:
+                return True
+            self._remaining -= 1
+            if self._running == 0 and not self._quiesced:
+                self._quiesce_locked()
+                self._core.wake_later(self)
+            return False
+
     def _end_chunk(self, lo: int, hi: int, result: BatchResult, inline: bool) -> bool:
         """Record a chunk's answers; whether a wake is owed by the caller (never when
         ``inline``: then the deadline thread is asked for it, W1.6)."""
@@ -490,14 +506,20 @@ def _run_chunk(driver: StoreDriver, attempt: _BlobAttempt, lo: int, hi: int, *, 
     return _finish_chunk(attempt, lo, hi, _call_driver(driver, attempt, lo, hi), inline=inline)
 
 
-def _call_driver(driver: StoreDriver, attempt: _BlobAttempt, lo: int, hi: int) -> BatchResult:
+def _call_driver(driver: StoreDriver, attempt: _BlobAttempt, lo: int, hi: int, now: bool = False) -> BatchResult | None:
     """The driver's answer for rows ``lo:hi`` of a chunk that has begun; a driver that raises or
-    answers something else is a fault of every row (S5.3)."""
+    answers something else is a fault of every row (S5.3). ``now`` (inside the holder's call): a
+    fetch asks :meth:`~StoreDriver.get_into_now`, and ``None`` says it would have waited."""
     if hi == lo:
         return _NO_KEYS
-    call = driver.put if attempt._op == _PUT else driver.get_into
+    if attempt._op == _PUT:
+        call = driver.put
+    else:
+        call = driver.get_into_now if now else driver.get_into
     try:
         result = call(attempt._keys[lo:hi], attempt._addresses[lo:hi], attempt._sizes[lo:hi])
+        if result is None and now and attempt._op == _GET:
+            return None
         if not isinstance(result, BatchResult):
             raise TypeError(f"returned {type(result).__name__}, not a BatchResult")
     except Exception as exc:
@@ -741,9 +763,14 @@ class BlobBackend(Backend, Lookup):
             # deadline thread owes its wakes, since no wake runs inside this call (W1.1, W1.6).
             if go:
                 try:
-                    _finish_chunk(attempt, 0, len(keys), _call_driver(core.driver, attempt, 0, len(keys)), inline=True)
+                    result = _call_driver(core.driver, attempt, 0, len(keys), now=True)
+                    if result is None:  # the driver would have waited: a worker moves the chunk
+                        if attempt._hand_off():
+                            core.queue.put((attempt, 0, len(keys)))
+                    else:
+                        _finish_chunk(attempt, 0, len(keys), result, inline=True)
                 finally:
-                    if attempt._outcome is None:  # recording failed: the deadline thread takes over
+                    if attempt._outcome is None:  # handed off, or recording failed: the deadline thread watches it
                         with core.cond:
                             if attempt._deadline < core.watch_until:
                                 core.watch_until = attempt._deadline

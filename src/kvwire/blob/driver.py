@@ -113,14 +113,16 @@ class StoreDriver(abc.ABC):
     #: unless it makes the same promise.
     inline_bytes: int = 0
 
-    #: The same for a fetch alone; None: :attr:`inline_bytes`. For a driver whose reads only copy
-    #: memory while its writes may wait for another party (a store in shared memory whose writers
-    #: take a lock other processes share: the files store on tmpfs).
+    #: The same for a fetch alone; None: :attr:`inline_bytes`. The fetch is tried inside the
+    #: call with :meth:`get_into_now`, so it suits a driver whose reads only copy memory while its
+    #: writes may wait for another party (the files store on tmpfs, whose writers take a lock
+    #: other processes share), and one whose reads usually copy memory but sometimes would wait
+    #: (the files store on a disk, whose pages are cached or not): it answers ``None`` then.
     inline_get_bytes: int | None = None
 
-    #: Whether ``contains`` may run on the caller's thread for a lookup (L1), rather than on the
-    #: backend's lookup thread: only for a driver whose ``contains`` waits for nothing but memory
-    #: (a lookup must answer within its deadline, L1.7, also when the store stalls).
+    #: Whether a lookup (L1) first tries :meth:`contains_now` on the caller's thread, rather than
+    #: handing ``contains`` to the backend's lookup thread at once (a lookup must answer within its
+    #: deadline, L1.7, also when the store stalls).
     inline_contains: bool = False
 
     def register(self, regions: Sequence[SlotRegion]) -> None:
@@ -138,6 +140,21 @@ class StoreDriver(abc.ABC):
     def get_into(self, keys: Sequence[str], addresses: np.ndarray, sizes: np.ndarray) -> BatchResult:
         """Read object ``keys[i]`` into ``sizes[i]`` bytes at ``addresses[i]``. ``OK`` only when
         the whole object, of exactly that size, was written there."""
+
+    def get_into_now(self, keys: Sequence[str], addresses: np.ndarray, sizes: np.ndarray) -> BatchResult | None:
+        """:meth:`get_into` if it can be done waiting for nothing but memory copies, else
+        ``None`` at once (the destination may then hold anything). The blob backend calls it
+        inside the holder's ``fetch`` for a fetch of at most :attr:`inline_get_bytes`, and hands
+        the fetch to a worker (which calls :meth:`get_into`) when it answers ``None``. The
+        default is :meth:`get_into`: right for a driver that sets :attr:`inline_get_bytes` only
+        because its reads never wait."""
+        return self.get_into(keys, addresses, sizes)
+
+    def contains_now(self, keys: Sequence[str]) -> BatchResult | None:
+        """:meth:`contains` if it can be answered waiting for nothing but memory, else ``None``
+        at once: then the lookup goes to the backend's lookup thread. Called only when
+        :attr:`inline_contains` is set; the default is :meth:`contains`."""
+        return self.contains(keys)
 
     @abc.abstractmethod
     def exists(self, keys: Sequence[str]) -> np.ndarray:

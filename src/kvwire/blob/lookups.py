@@ -4,9 +4,9 @@ A lookup is one :meth:`~kvwire.blob.driver.StoreDriver.contains` call over the k
 (group, name) pair, built with the blob key layout (:func:`~kvwire.blob.keys.store_keys`), so it
 asks about exactly the objects a fetch of those rows would read. The call runs on a thread of
 the backend's own (started on first use), so the caller waits at most its deadline even when the
-store stops answering (a driver whose ``contains`` cannot stall, ``inline_contains``, is called
-on the caller's thread instead); a call still inside the driver at the deadline runs to its end and its
-answer is dropped. Lookups queue behind one another on that thread: behind a store call that
+store stops answering (a driver that sets ``inline_contains`` is first asked on the caller's
+thread, with ``contains_now``, which answers only what waits for nothing but memory); a call
+still inside the driver at the deadline runs to its end and its answer is dropped. Lookups queue behind one another on that thread: behind a store call that
 hangs, later lookups fail by their own deadlines too, and no thread piles up per lookup."""
 
 from __future__ import annotations
@@ -89,22 +89,26 @@ class LookupRunner:
 
     def _ask(self, keys: list[str], timeout_s: float) -> BatchResult:
         job = _Job(keys)
-        with self._cond:
-            if self._stopped:
-                raise SubmissionRejected("this blob backend is shut down; it answers no lookup")
-            inline = self._driver.inline_contains
-            if not inline:
+        began = time.monotonic()
+        if self._driver.inline_contains:
+            # First on the caller's thread, where the driver answers only what waits for nothing
+            # but memory (no hand-off to the thread and back); else to the thread, as below.
+            with self._cond:
+                if self._stopped:
+                    raise SubmissionRejected("this blob backend is shut down; it answers no lookup")
+            self._answer(job, now=True)
+        if job.done.is_set():
+            answered = time.monotonic() - began <= timeout_s  # L1.7: an answer past it is none
+        else:
+            with self._cond:
+                if self._stopped:
+                    raise SubmissionRejected("this blob backend is shut down; it answers no lookup")
                 self._jobs.append(job)
                 if self._thread is None:
                     self._thread = threading.Thread(target=self._run, name=self._thread_name, daemon=True)
                     self._thread.start()
                 self._cond.notify()
-        if inline:  # a call that cannot stall (the driver says so): no hand-off to the thread
-            began = time.monotonic()
-            self._answer(job)
-            answered = time.monotonic() - began <= timeout_s  # L1.7: an answer past it is none
-        else:
-            answered = job.done.wait(timeout_s)
+            answered = job.done.wait(max(0.0, timeout_s - (time.monotonic() - began)))
         if not answered:
             job.abandoned = True
             raise LookupFailed(
@@ -128,10 +132,18 @@ class LookupRunner:
             if not job.abandoned:
                 self._answer(job)
 
-    def _answer(self, job: _Job) -> None:
+    def _answer(self, job: _Job, now: bool = False) -> None:
+        """Answer ``job`` with the driver's ``contains``; with ``now``, its ``contains_now``,
+        leaving the job undone when that would wait."""
         driver = self._driver
         try:
-            job.result = driver.contains(job.keys)
+            if now:
+                result = driver.contains_now(job.keys)
+                if result is None:
+                    return
+                job.result = result
+            else:
+                job.result = driver.contains(job.keys)
         except BaseException as exc:  # handed to the caller as LookupFailed
             log.warning("store driver %s raised during a lookup: %s", type(driver).__name__, exc)
             job.error = exc

@@ -29,11 +29,13 @@ class FilesDriver(StoreDriver):
     def __init__(self, store: FileStore, *, owns_store: bool = False) -> None:
         self.store = store
         self._owns_store = owns_store
-        # A get takes no lock another process holds (kvwire_files.store): on tmpfs it only copies
-        # memory, so a small one may move inside the holder's call (A8.5 holds: nothing it waits
-        # for can stall). A put waits for the store's lock: never inline.
-        self.inline_get_bytes = (1 << 20) if store.in_memory else 0
-        self.inline_contains = store.in_memory
+        # A get takes no lock another process holds (kvwire_files.store). Asked with ``now`` it
+        # waits for nothing but memory (on tmpfs every read is; on a disk, reads that would wait
+        # for it give up at once), so a small one is tried inside the holder's call (A8.5 holds:
+        # nothing it waits for can stall) and goes to a worker when it gives up. A put waits for
+        # the store's lock: never inline.
+        self.inline_get_bytes = (1 << 20) if store.reads_without_waiting else 0
+        self.inline_contains = store.reads_without_waiting
         self._lock = threading.Lock()
         self._spans: Counter[tuple[int, int]] = Counter()
         # Disjoint, sorted [start, end) spans and a byte view of each, replaced whole on every
@@ -114,13 +116,25 @@ class FilesDriver(StoreDriver):
         return BatchResult(np.array(status, dtype=np.uint8), reasons)
 
     def get_into(self, keys: Sequence[str], addresses: np.ndarray, sizes: np.ndarray) -> BatchResult:
+        result = self._get(keys, addresses, sizes, now=False)
+        assert result is not None
+        return result
+
+    def get_into_now(self, keys: Sequence[str], addresses: np.ndarray, sizes: np.ndarray) -> BatchResult | None:
+        """:meth:`get_into` from what is in memory, or ``None`` where it would wait (see
+        :meth:`FileStore.read_batch`)."""
+        return self._get(keys, addresses, sizes, now=self.store.reads_without_waiting)
+
+    def _get(self, keys: Sequence[str], addresses: np.ndarray, sizes: np.ndarray, now: bool) -> BatchResult | None:
         buffers = self._check("get_into", keys, addresses, sizes)
         if self._closed:
             return BatchResult.uniform(len(keys), KeyStatus.FAILED, "the file store driver is closed")
         try:
-            answers = self.store.read_batch(list(keys), buffers)
+            answers = self.store.read_batch(list(keys), buffers, now=now)
         except OSError as exc:
             return BatchResult.uniform(len(keys), KeyStatus.FAILED, f"the file store at {self.store.root}: {exc}")
+        if answers is None:
+            return None
         reasons = {i: why for i, (_, why) in enumerate(answers) if why is not None}
         if not reasons and all(code is KeyStatus.OK for code, _ in answers):
             return BatchResult.ok(len(keys))
@@ -138,12 +152,24 @@ class FilesDriver(StoreDriver):
     def contains(self, keys: Sequence[str]) -> BatchResult:
         """``OK`` for each key the directory holds an object of now, ``MISSING`` for the others
         (lookup, L1); reads no object and changes nothing."""
+        result = self._contains(keys, now=False)
+        assert result is not None
+        return result
+
+    def contains_now(self, keys: Sequence[str]) -> BatchResult | None:
+        """:meth:`contains` from what is in memory, or ``None`` where it would wait."""
+        return self._contains(keys, now=self.store.reads_without_waiting)
+
+    def _contains(self, keys: Sequence[str], now: bool) -> BatchResult | None:
         if self._closed:
             return BatchResult.uniform(len(keys), KeyStatus.FAILED, "the file store driver is closed")
         try:
-            held = self._holds(keys)
+            answer = self.store.holds_batch(keys, now=now)
         except OSError as exc:
             return BatchResult.uniform(len(keys), KeyStatus.FAILED, f"the file store at {self.store.root}: {exc}")
+        if answer is None:
+            return None
+        held = np.array(answer, dtype=bool).reshape(len(keys))
         if held.all():
             return BatchResult.ok(len(keys))
         return BatchResult(np.where(held, int(KeyStatus.OK), int(KeyStatus.MISSING)).astype(np.uint8))

@@ -10,11 +10,12 @@ import fcntl
 import itertools
 import os
 import re
+import sys
 import threading
 import time
 
-__all__ = ["FileLock", "alive", "fsync_dir", "memory_backed", "now_ns", "pread_all", "prepare", "readv", "unlink",
-           "unlink_sized", "view", "write_all"]
+__all__ = ["FileLock", "WouldWait", "alive", "fsync_dir", "memory_backed", "now_ns", "open_cached", "pread_all",
+           "prepare", "readv", "reads_without_waiting", "unlink", "unlink_sized", "view", "write_all"]
 
 _counter = itertools.count(1)
 
@@ -63,9 +64,79 @@ def now_ns() -> tuple[int, int]:
     return now, now
 
 
-def readv(fd: int, buffers: list[memoryview], offset: int) -> int:
-    """``preadv`` until the buffers are full or the file ends; the bytes read."""
+class WouldWait(Exception):
+    """A read asked not to wait (``RWF_NOWAIT``, ``RESOLVE_CACHED``) would have waited for the
+    disk: the bytes or the path are not in memory."""
+
+
+_RWF_NOWAIT = getattr(os, "RWF_NOWAIT", 0)
+_OPENAT2 = 437  # the same number on every Linux architecture (it postdates their split)
+_RESOLVE_CACHED = 0x20
+_AT_FDCWD = -100
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+_syscall = None
+_HOW = _OpenHow(os.O_RDONLY | os.O_CLOEXEC, 0, _RESOLVE_CACHED)
+_HOW_REF = ctypes.byref(_HOW)
+
+
+def open_cached(path: str) -> int:
+    """Open ``path`` read-only if its lookup needs nothing but cached directory entries
+    (``openat2`` with ``RESOLVE_CACHED``, Linux 5.12); ``WouldWait`` otherwise. A missing file
+    is ``FileNotFoundError`` or ``WouldWait`` (when the kernel would have to look on the disk)."""
+    global _syscall
+    if _syscall is None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        _syscall = libc.syscall
+        _syscall.restype = ctypes.c_long
+    fd = _syscall(_OPENAT2, _AT_FDCWD, path.encode(), _HOW_REF, ctypes.sizeof(_HOW))
+    if fd >= 0:
+        return int(fd)
+    code = ctypes.get_errno()
+    if code == errno.EAGAIN:
+        raise WouldWait(path)
+    raise OSError(code, os.strerror(code), path)
+
+
+def reads_without_waiting(fd: int, path: str) -> bool:
+    """Whether reads here can be asked not to wait for the disk: ``RWF_NOWAIT`` reads of the
+    open file ``fd`` and ``RESOLVE_CACHED`` opens of ``path`` (a file in the same directory) are
+    both offered. tmpfs refuses ``RWF_NOWAIT`` (EOPNOTSUPP), which needs none: its reads are
+    memory."""
+    if not _RWF_NOWAIT or not sys.platform.startswith("linux"):
+        return False
+    try:
+        os.preadv(fd, [bytearray(1)], 0, _RWF_NOWAIT)
+    except BlockingIOError:
+        pass
+    except OSError:
+        return False
+    try:
+        os.close(open_cached(path))
+    except (WouldWait, FileNotFoundError):
+        pass
+    except (OSError, AttributeError):
+        return False
+    return True
+
+
+def readv(fd: int, buffers: list[memoryview], offset: int, nowait: bool = False) -> int:
+    """``preadv`` until the buffers are full or the file ends; the bytes read. ``nowait``: one
+    ``preadv`` that takes only what is in memory, and ``WouldWait`` unless it filled every
+    buffer (a short read cannot tell the file's end from pages not read yet)."""
     total = sum(len(b) for b in buffers)
+    if nowait:
+        try:
+            done = os.preadv(fd, buffers, offset, _RWF_NOWAIT) if buffers else 0
+        except BlockingIOError:
+            raise WouldWait() from None
+        if done != total:
+            raise WouldWait()
+        return done
     done = os.preadv(fd, buffers, offset) if buffers else 0
     while 0 < done < total:  # a short read (rare): go on from where it stopped
         k, at = 0, 0
@@ -79,7 +150,11 @@ def readv(fd: int, buffers: list[memoryview], offset: int) -> int:
     return done
 
 
-def pread_all(fd: int, size: int, offset: int) -> bytes:
+def pread_all(fd: int, size: int, offset: int, nowait: bool = False) -> bytes:
+    if nowait:
+        buffer = bytearray(size)
+        readv(fd, [memoryview(buffer)], offset, nowait=True)
+        return bytes(buffer)
     parts = []
     while size:
         chunk = os.pread(fd, size, offset)

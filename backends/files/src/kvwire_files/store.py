@@ -112,6 +112,13 @@ class FileStore:
         self._lock = threading.Lock()
         self._lock_fd = os.open(os.path.join(self.root, "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         self._ledger_fd = os.open(os.path.join(self.root, "ledger"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        # On a disk, reads asked not to wait take what is in memory or give up at once
+        # (read_batch and holds_batch with ``now``); on tmpfs every read is memory already.
+        self._nowait = not self.in_memory and fs.reads_without_waiting(self._ledger_fd, os.path.join(self.root, "lock"))
+        #: Whether read_batch and holds_batch can be asked to answer waiting for nothing but
+        #: memory (``now``): on tmpfs, and on a disk whose kernel offers reads that do not wait.
+        self.reads_without_waiting = self.in_memory or self._nowait
+        self._touch_later: set[int] = set()  # packs read with ``now`` on a disk, touched by the next put
         # The index as this process last read it; changed only under the lock.
         self._gen = -1
         self._log_fd = -1
@@ -142,9 +149,23 @@ class FileStore:
             self._refresh()
             return list(self._where)
 
-    def holds_batch(self, keys: Sequence[str]) -> list[bool]:
+    def holds_batch(self, keys: Sequence[str], *, now: bool = False) -> list[bool] | None:
         """For each key, whether an object is stored under it now (one look at the index). Raises
-        ``OSError`` when the index cannot be read."""
+        ``OSError`` when the index cannot be read. ``now``: ``None`` instead of waiting for
+        anything but memory (another thread of this process reading the index, or index pages
+        on the disk)."""
+        if now:
+            if not self._lock.acquire(blocking=False):
+                return None
+            try:
+                self._check_open()
+                self._refresh(now=True)
+                where = self._where
+                return [key in where for key in keys]
+            except fs.WouldWait:
+                return None
+            finally:
+                self._lock.release()
         with self._reading():
             self._refresh()
             where = self._where
@@ -258,22 +279,50 @@ class FileStore:
         finally:
             os.close(fd)
 
-    def read_batch(self, keys: Sequence[str], buffers: Sequence[memoryview]) -> list[tuple[KeyStatus, str | None]]:
+    def read_batch(self, keys: Sequence[str], buffers: Sequence[memoryview], *, now: bool = False
+                   ) -> list[tuple[KeyStatus, str | None]] | None:
         """Read object ``keys[i]`` straight into ``buffers[i]``, a writable byte view (no copy
         through Python bytes): ``OK``, ``MISSING``, or ``FAILED`` with a reason when the store
-        holds it at another size or its pack is not whole. Per pack the keys lie in: open, a check of its header,
-        one ``preadv`` per run of adjacent objects (in the order they lie in the pack), the LRU
-        touch, close."""
+        holds it at another size or its pack is not whole. Per pack the keys lie in: open, a
+        check of its header, one ``preadv`` per run of adjacent objects (in the order they lie in
+        the pack), the LRU touch, close.
+
+        ``now`` (only where :attr:`reads_without_waiting`): ``None`` instead of waiting for
+        anything but memory: another thread of this process reading the index, or on a disk a
+        path, index page or object page that is not in memory (the buffers may then hold
+        anything). On a disk the LRU touch of such a read waits for this process's next put."""
         n = len(keys)
         if n != len(buffers):
             raise ValueError(f"read_batch: {n} keys and {len(buffers)} buffers")
+        if now:
+            try:
+                return self._read_batch(keys, buffers, now=True)
+            except fs.WouldWait:
+                return None
+        return self._read_batch(keys, buffers, now=False)
+
+    def _read_batch(self, keys: Sequence[str], buffers: Sequence[memoryview], now: bool
+                    ) -> list[tuple[KeyStatus, str | None]] | None:
+        n = len(keys)
         sizes = [len(b) for b in buffers]
         missing = (KeyStatus.MISSING, None)
         out: list[tuple[KeyStatus, str | None]] = [missing] * n
-        with self._reading():
-            self._refresh()
-            get = self._where.get
-            places = [get(key) for key in keys]
+        if now:
+            if not self._lock.acquire(blocking=False):
+                return None
+            try:
+                self._check_open()
+                self._refresh(now=True)
+                get = self._where.get
+                places = [get(key) for key in keys]
+            finally:
+                self._lock.release()
+        else:
+            with self._reading():
+                self._refresh()
+                get = self._where.get
+                places = [get(key) for key in keys]
+        nowait = now and self._nowait
         by_pack: dict[int, list[int]] = {}
         ok = (KeyStatus.OK, None)
         for i, place in enumerate(places):
@@ -285,7 +334,10 @@ class FileStore:
             by_pack.setdefault(place[0], []).append(i)
         for pack, members in by_pack.items():
             try:
-                fd = os.open(self.pack_path(pack), os.O_RDONLY | os.O_CLOEXEC)
+                if nowait:
+                    fd = fs.open_cached(self.pack_path(pack))
+                else:
+                    fd = os.open(self.pack_path(pack), os.O_RDONLY | os.O_CLOEXEC)
             except FileNotFoundError:  # evicted since the index was read: a miss
                 continue
             except OSError as exc:
@@ -293,22 +345,25 @@ class FileStore:
                     out[i] = (KeyStatus.FAILED, f"opening the pack of {keys[i]!r} under {self.root} failed: {exc}")
                 continue
             try:
-                if os.pread(fd, _PACK_HEADER.size, 0) != _PACK_HEADER.pack(_PACK_MAGIC, pack):
+                if fs.pread_all(fd, _PACK_HEADER.size, 0, nowait) != _PACK_HEADER.pack(_PACK_MAGIC, pack):
                     for i in members:
                         out[i] = (KeyStatus.FAILED, f"the pack file of {keys[i]!r} under {self.root} is not that pack")
                     continue
                 members.sort(key=lambda i: places[i][1])  # type: ignore[index]
                 for run in _runs(members, places):
                     start = places[run[0]][1]  # type: ignore[index]
-                    got = fs.readv(fd, [buffers[i] for i in run if sizes[i]], start)
+                    got = fs.readv(fd, [buffers[i] for i in run if sizes[i]], start, nowait)
                     for i in run:
                         end = places[i][1] + sizes[i]  # type: ignore[index]
                         out[i] = ok if end - start <= got else (
                             KeyStatus.FAILED, f"the pack file of {keys[i]!r} under {self.root} is torn (cut short)")
-                try:  # least recently used goes first when the store evicts
-                    os.utime(fd, ns=fs.now_ns())
-                except OSError:
-                    pass
+                if nowait:  # a change of the inode may wait for the file system's journal
+                    self._touch_later.add(pack)
+                else:
+                    try:  # least recently used goes first when the store evicts
+                        os.utime(fd, ns=fs.now_ns())
+                    except OSError:
+                        pass
             except OSError as exc:
                 for i in members:
                     if out[i] is missing:
@@ -347,19 +402,25 @@ class FileStore:
 
     # -- the index --------------------------------------------------------------------------------
 
-    def _refresh(self) -> None:
+    def _refresh(self, now: bool = False) -> None:
         """Apply the index records committed since this process last read it. Needs the thread
         lock only: the committed part of a log never changes (writers append past it, and a
         rewrite goes to the next generation's file), so a reader takes no lock other processes
-        could hold it up with."""
+        could hold it up with. ``now``: ``WouldWait`` rather than wait for the disk."""
+        nowait = now and self._nowait
         for _ in range(_RETRIES):
-            _, _, gen, length = self._read_ledger()
+            _, _, gen, length = self._read_ledger(nowait)
             if gen != self._gen:
                 try:
-                    fd = os.open(f"{self.root}/index.{gen}", os.O_RDWR | os.O_CLOEXEC)
+                    if nowait:
+                        fd = fs.open_cached(f"{self.root}/index.{gen}")
+                    else:
+                        fd = os.open(f"{self.root}/index.{gen}", os.O_RDWR | os.O_CLOEXEC)
                 except FileNotFoundError:
                     if length:  # rewritten again since the ledger was read: read it again
                         continue
+                    if now:
+                        raise fs.WouldWait() from None  # a new store's first index: a worker makes it
                     fd = os.open(f"{self.root}/index.{gen}", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
                 if self._log_fd >= 0:
                     os.close(self._log_fd)
@@ -368,7 +429,7 @@ class FileStore:
                 self._members.clear()
                 self._live_record_bytes = 0
             if length > self._read_to:
-                data = fs.pread_all(self._log_fd, length - self._read_to, self._read_to)
+                data = fs.pread_all(self._log_fd, length - self._read_to, self._read_to, nowait)
                 self._apply(data)
                 self._read_to = length
             return
@@ -469,6 +530,7 @@ class FileStore:
             fitting += 1
         with self._locked():
             self._refresh()
+            self._touch_deferred()
             used, next_pack, _, _ = self._read_ledger()
             if used + overhead + sum(costs) > self.capacity_bytes and fitting:
                 used = self._rescan(need)
@@ -514,6 +576,16 @@ class FileStore:
             self._append(b"".join(records))
         return used
 
+    def _touch_deferred(self) -> None:
+        """Under the lock: the LRU touches of packs read with ``now`` on a disk (before an
+        eviction reads the packs' times)."""
+        while self._touch_later:
+            pack = self._touch_later.pop()
+            try:
+                os.utime(self.pack_path(pack), ns=fs.now_ns())
+            except OSError:
+                pass
+
     def _pack_files(self) -> Iterator[tuple[int, int, float]]:
         for item in os.scandir(self._packs):
             try:
@@ -553,20 +625,32 @@ class FileStore:
 
     def _reading(self) -> threading.Lock:
         """The lock a reader takes: this process's threads only (see :meth:`_refresh`)."""
+        self._check_open()
+        return self._lock
+
+    def _check_open(self) -> None:
         if self._closed:
             raise OSError(errno.EBADF, f"the file store at {self.root} is closed")
-        return self._lock
 
     def _locked(self) -> fs.FileLock:
         if self._closed:
             raise OSError(errno.EBADF, f"the file store at {self.root} is closed")
         return fs.FileLock(self._writers, self._lock_fd, self._lock)
 
-    def _read_ledger(self) -> tuple[int, int, int, int]:
+    def _read_ledger(self, nowait: bool = False) -> tuple[int, int, int, int]:
         """The ledger's four numbers. A reader holds no lock, so its read may overlap a writer's
-        and see part of each: the checksum tells, and it reads again."""
+        and see part of each: the checksum tells, and it reads again. ``nowait``: ``WouldWait``
+        rather than wait for the disk."""
         for _ in range(_RETRIES):
-            raw = os.pread(self._ledger_fd, _LEDGER.size, 0)
+            if nowait:
+                buffer = bytearray(_LEDGER.size)
+                try:
+                    got = os.preadv(self._ledger_fd, [buffer], 0, os.RWF_NOWAIT)
+                except BlockingIOError:
+                    raise fs.WouldWait() from None
+                raw = bytes(buffer[:got])
+            else:
+                raw = os.pread(self._ledger_fd, _LEDGER.size, 0)
             if not raw:
                 return 0, 0, 0, 0  # a new store
             if len(raw) == _LEDGER.size:
