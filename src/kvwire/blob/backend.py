@@ -26,7 +26,7 @@ How it keeps the contract:
 - **Small submissions move inside the call.** A submission of at most ``inline_bytes`` (the
   driver's :attr:`~kvwire.blob.driver.StoreDriver.inline_bytes`: 1 MiB for the in-memory
   driver, 0 for a store that may block; for a fetch, ``inline_get_bytes`` when the driver sets
-  it: 1 MiB for the files store, whose reads take no lock) is one chunk that
+  it: 256 KiB for the files store, whose reads take no lock) is one chunk that
   ``fetch``/``publish`` hands to the driver itself, so it has concluded and quiesced when the
   call returns: no hand-off to a worker and back. A fetch asks the driver's ``get_into_now``,
   which may answer ``None`` instead of waiting (the files store on a disk, for pages not in
