@@ -881,3 +881,44 @@ def test_the_conformance_suite_passes_on_a_root_on_a_disk(tmp_path: Path) -> Non
     tail = run.stdout[-3000:]
     assert run.returncode == 0, tail + run.stderr[-2000:]
     assert " passed" in tail and "failed" not in tail, tail
+
+
+def test_on_a_disk_a_store_whose_first_look_at_a_new_index_was_a_read_without_waiting_still_puts(
+        tmp_path: Path) -> None:
+    """Store S reads without waiting (a small fetch inside the holder's call) and so opens a new
+    generation of the index on that path; its puts append through that same file, so they must
+    still commit, and another store sees them."""
+    import kvwire_files.store as store_module
+
+    _on_a_disk_reading_without_waiting(tmp_path)
+    root = str(tmp_path / "s")
+    memory = np.random.default_rng(9).integers(0, 256, size=(8, 1000), dtype=np.uint8)
+
+    def opened() -> FilesDriver:
+        driver = FilesDriver(FileStore(root, capacity_bytes=1 << 22), owns_store=True)
+        driver.register([SlotRegion(1, memory.ctypes.data, 1000, 8, MemoryKind.HOST)])
+        return driver
+
+    other, reader = opened(), opened()
+    assert other.put(["a"], *_addresses(memory, [0])).status.tolist() == [0]
+    assert reader.get_into_now(["a"], *_addresses(memory, [5])) is not None  # its first index, read now
+    # The other store rewrites the index: the reader's next look opens the new generation now.
+    compact_at = store_module._COMPACT_AT
+    try:
+        store_module._COMPACT_AT = 0
+        for i in range(20):
+            other.put([f"b{i}"], *_addresses(memory, [1]))
+            other.remove([f"b{i}"])
+            if other.store._gen:
+                break
+    finally:
+        store_module._COMPACT_AT = compact_at
+    gen = other.store._gen
+    assert gen > 0, "the index was not rewritten"
+    result = reader.get_into_now(["a"], *_addresses(memory, [6]))
+    assert result is not None and result.status.tolist() == [0] and reader.store._gen == gen
+    put = reader.put(["c"], *_addresses(memory, [2]))
+    assert put.status.tolist() == [0], put.reasons
+    assert other.exists(["a", "c"]).tolist() == [True, True]
+    reader.close()
+    other.close()

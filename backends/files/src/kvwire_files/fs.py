@@ -80,20 +80,21 @@ class _OpenHow(ctypes.Structure):
 
 
 _syscall = None
-_HOW = _OpenHow(os.O_RDONLY | os.O_CLOEXEC, 0, _RESOLVE_CACHED)
-_HOW_REF = ctypes.byref(_HOW)
+_HOWS = {flags: _OpenHow(flags | os.O_CLOEXEC, 0, _RESOLVE_CACHED) for flags in (os.O_RDONLY, os.O_RDWR)}
+_HOW_REFS = {flags: ctypes.byref(how) for flags, how in _HOWS.items()}
 
 
-def open_cached(path: str) -> int:
-    """Open ``path`` read-only if its lookup needs nothing but cached directory entries
-    (``openat2`` with ``RESOLVE_CACHED``, Linux 5.12); ``WouldWait`` otherwise. A missing file
-    is ``FileNotFoundError`` or ``WouldWait`` (when the kernel would have to look on the disk)."""
+def open_cached(path: str, flags: int = os.O_RDONLY) -> int:
+    """Open ``path`` (``flags``: ``O_RDONLY`` or ``O_RDWR``) if its lookup needs nothing but
+    cached directory entries (``openat2`` with ``RESOLVE_CACHED``, Linux 5.12); ``WouldWait``
+    otherwise. A missing file is ``FileNotFoundError`` or ``WouldWait`` (when the kernel would
+    have to look on the disk)."""
     global _syscall
     if _syscall is None:
         libc = ctypes.CDLL(None, use_errno=True)
         _syscall = libc.syscall
         _syscall.restype = ctypes.c_long
-    fd = _syscall(_OPENAT2, _AT_FDCWD, path.encode(), _HOW_REF, ctypes.sizeof(_HOW))
+    fd = _syscall(_OPENAT2, _AT_FDCWD, path.encode(), _HOW_REFS[flags], ctypes.sizeof(_OpenHow))
     if fd >= 0:
         return int(fd)
     code = ctypes.get_errno()

@@ -412,8 +412,8 @@ class FileStore:
             _, _, gen, length = self._read_ledger(nowait)
             if gen != self._gen:
                 try:
-                    if nowait:
-                        fd = fs.open_cached(f"{self.root}/index.{gen}")
+                    if nowait:  # read and write: this process's writers append through it
+                        fd = fs.open_cached(f"{self.root}/index.{gen}", os.O_RDWR)
                     else:
                         fd = os.open(f"{self.root}/index.{gen}", os.O_RDWR | os.O_CLOEXEC)
                 except FileNotFoundError:
