@@ -58,6 +58,16 @@ def _helpers() -> dict[str, object]:
     return scope
 
 
+def _fetch_back(h: dict[str, object], backend: object, data: np.ndarray, names: np.ndarray) -> None:
+    """Fetch ``names`` through ``backend`` into zeroed rows: every row arrives, equal to ``data``."""
+    sink = np.zeros_like(data)
+    region, v = h["view"](sink, names)  # type: ignore[operator]
+    with backend.register_regions([region]):  # type: ignore[attr-defined]
+        out = h["settle"](backend, "fetch", v, HINT)  # type: ignore[operator]
+    assert out.is_delivered and out.masks[0].all(), out
+    np.testing.assert_array_equal(sink, data)
+
+
 def _run(tmp_path: Path, body: str) -> subprocess.CompletedProcess[str]:
     script = tmp_path / "other_process.py"
     script.write_text(HELPERS + textwrap.dedent(body))
@@ -91,12 +101,7 @@ def test_one_process_publishes_another_fetches_the_same_bytes_and_looks_them_up(
         assert backend.lookup([0], strangers, HINT).tolist() == [False] * ROWS  # type: ignore[attr-defined]
         assert backend.lookup([1], names, HINT).tolist() == [False] * ROWS  # type: ignore[attr-defined]
 
-        sink = np.zeros_like(data)
-        region, v = h["view"](sink, names)  # type: ignore[operator]
-        with backend.register_regions([region]):
-            out = h["settle"](backend, "fetch", v, HINT)  # type: ignore[operator]
-        assert out.is_delivered and out.masks[0].all(), out
-        np.testing.assert_array_equal(sink, data)
+        _fetch_back(h, backend, data, names)
     finally:
         backend.close()
 
@@ -557,18 +562,25 @@ def test_gets_and_lookups_never_wait_for_the_lock_another_process_holds(tmp_path
     driver.close()
 
 
-@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm (tmpfs) on this machine")
-def test_in_shared_memory_a_small_fetch_and_a_lookup_end_inside_the_call_even_while_the_lock_is_held(
-        tmp_path: Path) -> None:
-    """On tmpfs a get only copies memory and takes no lock other processes hold: a fetch of a
-    few rows has concluded and quiesced when ``fetch`` returns, and a lookup answers, also while
-    another process holds the store's lock."""
+@pytest.mark.parametrize("where", ["shared memory", "disk"])
+def test_a_small_fetch_and_a_lookup_end_inside_the_call_even_while_the_lock_is_held(
+        where: str, tmp_path: Path) -> None:
+    """On tmpfs a get only copies memory, and on a disk the bytes a put just wrote are in the page
+    cache; a get takes no lock other processes hold: a fetch of a few rows has concluded and
+    quiesced when ``fetch`` returns, and a lookup answers, also while another process holds the
+    store's lock."""
     import fcntl
     import shutil
     import tempfile
 
+    if where == "disk":
+        _on_a_disk_reading_without_waiting(tmp_path)
+        root = str(tmp_path / "disk")
+    elif not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm (tmpfs) on this machine")
+    else:
+        root = tempfile.mkdtemp(prefix="kvwire-files-inline-", dir="/dev/shm")
     h = _helpers()
-    root = tempfile.mkdtemp(prefix="kvwire-files-inline-", dir="/dev/shm")
     backend = plugin.build({"root": root})
     holder = -1
     try:
@@ -769,42 +781,6 @@ def _on_a_disk_reading_without_waiting(tmp_path: Path) -> None:
         probe.close()
 
 
-def test_on_a_disk_a_small_fetch_of_bytes_in_memory_and_a_lookup_end_inside_the_call_while_the_lock_is_held(
-        tmp_path: Path) -> None:
-    """On a disk the bytes a put just wrote are in the page cache: a fetch of a few rows has
-    concluded and quiesced when ``fetch`` returns, and a lookup answers, also while another
-    process holds the store's lock."""
-    import fcntl
-
-    _on_a_disk_reading_without_waiting(tmp_path)
-    h = _helpers()
-    root = str(tmp_path / "disk")
-    backend = plugin.build({"root": root})
-    holder = -1
-    try:
-        data, names = h["rows"](17, ROWS, SLOT)  # type: ignore[operator]
-        region, v = h["view"](data, names)  # type: ignore[operator]
-        with backend.register_regions([region]):
-            assert h["settle"](backend, "publish", v, HINT).masks[0].all()  # type: ignore[operator]
-        holder = os.open(os.path.join(root, "lock"), os.O_RDWR)
-        fcntl.flock(holder, fcntl.LOCK_EX)
-        assert backend.lookup([0], names, HINT).tolist() == [True] * ROWS  # type: ignore[attr-defined]
-        sink = np.zeros_like(data)
-        region, v = h["view"](sink, names)  # type: ignore[operator]
-        woken = threading.Event()
-        with backend.register_regions([region]):
-            attempt = backend.fetch(v, HINT, woken.set)
-            outcome = attempt.poll()
-            assert outcome is not None and attempt.quiesced(), "the fetch had not ended when fetch() returned"
-            assert outcome.is_delivered and outcome.masks[0].all(), outcome
-            assert woken.wait(10), "no wake after the fetch ended"
-        np.testing.assert_array_equal(sink, data)
-    finally:
-        if holder >= 0:
-            os.close(holder)
-        backend.close()
-
-
 def test_on_a_disk_a_read_of_pages_not_in_memory_is_left_to_a_worker_and_still_lands(tmp_path: Path) -> None:
     """The pack's pages are dropped from the page cache: a read asked not to wait gives up
     (``None``) instead of reading the disk, and a fetch through the backend still brings the
@@ -839,12 +815,7 @@ def test_on_a_disk_a_read_of_pages_not_in_memory_is_left_to_a_worker_and_still_l
         keys = store.keys()
         scratch = [memoryview(bytearray(SLOT)) for _ in keys]
         assert store.read_batch(keys, scratch, now=True) is None, "a read asked not to wait read the disk"
-        sink = np.zeros_like(data)
-        region, v = h["view"](sink, names)  # type: ignore[operator]
-        with backend.register_regions([region]):
-            out = h["settle"](backend, "fetch", v, HINT)  # type: ignore[operator]
-        assert out.is_delivered and out.masks[0].all(), out
-        np.testing.assert_array_equal(sink, data)
+        _fetch_back(h, backend, data, names)
     finally:
         backend.close()
 

@@ -30,7 +30,11 @@ ledger, both under the lock, so a reader never sees a half-written record, and a
 mid-record leaves bytes that the next writer overwrites. Readers (gets and lookups) take no lock
 another process could hold: the committed part of a log never changes, and a read of the ledger
 that overlapped a write fails its checksum and is read again. So a process stopped while it
-holds the lock delays only other writers. A put under a key the index holds keeps the first
+holds the lock delays only other writers (this process's writers wait for it on a thread lock of
+their own, and take the readers' only once they hold the ``flock``). Asked with ``now``, a read
+also waits for no disk: on a disk it reads with ``RWF_NOWAIT`` and opens with
+``RESOLVE_CACHED``, and gives up (``None``) where the page cache or the dentry cache would not
+do. A put under a key the index holds keeps the first
 object's bytes (``ALREADY_THERE``), also when two writers race: the later one finds the key held
 when it commits. When the log has grown to four times what its live records need, the writer
 that notices writes them to ``index.{gen + 1}``; readers that see the new generation read it
@@ -154,22 +158,28 @@ class FileStore:
         ``OSError`` when the index cannot be read. ``now``: ``None`` instead of waiting for
         anything but memory (another thread of this process reading the index, or index pages
         on the disk)."""
-        if now:
-            if not self._lock.acquire(blocking=False):
-                return None
-            try:
-                self._check_open()
-                self._refresh(now=True)
-                where = self._where
-                return [key in where for key in keys]
-            except fs.WouldWait:
-                return None
-            finally:
-                self._lock.release()
-        with self._reading():
-            self._refresh()
-            where = self._where
-            return [key in where for key in keys]
+        places = self._places(keys, now)
+        return None if places is None else [place is not None for place in places]
+
+    def _places(self, keys: Sequence[str], now: bool) -> list[tuple[int, int, int] | None] | None:
+        """Each key's (pack, offset, size) in the index as it stands now, or None for a key not
+        held; with ``now``, ``None`` instead of waiting for anything but memory."""
+        if not now:
+            with self._reading():
+                self._refresh()
+                get = self._where.get
+                return [get(key) for key in keys]
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            self._check_open()
+            self._refresh(now=True)
+            get = self._where.get
+            return [get(key) for key in keys]
+        except fs.WouldWait:
+            return None
+        finally:
+            self._lock.release()
 
     # -- objects ----------------------------------------------------------------------------------
 
@@ -307,21 +317,9 @@ class FileStore:
         sizes = [len(b) for b in buffers]
         missing = (KeyStatus.MISSING, None)
         out: list[tuple[KeyStatus, str | None]] = [missing] * n
-        if now:
-            if not self._lock.acquire(blocking=False):
-                return None
-            try:
-                self._check_open()
-                self._refresh(now=True)
-                get = self._where.get
-                places = [get(key) for key in keys]
-            finally:
-                self._lock.release()
-        else:
-            with self._reading():
-                self._refresh()
-                get = self._where.get
-                places = [get(key) for key in keys]
+        places = self._places(keys, now)
+        if places is None:
+            return None
         nowait = now and self._nowait
         by_pack: dict[int, list[int]] = {}
         ok = (KeyStatus.OK, None)
