@@ -30,13 +30,14 @@ How it keeps the contract:
   ``fetch``/``publish`` hands to the driver itself, so it has concluded and quiesced when the
   call returns: no hand-off to a worker and back. A fetch asks the driver's ``get_into_now``,
   which may answer ``None`` instead of waiting (the files store on a disk, for pages not in
-  memory); then a worker moves the chunk, as for a larger submission. The contract allows it: nothing needs the holder's help (A3), conclusion and
-  quiescence may come in any order and at any time after the submission call began (A2.6), and
-  a driver that only copies memory cannot hold the call past the deadline (A8.5); the deadline is
-  still checked before the copy (A8.1). What the text forbids is a wake inside the holder's call
-  (W1.6), so the call does not wake: it concludes, then asks the deadline thread for the wake
-  (W1.2 wants one after each conclusion, W1.1 after the change is visible, which it is). A holder
-  that looks before it sleeps (the runtime's holder loop does) sees the attempt done at once.
+  memory); then a worker moves the chunk, as for a larger submission. The contract allows it:
+  nothing needs the holder's help (A3), conclusion and quiescence may come in any order and at
+  any time after the submission call began (A2.6), and a driver that only copies memory cannot
+  hold the call past the deadline (A8.5); the deadline is still checked before the copy (A8.1).
+  What the text forbids is a wake inside the holder's call (W1.6), so the call does not wake: it
+  concludes, then asks the deadline thread for the wake (W1.2 wants one after each conclusion,
+  W1.1 after the change is visible, which it is). A holder that looks before it sleeps (the
+  runtime's holder loop does) sees the attempt done at once.
 - **Waking (W1).** ``wake`` is called after the outcome or the quiescence it reports is set, from
   a worker thread or the deadline thread; never from inside a backend or attempt method, so a
   holder may call ``cancel()`` while holding the lock its ``wake`` takes. Wakes the holder's own
