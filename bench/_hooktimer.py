@@ -10,6 +10,7 @@ a daemon thread writes them out every 0.2 s, so no hook pays for a file write.""
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import threading
@@ -27,17 +28,14 @@ HOOKS = ("get_num_new_matched_tokens", "update_state_after_alloc", "build_connec
          "get_block_ids_with_load_errors", "build_connector_worker_meta", "get_kv_connector_stats",
          "handle_preemptions")
 
-_records: list[tuple[float, str, float]] = []
-_lock = threading.Lock()
+_records: collections.deque[tuple[float, str, float]] = collections.deque()  # appends and pops are thread-safe
 _writer: threading.Thread | None = None
 
 
 def _write_out(path: str) -> None:
     while True:
         time.sleep(0.2)
-        with _lock:
-            batch = _records[:]
-            del _records[:]
+        batch = [_records.popleft() for _ in range(len(_records))]
         if batch:
             with open(path, "a") as f:
                 f.writelines(json.dumps({"t": t, "hook": h, "wall": w}) + "\n" for t, h, w in batch)

@@ -192,9 +192,7 @@ def main() -> int:
 
         def engine(name: str, config: dict | None, env: dict | None = None) -> Engine:
             env = {**(env or {}), "PYTHONPATH": path_env, "KVWIRE_BENCH_HOOKS": str(hooks / name)}
-            e = Engine(name, model, config, env=env, max_model_len=max_len, log_dir=work)
-            e.bench_name = name  # type: ignore[attr-defined]
-            return e
+            return Engine(name, model, config, env=env, max_model_len=max_len, log_dir=work)
 
         def traced(name: str) -> dict[str, str] | None:
             if args.trace is None:
@@ -267,7 +265,7 @@ def main() -> int:
                                 seconds, cached, t0 = ttft(b, p)
                             rows.append((label, length, seconds, cached))
                             if label != "plain recompute":
-                                timed_requests.append((label, length, b.bench_name, t0, seconds))  # type: ignore[attr-defined]
+                                timed_requests.append((label, length, b.name, t0, seconds))
                             print(f"{label:30s} {length:6d} run {run}: {seconds * 1e3:8.1f} ms, cached {cached}",
                                   flush=True)
                             if args.trace is not None and label in traced_names:

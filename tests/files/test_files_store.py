@@ -12,7 +12,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +21,7 @@ from kvwire_files import FilesDriver, FileStore, default_root, plugin
 from kvwire.blob import KeyStatus
 from kvwire.contract import CacheKind, Hint, LayerGroupRows, MemoryKind, SlotRegion, TokenRange, View
 from kvwire.registry import ConfigError
+from kvwire.testing.holder import wait_for
 
 SLOT = 4096
 ROWS = 6
@@ -800,16 +800,16 @@ def test_on_a_disk_a_read_of_pages_not_in_memory_is_left_to_a_worker_and_still_l
         try:
             # Written back, the pages are clean and can be dropped; a page still in another
             # CPU's batch of new pages is not, so drop until the first page is gone.
-            for _ in range(200):
+            def dropped() -> bool:
                 os.fsync(fd)
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
                 try:
                     os.preadv(fd, [bytearray(1)], 0, os.RWF_NOWAIT)
                 except BlockingIOError:
-                    break
-                time.sleep(0.01)
-            else:
-                pytest.fail("the pack's pages could not be dropped from the page cache")
+                    return True
+                return False
+
+            wait_for(dropped, 10.0, "the pack's pages dropped from the page cache")
         finally:
             os.close(fd)
         keys = store.keys()

@@ -6,8 +6,9 @@ asks about exactly the objects a fetch of those rows would read. The call runs o
 the backend's own (started on first use), so the caller waits at most its deadline even when the
 store stops answering (a driver that sets ``inline_contains`` is first asked on the caller's
 thread, with ``contains_now``, which answers only what waits for nothing but memory); a call
-still inside the driver at the deadline runs to its end and its answer is dropped. Lookups queue behind one another on that thread: behind a store call that
-hangs, later lookups fail by their own deadlines too, and no thread piles up per lookup."""
+still inside the driver at the deadline runs to its end and its answer is dropped. Lookups queue
+behind one another on that thread: behind a store call that hangs, later lookups fail by their
+own deadlines too, and no thread piles up per lookup."""
 
 from __future__ import annotations
 

@@ -10,12 +10,12 @@ import fcntl
 import itertools
 import os
 import re
-import sys
 import threading
 import time
 
-__all__ = ["FileLock", "WouldWait", "alive", "fsync_dir", "memory_backed", "now_ns", "open_cached", "pread_all",
-           "prepare", "readv", "reads_without_waiting", "unlink", "unlink_sized", "view", "write_all"]
+__all__ = ["FileLock", "WouldWait", "alive", "fsync_dir", "memory_backed", "now_ns", "open_cached", "open_file",
+           "pread", "pread_all", "prepare", "readv", "reads_without_waiting", "unlink", "unlink_sized", "view",
+           "write_all"]
 
 _counter = itertools.count(1)
 
@@ -103,12 +103,18 @@ def open_cached(path: str, flags: int = os.O_RDONLY) -> int:
     raise OSError(code, os.strerror(code), path)
 
 
+def open_file(path: str, flags: int, nowait: bool = False) -> int:
+    """``os.open`` of an existing file (``flags``: ``O_RDONLY`` or ``O_RDWR``, close-on-exec);
+    ``nowait``: :func:`open_cached`."""
+    return open_cached(path, flags) if nowait else os.open(path, flags | os.O_CLOEXEC)
+
+
 def reads_without_waiting(fd: int, path: str) -> bool:
     """Whether reads here can be asked not to wait for the disk: ``RWF_NOWAIT`` reads of the
     open file ``fd`` and ``RESOLVE_CACHED`` opens of ``path`` (a file in the same directory) are
     both offered. tmpfs refuses ``RWF_NOWAIT`` (EOPNOTSUPP), which needs none: its reads are
     memory."""
-    if not _RWF_NOWAIT or not sys.platform.startswith("linux"):
+    if not _RWF_NOWAIT:  # defined on Linux only
         return False
     try:
         os.preadv(fd, [bytearray(1)], 0, _RWF_NOWAIT)
@@ -151,11 +157,27 @@ def readv(fd: int, buffers: list[memoryview], offset: int, nowait: bool = False)
     return done
 
 
+def pread(fd: int, size: int, offset: int, nowait: bool = False) -> bytes:
+    """``os.pread``; ``nowait``: only what is in memory (fewer bytes at the file's end), else
+    ``WouldWait``."""
+    if not nowait:
+        return os.pread(fd, size, offset)
+    buffer = bytearray(size)
+    try:
+        got = os.preadv(fd, [buffer], offset, _RWF_NOWAIT)
+    except BlockingIOError:
+        raise WouldWait() from None
+    return bytes(buffer[:got])
+
+
 def pread_all(fd: int, size: int, offset: int, nowait: bool = False) -> bytes:
+    """``size`` bytes at ``offset``; ``nowait``: from memory, else ``WouldWait`` (a short read
+    then cannot tell the file's end from pages not read yet)."""
     if nowait:
-        buffer = bytearray(size)
-        readv(fd, [memoryview(buffer)], offset, nowait=True)
-        return bytes(buffer)
+        data = pread(fd, size, offset, nowait=True)
+        if len(data) != size:
+            raise WouldWait()
+        return data
     parts = []
     while size:
         chunk = os.pread(fd, size, offset)

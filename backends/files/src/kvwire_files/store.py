@@ -34,11 +34,10 @@ holds the lock delays only other writers (this process's writers wait for it on 
 their own, and take the readers' only once they hold the ``flock``). Asked with ``now``, a read
 also waits for no disk: on a disk it reads with ``RWF_NOWAIT`` and opens with
 ``RESOLVE_CACHED``, and gives up (``None``) where the page cache or the dentry cache would not
-do. A put under a key the index holds keeps the first
-object's bytes (``ALREADY_THERE``), also when two writers race: the later one finds the key held
-when it commits. When the log has grown to four times what its live records need, the writer
-that notices writes them to ``index.{gen + 1}``; readers that see the new generation read it
-from its start.
+do. A put under a key the index holds keeps the first object's bytes (``ALREADY_THERE``), also
+when two writers race: the later one finds the key held when it commits. When the log has grown
+to four times what its live records need, the writer that notices writes them to
+``index.{gen + 1}``; readers that see the new generation read it from its start.
 
 **Eviction never removes an object mid-read.** Removing a pack unlinks its file; a reader that
 already opened it keeps reading the same whole bytes (POSIX keeps an unlinked file until its last
@@ -304,12 +303,10 @@ class FileStore:
         n = len(keys)
         if n != len(buffers):
             raise ValueError(f"read_batch: {n} keys and {len(buffers)} buffers")
-        if now:
-            try:
-                return self._read_batch(keys, buffers, now=True)
-            except fs.WouldWait:
-                return None
-        return self._read_batch(keys, buffers, now=False)
+        try:
+            return self._read_batch(keys, buffers, now)
+        except fs.WouldWait:  # raised with ``now`` only
+            return None
 
     def _read_batch(self, keys: Sequence[str], buffers: Sequence[memoryview], now: bool
                     ) -> list[tuple[KeyStatus, str | None]] | None:
@@ -332,10 +329,7 @@ class FileStore:
             by_pack.setdefault(place[0], []).append(i)
         for pack, members in by_pack.items():
             try:
-                if nowait:
-                    fd = fs.open_cached(self.pack_path(pack))
-                else:
-                    fd = os.open(self.pack_path(pack), os.O_RDONLY | os.O_CLOEXEC)
+                fd = fs.open_file(self.pack_path(pack), os.O_RDONLY, nowait)
             except FileNotFoundError:  # evicted since the index was read: a miss
                 continue
             except OSError as exc:
@@ -410,10 +404,8 @@ class FileStore:
             _, _, gen, length = self._read_ledger(nowait)
             if gen != self._gen:
                 try:
-                    if nowait:  # read and write: this process's writers append through it
-                        fd = fs.open_cached(f"{self.root}/index.{gen}", os.O_RDWR)
-                    else:
-                        fd = os.open(f"{self.root}/index.{gen}", os.O_RDWR | os.O_CLOEXEC)
+                    # read and write: this process's writers append through it
+                    fd = fs.open_file(f"{self.root}/index.{gen}", os.O_RDWR, nowait)
                 except FileNotFoundError:
                     if length:  # rewritten again since the ledger was read: read it again
                         continue
@@ -631,8 +623,7 @@ class FileStore:
             raise OSError(errno.EBADF, f"the file store at {self.root} is closed")
 
     def _locked(self) -> fs.FileLock:
-        if self._closed:
-            raise OSError(errno.EBADF, f"the file store at {self.root} is closed")
+        self._check_open()
         return fs.FileLock(self._writers, self._lock_fd, self._lock)
 
     def _read_ledger(self, nowait: bool = False) -> tuple[int, int, int, int]:
@@ -640,15 +631,7 @@ class FileStore:
         and see part of each: the checksum tells, and it reads again. ``nowait``: ``WouldWait``
         rather than wait for the disk."""
         for _ in range(_RETRIES):
-            if nowait:
-                buffer = bytearray(_LEDGER.size)
-                try:
-                    got = os.preadv(self._ledger_fd, [buffer], 0, os.RWF_NOWAIT)
-                except BlockingIOError:
-                    raise fs.WouldWait() from None
-                raw = bytes(buffer[:got])
-            else:
-                raw = os.pread(self._ledger_fd, _LEDGER.size, 0)
+            raw = fs.pread(self._ledger_fd, _LEDGER.size, 0, nowait)
             if not raw:
                 return 0, 0, 0, 0  # a new store
             if len(raw) == _LEDGER.size:
