@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import threading
+from itertools import compress
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kvwire_memory import MemoryDriver, MemoryStore, forget_store, named_store
 
 from kvwire.blob import KeyStatus
@@ -167,3 +170,53 @@ def test_readers_never_see_a_torn_object_while_memory_is_reused():
     for t in threads:
         t.join(timeout=30.0)
     assert not torn
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(1, 700), st.integers(0, 9), st.integers(0, 1000)),
+                min_size=1, max_size=25))
+def test_batches_evict_exactly_as_a_plain_lru_model(steps):
+    """Batch puts and reads of many sizes (evictions of 1 to several hundred objects at once, so
+    the eviction's search runs past any run length) hold the same keys in the same order, and
+    the same bytes, as a plain list-based LRU model."""
+    capacity = 4000
+    store = MemoryStore(capacity)
+    model: dict[str, bytes] = {}  # insertion order = least recently used first
+    source = np.random.default_rng(0).integers(0, 256, 1 << 16, dtype=np.uint8)
+    base = source.ctypes.data
+    for is_put, rows, size, first in steps:
+        keys = [f"k{first + i}" for i in range(rows)]
+        if is_put:
+            offsets = [(7 * (first + i)) % 1000 for i in range(rows)]
+            status = store.write_batch(keys, [base + o for o in offsets], [size] * rows)
+            codes = [KeyStatus.OK if status is None else KeyStatus(int(c)) for c in (status if status is not None else keys)]
+            there = [key in model for key in keys]
+            if size * there.count(False) <= capacity:
+                # A batch touches the keys it finds first, then evicts once for all the new bytes.
+                assert codes == [KeyStatus.ALREADY_THERE if t else KeyStatus.OK for t in there]
+                for key in compress(keys, there):
+                    model[key] = model.pop(key)
+                while sum(map(len, model.values())) + size * there.count(False) > capacity:
+                    del model[next(iter(model))]
+                for i, key in enumerate(keys):
+                    if not there[i]:
+                        model[key] = source[offsets[i]:offsets[i] + size].tobytes()
+            else:  # the new bytes never fit at once: row by row, each evicting for itself
+                for i, key in enumerate(keys):
+                    if key in model:
+                        assert codes[i] is KeyStatus.ALREADY_THERE
+                        model[key] = model.pop(key)
+                        continue
+                    assert codes[i] is KeyStatus.OK
+                    while sum(map(len, model.values())) + size > capacity:
+                        del model[next(iter(model))]
+                    model[key] = source[offsets[i]:offsets[i] + size].tobytes()
+        else:
+            for key in keys:
+                if key in model:
+                    assert store.lookup(key) == model[key]
+                    model[key] = model.pop(key)
+                else:
+                    assert store.lookup(key) is None
+        assert store.keys() == list(model)
+        assert store.used_bytes == sum(map(len, model.values()))
