@@ -160,6 +160,23 @@ def trace_summary(path: Path, began: float, seconds: float) -> str:
     return ", ".join(parts) + f"; {steps} worker steps polled the load; output {1e3 * seconds:.1f} ms"
 
 
+INTERVAL = 0.90
+RESAMPLES = 2000
+
+
+def ratio_line(theirs: list[float], ours: list[float], seed: int = 0) -> str:
+    """``median(theirs) / median(ours)`` with its bootstrap interval (each side's runs resampled
+    with replacement, :data:`RESAMPLES` times) and the runs in which ours was faster: run ``i``
+    of each side was timed back to back, so they are compared pairwise."""
+    rnd = random.Random(seed)
+    point = statistics.median(theirs) / statistics.median(ours)
+    ratios = sorted(statistics.median(rnd.choices(theirs, k=len(theirs))) /
+                    statistics.median(rnd.choices(ours, k=len(ours))) for _ in range(RESAMPLES))
+    low, high = ratios[int(RESAMPLES * (1 - INTERVAL) / 2)], ratios[int(RESAMPLES * (1 + INTERVAL) / 2) - 1]
+    wins = sum(o < t for t, o in zip(theirs, ours, strict=False))
+    return f"{point:.2f}x [{low:.2f}-{high:.2f}], faster in {wins}/{min(len(theirs), len(ours))}"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--lengths", default="1024,2048,4096,8192,16384")
@@ -298,13 +315,13 @@ def main() -> int:
         blocks = (length - 1) // BLOCK
         rate = blocks * BYTES_PER_BLOCK / medians["kvwire / mooncake"] / 1e9
         lines.append(f"| {length:>13} | " + " | ".join(cells) + f" | >= {rate:.2f} GB/s |")
-    lines.append("")
-    lines.append("ratio vLLM MooncakeStoreConnector TTFT / kvwire-over-mooncake TTFT: " + ", ".join(
-        f"{length}: {statistics.median(r[2] for r in rows if r[0] == 'vLLM MooncakeStoreConnector' and r[1] == length) / statistics.median(r[2] for r in rows if r[0] == 'kvwire / mooncake' and r[1] == length):.2f}x"
-        for length in lengths))
-    for files_label in roots:
-        lines.append(f"ratio vLLM ExampleConnector TTFT / {files_label} TTFT: " + ", ".join(
-            f"{length}: {statistics.median(r[2] for r in rows if r[0] == 'vLLM ExampleConnector' and r[1] == length) / statistics.median(r[2] for r in rows if r[0] == files_label and r[1] == length):.2f}x"
+    lines += ["", f"ratios of median TTFTs (above 1: kvwire faster), each with its {INTERVAL:.0%} bootstrap interval "
+              f"({RESAMPLES} resamples of each side's runs) and in how many runs kvwire's request was the faster "
+              "of the pair timed in that run:"]
+    for theirs, ours in [("vLLM MooncakeStoreConnector", "kvwire / mooncake")] + [
+            ("vLLM ExampleConnector", files_label) for files_label in roots]:
+        lines.append(f"{theirs} / {ours}: " + "; ".join(
+            f"{length}: {ratio_line([r[2] for r in rows if r[0] == theirs and r[1] == length], [r[2] for r in rows if r[0] == ours and r[1] == length])}"
             for length in lengths))
     timed_labels = [label for label in labels if any(key[0] == label for key in spent)]
     lines += ["", "the connector's own time per B request (ms, median; every connector hook vLLM called, "

@@ -2,11 +2,15 @@
 ``mutants.py`` it must fail, on a test named after the rule the mutant breaks; against the
 memory backend, and against the wrapper that breaks nothing, it must pass.
 
+More mutants live in ``mutants_*.py`` beside it, each file with a module-level ``CATCHES`` list
+of ``(harness, rule, -k selection)``, read here without importing the file.
+
 Each run is a real ``pytest --pyargs kvwire.testing.suite`` in a subprocess, as a plugin author
 runs it, selected with ``-k`` to the broken rule's tests so the whole module stays fast."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -60,6 +64,23 @@ MUTANTS: list[tuple[str, str, str]] = [
 ]
 
 
+def _catches(path: Path) -> list[tuple[str, str, str]]:
+    """The ``CATCHES`` list of a ``mutants_*.py`` file, read as a literal (nothing imported)."""
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "CATCHES" for t in node.targets):
+            return [tuple(entry) for entry in ast.literal_eval(node.value)]  # type: ignore[misc]
+    raise AssertionError(f"{path.name} has no CATCHES list")
+
+
+#: Where each mutant harness lives: mutants.py, or the mutants_*.py file that lists it.
+MUTANT_FILES: dict[str, Path] = {name: MUTANTS_FILE for name, _, _ in MUTANTS}
+for _path in sorted(MUTANTS_FILE.parent.glob("mutants_*.py")):
+    for _entry in _catches(_path):
+        assert _entry[0] not in MUTANT_FILES, f"mutant {_entry[0]} is listed twice"
+        MUTANT_FILES[_entry[0]] = _path
+        MUTANTS.append(_entry)
+
+
 def run_suite(tmp_path: Path, *args: str) -> tuple[int, list[dict[str, Any]], str]:
     """Run the suite in a subprocess from an empty directory (so no project configuration
     applies); return its exit status, its per-test report and its output."""
@@ -79,7 +100,7 @@ def mutant_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
     comes, a deadline), so a few run side by side."""
     with ThreadPoolExecutor(max_workers=4) as pool:
         yield {
-            mutant: pool.submit(run_suite, tmp_path_factory.mktemp(mutant), f"--kvwire-harness={MUTANTS_FILE}:{mutant}",
+            mutant: pool.submit(run_suite, tmp_path_factory.mktemp(mutant), f"--kvwire-harness={MUTANT_FILES[mutant]}:{mutant}",
                                 "-k", select, "--kvwire-patience=2", "--kvwire-no-shrink", "-x")
             for mutant, _, select in MUTANTS
         }
@@ -96,19 +117,22 @@ def test_suite_catches_the_mutant(mutant_runs: dict[str, Future], mutant: str, r
 
 
 def test_all_mutants_are_exported() -> None:
-    """Every mutant harness in mutants.py is listed above: none goes unchecked."""
+    """Every mutant harness in mutants.py and in each mutants_*.py is listed: none goes unchecked."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("kvwire_conformance_mutants", MUTANTS_FILE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
     sys.path.insert(0, str(MUTANTS_FILE.parent))
     try:
-        spec.loader.exec_module(module)
+        for path in sorted(set(MUTANT_FILES.values())):
+            spec = importlib.util.spec_from_file_location(f"kvwire_conformance_{path.stem}", path)
+            assert spec is not None and spec.loader is not None
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            harness_type = sys.modules["mutants"].MutantHarness if path != MUTANTS_FILE else module.MutantHarness
+            harnesses = {name for name, value in vars(module).items() if isinstance(value, harness_type)}
+            listed = {name for name, file in MUTANT_FILES.items() if file == path}
+            assert harnesses - {"faithful", "faithful_peer"} == listed, f"{path.name}: harnesses and list differ"
     finally:
         sys.path.remove(str(MUTANTS_FILE.parent))
-    harnesses = {name for name, value in vars(module).items() if isinstance(value, module.MutantHarness)}
-    assert harnesses - {"faithful", "faithful_peer"} == {m[0] for m in MUTANTS}
     assert len(MUTANTS) >= 12
 
 
