@@ -134,6 +134,9 @@ class MemoryStore:
         when every key is ``OK`` (stored anew), else one uint8 :class:`KeyStatus` per key:
         ``OK``, ``ALREADY_THERE`` (the first bytes stay) or ``DECLINED`` (no space)."""
         n = len(keys)
+        if n == 1:  # one row (a one-block submission): no lists to build
+            status = self._write_row(keys[0], addresses[0], sizes[0])
+            return None if status is KeyStatus.OK else np.array([status], dtype=np.uint8)
         with self._lock:
             if len(set(keys)) != n:
                 fresh = None
@@ -174,6 +177,21 @@ class MemoryStore:
         when every key is ``OK``, else one uint8 status per key: ``OK``, ``MISSING``, or
         ``FAILED`` when the object has another size (nothing is written there), with a reason
         for each ``FAILED`` key."""
+        if len(keys) == 1:  # one row found whole (a one-block submission): no lists to build
+            key, size = keys[0], sizes[0]
+            with self._lock:
+                entry = self._objects.get(key)
+                if entry is not None and entry[_SIZE] == size:
+                    self._objects.move_to_end(key)
+                    self._reading += 1
+                else:
+                    entry = None  # missing, or another size: the path below answers
+            if entry is not None:
+                try:
+                    (_memmove_holding_gil if size <= SMALL_COPY_BYTES else _memmove)(addresses[0], entry[_ADDRESS], size)
+                finally:
+                    self._end_read()
+                return None, {}
         wrong: list[bool] = []
         with self._lock:
             objects = self._objects
@@ -202,11 +220,7 @@ class MemoryStore:
         try:
             _copy(targets, list(map(_address_of, entries)), held, sum(held))
         finally:
-            with self._lock:
-                self._reading -= 1
-                if not self._reading and self._held_back:
-                    back, self._held_back = self._held_back, []
-                    self._give_many(back)
+            self._end_read()
         if whole:
             return None, {}
         status = np.where(np.fromiter(hit, dtype=bool, count=len(keys)), _OK, _MISSING).astype(np.uint8)
@@ -219,6 +233,14 @@ class MemoryStore:
                 reasons[i] = (f"object {keys[i]!r} holds {found[i][_SIZE]} bytes, "  # type: ignore[index]
                               f"the destination {sizes[i]}")
         return status, reasons
+
+    def _end_read(self) -> None:
+        """A read's copy is over: memory removed while it copied may be reused once no read copies."""
+        with self._lock:
+            self._reading -= 1
+            if not self._reading and self._held_back:
+                back, self._held_back = self._held_back, []
+                self._give_many(back)
 
     def write_from(self, key: str, address: int, size: int) -> KeyStatus:
         """Store ``size`` bytes read at ``address`` as ``key`` (a batch of one)."""
@@ -332,16 +354,17 @@ class MemoryStore:
         return there, new_keys, sources, targets, new_sizes, need
 
     def _write_row(self, key: str, address: int, size: int) -> KeyStatus:
-        """One row of a put that the batch path does not take, with the same answers."""
+        """A put of one key, or one row of a put the batch path does not take, with the same
+        answers; a small copy holds the GIL, as the batch path's does."""
         with self._lock:
             if key in self._objects:
                 self._objects.move_to_end(key)
                 return KeyStatus.ALREADY_THERE
             if not self._room_for(size):
                 return KeyStatus.DECLINED
-            target = self._take_many([size])[0]
+            target = self._take_uniform(size, 1)[0]
             self._used += size
-        _memmove(target[_ADDRESS], address, size)
+        (_memmove_holding_gil if size <= SMALL_COPY_BYTES else _memmove)(target[_ADDRESS], address, size)
         with self._lock:
             if key in self._objects:  # another writer of the same name came first
                 self._used -= size
