@@ -140,8 +140,10 @@ class MutantHarness(Harness):
                                 faults=faults, hold=hold)
         source = self.mutant(inner.source, self)
         sink = self.mutant(inner.sink, self)
-        return Ends(source, sink, inner.publish_hint, inner.fetch_hint, inner.hold,
-                    extra={"inner": inner, "undo": undo})
+        extra: dict[str, Any] = {"inner": inner, "undo": undo}
+        if "namespace" in inner.extra:  # the store namespace the suite reads (H1.7)
+            extra["namespace"] = inner.extra["namespace"]
+        return Ends(source, sink, inner.publish_hint, inner.fetch_hint, inner.hold, extra=extra)
 
     def close(self, ends: Ends) -> None:
         try:

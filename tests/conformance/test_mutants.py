@@ -144,7 +144,8 @@ def test_suite_passes_the_memory_backend(tmp_path: Path) -> None:
     assert {"M1", "M3", "M4", "V1", "V2", "V4", "H1", "S1", "S3", "A1", "A5", "A7", "A8", "W1", "B3", "B4"} <= rules
 
 
-@pytest.mark.parametrize("harness", ["mutants.py:faithful", "mutants.py:faithful_peer", "loopback_peer.py:harness"])
+@pytest.mark.parametrize("harness", ["mutants.py:faithful", "mutants.py:faithful_peer", "loopback_peer.py:harness",
+                                     "mutants_capacity.py:faithful"])
 def test_suite_passes_correct_backends(tmp_path: Path, harness: str) -> None:
     """The mutants' wrappers break nothing by themselves (so each mutant's failure is its one
     change), and the loopback serving peer, which runs the N2 tests, is correct."""

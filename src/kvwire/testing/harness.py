@@ -100,7 +100,13 @@ class Ends:
     views hold the same names in the same groups meet one another.
 
     ``hold``, when given, starts holding the other end and returns the :class:`Hold`.
-    ``cleanup`` runs after both backends shut down (drop the store, stop a server)."""
+    ``cleanup`` runs after both backends shut down (drop the store, stop a server).
+
+    ``extra`` is the harness's own, with one key the suite reads when present:
+    ``extra["namespace"]``, for a store backend, the namespace (a ``str``) both backends were
+    configured with, which a store hint without a ``namespace`` field uses (H1.7). The test of
+    H1.7 needs it and skips, naming the key, when a harness leaves it out (or ``extra`` holds
+    no ``str`` there). :class:`kvwire.testing.stores.StoreHarness` sets it."""
 
     source: Backend
     sink: Backend
@@ -108,7 +114,8 @@ class Ends:
     fetch_hint: Hint
     hold: Callable[[], Hold] | None = None
     cleanup: Callable[[], None] | None = None
-    #: Anything else the harness wants to keep with these ends (never read by the suite).
+    #: Anything else the harness wants to keep with these ends; the suite reads only the key
+    #: ``"namespace"`` (see above), and only when it is there.
     extra: dict[str, object] = field(default_factory=dict)
 
     @property

@@ -5,6 +5,7 @@ Each check fails with an ``AssertionError`` whose message starts with the rule i
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -13,14 +14,18 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from kvwire.contract import Attempt, Backend, Hint, InvalidSubmission, Outcome, View
+from kvwire.contract import Attempt, Backend, Cause, Hint, InvalidSubmission, Outcome, View
 from kvwire.contract.errors import SubmissionError
 from kvwire.runtime import holding
 
 __all__ = ["Wakes", "Submission", "submit", "settle", "check_outcome", "same_outcome", "call_briefly",
-           "wait_for", "refused", "speaks_causes", "holder_call", "BLOCKING_LIMIT_S"]
+           "wait_for", "refused", "check_refusal_message", "speaks_causes", "holder_call", "BLOCKING_LIMIT_S"]
 
 T = TypeVar("T")
+
+#: The causes a failed outcome may carry (A10.3), and a cancelled one (A10.4).
+FAILED_CAUSES = frozenset({Cause.DEADLINE, Cause.FAULT, Cause.PEER_GONE, Cause.DECLINED, Cause.SHUTDOWN})
+CANCELLED_CAUSES = frozenset({Cause.HOLDER_CANCELLED, Cause.PEER_CANCELLED, Cause.SHUTDOWN})
 
 #: A call that must never block (poll, quiesced, cancel, wake) fails the suite when it has not
 #: returned after this long.
@@ -178,7 +183,29 @@ def check_outcome(out: Outcome, view: View, op: str, cause_required: bool = Fals
             "outcome carries one mask per view group, in the view's order")
         assert not mask.flags.writeable, f"A6: the mask of group {group.group_id} is writable after hand-over"
     if out.is_failed:
-        assert isinstance(out.reason, str) and out.reason.strip(), "A5: a failed outcome must say why"
+        assert isinstance(out.reason, str) and out.reason.strip(), "A5.2: a failed outcome must say why"
+    # Outcome's constructor refuses these, but a backend may build its outcome some other way
+    # (a subclass, object.__setattr__): what the holder reads is checked here (A5.2, A5.3, A10).
+    if out.is_delivered:
+        assert out.reason is None, (
+            f"A5.2: a delivered {op} outcome carries no reason; got reason {out.reason!r}")
+        assert out.cause is None, f"A10.2: a delivered {op} outcome has no cause; got cause {out.cause!r}"
+    assert not out.by_peer or out.is_cancelled, (
+        f"A5.3: by_peer is true only on a cancelled outcome; the {op} outcome is {out.status.value} with "
+        f"by_peer={out.by_peer!r}")
+    assert out.cause is None or isinstance(out.cause, Cause), (
+        f"A10.1: an outcome's cause is a kvwire.contract.Cause or None; the {op} outcome's is {out.cause!r}")
+    if out.is_failed and out.cause is not None:
+        assert out.cause in FAILED_CAUSES, (
+            f"A10.3: a failed {op} outcome's cause is one of {sorted(c.name for c in FAILED_CAUSES)}; got "
+            f"{out.cause.name}")
+    if out.is_cancelled:
+        assert out.cause in CANCELLED_CAUSES, (
+            f"A10.4: a cancelled {op} outcome's cause is one of {sorted(c.name for c in CANCELLED_CAUSES)}; got "
+            f"{out.cause!r}")
+        assert (out.cause is Cause.PEER_CANCELLED) == bool(out.by_peer), (
+            f"A10.4: a cancelled {op} outcome's cause is PEER_CANCELLED exactly when by_peer is true; got cause "
+            f"{out.cause.name} with by_peer={out.by_peer}")
     if cause_required and not out.is_delivered:
         assert out.cause is not None, (
             f"A10: the backend speaks contract 1.1, so its {out.status.value} {op} outcome must carry a cause "
@@ -236,12 +263,24 @@ def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None
 
 def refused(call: Callable[[], object], what: str,
             error: type[SubmissionError] = InvalidSubmission) -> SubmissionError:
-    """Run ``call`` and fail unless it raises ``error``; ``what`` names the submission and rule."""
+    """Run ``call`` and fail unless it raises ``error`` with a message (S3.3); ``what`` names the
+    submission and rule."""
     try:
         call()
     except error as exc:
+        check_refusal_message(exc, what)
         return exc
     except Exception as exc:
         raise AssertionError(f"{what} raised {type(exc).__name__}: {exc}; the contract refuses it with "
                              f"{error.__name__}") from exc
     raise AssertionError(f"{what} was accepted; the contract refuses it with {error.__name__}")
+
+
+_CLAUSE_PREFIX = re.compile(r"^(?:[A-Z][0-9]+(?:\.[0-9]+)?(?: ?/ ?[A-Z][0-9]+(?:\.[0-9]+)?)*: )+")
+
+
+def check_refusal_message(exc: BaseException, what: str) -> None:
+    """S3.3: a refusal's message says what was wrong and what to do; an empty one says nothing."""
+    assert str(exc).strip(), (
+        f"S3.3: {_CLAUSE_PREFIX.sub('', what)} raised {type(exc).__name__} with an empty message; a refusal's "
+        "message says what was wrong and what to do")

@@ -99,7 +99,10 @@ class StoreHarness(Harness):
 
     Implement :meth:`new_store` and :meth:`driver`; override :meth:`plugin_end` to have the
     suite also build your backend exactly as your plugin does, for tests that need no control of
-    the store; override :meth:`drop_store` to free a store after its test."""
+    the store; override :meth:`drop_store` to free a store after its test.
+
+    Both ends are configured with the namespace ``"conformance"`` and their hints name it; each
+    :class:`~kvwire.testing.harness.Ends` says so in ``extra["namespace"]`` (H1.7)."""
 
     #: Options passed to :class:`~kvwire.blob.BlobBackend` besides namespace, timeout and queue.
     blob_options: dict[str, Any] = {}
@@ -162,7 +165,7 @@ class StoreHarness(Harness):
             fetch_hint=hint,
             hold=control.hold if control is not None else None,
             cleanup=lambda: self.drop_store(store),
-            extra={"store": store, "control": control},
+            extra={"store": store, "control": control, "namespace": namespace},
         )
 
     def close(self, ends: Ends) -> None:

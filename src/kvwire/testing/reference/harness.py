@@ -38,6 +38,8 @@ __all__ = ["ReferenceStoreHarness", "ReferencePeerHarness", "ControlledStore", "
            "peer_harness"]
 
 NAMESPACE = "conformance"
+#: The namespace the reference store backends are configured with: a hint without one uses it.
+CONFIGURED_NAMESPACE = "default"
 
 
 class ControlledStore:
@@ -104,11 +106,12 @@ class ReferenceStoreHarness(Harness):
                         for _ in range(2))
         hint = Hint.of("store", namespace=NAMESPACE)
         return Ends(source, sink, hint, hint, hold=gate.hold,
-                    extra={"store": store, "gate": gate, "schedule": schedule})
+                    extra={"store": store, "gate": gate, "schedule": schedule, "namespace": CONFIGURED_NAMESPACE})
 
     def make_backend(self, end: ControlledStore, *, timeout_s: float, max_in_flight: int) -> ReferenceStoreBackend:
         """One end. Mutants of the reference backend override this."""
-        return ReferenceStoreBackend(end, namespace="default", timeout_s=timeout_s, max_in_flight=max_in_flight)
+        return ReferenceStoreBackend(end, namespace=CONFIGURED_NAMESPACE, timeout_s=timeout_s,
+                                     max_in_flight=max_in_flight)
 
     def close(self, ends: Ends) -> None:
         _release(ends)

@@ -13,7 +13,7 @@ from kvwire.contract import CacheKind, Cause, Hint, Outcome
 from kvwire.testing import needs, profiles
 from kvwire.testing.exchange import Exchange
 from kvwire.testing.harness import Harness
-from kvwire.testing.holder import call_briefly, same_outcome, settle, speaks_causes, wait_for
+from kvwire.testing.holder import Submission, call_briefly, same_outcome, settle, speaks_causes, wait_for
 from kvwire.testing.layout import Bench, ViewPlan, simple_plan
 from kvwire.testing.strategies import view_plans
 
@@ -197,7 +197,11 @@ def test_A3_publish_progresses_without_poll(kvwire_harness: Harness) -> None:
 
 # -- A4 ----------------------------------------------------------------------------------------
 
-def test_A4_cancel_is_idempotent_yields_cancelled_and_still_quiesces(kvwire_harness: Harness) -> None:
+@pytest.mark.parametrize("op", ["fetch", "publish"])
+def test_A4_cancel_is_idempotent_yields_cancelled_and_still_quiesces(kvwire_harness: Harness, op: str) -> None:
+    """A4.1-A4.3, A4.5, A10.6: cancel() twice on a fetch or a publish the other end holds: it
+    concludes CANCELLED, not by the peer (cause HOLDER_CANCELLED for a 1.1 backend), still
+    quiesces once the other end lets go, and the backend works on afterwards."""
     caps = kvwire_harness.capabilities()
     needs.transfer(caps)
     needs.cancellation(caps)
@@ -205,43 +209,101 @@ def test_A4_cancel_is_idempotent_yields_cancelled_and_still_quiesces(kvwire_harn
     plan = simple_plan(groups=2, rows=3, seed=89, shared_names=needs.shares_names(caps))
     with needs.open_exchange(kvwire_harness, hold=True) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
                                                                      plan, kind) as bench:
-        sub, hold = ex.held_fetch(bench)
-        assert sub.poll() is None, "the fetch concluded while the other end was held"
-        call_briefly(sub.attempt.cancel, "A4: cancel()", on_block=hold.release)
-        call_briefly(sub.attempt.cancel, "A4: a second cancel()", on_block=hold.release)
+        if op == "fetch":
+            sub, hold = ex.held_fetch(bench)
+        else:
+            _store_only(ex)  # a peer's publish answers a pull; the suite cannot hold the requester
+            assert ex.ends.hold is not None
+            hold = ex.ends.hold()
+            sub = ex.publish(bench.source_view())
+            wait_for(lambda: hold.waiting() > 0 or sub.wakes.count > 0, profiles.active().patience_s,
+                     "A3: the held store receiving the publish")
+        assert sub.poll() is None, f"the {op} concluded while the other end was held"
+        call_briefly(sub.attempt.cancel, "A4.1: cancel()", on_block=hold.release)
+        call_briefly(sub.attempt.cancel, "A4.1/A4.2: a second cancel()", on_block=hold.release)
         out = settle(sub, profiles.active().patience_s, quiesce=False,
-                     purpose="A4: cancel() must conclude an attempt the other end holds")
-        assert out.is_cancelled, f"A4: cancel() before the conclusion must yield a cancelled outcome, got {out!r}"
+                     purpose=f"A4.3/A4.4: cancel() must conclude a {op} the other end holds")
+        assert out.is_cancelled and not out.by_peer, (
+            f"A4.3: cancel() before the conclusion must yield a cancelled {op} outcome, not by the peer; got {out!r}")
         if speaks_causes(sub.backend):
-            assert out.cause is Cause.HOLDER_CANCELLED and not out.by_peer, (
-                f"A10: a holder's cancel gives cause HOLDER_CANCELLED, not by the peer: {out!r}")
+            assert out.cause is Cause.HOLDER_CANCELLED, (
+                f"A10.6: a {op} the holder's cancel() concluded has cause HOLDER_CANCELLED: {out!r}")
         hold.release()
-        ex.settle(sub, purpose="A4: a cancelled attempt still quiesces")
-        bench.forget_sink()
-        bench.apply_fetch(out)
-        call_briefly(sub.attempt.cancel, "A4: cancel() after the conclusion")
-        same_outcome(out, sub.attempt.poll(), "fetch")  # type: ignore[arg-type]
-        again = ex.fetch_settled(bench.sink_view())
-        assert again.is_delivered, f"A4: after a cancelled fetch the backend must still fetch: {again!r}"
-        bench.apply_fetch(again)
+        ex.settle(sub, purpose=f"A4.5: a cancelled {op} still quiesces")
+        call_briefly(sub.attempt.cancel, "A4.1: cancel() after the conclusion")
+        same_outcome(out, sub.attempt.poll(), op)  # type: ignore[arg-type]
+        if op == "fetch":
+            bench.forget_sink()
+            bench.apply_fetch(out)
+            again = ex.fetch_settled(bench.sink_view())
+            assert again.is_delivered, f"A4: after a cancelled fetch the backend must still fetch: {again!r}"
+            bench.apply_fetch(again)
+        else:
+            put = ex.settle(ex.publish(bench.source_view()))
+            assert put.is_delivered, f"A4: after a cancelled publish the backend must still publish: {put!r}"
+            got = ex.fetch_settled(bench.sink_view())
+            bench.apply_fetch(got)
+            for held, fetched in zip(put.masks, got.masks, strict=True):
+                assert (fetched | ~held).all(), f"A5.6/S1.3: rows the publish marked held were not fetched: {got!r}"
 
 
-def test_A4_cancel_after_conclusion_changes_nothing(kvwire_harness: Harness) -> None:
+@pytest.mark.parametrize("op", ["fetch", "publish"])
+def test_A4_cancel_after_conclusion_changes_nothing(kvwire_harness: Harness, op: str) -> None:
+    """A4.6, A4.1, A4.2: cancel() (twice) after a fetch or a publish delivered changes nothing:
+    the same outcome, and the same bytes at the other end (a store still gives every row the
+    publish marked held; a requester's fetched rows stay as they arrived)."""
     caps = kvwire_harness.capabilities()
     needs.transfer(caps)
     kind = needs.usable_kind(kvwire_harness, caps)
     plan = simple_plan(groups=1, rows=3, seed=97, shared_names=needs.shares_names(caps))
     with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan,
                                                           kind) as bench:
-        ex.offer(bench)
-        sub = ex.fetch(bench.sink_view())
-        ex.serve_one()
+        fetched: Submission | None = None
+        if op == "fetch":
+            ex.offer(bench)
+            sub = ex.fetch(bench.sink_view())
+            ex.serve_one()
+        elif ex.store:
+            sub = ex.publish(bench.source_view())
+        elif ex.serves_pulls:  # the publish is the serving end's answer to a pull
+            ex.offer(bench)
+            fetched = ex.fetch(bench.sink_view())
+            holder = ex.holder()
+            (request,) = holder.take(1)
+            answer = holder.answer(request)
+            holder.finish(answer)
+            assert answer.publish is not None
+            sub = answer.publish
+        else:  # plain peers: the publish meets the fetch
+            sub = ex.publish(bench.source_view())
+            fetched = ex.fetch(bench.sink_view())
         out = ex.settle(sub)
-        call_briefly(sub.attempt.cancel, "A4: cancel() after the conclusion")
-        call_briefly(sub.attempt.cancel, "A4: a second cancel() after the conclusion")
-        same_outcome(out, sub.attempt.poll(), "fetch")  # type: ignore[arg-type]
-        assert sub.quiesced()
-        bench.apply_fetch(out)
+        if fetched is not None:
+            bench.apply_fetch(ex.settle(fetched))
+        assert op == "fetch" or out.is_delivered, f"A4: the publish to cancel afterwards did not deliver: {out!r}"
+        call_briefly(sub.attempt.cancel, "A4.1: cancel() after the conclusion")
+        call_briefly(sub.attempt.cancel, "A4.1/A4.2: a second cancel() after the conclusion")
+        try:
+            same_outcome(out, sub.attempt.poll(), op)  # type: ignore[arg-type]
+        except AssertionError as exc:
+            raise AssertionError(f"A4.6: cancel() after the conclusion changed the {op}'s outcome: {exc}") from None
+        assert sub.quiesced(), f"A2.2: the {op} no longer says it quiesced after cancel()"
+        if op == "fetch":
+            bench.apply_fetch(out)
+        elif fetched is None:
+            got = ex.fetch_settled(bench.sink_view())
+            bench.apply_fetch(got)
+            for held, mask in zip(out.masks, got.masks, strict=True):
+                missing = np.flatnonzero(held & ~mask)
+                assert missing.size == 0, (
+                    f"A4.6: cancel() after the publish delivered took back row(s) {missing.tolist()} it had stored: "
+                    f"a fetch now gives {got!r}")
+        else:
+            try:
+                same_outcome(fetched.outcome, fetched.attempt.poll(), "fetch")  # type: ignore[arg-type]
+            except AssertionError as exc:
+                raise AssertionError(f"A4.6: cancel() of the delivered publish changed the fetch's outcome: {exc}") from None
+            bench.verify("A4.6: cancel() after the publish delivered changed the rows the requester got")
 
 
 # -- A5 ----------------------------------------------------------------------------------------

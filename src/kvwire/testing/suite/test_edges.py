@@ -15,9 +15,18 @@ from kvwire.contract.errors import SubmissionError
 from kvwire.testing import needs, profiles
 from kvwire.testing.exchange import Exchange
 from kvwire.testing.harness import FaultPlan, Harness, Hold
-from kvwire.testing.holder import Submission, call_briefly, settle, speaks_causes
+from kvwire.testing.holder import (
+    Submission,
+    call_briefly,
+    check_refusal_message,
+    refused,
+    settle,
+    speaks_causes,
+    wait_for,
+)
 from kvwire.testing.layout import Bench, GroupPlan, ViewPlan
 from kvwire.testing.plans import pages, with_field
+from kvwire.testing.serving import PullHold
 
 SENTINEL = 0x3C
 MiB = 1 << 20
@@ -281,11 +290,117 @@ def test_S3_a_full_queue_rejection_leaks_no_slot(kvwire_harness: Harness) -> Non
                                          f"than its bound of {bound} (round {round_ + 1}): {exc}") from exc
                 try:
                     if round_ == 0:
-                        with pytest.raises(SubmissionRejected):
-                            ex.fetch(bench.sink_view({0: [bound]}))
+                        refused(lambda: ex.fetch(bench.sink_view({0: [bound]})),  # noqa: B023
+                                f"S3.9: fetch {bound + 1} with {bound} in flight", SubmissionRejected)
                 finally:
                     _drain(ex, subs, hold, requests)
             bench.forget_sink()
+
+
+def test_S3_a_slot_stays_taken_until_its_attempt_also_quiesced(kvwire_harness: Harness) -> None:
+    """S3.9 / S3.10: an attempt that concluded but has not quiesced still holds its queue slot.
+    A full queue of held fetches is cancelled (each concludes; those the other end still holds
+    cannot quiesce); then new fetches are taken exactly while fewer than the bound are not both
+    concluded and quiesced, and the next is rejected."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    needs.cancellation(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    patience = profiles.active().patience_s
+    with needs.open_exchange(kvwire_harness, max_in_flight=3, hold=True) as ex:
+        bound = ex.caps.max_in_flight
+        if bound > 64:
+            pytest.skip(f"backend declares a queue bound of {bound}, too large to fill here")
+        plan = pages([(32, 2 * bound + 1)], 487, needs.shares_names(caps))
+        with Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan, kind) as bench:
+            ex.offer(bench)
+            subs, hold, requests = _fill(ex, bench, list(range(bound)))
+            fresh: list[Submission] = []
+            try:
+                if hold is not None:
+                    # at least one fetch has reached the other end (held there, it cannot quiesce
+                    # once cancelled), else all might be cancelled before any left the queue
+                    wait_for(lambda: hold.waiting() >= 1, patience, "a held fetch at the other end")
+                for sub in subs:
+                    call_briefly(sub.attempt.cancel, "A4.1: cancel()", on_block=hold.release if hold else None)
+                for sub in subs:
+                    settle(sub, patience, quiesce=False, purpose="A4.3: cancel() concluding a held fetch")
+
+                def in_flight() -> int:
+                    """Attempts not both concluded and quiesced. Only ever falls while the other end is
+                    held (A2.2), bar the fetches submitted since."""
+                    return (sum(not sub.quiesced() for sub in subs)
+                            + sum(not (sub.poll() is not None and sub.quiesced()) for sub in fresh))
+
+                for row in range(bound, 2 * bound + 1):
+                    before = in_flight()
+                    try:
+                        fresh.append(ex.fetch(bench.sink_view({0: [row]})))
+                    except SubmissionRejected as exc:
+                        assert before >= bound, (
+                            f"S3.10: a fetch was rejected ({exc}) with {before} attempt(s) not both concluded and "
+                            f"quiesced, below the declared bound of {bound}")
+                        check_refusal_message(exc, "a fetch rejected for a full queue")
+                        break
+                    after = in_flight() - 1
+                    assert after < bound, (
+                        f"S3.9: a fetch was taken with {after} attempt(s) in flight besides it, and the declared "
+                        f"bound is {bound}: {sum(not s.quiesced() for s in subs)} cancelled fetch(es) concluded but "
+                        "have not quiesced (the other end still holds them); max_in_flight bounds the attempts "
+                        "that are not both concluded and quiesced")
+                else:
+                    raise AssertionError(f"S3.9: {len(fresh)} new fetches were taken beside {bound} cancelled ones, "
+                                         f"beyond the declared bound of {bound}")
+            finally:
+                if ex.serves_pulls:
+                    requests += ex.holder().take(len(fresh))
+                _drain(ex, subs + fresh, hold, requests)
+            bench.forget_sink()
+
+
+def test_A8_a_held_attempt_concludes_at_its_deadline_not_later(kvwire_harness: Harness) -> None:
+    """A8.2: a fetch the other end never answers concludes by its deadline, not a good while
+    after it: with a deadline of 2 s, within 1.5 times the deadline after the submission call (the
+    other A8 tests leave a fixed slack, which a deadline kept at twice its length fits)."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    deadline_s = 2.0
+    limit_s = 1.5 * deadline_s
+    patience = profiles.active().patience_s
+    plan = pages([(64, 2)], 491, needs.shares_names(caps))
+    with needs.open_exchange(kvwire_harness, hold=True) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
+                                                                     plan, kind) as bench:
+        hint = Hint(ex.ends.fetch_hint.kind, ex.ends.fetch_hint.fields, deadline_s)
+        ex.offer(bench)
+        hold: Hold
+        if ex.store:
+            assert ex.ends.hold is not None
+            hold = ex.ends.hold()
+            started = time.monotonic()
+            sub = ex.fetch(bench.sink_view(), hint)
+        else:
+            holder = ex.holder()
+            started = time.monotonic()
+            sub = ex.fetch(bench.sink_view(), hint)
+            (request,) = holder.take(1)
+            hold = PullHold(holder, request)
+        try:
+            out = settle(sub, limit_s + patience, quiesce=False, purpose="A8.2: a held fetch concluding")
+            took = time.monotonic() - started
+        finally:
+            hold.release()
+        assert took <= limit_s, (
+            f"A8.2: a fetch with a deadline of {deadline_s:g} s (from the hint) that the other end never answered "
+            f"concluded {took:.2f} s after its submission; by the deadline it has concluded, and it does not "
+            "conclude later")
+        # Its cause (A10.7) is test_A8_a_held_attempt_fails_by_its_deadline's to check; this test is
+        # about when, not why.
+        assert out.is_failed, f"A8.2: a fetch the other end never answered must fail by its deadline, got {out!r}"
+        settle(sub, kvwire_harness.quiesce_grace_s + patience)
+        assert hold.wait_idle(patience)
+        bench.forget_sink()
+        bench.apply_fetch(out)
 
 
 def test_B4_capabilities_do_not_change_with_work_in_flight(kvwire_harness: Harness) -> None:

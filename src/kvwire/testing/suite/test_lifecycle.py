@@ -10,11 +10,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kvwire.contract import CONTRACT_VERSION, Capabilities, Cause, InvalidSubmission, SubmissionRejected
+from kvwire.contract import CONTRACT_VERSION, Capabilities, Cause, Hint, InvalidSubmission, SubmissionRejected
 from kvwire.contract.capabilities import SERVE_PULLS
 from kvwire.testing import needs, profiles
 from kvwire.testing.harness import Harness
-from kvwire.testing.holder import Submission, call_briefly, refused, settle, speaks_causes, wait_for
+from kvwire.testing.holder import Submission, call_briefly, refused, same_outcome, settle, speaks_causes, wait_for
 from kvwire.testing.layout import Bench, simple_plan
 
 SENTINEL = 0x3C
@@ -139,6 +139,8 @@ def test_B2_one_call_sequence_may_span_threads(kvwire_harness: Harness) -> None:
 # -- B3 ----------------------------------------------------------------------------------------
 
 def test_B3_shutdown_refuses_later_submissions_and_is_idempotent(kvwire_harness: Harness) -> None:
+    """B3.1, B3.4: with nothing in flight shutdown() returns an empty frozenset, again and again;
+    later submissions raise SubmissionRejected and touch nothing; close() after it is idempotent."""
     caps = kvwire_harness.capabilities()
     kind = needs.usable_kind(kvwire_harness, caps)
     plan = simple_plan(groups=1, rows=2, seed=151, shared_names=needs.shares_names(caps))
@@ -161,37 +163,145 @@ def test_B3_shutdown_refuses_later_submissions_and_is_idempotent(kvwire_harness:
 
 
 def test_B3_shutdown_ends_work_in_flight_before_it_returns_empty(kvwire_harness: Harness) -> None:
-    """With a fetch held at the other end, shutdown() ends or cancels it and keeps returning it
-    until its memory access has ended; once shutdown() returns empty the holder may reuse the
-    rows, and nothing writes them again."""
+    """B3.2, B3.3, B3.5, B3.6, A10.8: with a fetch held at the other end, shutdown() ends or
+    cancels it (cause SHUTDOWN for a 1.1 backend) and keeps returning it until its memory access
+    has ended; once the other end lets go it returns the empty set within the grace without the
+    holder polling; then the holder may reuse the rows, and nothing writes them again."""
     caps = kvwire_harness.capabilities()
     needs.transfer(caps)
     kind = needs.usable_kind(kvwire_harness, caps)
     plan = simple_plan(groups=2, rows=3, seed=157, shared_names=needs.shares_names(caps))
     patience = profiles.active().patience_s
+    grace = kvwire_harness.quiesce_grace_s
     with needs.open_exchange(kvwire_harness, hold=True) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
                                                                      plan, kind) as bench:
         sub, hold = ex.held_fetch(bench)
+        before = sub.poll()  # None: shutdown() is what concludes it
         pending = call_briefly(ex.ends.sink.shutdown, "B3: shutdown() with a fetch held", on_block=hold.release)
         assert isinstance(pending, frozenset)
         for attempt in pending:
-            assert attempt is sub.attempt, "B3: shutdown() returned an attempt that was never submitted"
+            assert attempt is sub.attempt, "B3.3: shutdown() returned an attempt that was never submitted"
         if not pending:
-            assert sub.quiesced(), "B3: shutdown() returned empty while the fetch says it has not quiesced"
+            assert sub.quiesced(), "B3.3: shutdown() returned empty while the fetch says it has not quiesced"
             bench.write_sink(None, SENTINEL)
+        elif not sub.quiesced():
+            again = ex.ends.sink.shutdown()
+            assert sub.attempt in again or sub.quiesced(), (
+                "B3.4: a second shutdown() left out the fetch, which has not quiesced")
         hold.release()
-        out = settle(sub, patience, quiesce=False)
-        wait_for(lambda: not ex.ends.sink.shutdown(), patience, "B3: shutdown() returning empty")
+        # B3.5: from here the holder neither polls nor asks quiesced(); shutdown() alone must
+        # come to the empty set within the documented grace.
+        wait_for(lambda: not ex.ends.sink.shutdown(), grace + 1.0,
+                 f"B3.5: shutdown() returning the empty set, without the holder polling, within the grace of {grace:g} s "
+                 "after the other end let go,")
         if pending:
             bench.write_sink(None, SENTINEL)
-        assert sub.quiesced(), "B3: shutdown() returned empty while the fetch has not quiesced"
+        out = settle(sub, patience, quiesce=False)
+        assert sub.quiesced(), "B3.3: shutdown() returned empty while the fetch has not quiesced"
         assert hold.wait_idle(patience)
-        bench.verify("B3: after shutdown() returned empty the holder reused the rows")
-        assert out.is_cancelled or out.is_delivered or out.is_failed
-        if speaks_causes(sub.backend) and not out.is_delivered:
-            assert out.cause in (Cause.SHUTDOWN, Cause.FAULT, Cause.PEER_GONE), (
-                f"A10: an attempt ended by shutdown() gives cause SHUTDOWN: {out!r}")
-        refused(lambda: ex.fetch(bench.sink_view()), "B3: a fetch after shutdown()", SubmissionRejected)
+        bench.verify("B3.6: after shutdown() returned empty the holder reused the rows")
+        if before is not None:
+            same_outcome(before, out, "fetch")
+        elif speaks_causes(sub.backend) and not out.is_delivered:
+            assert out.cause is Cause.SHUTDOWN, (
+                f"A10.8/B3.2: shutdown() concluded a fetch that was still held, so its cause is SHUTDOWN: {out!r}")
+        refused(lambda: ex.fetch(bench.sink_view()), "B3.1: a fetch after shutdown()", SubmissionRejected)
+
+
+@pytest.mark.parametrize("end", ["cancel", "deadline"])
+def test_B3_A1_shutdown_lists_concluded_attempts_until_quiesced_and_keeps_their_outcome(
+        kvwire_harness: Harness, end: str) -> None:
+    """B3.3, B3.4, A1.5: a held fetch that concluded before shutdown() (cancelled by the holder,
+    or failed by its deadline) but has not quiesced is in every shutdown() set until it
+    quiesces, and shutdown() leaves its outcome as it was (no SHUTDOWN cause written over it)."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    if end == "cancel":
+        needs.cancellation(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = simple_plan(groups=1, rows=3, seed=159, shared_names=needs.shares_names(caps))
+    patience = profiles.active().patience_s
+    grace = kvwire_harness.quiesce_grace_s
+    deadline_s = 0.3
+    with needs.open_exchange(kvwire_harness, hold=True) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
+                                                                     plan, kind) as bench:
+        sink = ex.ends.sink
+        hint = ex.ends.fetch_hint
+        if end == "deadline":
+            hint = Hint(hint.kind, hint.fields, deadline_s)
+        sub, hold = ex.held_fetch(bench, hint)
+        try:
+            if end == "cancel":
+                call_briefly(sub.attempt.cancel, "A4.1: cancel()", on_block=hold.release)
+            out = settle(sub, deadline_s + 1.0 + patience, quiesce=False,
+                         purpose=f"A4/A8: the held fetch concluding by its {end}")
+        except AssertionError:
+            hold.release()
+            raise
+
+        def unchanged(when: str) -> None:
+            later = call_briefly(sub.attempt.poll, "A1.1: poll()", on_block=hold.release)
+            assert later is not None, f"A1.4: poll() answered None {when}, after it had answered {out!r}"
+            try:
+                same_outcome(out, later, "fetch")
+            except AssertionError as exc:
+                raise AssertionError(f"A1.5: the fetch's outcome changed {when}: {exc}") from None
+
+        for call in ("first", "second"):
+            pending = call_briefly(sink.shutdown, f"B3: a {call} shutdown() with a concluded fetch held",
+                                   on_block=hold.release)
+            # Asked after shutdown() returned: quiesced() is monotone, so False now means the
+            # fetch had not quiesced when shutdown() made its set.
+            if not sub.quiesced():
+                clause = "B3.3" if call == "first" else "B3.4"
+                assert sub.attempt in pending, (
+                    f"{clause}: the {call} shutdown() left out a fetch that concluded ({out.status.value}) before it "
+                    "but has not quiesced; every call returns every attempt not quiesced, however it concluded")
+            assert all(a is sub.attempt for a in pending), "B3.3: shutdown() returned an attempt never submitted"
+            unchanged(f"after the {call} shutdown()")
+        hold.release()
+        wait_for(lambda: not sink.shutdown(), grace + 1.0,
+                 f"B3.5: shutdown() returning the empty set within the grace of {grace:g} s after the other end "
+                 "let go,")
+        bench.write_sink(None, SENTINEL)
+        settle(sub, patience, purpose="B3.3: shutdown() returned empty, so the fetch has quiesced")
+        unchanged("once shutdown() returned the empty set")
+        assert hold.wait_idle(patience)
+        bench.verify("B3.6: after shutdown() returned empty the holder reused the rows")
+
+
+def test_B3_shutdown_comes_to_the_empty_set_without_polling(kvwire_harness: Harness) -> None:
+    """B3.5, B3.2: a fetch the holder waits on through its wakes alone, never calling poll() or
+    quiesced(): shutdown(), asked again, returns the empty set within the documented grace."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = simple_plan(groups=2, rows=3, seed=161, shared_names=needs.shares_names(caps))
+    patience = profiles.active().patience_s
+    grace = kvwire_harness.quiesce_grace_s
+    with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan,
+                                                          kind) as bench:
+        pub = None
+        if ex.store or ex.serves_pulls:
+            ex.offer(bench)
+        else:
+            pub = ex.publish(bench.source_view())
+        sub = ex.fetch(bench.sink_view())
+        ex.serve_one()
+        wait_for(lambda: sub.wakes.count > 0 and (pub is None or pub.wakes.count > 0), patience,
+                 "A3/W1: a wake from the fetch, with no call to poll() or quiesced(),")
+        for backend in ex.ends.backends:
+            wait_for(lambda: not backend.shutdown(), grace + 1.0,  # noqa: B023
+                     f"B3.5: shutdown() returning the empty set within the grace of {grace:g} s, with the holder "
+                     "never polling,")
+        out = settle(sub, patience, purpose="B3.3: shutdown() returned empty, so the fetch has quiesced")
+        if pub is not None:
+            settle(pub, patience, purpose="B3.3: shutdown() returned empty, so the publish has quiesced")
+        bench.apply_fetch(out)
+        bench.write_sink(None, SENTINEL)
+        bench.verify("B3.6: after shutdown() returned empty the holder reused the rows")
+        if not out.is_delivered and speaks_causes(sub.backend):
+            assert out.cause is Cause.SHUTDOWN, f"A10.8: a fetch shutdown() concluded has cause SHUTDOWN: {out!r}"
 
 
 # -- B4 ----------------------------------------------------------------------------------------

@@ -6,6 +6,8 @@ is checked against what the suite knows it holds."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -18,11 +20,15 @@ from kvwire.contract.lookup import LOOKUP, Lookup
 from kvwire.testing import needs, profiles
 from kvwire.testing.exchange import Exchange
 from kvwire.testing.harness import Harness
-from kvwire.testing.holder import call_briefly
+from kvwire.testing.holder import call_briefly, settle, wait_for
 from kvwire.testing.layout import Bench, ViewPlan, random_names, simple_plan
 from kvwire.testing.strategies import selections
 
 UNUSABLE = Hint.of("kvwire_conformance_unusable")
+
+#: How long after its deadline a lookup may take to raise ``LookupFailed`` (L1.7): scheduling
+#: delay on a loaded machine, never a second wait.
+LOOKUP_SLACK_S = 1.0
 
 
 def _needs_lookup(caps: Capabilities) -> None:
@@ -173,8 +179,9 @@ def test_L1_names_of_another_namespace_are_not_held(kvwire_harness: Harness) -> 
 
 
 def test_L1_unusable_hints_and_bad_arguments_refused(kvwire_harness: Harness) -> None:
-    """An unusable hint, names that are not a 2-D uint8 array of width 1..64, no groups, a
-    negative group id, or a timeout that is not a positive number: ``InvalidSubmission``."""
+    """L1.9: an unusable hint, names that are not a 2-D uint8 array of width 1..64 (one or three
+    dimensions, another dtype, a list), no groups, a group id that is negative or no int (a
+    float, a str, None), or a timeout that is not a positive number: ``InvalidSubmission``."""
     caps = kvwire_harness.capabilities()
     _needs_lookup(caps)
     with needs.open_exchange(kvwire_harness) as ex:
@@ -188,8 +195,12 @@ def test_L1_unusable_hints_and_bad_arguments_refused(kvwire_harness: Harness) ->
             ("names of width 0", lambda: asker.lookup([0], np.zeros((2, 0), np.uint8), hint)),
             ("names of width 65", lambda: asker.lookup([0], np.zeros((2, 65), np.uint8), hint)),
             ("a list instead of an array", lambda: asker.lookup([0], names.tolist(), hint)),  # type: ignore[arg-type]
+            ("names of three dimensions", lambda: asker.lookup([0], names.reshape(2, 1, 16), hint)),
             ("no groups", lambda: asker.lookup([], names, hint)),
             ("a negative group id", lambda: asker.lookup([-1], names, hint)),
+            ("a float group id", lambda: asker.lookup([0.0], names, hint)),  # type: ignore[list-item]
+            ("a str group id", lambda: asker.lookup(["0"], names, hint)),  # type: ignore[list-item]
+            ("a group id of None", lambda: asker.lookup([None], names, hint)),  # type: ignore[list-item]
             ("a zero timeout", lambda: asker.lookup([0], names, hint, 0.0)),
         ]
         for what, call in bad:
@@ -198,9 +209,9 @@ def test_L1_unusable_hints_and_bad_arguments_refused(kvwire_harness: Harness) ->
             except InvalidSubmission:
                 continue
             except Exception as exc:
-                raise AssertionError(f"L1: lookup() with {what} raised {type(exc).__name__}: {exc}; the contract "
+                raise AssertionError(f"L1.9: lookup() with {what} raised {type(exc).__name__}: {exc}; the contract "
                                      "refuses it with InvalidSubmission") from exc
-            raise AssertionError(f"L1: lookup() with {what} was answered; the contract refuses it with "
+            raise AssertionError(f"L1.9: lookup() with {what} was answered; the contract refuses it with "
                                  "InvalidSubmission")
 
 
@@ -279,9 +290,10 @@ def test_L1_answers_are_new_plain_read_only_bool_arrays(kvwire_harness: Harness)
 
 @pytest.mark.parametrize("source", ["argument", "hint", "options"])
 def test_L1_a_held_other_end_fails_the_lookup_by_its_deadline(kvwire_harness: Harness, source: str) -> None:
-    """With the other end not answering, a lookup raises ``LookupFailed`` by its deadline (given
-    as the argument, by the hint, or by the backend's options) instead of hanging; once the
-    other end answers again, lookups answer again."""
+    """L1.7 / L1.8: with the other end not answering, a lookup raises ``LookupFailed`` by its
+    deadline (given as the argument, by the hint, or by the backend's options; at most
+    ``LOOKUP_SLACK_S`` late) instead of hanging; once the other end answers again, lookups
+    answer again."""
     caps = kvwire_harness.capabilities()
     _needs_lookup(caps)
     kind = needs.usable_kind(kvwire_harness, caps)
@@ -301,12 +313,19 @@ def test_L1_a_held_other_end_fails_the_lookup_by_its_deadline(kvwire_harness: Ha
         timeout = deadline_s if source == "argument" else None
         hold = ex.ends.hold()
         try:
+            started = time.monotonic()
             try:
                 call_briefly(lambda: asker.lookup([gid], bench.names[0], hint, timeout),
-                             f"L1: a lookup of a held other end (deadline {deadline_s:g} s from the {source})",
+                             f"L1.7: a lookup of a held other end (deadline {deadline_s:g} s from the {source})",
                              limit_s=deadline_s + profiles.active().patience_s, on_block=hold.release)
             except LookupFailed as exc:
-                assert str(exc).strip(), "L1: LookupFailed must say why"
+                took = time.monotonic() - started
+                assert str(exc).strip(), "L1.8: LookupFailed must say why"
+                assert took <= deadline_s + LOOKUP_SLACK_S, (
+                    f"L1.7: a lookup of a held other end with a deadline of {deadline_s:g} s (from the {source}) "
+                    f"raised LookupFailed only after {took:.2f} s; a lookup answers, or fails, within its deadline")
+            except AssertionError:
+                raise
             except Exception as exc:
                 raise AssertionError(f"L1: a lookup past its deadline raised {type(exc).__name__}: {exc}; it raises "
                                      "LookupFailed") from exc
@@ -317,3 +336,67 @@ def test_L1_a_held_other_end_fails_the_lookup_by_its_deadline(kvwire_harness: Ha
             hold.release()
         _expect(_ask(ex, [gid], bench.names[0], timeout_s=profiles.active().patience_s), np.ones(2, bool),
                 "once the other end answers again")
+
+
+def test_L1_a_lookup_beside_a_full_queue_is_not_refused_and_wakes_nothing(kvwire_harness: Harness) -> None:
+    """L1.5 / L1.12: with the queue full of fetches the held other end does not answer, a lookup
+    on the same instance is not refused for capacity (it answers, or raises ``LookupFailed`` by
+    its deadline) and calls none of their wakes from inside the call (W1.6); once released,
+    the fetches conclude as ever and lookups answer again."""
+    caps = kvwire_harness.capabilities()
+    _needs_lookup(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    deadline_s = 0.2
+    with needs.open_exchange(kvwire_harness, hold=True, max_in_flight=2) as ex:
+        if ex.ends.hold is None:
+            pytest.skip("harness cannot hold the backend's other end")
+        bound = ex.caps.max_in_flight
+        if bound > 64:
+            pytest.skip(f"backend declares a queue bound of {bound}, too large to fill here")
+        plan = _plan(caps, groups=1, rows=bound, seed=359)
+        with Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan, kind) as bench:
+            ex.offer(bench)
+            asker = _asker(ex)
+            gid = plan.groups[0].group_id
+            hold = ex.ends.hold()
+            subs = []
+            try:
+                subs = [ex.fetch(bench.sink_view({0: [row]})) for row in range(bound)]
+                wait_for(lambda: hold.waiting() > 0 or any(s.wakes.count for s in subs),
+                         profiles.active().patience_s, "A3: the held other end receiving a fetch")
+                what = f"a lookup while {bound} held fetch(es) fill the queue (bound {bound})"
+                earlier = [len(s.wakes.inside) for s in subs]  # W1.6 inside fetch() is another test's
+                started = time.monotonic()
+                try:
+                    answer = call_briefly(lambda: asker.lookup([gid], bench.names[0], ex.ends.fetch_hint, deadline_s),
+                                          f"L1.7: {what}", limit_s=deadline_s + profiles.active().patience_s,
+                                          on_block=hold.release)
+                except LookupFailed:
+                    assert time.monotonic() - started <= deadline_s + LOOKUP_SLACK_S, (
+                        f"L1.7: {what} raised LookupFailed after more than its deadline of {deadline_s:g} s")
+                except AssertionError:
+                    raise
+                except SubmissionRejected as exc:
+                    raise AssertionError(
+                        f"L1.5: {what} raised SubmissionRejected ({exc}); a lookup takes no queue slot and does not "
+                        "count towards max_in_flight, so a full queue never refuses it") from exc
+                except Exception as exc:
+                    raise AssertionError(f"L1.8: {what} raised {type(exc).__name__}: {exc}; a lookup that gets no "
+                                         "answer raises LookupFailed") from exc
+                else:
+                    assert type(answer) is np.ndarray and answer.dtype == np.bool_ and answer.shape == (bound,), (
+                        f"L1.2: {what} answered {answer!r}; it answers one bool per name")
+                inside = [i for i, s in enumerate(subs) if len(s.wakes.inside) > earlier[i]]
+                assert not inside, (
+                    f"L1.12/W1.6: {what}: the backend called the wake of fetch {inside[0] + 1} of {bound} from inside "
+                    "lookup(), a call the holder made to it; lookup calls no wake")
+            finally:
+                hold.release()
+            outs = [settle(sub, profiles.active().patience_s) for sub in subs]
+            bench.forget_sink()  # each fetch wrote its own row; check each below
+            for row, out in enumerate(outs):
+                bench.apply_fetch(out, {0: [row]})
+                assert out.is_delivered and out.masks[0].all(), (
+                    f"L1.4: a held fetch of a held row, released after a lookup, gave {out!r}")
+            _expect(_ask(ex, [gid], bench.names[0], timeout_s=profiles.active().patience_s), np.ones(bound, bool),
+                    "once the other end answers again")

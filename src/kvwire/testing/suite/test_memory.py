@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvwire.contract import MemoryKind, SlotRegion
+from kvwire.contract import InvalidSubmission, LayerGroupRows, MemoryKind, SlotRegion, View
 from kvwire.contract.backend import Registration
 from kvwire.testing import needs, profiles
 from kvwire.testing.harness import Harness
@@ -84,19 +85,23 @@ def test_M2_a_row_is_exactly_one_slot(kvwire_harness: Harness) -> None:
 # -- M3 ----------------------------------------------------------------------------------------
 
 def test_M3_registration_covers_its_batch(kvwire_harness: Harness) -> None:
+    """M3.1: ``register_regions`` registers one batch and returns one ``Registration`` whose
+    regions are that batch."""
     caps = kvwire_harness.capabilities()
     kind = needs.usable_kind(kvwire_harness, caps)
     memories = [kvwire_harness.allocate(kind, 64, 4) for _ in range(3)]
     with needs.open_exchange(kvwire_harness) as ex:
         registration = ex.ends.sink.register_regions([m.region for m in memories])
         assert isinstance(registration, Registration), (
-            f"M3: register_regions() must return a Registration, got {type(registration).__name__}")
+            f"M3.1: register_regions() must return a Registration, got {type(registration).__name__}")
         assert tuple(registration.regions) == tuple(m.region for m in memories), (
-            "M3: the registration must cover exactly the batch's regions")
+            "M3.1: the registration must cover exactly the batch's regions")
         registration.close()
 
 
 def test_M3_overlapping_region_refused(kvwire_harness: Harness) -> None:
+    """M3.5 / M3.4: a region overlapping one already registered, or another of its own batch,
+    refuses the batch with ``InvalidSubmission``."""
     caps = kvwire_harness.capabilities()
     kind = needs.usable_kind(kvwire_harness, caps)
     memory = kvwire_harness.allocate(kind, 64, 8)
@@ -105,33 +110,101 @@ def test_M3_overlapping_region_refused(kvwire_harness: Harness) -> None:
         backend = ex.ends.sink
         with backend.register_regions([memory.region]):
             refused(lambda: backend.register_regions([_sub_region(memory.region, 2, 3)]),
-                     "M3: registering a region inside a registered one")
+                     "M3.5: registering a region inside a registered one")
             refused(lambda: backend.register_regions([_sub_region(memory.region, 7, 1)]),
-                     "M3: registering a region sharing the last slot of a registered one")
+                     "M3.5: registering a region sharing the last slot of a registered one")
         refused(lambda: backend.register_regions([other.region, _sub_region(other.region, 1, 2)]),
-                 "M3: registering a batch whose two regions overlap")
+                 "M3.4: registering a batch whose two regions overlap")
 
 
 def test_M3_refused_batch_leaves_nothing_registered(kvwire_harness: Harness) -> None:
+    """M3.6: a refused batch leaves nothing registered: none of its regions is recognized
+    afterwards, and an earlier registration it overlapped is unchanged (its rows still move)."""
     caps = kvwire_harness.capabilities()
     kind = needs.usable_kind(kvwire_harness, caps)
     needs.fetch(caps)
     plan = simple_plan(groups=1, rows=3, seed=5)
-    taken = kvwire_harness.allocate(kind, 64, 8)
     with needs.open_exchange(kvwire_harness) as ex:
         sink = ex.ends.sink
         bench = Bench(kvwire_harness, None, None, plan, kind)
         fresh = [m.region for m in bench.sink.memories]
-        with sink.register_regions([taken.region]):
-            bad_batches = [[*fresh, _sub_region(taken.region, 1, 2)], [*fresh, *fresh]]
+        # The earlier registration: a bench registered with both ends, whose sink region the first
+        # bad batch overlaps.
+        kept = Bench(kvwire_harness, ex.ends.source if caps.publish else None, sink,
+                     simple_plan(groups=1, rows=3, seed=6, shared_names=needs.shares_names(caps)), kind)
+        taken = kept.sink.memories[0].region
+        moves = caps.publish  # then a transfer through the earlier registration shows it still in force
+        with kept:
+            bad_batches = [[*fresh, _sub_region(taken, 1, 2)], [*fresh, *fresh]]
             bad_batches += [[*fresh, fake_region(k)] for k in MemoryKind if k not in caps.memory_kinds]
             for batch in bad_batches:
-                refused(functools.partial(sink.register_regions, batch), "M3: a batch with a bad region")
+                refused(functools.partial(sink.register_regions, batch), "M3.3-M3.5: a batch with a bad region")
                 refused(lambda: ex.fetch(bench.sink_view()),
-                         "M3/M4: a fetch into a region whose batch was refused (nothing may stay registered)")
+                         "M3.6/M4: a fetch into a region whose batch was refused (nothing may stay registered)")
                 bench.verify("after a refused batch and a refused fetch")
+                if moves:
+                    try:
+                        result = ex.transfer(kept)
+                    except InvalidSubmission as exc:
+                        raise AssertionError(f"M3.6: a refused batch revoked an earlier registration: a fetch into its "
+                                             f"rows was refused: {exc}") from exc
+                    assert result.fetched.is_delivered and all(m.all() for m in result.fetched.masks), (
+                        f"M3.6: after a refused batch, rows of an earlier registration no longer move: "
+                        f"{result.fetched!r}")
             registration = sink.register_regions(fresh)
             registration.close()
+
+
+def test_M3_regions_that_only_touch_do_not_overlap(kvwire_harness: Harness) -> None:
+    """M3.4 / M3.5 / M3.2: two regions that only touch (one ends on the byte where the next
+    begins: two halves of one allocation) do not overlap; registered in one batch or in two, both
+    are taken, and rows of each move."""
+    caps = kvwire_harness.capabilities()
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = simple_plan(groups=1, rows=4, seed=13, spare=2, shared_names=needs.shares_names(caps))
+    with needs.open_exchange(kvwire_harness) as ex, Bench(
+            kvwire_harness, ex.ends.source if caps.publish else None, None, plan, kind) as bench:
+        whole = bench.sink.memories[0].region
+        half = whole.slot_count // 2
+        lo = _sub_region(whole, 0, half)
+        hi = _sub_region(whole, half, whole.slot_count - half)
+        assert hi.base == lo.base + lo.slot_count * lo.slot_bytes
+        sink_slots = np.asarray(plan.groups[0].sink_slots)
+        parts = [(lo, 0, {0: np.flatnonzero(sink_slots < half).tolist()}),
+                 (hi, half, {0: np.flatnonzero(sink_slots >= half).tolist()})]
+        assert all(rows[0] for _, _, rows in parts), "the plan puts rows in both halves"
+        moves = caps.fetch and caps.publish and (ex.store or ex.serves_pulls)
+        if moves:
+            ex.offer(bench)
+        for how, batches in (("in one batch", [[lo, hi]]), ("in two batches", [[lo], [hi]])):
+            registrations = []
+            try:
+                for batch in batches:
+                    try:
+                        registrations.append(ex.ends.sink.register_regions(batch))
+                    except InvalidSubmission as exc:
+                        clause = "M3.4" if len(batch) == 2 else "M3.5"
+                        raise AssertionError(
+                            f"{clause}: two regions that only touch ([{lo.base:#x}, {hi.base:#x}) and "
+                            f"[{hi.base:#x}, ...)) registered {how} were refused as overlapping: {exc}") from exc
+                if not moves:
+                    continue
+                for region, first, rows in parts:
+                    view = bench.sink_view(rows)
+                    view = View(tuple(LayerGroupRows(g.group_id, g.kind, region, g.slots - first, g.tokens, g.names)
+                                      for g in view.groups))
+                    try:
+                        out = ex.fetch_settled(view)
+                    except InvalidSubmission as exc:
+                        raise AssertionError(f"M3.2: rows of a region registered {how} beside one it touches were "
+                                             f"refused: {exc}") from exc
+                    bench.apply_fetch(out, rows)
+                    assert out.is_delivered and all(m.all() for m in out.masks), (
+                        f"M3.2: rows of a region registered {how} beside one it touches did not move: {out!r}")
+            finally:
+                for registration in registrations:
+                    registration.close()
+            bench.forget_sink()
 
 
 def test_M3_close_is_idempotent_and_spares_a_later_registration(kvwire_harness: Harness) -> None:

@@ -24,10 +24,13 @@ from kvwire.contract import (
     TokenRange,
     View,
 )
+from kvwire.contract.capabilities import OtherEnd
 from kvwire.contract.errors import SubmissionError
+from kvwire.contract.lookup import LOOKUP, Lookup
 from kvwire.testing import needs, profiles
+from kvwire.testing.exchange import Exchange
 from kvwire.testing.harness import Harness, Hold, shut_down
-from kvwire.testing.holder import Submission, Wakes, refused, settle, speaks_causes
+from kvwire.testing.holder import Submission, Wakes, call_briefly, refused, settle, speaks_causes
 from kvwire.testing.layout import Bench
 from kvwire.testing.plans import (
     check_bits,
@@ -367,10 +370,10 @@ def test_H1_a_store_keeps_namespaces_apart(kvwire_harness: Harness) -> None:
             other = ex.settle(ex.fetch(bench.sink_view(), hint))
             bench.apply_fetch(other)
             assert other.is_delivered and other.rows_delivered == 0, (
-                f"H1.3: rows published under namespace 'kvwire-suite/tenant-a' were found under {label}: {other!r}")
+                f"H1.10: rows published under namespace 'kvwire-suite/tenant-a' were found under {label}: {other!r}")
         same = ex.settle(ex.fetch(bench.sink_view(), fetch_a))
         bench.apply_fetch(same)
-        assert all(m.all() for m in same.masks), f"H1.3: rows were not found under their own namespace: {same!r}"
+        assert all(m.all() for m in same.masks), f"H1.10: rows were not found under their own namespace: {same!r}"
 
 
 def test_H1_a_store_refuses_hint_fields_it_does_not_understand(kvwire_harness: Harness) -> None:
@@ -384,12 +387,146 @@ def test_H1_a_store_refuses_hint_fields_it_does_not_understand(kvwire_harness: H
         store_only(ex, "a store hint's fields")
         if caps.publish:
             odd = with_field(ex.ends.publish_hint, "kvwire_suite_unknown_field", 1)
-            refused(functools.partial(ex.publish, bench.source_view(), odd), "H1.4: a publish with an unknown field")
+            refused(functools.partial(ex.publish, bench.source_view(), odd), "H1.9: a publish with an unknown field")
         if caps.fetch:
             odd = with_field(ex.ends.fetch_hint, "kvwire_suite_unknown_field", 1)
-            refused(functools.partial(ex.fetch, bench.sink_view(), odd), "H1.4: a fetch with an unknown field")
+            refused(functools.partial(ex.fetch, bench.sink_view(), odd), "H1.9: a fetch with an unknown field")
             if caps.publish:
                 out = ex.settle(ex.fetch(bench.sink_view()))
                 bench.apply_fetch(out)
                 assert out.rows_delivered == 0, f"S3: a refused publish reached the store: {out!r}"
         bench.verify("after refused submissions")
+
+
+def _without_field(hint: Hint, key: str) -> Hint:
+    return Hint.of(hint.kind, timeout_s=hint.timeout_s, **{k: v for k, v in hint.fields if k != key})
+
+
+def _lookup_end(ex: Exchange) -> Lookup | None:
+    """The fetching end, when it declares ``lookup`` of a store (L1), else ``None``."""
+    sink = ex.ends.sink
+    if LOOKUP in ex.caps.protocols and ex.caps.other_end is OtherEnd.STORE and isinstance(sink, Lookup):
+        return sink
+    return None
+
+
+def _held(bench: Bench, offer: dict[int, list[int]]) -> list[np.ndarray]:
+    """Per group of ``bench``, which of its rows ``offer`` holds."""
+    return [np.isin(np.arange(g.rows), offer.get(gi, ())) for gi, g in enumerate(bench.plan.groups)]
+
+
+def test_H1_a_hint_without_a_namespace_means_the_configured_one(kvwire_harness: Harness) -> None:
+    """H1.7: a store hint without ``namespace`` means the namespace the backend was configured
+    with: rows published without one are found by a fetch (and a lookup) that names it, and
+    rows published naming it are found by a fetch without one."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = pages([(64, 4), (16, 4)], 313, False)
+    with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
+                                                          plan, kind) as bench:
+        store_only(ex, "a store's configured namespace")
+        configured = ex.ends.extra.get("namespace")
+        if not isinstance(configured, str):
+            pytest.skip("harness does not say which namespace its store backends were configured with "
+                        "(Ends.extra['namespace'])")
+        bare_publish = _without_field(ex.ends.publish_hint, "namespace")
+        bare_fetch = _without_field(ex.ends.fetch_hint, "namespace")
+        named_publish = with_field(ex.ends.publish_hint, "namespace", configured)
+        named_fetch = with_field(ex.ends.fetch_hint, "namespace", configured)
+        first = {0: [0, 1], 1: [0, 1]}
+        steps = ((first, bare_publish, named_fetch, "without a namespace", f"naming namespace {configured!r}"),
+                 ({0: [0, 1, 2, 3], 1: [0, 1, 2, 3]}, named_publish, bare_fetch,
+                  f"naming namespace {configured!r}", "without a namespace"))
+        for offer, put_hint, get_hint, put_label, get_label in steps:
+            put = ex.settle(ex.publish(bench.source_view(offer), put_hint))
+            assert put.is_delivered and all(m.all() for m in put.masks), (
+                f"H1.7: a publish {put_label} (the backend's configured namespace {configured!r}) did not "
+                f"deliver: {put!r}")
+            got = ex.settle(ex.fetch(bench.sink_view(), get_hint))
+            bench.apply_fetch(got)
+            for gi, (mask, want) in enumerate(zip(got.masks, _held(bench, offer), strict=True)):
+                assert np.array_equal(mask, want), (
+                    f"H1.7: rows published {put_label} were fetched {get_label}, the namespace the backend was "
+                    f"configured with: group {plan.groups[gi].group_id} marks rows {np.flatnonzero(mask).tolist()}, "
+                    f"held are rows {np.flatnonzero(want).tolist()}; a store hint without a namespace means the "
+                    f"configured one")
+            asker = _lookup_end(ex)
+            if asker is not None:
+                gid = plan.groups[0].group_id
+                for hint in (named_fetch, bare_fetch):
+                    answer = call_briefly(lambda hint=hint: asker.lookup([gid], bench.names[0], hint),
+                                          "L1: lookup()", limit_s=profiles.active().patience_s)
+                    want = np.isin(np.arange(plan.groups[0].rows), offer[0])
+                    assert np.array_equal(np.asarray(answer), want), (
+                        f"H1.7/L1.3: after a publish {put_label}, a lookup "
+                        f"{'naming ' + repr(configured) if hint is named_fetch else 'without a namespace'} answered "
+                        f"{np.asarray(answer).astype(int).tolist()}, held are {want.astype(int).tolist()}")
+
+
+#: Namespaces outside H1.8's form (1-128 ASCII letters, digits or ``._:@+=-/``, not starting
+#: with ``/``) and values that are no namespace at all (H1.5: an ill-typed field).
+MALFORMED_NAMESPACES: tuple[tuple[str, str, object], ...] = (
+    ("H1.8", "starting with '/'", "/kvwire-suite"),
+    ("H1.8", "holding a space", "kvwire suite"),
+    ("H1.8", "of 129 characters", "x" * 129),
+    ("H1.8", "empty", ""),
+    ("H1.8", "holding a non-ASCII letter", "\u00e9"),
+    ("H1.8", "holding a newline", "kvwire-suite\nb"),
+    ("H1.8", "holding a backslash", "kvwire\\suite"),
+    ("H1.5", "an int", 5),
+    ("H1.5", "bytes", b"bytes"),
+    ("H1.5", "a float", 1.5),
+    ("H1.5", "a bool", True),
+)
+
+#: Namespaces at the edge of H1.8's form, which a store takes like any other.
+EDGE_NAMESPACES: tuple[tuple[str, str], ...] = (
+    ("of 128 characters", "x" * 128),
+    ("of one character", "z"),
+    ("of every allowed character", "kvwire-suite/AZaz09._:@+=-/x"),
+)
+
+
+def test_H1_a_namespace_of_the_wrong_form_or_type_is_refused(kvwire_harness: Harness) -> None:
+    """H1.8 / H1.5: a store hint whose namespace is not 1-128 ASCII letters, digits or
+    ``._:@+=-/`` not starting with ``/`` (or is no str at all) is refused with
+    ``InvalidSubmission`` by a publish, a fetch and a lookup (L1.9), and nothing escaped; a
+    namespace at the edge of that form (128 characters, one, every allowed character) is taken."""
+    caps = kvwire_harness.capabilities()
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = pages([(64, 3)], 317, False)
+    with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
+                                                          plan, kind) as bench:
+        store_only(ex, "a store namespace's form")
+        asker = _lookup_end(ex)
+        gid = plan.groups[0].group_id
+        for clause, label, value in MALFORMED_NAMESPACES:
+            what = f"whose store hint's namespace is {label} ({value!r})"
+            if caps.publish:
+                hint = with_field(ex.ends.publish_hint, "namespace", value)
+                refused(functools.partial(ex.publish, bench.source_view(), hint), f"{clause}: a publish {what}")
+            if caps.fetch:
+                hint = with_field(ex.ends.fetch_hint, "namespace", value)
+                refused(functools.partial(ex.fetch, bench.sink_view(), hint), f"{clause}: a fetch {what}")
+            if asker is not None:
+                hint = with_field(ex.ends.fetch_hint, "namespace", value)
+                refused(functools.partial(call_briefly, functools.partial(asker.lookup, [gid], bench.names[0], hint),
+                                          "L1: lookup()", profiles.active().patience_s),
+                        f"{clause}/L1.9: a lookup {what}")
+        bench.verify(f"{'/'.join(sorted({c for c, _, _ in MALFORMED_NAMESPACES}))}: after refused submissions")
+        if not (caps.publish and caps.fetch):
+            return
+        for hint, label in ((ex.ends.fetch_hint, "the harness's fetch hint"),
+                            (_without_field(ex.ends.fetch_hint, "namespace"), "a hint without a namespace")):
+            out = ex.settle(ex.fetch(bench.sink_view(), hint))
+            bench.apply_fetch(out)
+            assert out.rows_delivered == 0, (
+                f"H1.8: publishes refused for their namespace stored rows: a fetch with {label} found {out!r}")
+        for label, value in EDGE_NAMESPACES:
+            put = ex.settle(ex.publish(bench.source_view(), with_field(ex.ends.publish_hint, "namespace", value)))
+            got = ex.settle(ex.fetch(bench.sink_view(), with_field(ex.ends.fetch_hint, "namespace", value)))
+            bench.apply_fetch(got)
+            assert put.is_delivered and got.is_delivered and all(m.all() for m in got.masks), (
+                f"H1.8: rows published under a namespace {label} ({value!r}), which is a namespace, were not all "
+                f"found under it: publish {put!r}, fetch {got!r}")
