@@ -3,8 +3,8 @@ each wraps the memory backend and breaks exactly one clause, leaving the rest as
 
 ``test_mutants.py`` reads :data:`CATCHES` and points the suite at each harness here with
 ``--kvwire-harness tests/conformance/mutants_hints.py:NAME``: each run must fail on a test named
-after the rule. :data:`faithful` (which breaks nothing, and passes the harness's configured
-namespace on in ``Ends.extra["namespace"]``) must pass."""
+after the rule. :data:`faithful` (which breaks nothing; :class:`mutants.MutantHarness` passes
+the configured namespace on in ``Ends.extra["namespace"]``) must pass."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from mutants import Mutant, MutantHarness, Wrapped  # beside this file; on sys.p
 
 from kvwire.contract import Hint, SubmissionRejected, View, WakeFn
 from kvwire.contract.errors import LookupFailed
-from kvwire.testing.harness import Ends, FaultPlan
 
 #: (harness, the rule it breaks, -k selection of the suite's tests).
 CATCHES = [
@@ -28,19 +27,6 @@ CATCHES = [
     ("lookup_wakes_in_flight", "L1", "L1"),
     ("lenient_lookup_args", "L1", "L1"),
 ]
-
-
-class NamespaceHarness(MutantHarness):
-    """A :class:`MutantHarness` that also says which namespace the wrapped store backends were
-    configured with (``Ends.extra["namespace"]``, from the inner harness), so H1.7 is tested."""
-
-    def open(self, *, timeout_s: float, max_in_flight: int | None = None, faults: FaultPlan | None = None,
-             hold: bool = False) -> Ends:
-        ends = super().open(timeout_s=timeout_s, max_in_flight=max_in_flight, faults=faults, hold=hold)
-        inner = ends.extra["inner"]
-        if isinstance(inner, Ends) and "namespace" in inner.extra:
-            ends.extra["namespace"] = inner.extra["namespace"]
-        return ends
 
 
 def _with_namespace(hint: Hint, namespace: object) -> Hint:
@@ -157,11 +143,11 @@ class LenientLookupArgs(Mutant):
         return super().lookup(groups, names, hint, timeout_s)
 
 
-faithful = NamespaceHarness("hints-faithful", Mutant)
-missing_namespace_to_default = NamespaceHarness("missing-namespace-to-default", MissingNamespaceToDefault)
-accepts_bad_namespace = NamespaceHarness("accepts-bad-namespace", AcceptsBadNamespace)
-coerces_namespace_type = NamespaceHarness("coerces-namespace-type", CoercesNamespaceType)
-slow_lookup_failure = NamespaceHarness("slow-lookup-failure", SlowLookupFailure)
-lookup_refused_when_queue_full = NamespaceHarness("lookup-refused-when-queue-full", LookupRefusedWhenQueueFull)
-lookup_wakes_in_flight = NamespaceHarness("lookup-wakes-in-flight", LookupWakesInFlight)
-lenient_lookup_args = NamespaceHarness("lenient-lookup-args", LenientLookupArgs)
+faithful = MutantHarness("hints-faithful", Mutant)
+missing_namespace_to_default = MutantHarness("missing-namespace-to-default", MissingNamespaceToDefault)
+accepts_bad_namespace = MutantHarness("accepts-bad-namespace", AcceptsBadNamespace)
+coerces_namespace_type = MutantHarness("coerces-namespace-type", CoercesNamespaceType)
+slow_lookup_failure = MutantHarness("slow-lookup-failure", SlowLookupFailure)
+lookup_refused_when_queue_full = MutantHarness("lookup-refused-when-queue-full", LookupRefusedWhenQueueFull)
+lookup_wakes_in_flight = MutantHarness("lookup-wakes-in-flight", LookupWakesInFlight)
+lenient_lookup_args = MutantHarness("lenient-lookup-args", LenientLookupArgs)

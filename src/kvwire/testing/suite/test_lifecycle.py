@@ -14,7 +14,15 @@ from kvwire.contract import CONTRACT_VERSION, Capabilities, Cause, Hint, Invalid
 from kvwire.contract.capabilities import SERVE_PULLS
 from kvwire.testing import needs, profiles
 from kvwire.testing.harness import Harness
-from kvwire.testing.holder import Submission, call_briefly, refused, same_outcome, settle, speaks_causes, wait_for
+from kvwire.testing.holder import (
+    Submission,
+    call_briefly,
+    refused,
+    same_outcome,
+    settle,
+    speaks_causes,
+    wait_for,
+)
 from kvwire.testing.layout import Bench, simple_plan
 
 SENTINEL = 0x3C

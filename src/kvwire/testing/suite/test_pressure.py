@@ -455,7 +455,7 @@ def test_H1_a_hint_without_a_namespace_means_the_configured_one(kvwire_harness: 
             if asker is not None:
                 gid = plan.groups[0].group_id
                 for hint in (named_fetch, bare_fetch):
-                    answer = call_briefly(lambda hint=hint: asker.lookup([gid], bench.names[0], hint),
+                    answer = call_briefly(lambda hint=hint, asker=asker, gid=gid: asker.lookup([gid], bench.names[0], hint),
                                           "L1: lookup()", limit_s=profiles.active().patience_s)
                     want = np.isin(np.arange(plan.groups[0].rows), offer[0])
                     assert np.array_equal(np.asarray(answer), want), (
