@@ -21,7 +21,7 @@ from kvwire.contract.errors import SubmissionError
 from kvwire.runtime.holding import Direction
 from kvwire.testing import needs, profiles
 from kvwire.testing.harness import Harness, shut_down
-from kvwire.testing.holder import Submission, Wakes, check_refusal_message, refused, wait_for
+from kvwire.testing.holder import Submission, Wakes, call_briefly, check_refusal_message, refused, wait_for
 from kvwire.testing.layout import Bench
 from kvwire.testing.plans import check_bits, needs_misses, offer_for, pages, store_only, transfer_checked
 
@@ -315,6 +315,39 @@ def test_A9_many_attempts_in_flight_each_get_their_own_rows(kvwire_harness: Harn
             for take, out in zip(takes, outs, strict=True):
                 bench.apply_fetch(out, take)
                 check_bits(ex, bench, offer, take, out, "A9.5")
+
+
+# -- W1.6, W1.7 ----------------------------------------------------------------------------------------
+
+def test_W1_registration_and_capabilities_never_wake_from_inside(kvwire_harness: Harness) -> None:
+    """W1.6: ``register_regions()``, ``Registration.close()`` and ``capabilities()`` are calls the
+    holder makes too: while a fetch is in flight (held at its other end), none of them calls the
+    fetch's wake (or any other) from inside itself, on the holder's thread."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = pages([(64, 2)], 379, needs.shares_names(caps))
+    patience = profiles.active().patience_s
+    with needs.open_exchange(kvwire_harness, hold=True) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
+                                                                     plan, kind) as bench:
+        other = Bench(kvwire_harness, None, None, plan, kind)  # memory no attempt uses, not yet registered
+        sub, hold = ex.held_fetch(bench)
+        try:
+            for backend, memories in ((ex.ends.sink, other.sink.memories), (ex.ends.source, other.source.memories)):
+                regions = [m.region for m in memories]
+                registration = call_briefly(lambda: backend.register_regions(regions),  # noqa: B023
+                                            "W1.6: register_regions() while a fetch is in flight", patience,
+                                            on_block=hold.release)
+                call_briefly(backend.capabilities, "W1.6: capabilities() while a fetch is in flight",
+                             on_block=hold.release)
+                call_briefly(registration.close, "W1.6: Registration.close() while a fetch is in flight", patience,
+                             on_block=hold.release)
+        finally:
+            hold.release()
+        out = ex.settle(sub)  # fails naming W1.6 if a wake came from inside any of those calls
+        assert hold.wait_idle(patience)
+        bench.forget_sink()
+        bench.apply_fetch(out)
 
 
 # -- W1.7 ----------------------------------------------------------------------------------------------

@@ -350,6 +350,8 @@ def test_B4_undeclared_directions_refused(kvwire_harness: Harness) -> None:
 
 
 def test_B4_undeclared_cancellation_is_harmless(kvwire_harness: Harness) -> None:
+    """B4.5: without declared cancellation, ``cancel()`` of a fetch in flight returns at once and
+    raises nothing, and the fetch still concludes and quiesces."""
     caps = kvwire_harness.capabilities()
     if caps.cancellation:
         pytest.skip("backend declares cancellation")
@@ -360,9 +362,36 @@ def test_B4_undeclared_cancellation_is_harmless(kvwire_harness: Harness) -> None
                                                           kind) as bench:
         ex.offer(bench)
         sub = ex.fetch(bench.sink_view())
-        call_briefly(sub.attempt.cancel, "B4: cancel() on a backend that does not declare cancellation")
+        call_briefly(sub.attempt.cancel, "B4.5: cancel() on a backend that does not declare cancellation")
         ex.serve_one()
-        out = ex.settle(sub)
+        out = ex.settle(sub, purpose="B4.5: a fetch cancelled without declared cancellation still concludes and "
+                                     "quiesces")
+        bench.forget_sink()
+        bench.apply_fetch(out)
+
+
+def test_B4_undeclared_cancellation_of_a_held_fetch_never_blocks(kvwire_harness: Harness) -> None:
+    """B4.5: without declared cancellation, ``cancel()`` of a fetch whose other end holds it (so it
+    cannot conclude yet) still returns at once and raises nothing; the fetch concludes and
+    quiesces once the other end lets go."""
+    caps = kvwire_harness.capabilities()
+    if caps.cancellation:
+        pytest.skip("backend declares cancellation")
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = simple_plan(groups=1, rows=2, seed=169, shared_names=needs.shares_names(caps))
+    patience = profiles.active().patience_s
+    with needs.open_exchange(kvwire_harness, hold=True) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
+                                                                     plan, kind) as bench:
+        sub, hold = ex.held_fetch(bench)
+        try:
+            call_briefly(sub.attempt.cancel, "B4.5: cancel() of a held fetch on a backend that does not declare "
+                         "cancellation", on_block=hold.release)
+        finally:
+            hold.release()
+        out = ex.settle(sub, purpose="B4.5: a fetch cancelled without declared cancellation still concludes and "
+                                     "quiesces")
+        assert hold.wait_idle(patience)
         bench.forget_sink()
         bench.apply_fetch(out)
 

@@ -9,13 +9,21 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvwire.contract import InvalidSubmission, LayerGroupRows, MemoryKind, SlotRegion, View
-from kvwire.contract.backend import Registration
+from kvwire.contract import (
+    CacheKind,
+    InvalidSubmission,
+    LayerGroupRows,
+    MemoryKind,
+    SlotRegion,
+    TokenRange,
+    View,
+)
+from kvwire.contract.backend import Backend, Registration
 from kvwire.testing import needs, profiles
 from kvwire.testing.harness import Harness
 from kvwire.testing.holder import refused
 from kvwire.testing.layout import Bench, simple_plan
-from kvwire.testing.regions import fake_region
+from kvwire.testing.regions import RegionMemory, fake_region, next_region_id
 from kvwire.testing.strategies import view_plans
 
 
@@ -283,3 +291,77 @@ def test_M4_rows_of_a_closed_registration_refused(kvwire_harness: Harness) -> No
         if caps.fetch:
             refused(lambda: ex.fetch(bench.sink_view()), "M4: a fetch into rows whose registration was closed")
         bench.verify("after refused submissions")
+
+
+def _registered_part(harness: Harness, backend: Backend, kind: MemoryKind, slot_bytes: int, slot_count: int,
+                     parts: list[tuple[int, int]], seed: int) -> tuple[RegionMemory, np.ndarray, Registration]:
+    """One allocation of ``slot_count`` slots filled with random bytes, of which only the parts
+    ``(first slot, slots)`` are registered with ``backend``, each as its own region of one batch:
+    the memory around them is real (a row that strays there can be seen), but not registered."""
+    memory = harness.allocate(kind, slot_bytes, slot_count)
+    memory.write(np.arange(slot_count),
+                 np.random.default_rng(seed).integers(0, 256, size=(slot_count, slot_bytes), dtype=np.uint8))
+    registration = backend.register_regions([_sub_region(memory.region, first, n) for first, n in parts])
+    return memory, memory.read_all(), registration
+
+
+def _untouched(memory: RegionMemory, before: np.ndarray, clause: str, why: str) -> None:
+    assert memory.guards_intact() and np.array_equal(memory.read_all(), before), (
+        f"{clause}/S2: memory changed {why}; a refused submission touches nothing")
+
+
+def _refused_both_ways(harness: Harness, slot_bytes: int, slot_count: int, parts: list[tuple[int, int]],
+                       cases: list[tuple[str, int, int, list[int]]], clause: str) -> None:
+    """For each case ``(what, offset in bytes from the allocation's base, slot count, slots)``,
+    a group whose region is a fresh ``SlotRegion`` at that offset in memory of which only
+    ``parts`` are registered: a publish and a fetch of it (as declared) are refused, and no byte
+    of the memory changed."""
+    caps = harness.capabilities()
+    kind = needs.usable_kind(harness, caps)
+    if not (caps.fetch or caps.publish):
+        pytest.skip("backend declares neither fetch nor publish")
+
+    with needs.open_exchange(harness) as ex:
+        ends = [(op, backend) for op, backend, declared in
+                (("publish", ex.ends.source, caps.publish), ("fetch", ex.ends.sink, caps.fetch)) if declared]
+        for op, backend in ends:
+            memory, before, registration = _registered_part(harness, backend, kind, slot_bytes, slot_count, parts,
+                                                            seed=slot_bytes + len(op))
+            with registration:
+                for what, offset, count, slots in cases:
+                    region = SlotRegion(next_region_id(), memory.region.base + offset, slot_bytes, count,
+                                        memory.region.memory_kind, memory.region.device)
+                    rows = np.asarray(slots, dtype=np.int64)
+                    names = np.random.default_rng(offset + 1).integers(0, 256, size=(rows.size, 16), dtype=np.uint8)
+                    names[:, 0] = np.arange(rows.size)
+                    view = View((LayerGroupRows(0, CacheKind.PAGED, region, rows, TokenRange(0, 16 * rows.size),
+                                                names),))
+                    submit = ex.publish if op == "publish" else ex.fetch
+                    refused(functools.partial(submit, view), f"{clause}: a {op} of a group {what}")
+                    _untouched(memory, before, clause, f"by a refused {op} of a group {what}")
+
+
+def test_M4_a_group_over_two_registered_regions_is_refused(kvwire_harness: Harness) -> None:
+    """M4.3: all rows of one group lie in one registered region. Two regions that touch (the two
+    halves of one allocation) are registered; a group whose region covers both and whose rows lie
+    one in each half is refused in either direction, and touches nothing."""
+    slot = 64
+    _refused_both_ways(kvwire_harness, slot, 8, [(0, 4), (4, 4)], [
+        ("whose rows 3 and 4 lie in two touching registered regions", 0, 8, [3, 4]),
+        ("whose first and last rows lie in two touching registered regions", 0, 8, [0, 2, 7]),
+    ], "M4.3")
+
+
+def test_M4_a_row_partly_outside_its_registered_region_is_refused(kvwire_harness: Harness) -> None:
+    """M4.1 / M4.4: a row is recognized only when all of its bytes lie in one registered region. A
+    row that runs half a slot past the registered region's end, or starts half a slot before its
+    base (over real, unregistered memory of the same allocation), is not: the submission is
+    refused in either direction, and no byte, inside the region or around it, changes."""
+    slot = 64
+    # Slots 2..5 of an allocation of 8 are registered; slots 0, 1, 6 and 7 are real but not.
+    base, end = 2 * slot, 6 * slot
+    _refused_both_ways(kvwire_harness, slot, 8, [(2, 4)], [
+        ("with a row running half a slot past the registered region's end", base + slot // 2, 4, [1, 3]),
+        ("with a row starting half a slot before the registered region's base", base - slot // 2, 4, [0, 2]),
+        ("with one row entirely inside and one running one byte past the end", end - 2 * slot + 1, 2, [0, 1]),
+    ], "M4.1/M4.4")

@@ -259,9 +259,10 @@ def test_S3_a_refused_submission_never_wakes(kvwire_harness: Harness) -> None:
 # -- V4 through a second region ---------------------------------------------------------------------
 
 def test_V4_rows_that_alias_through_a_second_region_are_refused(kvwire_harness: Harness) -> None:
-    """V4.2: a fetch whose rows overlap through a second region describing the same registered
-    memory (shifted by half a slot, or the same span under another id) is refused and touches
-    nothing."""
+    """V4.1 / V4.2: a fetch whose rows overlap through a second region describing the same
+    registered memory (shifted by half a slot, the same span under another id, or a region of
+    smaller slots whose row lies inside a larger row past its own size) is refused, whichever
+    group comes first, and touches nothing."""
     caps = kvwire_harness.capabilities()
     needs.fetch(caps)
     kind = needs.usable_kind(kvwire_harness, caps)
@@ -273,16 +274,25 @@ def test_V4_rows_that_alias_through_a_second_region_are_refused(kvwire_harness: 
         extra_names = np.full((1, 16), 0xEE, dtype=np.uint8)
         if view.groups[0].names is not None:
             extra_names = view.groups[1].names[:1]
+        quarter = max(1, r.slot_bytes // 4)
         for label, alias, slot in (
                 ("shifted by half a slot", SlotRegion(r.region_id + 10_000, r.base + r.slot_bytes // 2, r.slot_bytes,
                                                       r.slot_count - 1, r.memory_kind, r.device), int(first.slots[0])),
                 ("the same span under another id", SlotRegion(r.region_id + 20_000, r.base, r.slot_bytes, r.slot_count,
-                                                             r.memory_kind, r.device), int(first.slots[-1]))):
+                                                             r.memory_kind, r.device), int(first.slots[-1])),
+                # Slots of a quarter row from the middle of slot 0: slot 4*s is the third quarter
+                # of row slot s, a small row lying inside a big one, past its own size from the
+                # big row's start.
+                ("of smaller slots, a row inside a larger row",
+                 SlotRegion(r.region_id + 30_000, r.base + r.slot_bytes // 2, quarter,
+                            (r.slot_count - 1) * r.slot_bytes // quarter, r.memory_kind, r.device),
+                 int(first.slots[0]) * r.slot_bytes // quarter)):
             clash = LayerGroupRows(view.groups[1].group_id, CacheKind.PAGED, alias, np.array([slot]),
                                    TokenRange(0, 16), extra_names if first.names is not None else None)
-            bad = View((first, clash))
-            assert bad.overlapping_rows() is not None
-            refused(functools.partial(ex.fetch, bad), f"V4.2: a fetch whose rows overlap through a region {label}")
+            for order, bad in (("after", View((first, clash))), ("before", View((clash, first)))):
+                assert bad.overlapping_rows() is not None
+                refused(functools.partial(ex.fetch, bad),
+                        f"V4.1/V4.2: a fetch whose rows overlap through a region {label} (its group {order} the other)")
         bench.verify("V4.2: after refused overlapping fetches")
 
 

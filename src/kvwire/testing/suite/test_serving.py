@@ -89,8 +89,9 @@ def test_N2_a_declined_pull_fails_the_fetch_with_the_reason(kvwire_harness: Harn
 
 
 def test_N2_a_cancelled_pull_still_quiesces_and_unpins(kvwire_harness: Harness) -> None:
-    """The requester cancels while the serving holder is answering: both attempts conclude and
-    quiesce, the requester's as cancelled, and every pin goes back."""
+    """N2.13 / N2.9: the requester cancels before the serving holder answers: both attempts
+    conclude and quiesce, the requester's as cancelled, the answer as CANCELLED with ``by_peer``
+    true (cause PEER_CANCELLED), and every pin goes back."""
     caps = kvwire_harness.capabilities()
     needs.serve_pulls(caps)
     needs.cancellation(caps)
@@ -107,7 +108,15 @@ def test_N2_a_cancelled_pull_still_quiesces_and_unpins(kvwire_harness: Harness) 
         assert out.is_cancelled, f"A4: a pull cancelled before it concluded is cancelled, got {out!r}"
         answer = holder.answer(request)
         holder.finish(answer)  # the answer to a cancelled pull still quiesces
-        assert holder.tree.pinned == 0, "N2: pins must go back after a cancelled pull"
+        assert holder.tree.pinned == 0, "N2.9: pins must go back after a cancelled pull"
+        assert answer.publish is not None
+        answered = answer.publish.outcome
+        assert answered is not None and answered.is_cancelled and answered.by_peer, (
+            f"N2.13: the requester cancelled its pull before the answer concluded, so the answer concludes "
+            f"CANCELLED with by_peer true; it concluded {answered!r}")
+        if speaks_causes(answer.publish.backend):
+            assert answered.cause is Cause.PEER_CANCELLED, (
+                f"N2.13/A10.4: the answer to a pull its requester cancelled has cause PEER_CANCELLED: {answered!r}")
         ex.settle(sub)
         bench.forget_sink()
         bench.apply_fetch(out)

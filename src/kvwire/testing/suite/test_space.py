@@ -8,12 +8,14 @@ store's."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from kvwire.contract import CacheKind, LayerGroupRows, View
 from kvwire.testing import needs, profiles
 from kvwire.testing.harness import FaultPlan, Harness
-from kvwire.testing.layout import Bench
+from kvwire.testing.layout import Bench, GroupPlan, ViewPlan
 from kvwire.testing.plans import (
     check_bits,
     needs_misses,
@@ -161,6 +163,49 @@ def test_N1_a_store_keys_rows_by_group_and_name(kvwire_harness: Harness) -> None
         store_only(ex, "keying stored rows")
         offer = {0: [0, 1, 2], 1: [3, 4, 5], 2: [1, 4]}
         transfer_checked(ex, bench, offer, None, "N1.2")
+
+
+def test_N1_a_name_with_a_trailing_zero_or_a_byte_less_is_another_name(kvwire_harness: Harness) -> None:
+    """N1.4 / S1.4: a name and the same name with one more trailing zero byte, or with its last
+    byte dropped, are different names: after a publish of names of width w (1, 16 and 64, some
+    ending in a zero byte), a fetch of the same group and rows under those names of width w + 1
+    or w - 1 finds nothing."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    widths = (1, 16, 64)
+    rows = 4
+    plan = ViewPlan(tuple(GroupPlan(gi, CacheKind.PAGED, 32, rows, tuple(range(1, 1 + rows)),
+                                    tuple(reversed(range(1, 1 + rows))), rows + 2, w)
+                          for gi, w in enumerate(widths)), 241)
+    with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
+                                                          plan, kind) as bench:
+        store_only(ex, "which names a stored row is found under")
+        needs.names(caps)
+        for names in bench.names:
+            names[:, 0] = np.arange(rows) + 1  # distinct, also once the last byte is dropped
+            if names.shape[1] > 1:
+                names[::2, -1] = 0  # a trailing zero: dropping it leaves the same bytes, zero-padded
+        published = ex.offer(bench)
+        assert published is not None
+        if not any(m.any() for m in published.masks):
+            pytest.skip("the store took none of the published rows")
+        for what, delta in (("one trailing zero byte added", +1), ("the last byte dropped", -1)):
+            select = {gi: list(range(rows)) for gi, w in enumerate(widths) if 1 <= w + delta <= 64}
+            view = bench.sink_view(select)
+            groups = []
+            for gi, g in zip(bench.groups_in(select), view.groups, strict=True):
+                w = widths[gi]
+                names = np.zeros((rows, w + delta), dtype=np.uint8)
+                names[:, : min(w, w + delta)] = bench.names[gi][:, : min(w, w + delta)]
+                groups.append(LayerGroupRows(g.group_id, g.kind, g.region, g.slots, g.tokens, names))
+            fetched = ex.settle(ex.fetch(View(tuple(groups))))
+            bench.apply_fetch(fetched, select)
+            for gi, mask in zip(bench.groups_in(select), fetched.masks, strict=True):
+                assert not mask.any(), (
+                    f"N1.4/S1.4: group {gi}: rows {np.flatnonzero(mask).tolist()} were published under names of "
+                    f"{widths[gi]} bytes, and found under the same names with {what} ({widths[gi] + delta} bytes); "
+                    "those are different names, which no one published")
 
 
 # -- publish masks ---------------------------------------------------------------------------------

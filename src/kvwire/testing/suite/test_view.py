@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
@@ -11,6 +13,7 @@ from kvwire.testing import needs, profiles
 from kvwire.testing.harness import Harness
 from kvwire.testing.holder import refused
 from kvwire.testing.layout import Bench, simple_plan
+from kvwire.testing.plans import offer_for, pages
 from kvwire.testing.strategies import hints, view_plans
 
 #: A hint kind no backend uses.
@@ -58,6 +61,60 @@ def test_V1_every_group_moves_in_view_order(kvwire_harness: Harness) -> None:
             assert result.fetched.is_delivered, f"A5: a transfer of held rows must deliver: {result.fetched!r}"
 
     run()
+
+
+class _Retokened(Bench):
+    """A bench whose views carry the token ranges ``tokens(rows)`` gives, per side, instead of
+    ranges that match their row count."""
+
+    source_tokens: Callable[[int], TokenRange]
+    sink_tokens: Callable[[int], TokenRange]
+
+    def source_view(self, select=None, *, names=True) -> View:  # type: ignore[no-untyped-def]
+        return _retokened(super().source_view(select, names=names), self.source_tokens)
+
+    def sink_view(self, select=None, *, names=True) -> View:  # type: ignore[no-untyped-def]
+        return _retokened(super().sink_view(select, names=names), self.sink_tokens)
+
+
+def _retokened(view: View, tokens: Callable[[int], TokenRange]) -> View:
+    return View(tuple(LayerGroupRows(g.group_id, g.kind, g.region, g.slots, tokens(g.rows), g.names)
+                      for g in view.groups))
+
+
+#: Token ranges that say nothing of how many rows a group lends (V1.6: tokens are for the holder).
+ODD_TOKENS: tuple[tuple[str, Callable[[int], TokenRange]], ...] = (
+    ("one token", lambda rows: TokenRange(0, 1)),
+    ("no tokens", lambda rows: TokenRange(5, 5)),
+    ("a range starting far from zero", lambda rows: TokenRange(1_000_003, 1_000_003 + 16 * rows)),
+    ("a very long range", lambda rows: TokenRange(0, 1 << 40)),
+)
+
+
+def test_V1_token_ranges_do_not_decide_which_rows_move(kvwire_harness: Harness) -> None:
+    """V1.6: which bytes move depends only on the regions, the slots and the names, never on the
+    token ranges: the same rows under ranges unrelated to their count (one token, none, a range
+    far from zero, a very long one; another on each side) give the bits and bytes they give under
+    ranges that match."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    shared = needs.shares_names(caps)
+    plan = pages([(48, 6), (32, 6)], 41, shared)
+    for i, (what, source_tokens) in enumerate(ODD_TOKENS):
+        sink_what, sink_tokens = ODD_TOKENS[(i + 1) % len(ODD_TOKENS)]
+        with needs.open_exchange(kvwire_harness) as ex, _Retokened(kvwire_harness, ex.ends.source, ex.ends.sink,
+                                                                   plan, kind) as bench:
+            bench.source_tokens, bench.sink_tokens = source_tokens, sink_tokens
+            offer = (offer_for(ex, plan, lambda gi, n: [r for r in range(n) if (r + gi) % 3 != 2])
+                     if ex.store or ex.serves_pulls else None)
+            result = ex.transfer(bench, offer)  # checks every true bit's bytes (A7) and all other memory (S2)
+            for gi, (mask, want) in enumerate(zip(result.fetched.masks, ex.expected(bench, offer, None), strict=True)):
+                wrong = np.flatnonzero(mask != want)
+                assert result.fetched.is_delivered and wrong.size == 0, (
+                    f"V1.6: group {gi}: with {what} on the publish and {sink_what} on the fetch, row(s) "
+                    f"{wrong.tolist()} have the wrong bit ({result.fetched!r}); which rows move depends on the "
+                    "regions, slots and names, not on the token range")
 
 
 # -- V2 ----------------------------------------------------------------------------------------
