@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvwire.contract import CacheKind, Cause, Hint, Outcome
+from kvwire.runtime import holding
 from kvwire.testing import needs, profiles
 from kvwire.testing.exchange import Exchange
 from kvwire.testing.harness import Harness
@@ -123,12 +124,19 @@ def test_A2_publish_reads_nothing_after_quiesced(kvwire_harness: Harness) -> Non
 
 # -- A3 ----------------------------------------------------------------------------------------
 
-def test_A3_fetch_progresses_without_poll(kvwire_harness: Harness) -> None:
-    """Without a single call to poll() or quiesced(), the fetched bytes land and wake() comes."""
+#: Rows per group of the A3 tests: a small view, and one of many rows that a backend moves in
+#: several chunks or batches (A3 holds for every chunk, not only the first).
+A3_ROWS = {"small": 4, "many-rows": 96}
+
+
+@pytest.mark.parametrize("size", list(A3_ROWS))
+def test_A3_fetch_progresses_without_poll(kvwire_harness: Harness, size: str) -> None:
+    """A3.1 / A3.3: without a single call to poll() or quiesced(), the fetched bytes land and
+    wake() comes, for a small view and for one of many rows."""
     caps = kvwire_harness.capabilities()
     needs.transfer(caps)
     kind = needs.usable_kind(kvwire_harness, caps)
-    plan = simple_plan(groups=2, rows=4, seed=79, shared_names=needs.shares_names(caps))
+    plan = simple_plan(groups=2, rows=A3_ROWS[size], seed=79, shared_names=needs.shares_names(caps))
     patience = profiles.active().patience_s
     with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan,
                                                           kind) as bench:
@@ -143,7 +151,8 @@ def test_A3_fetch_progresses_without_poll(kvwire_harness: Harness) -> None:
                 np.array_equal(bench.sink.memories[gi].read(bench.sink.slots[gi]), bench.data[gi])
                 for gi in range(len(plan.groups)))
 
-        wait_for(landed, patience, "A3: the fetched bytes landing and a wake, with no call to poll() or quiesced(),")
+        wait_for(landed, patience, f"A3.1/A3.3: the fetched bytes of {plan.rows} row(s) landing and a wake, "
+                 "with no call to poll() or quiesced(),")
         out = ex.settle(sub)
         bench.apply_fetch(out)
         assert all(m.all() for m in out.masks), f"A5: every row was held: {out!r}"
@@ -173,12 +182,14 @@ def test_A3_a_serving_publish_progresses_without_poll(kvwire_harness: Harness) -
         holder.finish(answer)
 
 
-def test_A3_publish_progresses_without_poll(kvwire_harness: Harness) -> None:
-    """A publish nobody polls still reaches the other end: a fetch on the other end finds it."""
+@pytest.mark.parametrize("size", list(A3_ROWS))
+def test_A3_publish_progresses_without_poll(kvwire_harness: Harness, size: str) -> None:
+    """A3.1 / A3.3: a publish nobody polls still reaches the other end: a fetch on the other end
+    finds it, for a small view and for one of many rows."""
     caps = kvwire_harness.capabilities()
     needs.transfer(caps)
     kind = needs.usable_kind(kvwire_harness, caps)
-    plan = simple_plan(groups=1, rows=3, seed=83)
+    plan = simple_plan(groups=1, rows=A3_ROWS[size] - 1, seed=83)
     patience = profiles.active().patience_s
     with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan,
                                                           kind) as bench:
@@ -191,7 +202,8 @@ def test_A3_publish_progresses_without_poll(kvwire_harness: Harness) -> None:
             if fetched.masks[0].all() and pub.wakes.count > 0:
                 break
             assert time.monotonic() < deadline, (
-                f"A3: a publish never polled did not reach the store within {patience:g} s (or never woke)")
+                f"A3.1/A3.3: a publish of {plan.rows} row(s) never polled did not reach the store within "
+                f"{patience:g} s (or never woke)")
         ex.settle(pub)
 
 
@@ -440,6 +452,38 @@ def test_A8_a_held_attempt_fails_by_its_deadline(kvwire_harness: Harness, source
         assert time.monotonic() <= quiesced_by, f"A8: quiescence took longer than the documented grace of {grace:g} s"
         assert hold.wait_idle(profiles.active().patience_s)
         bench.forget_sink()
+        bench.apply_fetch(out)
+
+
+def test_A8_a_hint_deadline_longer_than_the_option_is_kept(kvwire_harness: Harness) -> None:
+    """A8.4 / H1.6: a hint's ``timeout_s`` overrides the deadline option also when it is longer:
+    with the other end held past the option's deadline, the attempt is still in flight, and once
+    the other end answers it delivers."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    option_s = 0.2
+    slack_s = 0.3
+    plan = simple_plan(groups=1, rows=2, seed=113, shared_names=needs.shares_names(caps))
+    with needs.open_exchange(kvwire_harness, hold=True, timeout_s=option_s) as ex, Bench(
+            kvwire_harness, ex.ends.source, ex.ends.sink, plan, kind) as bench:
+        hint = Hint(ex.ends.fetch_hint.kind, ex.ends.fetch_hint.fields, needs.LONG_TIMEOUT_S)
+        sub, hold = ex.held_fetch(bench, hint)
+        try:
+            # Sleep until woken (or the option's deadline and some slack have passed): nothing
+            # may conclude, since the hint gave the fetch far longer.
+            waited = holding.wait(sub, option_s + slack_s, quiesce=False,
+                                  at_deadline=holding.AtDeadline.RETURN)
+        finally:
+            hold.release()
+        assert waited.outcome is None, (
+            f"A8.4/H1.6: the hint's timeout_s was {needs.LONG_TIMEOUT_S:g} s and the deadline option "
+            f"{option_s:g} s; the hint's deadline overrides the option, also when it is longer, but the fetch concluded "
+            f"{waited.outcome!r}")
+        out = ex.settle(sub)
+        assert out.is_delivered and all(m.all() for m in out.masks), (
+            f"A8.4: once the held other end answered, the fetch (hint deadline {needs.LONG_TIMEOUT_S:g} s) must "
+            f"deliver every offered row: {out!r}")
         bench.apply_fetch(out)
 
 

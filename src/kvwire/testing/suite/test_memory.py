@@ -108,8 +108,9 @@ def test_M3_registration_covers_its_batch(kvwire_harness: Harness) -> None:
 
 
 def test_M3_overlapping_region_refused(kvwire_harness: Harness) -> None:
-    """M3.5 / M3.4: a region overlapping one already registered, or another of its own batch,
-    refuses the batch with ``InvalidSubmission``."""
+    """M3.5 / M3.4: a region overlapping one already registered (inside it, sharing a slot, or
+    the very same span again, as the same object or under another id), or another of its own
+    batch, refuses the batch with ``InvalidSubmission``."""
     caps = kvwire_harness.capabilities()
     kind = needs.usable_kind(kvwire_harness, caps)
     memory = kvwire_harness.allocate(kind, 64, 8)
@@ -121,6 +122,10 @@ def test_M3_overlapping_region_refused(kvwire_harness: Harness) -> None:
                      "M3.5: registering a region inside a registered one")
             refused(lambda: backend.register_regions([_sub_region(memory.region, 7, 1)]),
                      "M3.5: registering a region sharing the last slot of a registered one")
+            refused(lambda: backend.register_regions([memory.region]),
+                     "M3.5: registering a region that is registered and open (the same span again)")
+            refused(lambda: backend.register_regions([_sub_region(memory.region, 0, memory.region.slot_count)]),
+                     "M3.5: registering the span of a registered region under another id")
         refused(lambda: backend.register_regions([other.region, _sub_region(other.region, 1, 2)]),
                  "M3.4: registering a batch whose two regions overlap")
 

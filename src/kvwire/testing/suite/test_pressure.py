@@ -324,12 +324,21 @@ def test_A2_large_rows_are_left_alone_once_quiesced(kvwire_harness: Harness) -> 
             holder.finish(answer)
             bench.write_source(None, SENTINEL)
         out = ex.settle(fetch)
-        assert out.is_delivered and all(m.all() for m in out.masks), f"S1: {out!r}"
-        bench.apply_fetch(out)  # A7: the bytes as offered, though the source was overwritten since
+        # The holder reuses the rows the moment the fetch quiesced (A2.3): it takes what arrived,
+        # then overwrites the rows, before anything else. A writer still copying the last chunk of
+        # a large fetch would land on the holder's bytes.
+        arrived = [bench.sink.memories[gi].read(bench.sink.slots[gi]) for gi in range(len(plan.groups))]
         bench.write_sink(None, SENTINEL)
+        assert out.is_delivered and all(m.all() for m in out.masks), f"S1: {out!r}"
+        for gi, got in enumerate(arrived):
+            wrong = np.flatnonzero((got != bench.data[gi]).any(axis=1))
+            assert wrong.size == 0, (
+                f"A7.1: row(s) {wrong[:8].tolist()} of group {plan.groups[gi].group_id} are marked delivered but "
+                "held other bytes than the source's when the fetch quiesced")
         # More work of the same size through the same backends: a writer still running would land now.
         ex.transfer(later)
-        bench.verify("A2: the fetch had quiesced, and the holder then reused its rows")
+        bench.verify("A2.3: the fetch had quiesced, and the holder then reused its rows; something still "
+                     "wrote them")
 
 
 # -- W1 for serving peers ----------------------------------------------------------------------------
