@@ -530,7 +530,8 @@ class RaisesPlainErrors(Mutant):
 
 
 class _Padded(Wrapped):
-    limit: list[int]
+    """Answers the inner outcome of a shortened view with masks of the full view (the rows left
+    out are false bits)."""
 
     def poll(self) -> Outcome | None:
         out = self.inner.poll()
@@ -543,13 +544,16 @@ class _Padded(Wrapped):
 
 
 class LimitsBatches(Mutant):
-    """A9: a fetch of one view moves at most four rows per group; the rest pass for misses."""
+    """A9: a fetch of one view moves at most :attr:`ROWS` rows per group; the rest pass for misses."""
+
+    ROWS = 4
 
     def make(self, op: str, view: View, hint: Hint, wake: WakeFn) -> Wrapped:
         if op != "fetch":
             return super().make(op, view, hint, wake)
-        short = View(tuple(LayerGroupRows(g.group_id, g.kind, g.region, g.slots[:4], g.tokens,
-                                          None if g.names is None else g.names[:4]) for g in view.groups))
+        n = self.ROWS
+        short = View(tuple(LayerGroupRows(g.group_id, g.kind, g.region, g.slots[:n], g.tokens,
+                                          None if g.names is None else g.names[:n]) for g in view.groups))
         return _Padded(self.inner.fetch(short, hint, wake), view, op, self)
 
 

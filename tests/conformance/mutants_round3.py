@@ -13,7 +13,13 @@ import time
 from collections.abc import Sequence
 
 import numpy as np
-from mutants import Mutant, MutantHarness, Wrapped  # beside this file; on sys.path when loaded as a harness
+from mutants import (  # beside this file; on sys.path when loaded as a harness
+    LimitsBatches,
+    Mutant,
+    MutantHarness,
+    Wrapped,
+    _outcome_like,
+)
 
 from kvwire.contract import (
     Attempt,
@@ -21,7 +27,6 @@ from kvwire.contract import (
     Cause,
     Hint,
     InvalidSubmission,
-    LayerGroupRows,
     Outcome,
     SlotRegion,
     View,
@@ -54,10 +59,6 @@ CATCHES = [
     ("mutable_capabilities", "B4", "B4"),
     ("lookup_caches_answers", "L1", "L1"),
 ]
-
-
-def _outcome_like(out: Outcome, masks: Sequence[np.ndarray]) -> Outcome:
-    return Outcome(out.status, tuple(masks), out.reason, out.by_peer, out.cause)
 
 
 # -- A2.2: quiesced() answers false once more after its first true -------------------------------
@@ -319,26 +320,10 @@ class LastByteOfOddRows(Mutant):
 
 # -- A9.6: rows past the 64th of a group pass for misses -----------------------------------------
 
-class _PaddedTo(Wrapped):
-    def poll(self) -> Outcome | None:
-        out = self.inner.poll()
-        if out is None:
-            return None
-        masks = list(self.view.row_masks())
-        for mask, got in zip(masks, out.masks, strict=True):
-            mask[: got.size] = got
-        return _outcome_like(out, masks)
-
-
-class MissesBeyond64Rows(Mutant):
+class MissesBeyond64Rows(LimitsBatches):
     """A9.6: a fetch moves at most 64 rows per group (one batch); the rest pass for misses."""
 
-    def make(self, op: str, view: View, hint: Hint, wake: WakeFn) -> Wrapped:
-        if op != "fetch":
-            return super().make(op, view, hint, wake)
-        short = View(tuple(LayerGroupRows(g.group_id, g.kind, g.region, g.slots[:64], g.tokens,
-                                          None if g.names is None else g.names[:64]) for g in view.groups))
-        return _PaddedTo(self.inner.fetch(short, hint, wake), view, op, self)
+    ROWS = 64
 
 
 # -- A10.7: a deadline failure's cause ------------------------------------------------------------------

@@ -18,6 +18,7 @@ from mutants import (  # beside this file; on sys.path as a harness
     MutantHarness,
     Wrapped,
     _outcome_like,
+    _Padded,
 )
 
 from kvwire.contract import (
@@ -216,17 +217,6 @@ class OverlapByLaterRowSize(Mutant):
 
 # -- V1.6 -------------------------------------------------------------------------------------------
 
-class _Pad(Wrapped):
-    def poll(self) -> Outcome | None:
-        out = self.inner.poll()
-        if out is None:
-            return None
-        masks = list(self.view.row_masks())
-        for mask, got in zip(masks, out.masks, strict=True):
-            mask[: got.size] = got
-        return _outcome_like(out, masks)
-
-
 class RowsFromTokens(Mutant):
     """V1.6: decides how many rows of a PAGED group move from its token range (16 tokens a block,
     vLLM's default): rows past ceil(len(tokens) / 16) are left out (false bits)."""
@@ -242,7 +232,7 @@ class RowsFromTokens(Mutant):
             groups.append(LayerGroupRows(g.group_id, g.kind, g.region, g.slots[:n], g.tokens,
                                          None if g.names is None else g.names[:n]))
         call = self.inner.fetch if op == "fetch" else self.inner.publish
-        return _Pad(call(View(tuple(groups)), hint, wake), view, op, self)
+        return _Padded(call(View(tuple(groups)), hint, wake), view, op, self)
 
 
 # -- N1.4 / S1.4 ------------------------------------------------------------------------------------
