@@ -201,6 +201,7 @@ def test_L1_unusable_hints_and_bad_arguments_refused(kvwire_harness: Harness) ->
             ("a float group id", lambda: asker.lookup([0.0], names, hint)),  # type: ignore[list-item]
             ("a str group id", lambda: asker.lookup(["0"], names, hint)),  # type: ignore[list-item]
             ("a group id of None", lambda: asker.lookup([None], names, hint)),  # type: ignore[list-item]
+            ("a bool group id", lambda: asker.lookup([True], names, hint)),
             ("a zero timeout", lambda: asker.lookup([0], names, hint, 0.0)),
         ]
         for what, call in bad:
