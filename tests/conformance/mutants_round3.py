@@ -115,7 +115,7 @@ _LOCK = threading.Lock()
 
 class QuiescesBeforeLastRowOfBigFetch(Mutant):
     """A2.3: for a fetch of at least 1 MiB, the worker copies the last delivered row out of its
-    bounce buffer again and again for ~20 ms after the attempt quiesced (a trailing chunk retried),
+    bounce buffer again and again for ~0.3 s after the attempt quiesced (a trailing chunk retried),
     overwriting what the holder wrote there since. (It writes only while the memory is still
     registered, so the broken backend does not crash the suite's process.)"""
 
@@ -126,7 +126,7 @@ class QuiescesBeforeLastRowOfBigFetch(Mutant):
         return registration
 
     def rewrite(self, address: int, saved: bytes) -> None:
-        for _ in range(10):  # the trailing chunk, retried every 2 ms for 20 ms
+        for _ in range(150):  # the trailing chunk, retried every 2 ms for ~0.3 s
             time.sleep(0.002)
             with _LOCK:
                 if any(lo <= address and address + len(saved) <= hi for lo, hi in self.__dict__.get("spans", [])):
