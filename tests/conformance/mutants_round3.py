@@ -18,6 +18,7 @@ from mutants import (  # beside this file; on sys.path when loaded as a harness
     Mutant,
     MutantHarness,
     Wrapped,
+    _Lazy,
     _outcome_like,
 )
 
@@ -160,23 +161,6 @@ class QuiescesBeforeLastRowOfBigFetch(Mutant):
 
 # -- A3.1: a publish (only) makes progress only when polled --------------------------------------
 
-class _LazyPublish(Wrapped):
-    def __init__(self, start, view: View, op: str, backend: Mutant) -> None:  # type: ignore[no-untyped-def]
-        self.start = start
-        self.started: Attempt | None = None
-        self.view, self.op, self.backend = view, op, backend
-
-    @property
-    def inner(self) -> Attempt:  # type: ignore[override]
-        if self.started is None:
-            self.started = self.start()
-        return self.started
-
-    @inner.setter
-    def inner(self, value: Attempt) -> None:
-        self.started = value
-
-
 class PublishNeedsPolling(Mutant):
     """A3.1 / A3.3: a publish hands its rows to the store only when the holder first asks poll()
     or quiesced(); fetches progress on their own."""
@@ -184,7 +168,7 @@ class PublishNeedsPolling(Mutant):
     def make(self, op: str, view: View, hint: Hint, wake: WakeFn) -> Wrapped:
         if op != "publish":
             return super().make(op, view, hint, wake)
-        return _LazyPublish(lambda: self.inner.publish(view, hint, wake), view, op, self)
+        return _Lazy(lambda: self.inner.publish(view, hint, wake), view, op, self)
 
     def shutdown(self) -> frozenset[Attempt]:
         return self.inner.shutdown()
@@ -198,7 +182,7 @@ class BigViewsNeedPolling(Mutant):
         if sum(g.rows for g in view.groups) <= 16:
             return super().make(op, view, hint, wake)
         call = self.inner.fetch if op == "fetch" else self.inner.publish
-        return _LazyPublish(lambda: call(view, hint, wake), view, op, self)
+        return _Lazy(lambda: call(view, hint, wake), view, op, self)
 
     def shutdown(self) -> frozenset[Attempt]:
         return self.inner.shutdown()

@@ -18,7 +18,10 @@ is kept and reused for new objects of the same size once no read is copying, up 
 capacity counted by object; a slab goes back to the system once none of its objects is stored
 or kept, so a slab of which only some objects survive can keep the rest of its bytes until
 then (a store at capacity stops asking the system for fresh pages, whose first touch costs
-more than the copy itself)."""
+more than the copy itself).
+
+One file (~500 lines): the table, the eviction order and the kept memory change together under
+one lock, and each path (batch, one key, row by row) must give the same answers."""
 
 from __future__ import annotations
 

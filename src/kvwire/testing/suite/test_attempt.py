@@ -1,4 +1,7 @@
-"""A1-A9: what an attempt answers, when, and what its outcome means."""
+"""A1-A9: what an attempt answers, when, and what its outcome means.
+
+One file for the attempt's rules, as each suite file holds one group of rules; it is over 500
+lines because A3, A4 and A8 each run for fetch and publish, small and many-row views."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """Clauses at their edges: each test here closes a gap that a planted single-clause mutant of the
 reference backends, or mutation testing of the reference store, showed the rest of the suite
 left open (``docs/conformance.md`` lists them). Each test names its clause of
-``docs/contract.md`` in its docstring's first line."""
+``docs/contract.md`` in its docstring's first line. One file of ~570 lines because each test
+stands for one mutant the rest missed, and they share the hold-and-fill helpers below."""
 
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 of instances at once, refusals that must leave no trace (and no wake), memory described by a
 second region, large rows reused the moment they quiesce, pulls that arrive together, store
 namespaces and hint fields. Each test names its clause of ``docs/contract.md`` in its
-docstring's first line."""
+docstring's first line. One file of ~550 lines: the store-namespace tests share their helpers
+with the pressure tests (the lookup end, the held rows of an offer)."""
 
 
 from __future__ import annotations
