@@ -17,6 +17,7 @@ from mutants import (  # beside this file; on sys.path when loaded as a harness
     LimitsBatches,
     Mutant,
     MutantHarness,
+    NeedsPolling,
     Wrapped,
     _Lazy,
     _outcome_like,
@@ -174,18 +175,14 @@ class PublishNeedsPolling(Mutant):
         return self.inner.shutdown()
 
 
-class BigViewsNeedPolling(Mutant):
+class BigViewsNeedPolling(NeedsPolling):
     """A3.1: a submission of more than 16 rows (a multi-chunk transfer) starts only when the
     holder first asks poll() or quiesced(); small ones progress on their own."""
 
     def make(self, op: str, view: View, hint: Hint, wake: WakeFn) -> Wrapped:
         if sum(g.rows for g in view.groups) <= 16:
-            return super().make(op, view, hint, wake)
-        call = self.inner.fetch if op == "fetch" else self.inner.publish
-        return _Lazy(lambda: call(view, hint, wake), view, op, self)
-
-    def shutdown(self) -> frozenset[Attempt]:
-        return self.inner.shutdown()
+            return Mutant.make(self, op, view, hint, wake)
+        return super().make(op, view, hint, wake)
 
 
 # -- A5.9: a fault after some rows moved passes for misses ---------------------------------------
