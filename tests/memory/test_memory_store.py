@@ -173,20 +173,24 @@ def test_readers_never_see_a_torn_object_while_memory_is_reused():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.booleans(), st.integers(1, 700), st.integers(0, 9), st.integers(0, 1000)),
+@given(st.lists(st.tuples(st.sampled_from(["put", "read", "discard"]), st.integers(1, 700), st.integers(0, 9),
+                          st.integers(0, 1000)),
                 min_size=1, max_size=25))
 def test_batches_evict_exactly_as_a_plain_lru_model(steps):
-    """Batch puts and reads of many sizes (evictions of 1 to several hundred objects at once, so
-    the eviction's search runs past any run length) hold the same keys in the same order, and
-    the same bytes, as a plain list-based LRU model."""
+    """Batch puts, reads and removals of many sizes (evictions of 1 to several hundred objects at
+    once, so the eviction's search runs past any run length; stores of one size and of several)
+    hold the same keys in the same order, and the same bytes, as a plain list-based LRU model."""
     capacity = 4000
     store = MemoryStore(capacity)
     model: dict[str, bytes] = {}  # insertion order = least recently used first
     source = np.random.default_rng(0).integers(0, 256, 1 << 16, dtype=np.uint8)
     base = source.ctypes.data
-    for is_put, rows, size, first in steps:
+    for op, rows, size, first in steps:
         keys = [f"k{first + i}" for i in range(rows)]
-        if is_put:
+        if op == "discard":
+            for key in keys:
+                assert store.discard(key) == (model.pop(key, None) is not None)
+        elif op == "put":
             offsets = [(7 * (first + i)) % 1000 for i in range(rows)]
             status = store.write_batch(keys, [base + o for o in offsets], [size] * rows)
             codes = [KeyStatus.OK if status is None else KeyStatus(int(c)) for c in (status if status is not None else keys)]
