@@ -27,6 +27,9 @@ T = TypeVar("T")
 FAILED_CAUSES = frozenset({Cause.DEADLINE, Cause.FAULT, Cause.PEER_GONE, Cause.DECLINED, Cause.SHUTDOWN})
 CANCELLED_CAUSES = frozenset({Cause.HOLDER_CANCELLED, Cause.PEER_CANCELLED, Cause.SHUTDOWN})
 
+#: Where a :class:`Submission` keeps a copy of its outcome's masks as ``poll()`` first answered them.
+FIRST_MASKS = "masks at first poll"
+
 #: A call that must never block (poll, quiesced, cancel, wake) fails the suite when it has not
 #: returned after this long.
 BLOCKING_LIMIT_S = 1.0
@@ -94,9 +97,23 @@ class Submission(holding.Submission):
         if self.outcome is None:
             check_outcome(out, self.view, self.op, speaks_causes(self.backend))
             self.outcome = out
+            self.extra[FIRST_MASKS] = tuple(np.array(m, dtype=bool, copy=True) for m in out.masks)
         else:
             same_outcome(self.outcome, out, self.op)
+            self.masks_unchanged()
         return out
+
+    def masks_unchanged(self) -> None:
+        """A6.5: the masks of the outcome are the bits they were when ``poll()`` first answered it
+        (the same object answered again may have had its masks written since)."""
+        first = self.extra.get(FIRST_MASKS)
+        if self.outcome is None or first is None:
+            return
+        for gi, (now, then) in enumerate(zip(self.outcome.masks, first, strict=True)):
+            assert np.array_equal(now, then), (
+                f"A6.5: mask {gi} of the {self.op}'s {self.outcome.status.value} outcome changed after poll() first "
+                f"answered it (it was {then.astype(int).tolist()}, now {np.asarray(now).astype(int).tolist()}); an "
+                "outcome's masks never change")
 
     def quiesced(self) -> bool:
         """``attempt.quiesced()``, checked: a bool that stays true once true (A2)."""

@@ -9,6 +9,7 @@ so each harness answers :meth:`~kvwire.testing.harness.Harness.capabilities` its
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 
 import numpy as np
@@ -40,6 +41,9 @@ __all__ = ["ReferenceStoreHarness", "ReferencePeerHarness", "ControlledStore", "
 NAMESPACE = "conformance"
 #: The namespace the reference store backends are configured with: a hint without one uses it.
 CONFIGURED_NAMESPACE = "default"
+
+#: Numbers the peer pairs the peer harness opens, so every peer's address is unique in the process.
+_pairs = itertools.count(1)
 
 
 class ControlledStore:
@@ -164,8 +168,11 @@ class ReferencePeerHarness(Harness):
         gate = Gate()
         fabric = Fabric()
         bound = max_in_flight or self.max_in_flight
-        source = self.make_peer(fabric, "serving", timeout_s=timeout_s, max_in_flight=bound)
-        sink = self.make_peer(fabric, "pulling", timeout_s=timeout_s, max_in_flight=bound)
+        # Names unique in the process: two pairs open at once are two networks, and a ticket names
+        # the peer that handed it out by its address (H1.13), as distinct instances' addresses differ.
+        pair = next(_pairs)
+        source = self.make_peer(fabric, f"serving-{pair}", timeout_s=timeout_s, max_in_flight=bound)
+        sink = self.make_peer(fabric, f"pulling-{pair}", timeout_s=timeout_s, max_in_flight=bound)
         fabric.link = ControlledLink(gate, faults, source.address())
         return Ends(source, sink, Hint.of("ticket", id=0), Hint.of("peer", address=source.address()),
                     hold=gate.hold, extra={"gate": gate, "fabric": fabric})
