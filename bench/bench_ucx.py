@@ -47,6 +47,7 @@ side in one run, so they share the processes it sets up."""
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import platform
@@ -98,22 +99,70 @@ def view_of(region: Any, rows: int, names: np.ndarray) -> Any:
 
 
 def pull(backend: Any, view: Any, address: bytes, woken: threading.Event,
-         timelines: list[dict[str, float]] | None = None) -> float:
+         timelines: list[dict[str, float]] | None = None, spin: bool = False) -> float:
     """Seconds for one kvwire pull of ``view`` from ``address``, until concluded and quiesced;
-    every row must arrive. The attempt's timeline goes to ``timelines``."""
+    every row must arrive. The attempt's timeline goes to ``timelines``. ``spin``: poll the
+    attempt (yielding the GIL between looks) instead of sleeping until a wake."""
     from kvwire.contract import Hint
 
     started = time.perf_counter()
     attempt = backend.fetch(view, Hint.of("peer", address=address), woken.set)
     while not (attempt.poll() is not None and attempt.quiesced()):
+        if spin:
+            time.sleep(0)
+            continue
         woken.wait(60)
         woken.clear()
     seconds = time.perf_counter() - started
     outcome = attempt.poll()
     assert outcome is not None and outcome.is_delivered and outcome.masks[0].all(), outcome
     if timelines is not None:
-        timelines.append(attempt.timeline())
+        timelines.append({**attempt.timeline(), "seen": seconds, "at": started})
     return seconds
+
+
+#: --spin: the backends' spin_us, longer than the pause between two pulls of a run
+SPIN_US = 2_000_000
+
+#: The steps of a one-sided pull that --trace times, each from the end of the one before: the
+#: caller's fetch() to its Pull on the wire (the progress thread takes the command up), to the
+#: serving holder taking the pull up (the socket, the serving progress thread, the holder's
+#: wake), to its publish() (the bench holder's lookup and view), to the ReadOffer on the wire
+#: (the serving progress thread takes the publish up), to the requester having it (the socket
+#: and its progress thread's wake), to the conclusion (the NIXL READs and the Ack), to
+#: quiescence, to the caller seeing it (its wake).
+TRACE_STEPS = ("fetch() -> Pull sent", "-> serving holder takes it", "-> publish() called",
+               "-> ReadOffer sent", "-> requester has it", "-> concluded (READs, Ack)", "-> quiesced",
+               "-> the caller sees it")
+
+
+def trace_steps(pulls: list[dict[str, float]], served: list[dict[str, float]]) -> dict[str, list[float]]:
+    """Seconds of each of :data:`TRACE_STEPS` for every pull whose serving side is known (the
+    serving holder took it up while the pull ran). Both processes read the host's monotonic
+    clock (``perf_counter``). "Sent" is noted when the send call returned, so the other process
+    may have the message a little earlier: a step across processes can come out slightly
+    negative."""
+    steps: dict[str, list[float]] = {name: [] for name in TRACE_STEPS}
+    for p in pulls:
+        at = p["at"]
+        side = next((s for s in served if at <= s["taken"] <= at + p["seen"] and "answered" in s), None)
+        if side is None or not {"asked", "answered", "concluded", "quiesced"} <= p.keys():
+            continue
+        marks = [at, at + p["asked"], side["taken"], side["publish"], side["answered"], at + p["answered"],
+                 at + p["concluded"], at + p["quiesced"], at + p["seen"]]
+        for name, a, b in zip(TRACE_STEPS, marks[:-1], marks[1:], strict=True):
+            steps[name].append(b - a)
+    return steps
+
+
+def print_trace(traces: list[tuple[int, dict[str, list[float]]]]) -> None:
+    print("\nwhere a pull's time goes (--trace): medians in microseconds over the timed pulls "
+          "traced (n), by prompt length in tokens")
+    print(f"{'step':<30}" + "".join(f"{tokens:>9}" for tokens, _ in traces))
+    for name in TRACE_STEPS:
+        print(f"{name:<30}" + "".join(f"{statistics.median(s[name]) * 1e6:>9.0f}" if s[name] else f"{'-':>9}"
+                                      for _, s in traces))
+    print(f"{'n':<30}" + "".join(f"{len(s[TRACE_STEPS[0]]):>9}" for _, s in traces))
 
 
 def checked(run: Callable[[], float], memory: np.ndarray, expected: np.ndarray, nbytes: int) -> float:
@@ -170,7 +219,7 @@ def raw_nixl_agent(name: str, memory: np.ndarray) -> Any:
     return agent
 
 
-def serve(max_bytes: int, busy: bool, mode: str) -> None:
+def serve(max_bytes: int, busy: bool, mode: str, spin: bool = False) -> None:
     """The serving process: a kvwire-ucx backend whose holder answers every pull in full, and a
     raw ucxx worker that sends rows when told (two-sided) or a raw NIXL agent whose registered
     memory the other process reads (one-sided)."""
@@ -180,7 +229,7 @@ def serve(max_bytes: int, busy: bool, mode: str) -> None:
     from kvwire.registry import load
 
     memory = pattern(max_bytes).copy()
-    backend = load("ucx").build({"timeout_s": 60.0, "mode": mode})
+    backend = load("ucx").build({"timeout_s": 60.0, "mode": mode, "spin_us": SPIN_US if spin else 0})
     registration = None
     tree = np.zeros(0, dtype="S32")  # the held names, sorted
     region: SlotRegion | None = None
@@ -189,17 +238,26 @@ def serve(max_bytes: int, busy: bool, mode: str) -> None:
     stop = False
     polling = threading.Event()  # the raw NIXL agent is progressed by the thread below
     polled = threading.Lock()  # held by that thread while it progresses the agent
+    #: For --trace: (when the holder took a pull up, when it called publish, the publish attempt)
+    served: collections.deque[tuple[float, float, Any]] = collections.deque(maxlen=4096)
+    spinning = threading.Event()  # --spin, during kvwire's runs: the holder looks without sleeping
 
     def holder() -> None:
         live: list[Any] = []
         while not stop:
-            wake.wait(0.5)
-            wake.clear()
+            if spinning.is_set():
+                time.sleep(0)  # look again at once, yielding the GIL to the progress thread
+            else:
+                wake.wait(0.5)
+                wake.clear()
             for request in backend.incoming():  # type: ignore[attr-defined]
+                taken = time.perf_counter()
                 with lock:
                     count = held_prefix(tree, request.names)
                     view = view_of(region, count, request.names)
+                called = time.perf_counter()
                 live.append(backend.publish(view, request.ticket, wake.set))
+                served.append((taken, called, live[-1]))
             live = [a for a in live if not (a.poll() is not None and a.quiesced())]
 
     threading.Thread(target=holder, daemon=True).start()
@@ -272,6 +330,17 @@ def serve(max_bytes: int, busy: bool, mode: str) -> None:
                 with polled:  # out of get_new_notifs: the next ask's notification is answer_asks'
                     pass
             say(ok=True)
+        elif command["do"] == "spin":
+            if command["on"]:
+                spinning.set()
+            else:
+                spinning.clear()
+            say(ok=True)
+        elif command["do"] == "served":  # --trace: the serving holder's steps, on this host's monotonic clock
+            steps = [{"taken": taken, "publish": called, **{k: called + v for k, v in a.timeline().items()}}
+                     for taken, called, a in list(served)]
+            served.clear()
+            say(served=steps)
         elif command["do"] == "quit":
             break
     stop = True
@@ -312,9 +381,9 @@ def say(**message: Any) -> None:
 # ---------------------------------------------------------------------------- pulling process
 
 class Server:
-    def __init__(self, max_bytes: int, busy: bool, mode: str) -> None:
+    def __init__(self, max_bytes: int, busy: bool, mode: str, spin: bool = False) -> None:
         argv = [sys.executable, "-u", __file__, "--serve", str(max_bytes), "--mode", mode] + (
-            ["--raw-busy-poll"] if busy else [])
+            ["--raw-busy-poll"] if busy else []) + (["--spin"] if spin else [])
         self.proc = subprocess.Popen(argv,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.selector = selectors.DefaultSelector()
@@ -369,10 +438,15 @@ def main() -> int:
                         help="kvwire-ucx mode; one-sided compares against a raw NIXL agent pair")
     parser.add_argument("--prompts", default="1k,4k,16k,64k,128k", help="one-sided: prompt lengths in tokens")
     parser.add_argument("--token-bytes", type=int, default=4096, help="one-sided: KV bytes per token")
+    parser.add_argument("--spin", action="store_true",
+                        help="one-sided: kvwire's ends poll as the raw pair does (both progress threads with spin_us, "
+                             "the caller and the serving holder looking without sleeping): the same work as the raw pair")
+    parser.add_argument("--trace", action="store_true",
+                        help="one-sided: also print where a pull's time goes, step by step, across both processes")
     parser.add_argument("--serve", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve is not None:
-        serve(args.serve, args.raw_busy_poll, args.mode)
+        serve(args.serve, args.raw_busy_poll, args.mode, args.spin)
         return 0
     if args.mode == "one-sided":
         return main_one_sided(args)
@@ -469,12 +543,12 @@ def main_one_sided(args: argparse.Namespace) -> int:
     max_bytes = max(size * rows for size, rows in cases)
     expected = pattern(max_bytes)
     memory = np.zeros(max_bytes, dtype=np.uint8)
-    server = Server(max_bytes, False, "one-sided")
+    server = Server(max_bytes, False, "one-sided", args.spin)
     results = []
     try:
         hello = server.read()
         address = bytes.fromhex(hello["kvwire"])
-        options: dict[str, Any] = {"timeout_s": 60.0, "mode": "one-sided"}
+        options: dict[str, Any] = {"timeout_s": 60.0, "mode": "one-sided", "spin_us": SPIN_US if args.spin else 0}
         if args.window_bytes:
             options["window_bytes"] = args.window_bytes
         backend = load("ucx").build(options)
@@ -484,9 +558,10 @@ def main_one_sided(args: argparse.Namespace) -> int:
         woken = threading.Event()
 
         timelines: list[dict[str, float]] = []
+        traces: list[tuple[int, dict[str, list[float]]]] = []
 
         def run_kvwire(view: Any) -> float:
-            return pull(backend, view, address, woken, timelines)
+            return pull(backend, view, address, woken, timelines, args.spin)
 
         def read(size: int, local_rows: np.ndarray, remote_rows: np.ndarray, done: bytes) -> float:
             """One NIXL READ, a descriptor of ``size`` bytes per row, until it is ``DONE``; the
@@ -547,7 +622,8 @@ def main_one_sided(args: argparse.Namespace) -> int:
             pass
         assert server.ask(do="unpoll").get("ok")
         print(f"kvwire-ucx one-sided vs a raw NIXL agent pair (READ); two processes on loopback; "
-              f"{args.token_bytes} B per token, 16-token blocks; {args.runs} runs (medians)")
+              f"{args.token_bytes} B per token, 16-token blocks; {args.runs} runs (medians)"
+              + ("; kvwire's ends spin (--spin)" if args.spin else "; kvwire's ends sleep until woken"))
         print("  answer ms: kvwire's request until its answer arrived (the round trip, the serving holder's lookup")
         print("  included); read ms: the answer until the pull concluded (the NIXL READs); raw 1 ms: raw 1's whole read;")
         print("  ask ms: the raw protocol pair (names in a notification, addresses back in one, READ, done), whole")
@@ -570,11 +646,28 @@ def main_one_sided(args: argparse.Namespace) -> int:
             for run in runs.values():
                 timed(run, nbytes)  # warm-up
             timelines.clear()
-            for i in range(args.runs):
-                order = list(runs) if i % 2 == 0 else list(runs)[::-1]
-                for which in order:
-                    times[which].append(timed(runs[which], nbytes))
+            if args.spin:
+                time.sleep(SPIN_US / 1e6 + 0.2)  # the warm-up's spin runs out
+                # The raw runs first, then kvwire's with its ends spinning, then a pause until
+                # the progress threads' spin has run out: no spinning thread of kvwire takes
+                # turns at a process's GIL while the raw pair runs.
+                for i in range(args.runs):
+                    order = [w for w in runs if w != "kv"]
+                    for which in (order if i % 2 == 0 else order[::-1]):
+                        times[which].append(timed(runs[which], nbytes))
+                assert server.ask(do="spin", on=True).get("ok")
+                for _ in range(args.runs):
+                    times["kv"].append(timed(runs["kv"], nbytes))
+                assert server.ask(do="spin", on=False).get("ok")
+                time.sleep(SPIN_US / 1e6 + 0.2)
+            else:
+                for i in range(args.runs):
+                    order = list(runs) if i % 2 == 0 else list(runs)[::-1]
+                    for which in order:
+                        times[which].append(timed(runs[which], nbytes))
             registration.close()
+            if args.trace:
+                traces.append((rows * 16, trace_steps(timelines, server.ask(do="served")["served"])))
             kv, raw, raw1, ask = times["kv"], times["raw"], times["raw1"], times["ask"]
             ratios = [r / k for r, k in zip(raw, kv, strict=True)]
             ratios1 = [r / k for r, k in zip(raw1, kv, strict=True)]
@@ -601,6 +694,8 @@ def main_one_sided(args: argparse.Namespace) -> int:
         close(backend)
     finally:
         server.stop()
+    if traces:
+        print_trace(traces)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"machine": platform.node(), "cpus": os.cpu_count(), "mode": "one-sided",

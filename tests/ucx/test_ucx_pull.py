@@ -65,12 +65,13 @@ def pair(make_backend, holders):
     return Pair
 
 
-def ends(make_backend, holders, groups, blocks: int, slot: int, *, requester: dict | None = None, **holder_options):
+def ends(make_backend, holders, groups, blocks: int, slot: int, *, requester: dict | None = None,
+         serving: dict | None = None, **holder_options):
     """A serving end holding ``blocks`` blocks (its holder registered in ``holders``) and a
-    requesting end (backend options ``requester``)."""
+    requesting end (backend options ``serving`` and ``requester``)."""
 
     class Ends:
-        a, b = make_backend(), make_backend(**(requester or {}))
+        a, b = make_backend(**(serving or {})), make_backend(**(requester or {}))
         pa, pb = Pool(groups, blocks, slot), Pool(groups, blocks, slot, first_region_id=10)
         tree, names = ReuseTree(), block_names(blocks)
 
@@ -81,6 +82,35 @@ def ends(make_backend, holders, groups, blocks: int, slot: int, *, requester: di
     holders.append(Ends.holder)
     Ends.req = Requester(Ends.b, Ends.pb)
     return Ends
+
+
+def test_ends_whose_progress_threads_spin_pull_the_same_bytes_and_go_back_to_sleep(make_backend, holders) -> None:
+    """spin_us keeps a progress thread polling after activity instead of sleeping; pulls through
+    spinning ends arrive as through sleeping ones, one after another (each pull's activity renews
+    the spin), and after the window the thread sleeps again (a pull after that still arrives)."""
+    e = ends(make_backend, holders, GROUPS, 6, SLOT, serving={"spin_us": 20_000}, requester={"spin_us": 20_000})
+    for _ in range(3):
+        for rows in e.pb.arrays:
+            rows[...] = 0
+        attempt, slots = e.req.fetch(e.a.address(), e.names)
+        outcome = e.req.wait(attempt, slots, 10)
+        assert outcome.is_delivered and [m.tolist() for m in outcome.masks] == [[True] * 6] * 2
+        check_rows(e.pb, slots, e.names)
+    time.sleep(0.05)  # the scenario: the spin window ran out, the threads sleep on their fds
+    for rows in e.pb.arrays:
+        rows[...] = 0
+    attempt, slots = e.req.fetch(e.a.address(), e.names)
+    assert e.req.wait(attempt, slots, 10).is_delivered
+    check_rows(e.pb, slots, e.names)
+    assert e.tree.wait_unpinned(5)
+
+
+@pytest.mark.parametrize("bad", [-1, 10_000_001, 1.5, True, "100"])
+def test_spin_us_out_of_range_or_not_an_int_is_refused(bad) -> None:
+    from kvwire_ucx.settings import UcxSettings
+
+    with pytest.raises(ValueError, match="spin_us"):
+        UcxSettings(spin_us=bad)
 
 
 def test_declares_a_peer_that_serves_pulls(make_backend) -> None:

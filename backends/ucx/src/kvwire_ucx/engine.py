@@ -79,7 +79,7 @@ class Engine:
         self.nixl: NixlAgent | None = None
         if settings.mode == "one-sided":
             self.nixl = NixlAgent(f"kvwire-ucx-{self.instance:016x}", loopback=is_loopback(settings.listen_host))
-        self.reactor = Reactor()
+        self.reactor = Reactor(spin_s=settings.spin_us / 1e6)
         try:
             self.wires = Connections(self.reactor, settings.listen_host, settings.listen_port,
                                      settings.max_connections)

@@ -46,7 +46,10 @@ class Driver(Protocol):
 class Reactor:
     """Commands, timers, pending wakes and the fds of one progress thread."""
 
-    def __init__(self) -> None:
+    def __init__(self, spin_s: float = 0.0) -> None:
+        #: After a command or an fd event, how long the loop keeps looking (without sleeping)
+        #: for the next: an answer that comes within it is taken up without a wake-up.
+        self.spin_s = spin_s
         self._commands: collections.deque[tuple[Callable[..., None], tuple[Any, ...]]] = collections.deque()
         self._timers: list[tuple[float, int, Callable[[], None]]] = []
         self._timer_seq = itertools.count()
@@ -94,9 +97,11 @@ class Reactor:
     def run(self, driver: Driver, port: int) -> None:
         """The loop: commands, progress, reaping, timers, wakes, then a sleep on the fds."""
         polled = 0.0
+        spin_until = 0.0
         while True:
             try:
-                self._run_commands()
+                if self._run_commands() and self.spin_s:
+                    spin_until = time.monotonic() + self.spin_s
                 driver.progress()
                 driver.reap()
                 self._fire_timers()
@@ -105,13 +110,20 @@ class Reactor:
                     return
                 if self._commands:
                     continue
+                if self.spin_s and time.monotonic() < spin_until:
+                    # spinning after activity: the fds every iteration, no sleep
+                    if self._wait(driver, 0.0):
+                        spin_until = time.monotonic() + self.spin_s
+                    polled = time.monotonic()
+                    continue
                 if driver.spinning():
                     if time.monotonic() - polled >= SOCKET_POLL_S:
                         self._wait(driver, 0.0)
                         polled = time.monotonic()
                     continue
                 if driver.arm():
-                    self._wait(driver, self._sleep_timeout(driver.sleep_cap()))
+                    if self._wait(driver, self._sleep_timeout(driver.sleep_cap())) and self.spin_s:
+                        spin_until = time.monotonic() + self.spin_s
                     polled = time.monotonic()
                 elif time.monotonic() - polled >= SOCKET_POLL_S:
                     # UCX has events pending: progress on, but look at the fds now and then
@@ -121,10 +133,14 @@ class Reactor:
                 log.exception("kvwire-ucx engine on port %d hit an unexpected error; continuing", port)
                 time.sleep(0.01)  # no tight loop on a persistent fault
 
-    def _run_commands(self) -> None:
+    def _run_commands(self) -> bool:
+        """Run the commands submitted so far; whether there were any."""
+        ran = False
         while self._commands:
             fn, args = self._commands.popleft()
             fn(*args)
+            ran = True
+        return ran
 
     def _fire_timers(self) -> None:
         now = time.monotonic()
@@ -146,7 +162,9 @@ class Reactor:
             return cap
         return min(cap, max(0.0, self._timers[0][0] - time.monotonic()))
 
-    def _wait(self, driver: Driver, timeout: float) -> None:
+    def _wait(self, driver: Driver, timeout: float) -> bool:
+        """Wait up to ``timeout`` for the fds, then handle what they brought; whether any was
+        ready."""
         ready = self._selector.select(timeout)
         # Timers that came due by now fire before what the fds brought: on a busy machine this
         # thread may wake past a deadline with a message in hand, and the deadline came first
@@ -161,6 +179,7 @@ class Reactor:
                     pass
             else:
                 driver.on_ready(key.data, events)
+        return bool(ready)
 
     def close(self) -> None:
         try:

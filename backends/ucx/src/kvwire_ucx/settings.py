@@ -41,6 +41,7 @@ class UcxSettings:
     max_connections: int = 1024
     net_devices: str = ""
     mode: str = "two-sided"
+    spin_us: int = 0
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -59,6 +60,8 @@ class UcxSettings:
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
             object.__setattr__(self, name, float(value))
+        if not isinstance(self.spin_us, int) or isinstance(self.spin_us, bool) or not 0 <= self.spin_us <= 10_000_000:
+            raise ValueError(f"spin_us must be an int from 0 to 10000000, got {self.spin_us!r}")
         for name in ("max_in_flight", "window_bytes", "max_pending_pulls", "max_connections"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -103,6 +106,10 @@ OPTIONS: tuple[Option, ...] = (
            "two-sided: rows move as tag messages into lent rows only; one-sided: pulls read the serving end's "
            "registered memory through NIXL (faster; exposes every registered region to peers: trusted clusters "
            "only; needs kvwire-ucx[nixl])", choices=MODES),
+    Option("spin_us", int, _DEFAULTS.spin_us,
+           "after a message or a submission, how long (us) the progress thread keeps polling for the next "
+           "instead of sleeping: no wake-up per hop, at the cost of a busy core meanwhile; 0 (default) sleeps "
+           "at once", minimum=0, maximum=10_000_000),
 )
 
 
