@@ -68,6 +68,10 @@ from kvwire.testing.reference.core import (
     write_rows,
 )
 
+#: Numbers every peer made in this process: a ticket names the instance that handed it out (H1.13),
+#: which two peers of one name on two fabrics are not.
+_instances = itertools.count(1)
+
 __all__ = ["ReferencePeer", "Fabric", "Link", "Request", "Rows", "Ack", "Cancel", "Declined", "Fault",
            "peer_capabilities"]
 
@@ -208,6 +212,7 @@ class ReferencePeer(Backend, ServesPulls):
         self._replies: dict[int, bytes] = {}
         self._answers: dict[int, _Answer] = {}
         self._serving_wake: WakeFn | None = None
+        self._ticket_at = f"{self.address().decode()}#{next(_instances)}".encode()
         with fabric.lock:
             if self.address() in fabric.peers:
                 raise ValueError(f"a peer named {name!r} is already on this fabric")
@@ -309,7 +314,7 @@ class ReferencePeer(Backend, ServesPulls):
             raise InvalidSubmission(f"a peer publishes only to answer a pull, with the request's ticket; got {hint!r}")
         if {k for k, _ in hint.fields} != {"id", "at"}:
             raise InvalidSubmission(f"a ticket hint carries 'id' and 'at', as the PullRequest gave it; got {hint!r}")
-        if hint.get("at") != self.address():
+        if hint.get("at") != self._ticket_at:
             # H1.13: a ticket handed out by another peer instance (another domain).
             raise SubmissionRejected(f"ticket {hint!r} was handed out by another peer, not by {self.address()!r}")
         ticket = _ticket_of(hint)
@@ -410,7 +415,7 @@ class ReferencePeer(Backend, ServesPulls):
         with self._reactor.lock:
             wake = self._serving_wake
             if wake is not None:
-                request = PullRequest(Hint.of("ticket", id=message.ticket, at=self.address()), message.groups, message.slot_bytes,
+                request = PullRequest(Hint.of("ticket", id=message.ticket, at=self._ticket_at), message.groups, message.slot_bytes,
                                       message.names, peer=message.reply_to.decode(errors="replace"),
                                       credentials=message.credentials)
                 self._requests[message.ticket] = request
