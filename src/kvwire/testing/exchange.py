@@ -25,10 +25,12 @@ Select = Mapping[int, Sequence[int]] | None
 @dataclass
 class Transfer:
     """The outcomes of one transfer: the source side's (the publish, or the serving holder's
-    answer; ``None`` when nothing was published) and the sink's fetch."""
+    answer; ``None`` when nothing was published) and the sink's fetch; and the views submitted,
+    in that order (the publish's left out when nothing was published)."""
 
     published: Outcome | None
     fetched: Outcome
+    views: tuple[View, ...] = ()
 
 
 class Exchange:
@@ -82,16 +84,21 @@ class Exchange:
         """Make the other end hold the source rows of ``select``: publish them to a store (and
         wait), or put them in the serving holder's reuse tree (and start serving). For plain
         peers, nothing: their rows move in :meth:`transfer`. ``{}`` offers nothing."""
+        return self._offer(bench, select)[0]
+
+    def _offer(self, bench: Bench, select: Select) -> tuple[Outcome | None, View | None]:
+        """:meth:`offer`, and the view it published to a store (``None`` when it published none)."""
         if self.store:
             if select is not None and not any(len(rows) for rows in select.values()):
-                return None
-            return self.settle(self.publish(bench.source_view(select)))
+                return None, None
+            view = bench.source_view(select)
+            return self.settle(self.publish(view)), view
         if self.serves_pulls:
             tree = self.holder().tree
             tree.add_view(bench.source_view(select))
             for gi, g in enumerate(bench.plan.groups):
                 tree.regions.setdefault(g.group_id, bench.source.memories[gi].region)
-        return None
+        return None, None
 
     def held_fetch(self, bench: Bench, hint: Hint | None = None) -> tuple[Submission, Hold]:
         """Offer the bench's rows, then fetch them all while the other end holds the request:
@@ -137,9 +144,9 @@ class Exchange:
 
     def transfer(self, bench: Bench, offer: Select = None, take: Select = None) -> Transfer:
         """Offer the source rows of ``offer``, fetch the sink rows of ``take``; check the fetch
-        against memory (A7, S2); return both outcomes."""
+        against memory (A7, S2); return both outcomes and the views submitted."""
         if self.store or self.serves_pulls:
-            published = self.offer(bench, offer)
+            published, source = self._offer(bench, offer)
             sub = self.fetch(bench.sink_view(take))
             if self.serves_pulls:
                 holder = self.holder()
@@ -147,12 +154,13 @@ class Exchange:
                 answer = holder.answer(request)
                 holder.finish(answer)
                 assert answer.publish is not None
-                published = answer.publish.outcome
+                published, source = answer.publish.outcome, answer.publish.view
             fetched = self.settle(sub)
         else:
             pub = self.publish(bench.source_view(offer))
             sub = self.fetch(bench.sink_view(take))
             published = self.settle(pub)
             fetched = self.settle(sub)
+            source = pub.view
         bench.apply_fetch(fetched, take)
-        return Transfer(published, fetched)
+        return Transfer(published, fetched, (sub.view,) if source is None else (source, sub.view))

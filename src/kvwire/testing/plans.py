@@ -1,16 +1,25 @@
-"""What the clause tests of the conformance suite share: fixed plans of PAGED groups, the held
-rows a store or a serving peer should hold, and checks of a fetch's bits against them."""
+"""What the clause tests of the conformance suite share: fixed plans of PAGED groups (and an
+exchange with a bench of them), the held rows a store or a serving peer should hold, checks of a
+fetch's bits against them, and a queue of held fetches to fill and drain."""
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
 
-from kvwire.contract import CacheKind, Hint
+from kvwire.contract import CacheKind, Capabilities, Hint
+from kvwire.contract.errors import SubmissionError
+from kvwire.testing import needs
 from kvwire.testing.exchange import Exchange
+from kvwire.testing.harness import Harness, Hold
+from kvwire.testing.holder import Submission
 from kvwire.testing.layout import Bench, GroupPlan, ViewPlan
 
-__all__ = ["pages", "offer_for", "check_bits", "transfer_checked", "needs_misses", "store_only", "with_field"]
+__all__ = ["pages", "paged_exchange", "offer_for", "check_bits", "transfer_checked", "needs_misses",
+           "store_only", "with_field", "fillable_queue", "fill_queue", "drain_queue"]
 
 
 def pages(specs: list[tuple[int, int]], seed: int, shared: bool, spare: int = 1) -> ViewPlan:
@@ -25,6 +34,23 @@ def pages(specs: list[tuple[int, int]], seed: int, shared: bool, spare: int = 1)
         dst = tuple(reversed(src))
         groups.append(GroupPlan(gid, CacheKind.PAGED, size, rows, src, dst, rows + 2 * spare, 16))
     return ViewPlan(tuple(groups), seed, shared)
+
+
+@contextlib.contextmanager
+def paged_exchange(harness: Harness, specs: list[tuple[int, int]], seed: int,
+                   *required: Callable[[Capabilities], None],
+                   shared: bool | None = None) -> Iterator[tuple[Capabilities, Exchange, Bench]]:
+    """Skip unless the backend declares what each of ``required`` asks (``needs.fetch``, ...);
+    then an exchange and a bench of :func:`pages` ``specs``, sharing names as ``shared`` says (by
+    default, as the backend's other end needs). Yields the capabilities, the exchange and the bench."""
+    caps = harness.capabilities()
+    for need in required:
+        need(caps)
+    kind = needs.usable_kind(harness, caps)
+    plan = pages(specs, seed, needs.shares_names(caps) if shared is None else shared)
+    with needs.open_exchange(harness) as ex, Bench(harness, ex.ends.source, ex.ends.sink, plan,
+                                                   kind) as bench:
+        yield caps, ex, bench
 
 
 def offer_for(ex: Exchange, plan: ViewPlan, pick) -> dict[int, list[int]]:  # type: ignore[no-untyped-def]
@@ -68,3 +94,52 @@ def with_field(hint: Hint, key: str, value: object) -> Hint:
     fields = dict(hint.fields)
     fields[key] = value  # type: ignore[assignment]
     return Hint.of(hint.kind, timeout_s=hint.timeout_s, **fields)  # type: ignore[arg-type]
+
+
+@contextlib.contextmanager
+def fillable_queue(harness: Harness, slot_bytes: int, seed: int) -> Iterator[tuple[Exchange, Bench, int]]:
+    """An exchange (a queue bound of 3 asked for) whose other end the suite can hold, and a bench
+    of one group of ``bound + 1`` rows, all offered: yields both and the declared bound. Skips a
+    bound above 64, too large to fill here."""
+    caps = harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(harness, caps)
+    with needs.open_exchange(harness, max_in_flight=3, hold=True) as ex:
+        bound = ex.caps.max_in_flight
+        if bound > 64:
+            pytest.skip(f"backend declares a queue bound of {bound}, too large to fill here")
+        if not (ex.store and ex.ends.hold is not None or ex.serves_pulls):
+            pytest.skip("the suite cannot hold this backend's other end")
+        plan = pages([(slot_bytes, bound + 1)], seed, needs.shares_names(caps))
+        with Bench(harness, ex.ends.source, ex.ends.sink, plan, kind) as bench:
+            ex.offer(bench)
+            yield ex, bench, bound
+
+
+def fill_queue(ex: Exchange, bench: Bench, rows: list[int]) -> tuple[list[Submission], Hold | None, list]:  # type: ignore[type-arg]
+    """Hold the other end and submit one fetch per row; the requests a serving peer got are
+    returned unanswered."""
+    hold: Hold | None = None
+    if ex.store:
+        assert ex.ends.hold is not None
+        hold = ex.ends.hold()
+    subs = []
+    try:
+        for row in rows:
+            subs.append(ex.fetch(bench.sink_view({0: [row]})))
+    except SubmissionError:
+        if hold is not None:
+            hold.release()
+        raise
+    requests = ex.holder().take(len(subs)) if ex.serves_pulls else []
+    return subs, hold, requests
+
+
+def drain_queue(ex: Exchange, subs: list[Submission], hold: Hold | None, requests: list) -> None:  # type: ignore[type-arg]
+    """Let the fetches :func:`fill_queue` submitted (and any more in ``subs``) finish."""
+    if hold is not None:
+        hold.release()
+    for request in requests:
+        ex.holder().finish(ex.holder().answer(request))
+    for sub in subs:
+        ex.settle(sub)

@@ -1,7 +1,8 @@
 """A1-A9: what an attempt answers, when, and what its outcome means.
 
-One file for the attempt's rules, as each suite file holds one group of rules; it is over 500
-lines because A3, A4 and A8 each run for fetch and publish, small and many-row views."""
+One file for the attempt's rules, as each suite file holds one group of rules; it is over 600
+lines because A3, A4 and A8 each run for fetch and publish, small and many-row views, and A6 and
+A9 are checked again for a failed fetch's masks and for fetches of the same rows in flight."""
 
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ from kvwire.contract import CacheKind, Cause, Hint, Outcome
 from kvwire.runtime import holding
 from kvwire.testing import needs, profiles
 from kvwire.testing.exchange import Exchange
-from kvwire.testing.harness import Harness
+from kvwire.testing.harness import FaultPlan, Harness
 from kvwire.testing.holder import Submission, call_briefly, same_outcome, settle, speaks_causes, wait_for
 from kvwire.testing.layout import Bench, ViewPlan, simple_plan
+from kvwire.testing.plans import pages
 from kvwire.testing.strategies import view_plans
 
 #: Bytes the holder writes into rows it got back, to see whether a backend writes after.
@@ -384,6 +386,37 @@ def test_A6_masks_are_plain_read_only_bool_and_never_change(kvwire_harness: Harn
                         f"A6: a mask handed over in {out!r} changed during later work on the backend")
 
 
+def test_A6_the_masks_of_a_failed_fetch_never_change(kvwire_harness: Harness) -> None:
+    """A6.5 / A6.3: a fetch that failed (a fault at the other end on one row) hands over masks
+    that stay as they were while later transfers run, like those of a delivered one."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    needs.misses(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = pages([(64, 6), (32, 6)], 617, needs.shares_names(caps))
+    probe = Bench(kvwire_harness, None, None, plan, kind)
+    faulty = probe.names[0][4].tobytes()
+    probe.close()
+    with needs.open_exchange(kvwire_harness, faults=FaultPlan(fetch=frozenset({faulty}))) as ex:
+        if not ex.store:
+            pytest.skip("backend's other end is a peer; the suite faults rows of a store")
+        with Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan, kind) as bench:
+            ex.offer(bench)
+            failed: list[Submission] = []
+            for select in ({0: [0, 1, 4], 1: [0, 1]}, {0: [4, 2], 1: [2, 3, 4]}):
+                sub = ex.fetch(bench.sink_view(select))
+                out = ex.settle(sub)
+                assert out.is_failed, f"A5.9: a fault at the other end must fail the fetch: {out!r}"
+                bench.apply_fetch(out, select)
+                failed.append(sub)
+                again = {0: [5], 1: [5]}
+                bench.apply_fetch(ex.settle(ex.fetch(bench.sink_view(again))), again)
+                for earlier in failed:
+                    earlier.masks_unchanged()  # the bits poll() first answered (A6.5)
+                    assert all(not m.flags.writeable for m in earlier.outcome.masks), (  # type: ignore[union-attr]
+                        "A6: a mask of a failed fetch became writable after hand-over")
+                    earlier.poll()
+
 
 # -- A7 ----------------------------------------------------------------------------------------
 
@@ -542,3 +575,34 @@ def test_A9_batching_and_order_do_not_change_the_result(kvwire_harness: Harness)
                 f"{np.flatnonzero(many).tolist()}")
 
     run()
+
+
+def test_A9_fetches_of_the_same_rows_in_flight_together_each_get_them(kvwire_harness: Harness) -> None:
+    """A9.5: two fetches of the same held rows (the same groups and names, into two sets of
+    memory), in flight together on one instance, each get every row: neither passes rows the other
+    is fetching for misses."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    needs.misses(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = pages([(64, 5), (48, 5)], 619, needs.shares_names(caps))
+    with needs.open_exchange(kvwire_harness, hold=True) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
+                                                                     plan, kind) as bench, \
+            Bench(kvwire_harness, None, ex.ends.sink, plan, kind) as twin:
+        ex.offer(bench)
+        hold = ex.ends.hold() if ex.store and ex.ends.hold is not None else None
+        try:
+            subs = [ex.fetch(bench.sink_view()), ex.fetch(twin.sink_view())]
+        finally:
+            if hold is not None:
+                hold.release()
+        if ex.serves_pulls:
+            holder = ex.holder()
+            for request in holder.take(2):
+                holder.finish(holder.answer(request))
+        for which, (sub, b) in enumerate(zip(subs, (bench, twin), strict=True)):
+            out = ex.settle(sub)
+            b.apply_fetch(out)
+            assert out.is_delivered and all(m.all() for m in out.masks), (
+                f"A9.5: fetch {which + 1} of two in flight together for the same held rows did not get them all: "
+                f"{out!r}; an outcome does not depend on other attempts in flight")

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 from kvwire.contract import CacheKind, Cause, Hint, SubmissionRejected
-from kvwire.contract.errors import SubmissionError
 from kvwire.testing import needs, profiles
 from kvwire.testing.exchange import Exchange
 from kvwire.testing.harness import FaultPlan, Harness, Hold
@@ -26,7 +25,7 @@ from kvwire.testing.holder import (
     wait_for,
 )
 from kvwire.testing.layout import Bench, GroupPlan, ViewPlan
-from kvwire.testing.plans import pages, with_field
+from kvwire.testing.plans import drain_queue, fill_queue, fillable_queue, pages, with_field
 from kvwire.testing.serving import PullHold
 
 SENTINEL = 0x3C
@@ -240,62 +239,23 @@ def test_H1_a_pull_carries_the_requesters_credentials(kvwire_harness: Harness) -
 
 # -- queue slots and capabilities -----------------------------------------------------------------------
 
-def _fill(ex: Exchange, bench: Bench, rows: list[int]) -> tuple[list[Submission], Hold | None, list]:  # type: ignore[type-arg]
-    """Hold the other end and submit one fetch per row; the requests a serving peer got are
-    returned unanswered."""
-    hold: Hold | None = None
-    if ex.store:
-        assert ex.ends.hold is not None
-        hold = ex.ends.hold()
-    subs = []
-    try:
-        for row in rows:
-            subs.append(ex.fetch(bench.sink_view({0: [row]})))
-    except SubmissionError:
-        if hold is not None:
-            hold.release()
-        raise
-    requests = ex.holder().take(len(subs)) if ex.serves_pulls else []
-    return subs, hold, requests
-
-
-def _drain(ex: Exchange, subs: list[Submission], hold: Hold | None, requests: list) -> None:  # type: ignore[type-arg]
-    if hold is not None:
-        hold.release()
-    for request in requests:
-        ex.holder().finish(ex.holder().answer(request))
-    for sub in subs:
-        ex.settle(sub)
-
-
 def test_S3_a_full_queue_rejection_leaks_no_slot(kvwire_harness: Harness) -> None:
     """S3.6 / S3.10: after a submission was rejected for a full queue and the queue drained, the
     queue takes its whole bound again."""
-    caps = kvwire_harness.capabilities()
-    needs.transfer(caps)
-    kind = needs.usable_kind(kvwire_harness, caps)
-    with needs.open_exchange(kvwire_harness, max_in_flight=3, hold=True) as ex:
-        bound = ex.caps.max_in_flight
-        if bound > 64:
-            pytest.skip(f"backend declares a queue bound of {bound}, too large to fill here")
-        if not (ex.store and ex.ends.hold is not None or ex.serves_pulls):
-            pytest.skip("the suite cannot hold this backend's other end")
-        plan = pages([(32, bound + 1)], 443, needs.shares_names(caps))
-        with Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan, kind) as bench:
-            ex.offer(bench)
-            for round_ in range(2):
-                try:
-                    subs, hold, requests = _fill(ex, bench, list(range(bound)))
-                except SubmissionRejected as exc:
-                    raise AssertionError(f"S3.6: after a rejection for a full queue and a drain, the queue took fewer "
-                                         f"than its bound of {bound} (round {round_ + 1}): {exc}") from exc
-                try:
-                    if round_ == 0:
-                        refused(lambda: ex.fetch(bench.sink_view({0: [bound]})),  # noqa: B023
-                                f"S3.9: fetch {bound + 1} with {bound} in flight", SubmissionRejected)
-                finally:
-                    _drain(ex, subs, hold, requests)
-            bench.forget_sink()
+    with fillable_queue(kvwire_harness, 32, 443) as (ex, bench, bound):
+        for round_ in range(2):
+            try:
+                subs, hold, requests = fill_queue(ex, bench, list(range(bound)))
+            except SubmissionRejected as exc:
+                raise AssertionError(f"S3.6: after a rejection for a full queue and a drain, the queue took fewer "
+                                     f"than its bound of {bound} (round {round_ + 1}): {exc}") from exc
+            try:
+                if round_ == 0:
+                    refused(lambda: ex.fetch(bench.sink_view({0: [bound]})),  # noqa: B023
+                            f"S3.9: fetch {bound + 1} with {bound} in flight", SubmissionRejected)
+            finally:
+                drain_queue(ex, subs, hold, requests)
+        bench.forget_sink()
 
 
 def test_S3_a_slot_stays_taken_until_its_attempt_also_quiesced(kvwire_harness: Harness) -> None:
@@ -315,7 +275,7 @@ def test_S3_a_slot_stays_taken_until_its_attempt_also_quiesced(kvwire_harness: H
         plan = pages([(32, 2 * bound + 1)], 487, needs.shares_names(caps))
         with Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan, kind) as bench:
             ex.offer(bench)
-            subs, hold, requests = _fill(ex, bench, list(range(bound)))
+            subs, hold, requests = fill_queue(ex, bench, list(range(bound)))
             fresh: list[Submission] = []
             try:
                 if hold is not None:
@@ -355,7 +315,7 @@ def test_S3_a_slot_stays_taken_until_its_attempt_also_quiesced(kvwire_harness: H
             finally:
                 if ex.serves_pulls:
                     requests += ex.holder().take(len(fresh))
-                _drain(ex, subs + fresh, hold, requests)
+                drain_queue(ex, subs + fresh, hold, requests)
             bench.forget_sink()
 
 
@@ -416,11 +376,11 @@ def test_B4_capabilities_do_not_change_with_work_in_flight(kvwire_harness: Harne
         plan = pages([(32, 2)], 449, needs.shares_names(caps))
         with Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan, kind) as bench:
             ex.offer(bench)
-            subs, hold, requests = _fill(ex, bench, [0, 1][: ex.caps.max_in_flight])
+            subs, hold, requests = fill_queue(ex, bench, [0, 1][: ex.caps.max_in_flight])
             try:
                 busy = [b.capabilities() for b in ex.ends.backends]
             finally:
-                _drain(ex, subs, hold, requests)
+                drain_queue(ex, subs, hold, requests)
             assert busy == idle, f"B4.2: capabilities() changed with attempts in flight: {idle} -> {busy}"
             bench.forget_sink()
 

@@ -1,18 +1,36 @@
 """N2: request-free pulls from a serving peer, with the suite as the serving holder (its reuse
-tree is a dict from block name to row, with pin counts). Runs only for backends that declare
-the ``serve-pulls`` protocol."""
+tree is a dict from block name to row, with pin counts), and the H1 clauses of a pull's ticket
+and peer address. Runs only for backends that declare the ``serve-pulls`` protocol."""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvwire.contract import CacheKind, Cause
+from kvwire.contract import (
+    CacheKind,
+    Capabilities,
+    Cause,
+    InvalidSubmission,
+    LayerGroupRows,
+    PullRequest,
+    SubmissionRejected,
+    TokenRange,
+    View,
+)
 from kvwire.testing import needs, profiles
+from kvwire.testing.exchange import Exchange
 from kvwire.testing.harness import Harness
-from kvwire.testing.holder import call_briefly, settle, speaks_causes
-from kvwire.testing.layout import Bench, ViewPlan, simple_plan
+from kvwire.testing.holder import Submission, call_briefly, refused, same_outcome, settle, speaks_causes, submit
+from kvwire.testing.layout import BLOCK_TOKENS, Bench, ViewPlan, simple_plan
+from kvwire.testing.plans import paged_exchange, pages, with_field
+from kvwire.testing.serving import Answer
 from kvwire.testing.strategies import view_plans
 
 
@@ -156,3 +174,144 @@ def test_N2_blocks_the_requester_holds_are_not_sent_again(kvwire_harness: Harnes
         assert out.is_delivered and all(m.all() for m in out.masks), f"N2: the missing blocks must arrive: {out!r}"
         bench.apply_fetch(out, missing)
         assert all(g.kind is CacheKind.PAGED for g in plan.groups)
+
+
+# -- tickets, addresses and answers (H1.11, H1.13, N2.3, N2.12) -------------------------------
+
+def _pulls(
+    harness: Harness, specs: list[tuple[int, int]], seed: int, need: Callable[[Capabilities], None],
+) -> AbstractContextManager[tuple[Capabilities, Exchange, Bench]]:
+    """For a ``serve-pulls`` peer that also declares ``need``: an exchange and a bench of PAGED
+    groups of ``(slot_bytes, rows)`` that share their names (the blocks of a pull)."""
+    return paged_exchange(harness, specs, seed, needs.serve_pulls, need, shared=True)
+
+
+def _one_pull(ex: Exchange, bench: Bench, select: dict[int, list[int]] | None = None) -> tuple[Submission, PullRequest]:
+    ex.offer(bench)
+    sub = ex.fetch(bench.sink_view(select))
+    (request,) = ex.holder().take(1)
+    return sub, request
+
+
+def test_H1_a_ticket_of_another_instance_is_rejected(kvwire_harness: Harness) -> None:
+    """H1.13: an answer published on another serving instance with this one's ticket raises
+    ``SubmissionRejected`` there and escapes nothing: the pull is still answered where it was
+    made, and delivers."""
+    caps = kvwire_harness.capabilities()
+    needs.serve_pulls(caps)
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = pages([(64, 3), (32, 3)], 631, True)
+    with needs.open_exchange(kvwire_harness) as ex, needs.open_exchange(kvwire_harness) as other, \
+            Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan, kind) as bench:
+        sub, request = _one_pull(ex, bench)
+        holder = ex.holder()
+        answer = holder.tree.view_for(request, holder.tree.held_prefix(request))
+        with other.ends.source.register_regions([m.region for m in bench.source.memories]):
+            refused(functools.partial(submit, other.ends.source, "publish", answer, request.ticket),
+                    "H1.13: an answer published on another instance with this instance's ticket", SubmissionRejected)
+        holder.finish(holder.answer(request))
+        out = ex.settle(sub)
+        bench.apply_fetch(out)
+        assert out.is_delivered and all(m.all() for m in out.masks), (
+            f"H1.13: after another instance rejected the ticket, the pull must still be answered and deliver: {out!r}")
+
+
+def test_H1_a_ticket_already_answered_is_refused(kvwire_harness: Harness) -> None:
+    """H1.13: a second answer with a ticket already answered raises ``InvalidSubmission``, and
+    changes nothing: the requester's fetch keeps the outcome and bytes of the first answer."""
+    with _pulls(kvwire_harness, [(64, 3), (32, 3)], 641, needs.transfer) as (_, ex, bench):
+        sub, request = _one_pull(ex, bench)
+        holder = ex.holder()
+        holder.finish(holder.answer(request))
+        out = ex.settle(sub)
+        bench.apply_fetch(out)
+        view = holder.tree.view_for(request, holder.tree.held_prefix(request))
+        refused(functools.partial(submit, ex.ends.source, "publish", view, request.ticket),
+                "H1.13: a second answer with a ticket already answered")
+        try:
+            same_outcome(out, sub.attempt.poll(), "fetch")  # type: ignore[arg-type]
+        except AssertionError as exc:
+            raise AssertionError(f"H1.13: a refused second answer changed the requester's outcome: {exc}") from None
+        bench.verify("H1.13: after a second answer with an answered ticket was refused")
+
+
+def test_H1_a_peer_address_that_is_not_bytes_or_is_empty_is_refused(kvwire_harness: Harness) -> None:
+    """H1.11 / H1.5: a peer hint whose ``address`` is no bytes (the address as a str, an int) or
+    empty bytes is refused with ``InvalidSubmission``; no pull reaches the serving end and the
+    rows are untouched."""
+    with _pulls(kvwire_harness, [(64, 2)], 643, needs.fetch) as (_, ex, bench):
+        ex.offer(bench)
+        address = ex.ends.fetch_hint.get("address")
+        bad = {"the address as a str": address.decode("latin-1") if isinstance(address, bytes) else "x",
+               "an int": 7, "empty bytes": b""}
+        for what, value in bad.items():
+            hint = with_field(ex.ends.fetch_hint, "address", value)
+            refused(functools.partial(ex.fetch, bench.sink_view(), hint), f"H1.11: a pull whose address is {what}")
+        _refused_pulls_left_no_trace(ex, bench, bench.sink_view(), "address")
+
+
+def test_N2_a_pull_whose_groups_name_different_blocks_is_refused(kvwire_harness: Harness) -> None:
+    """N2.3: a pull names each block once for all its groups: a view whose groups carry other
+    names (the second group's in another order, or other blocks), or a group without names, is
+    refused with ``InvalidSubmission``; no pull reaches the serving end, the rows are untouched."""
+    with _pulls(kvwire_harness, [(64, 3), (32, 3)], 647, needs.fetch) as (_, ex, bench):
+        ex.offer(bench)
+        view = bench.sink_view()
+        g0, g1 = view.groups
+        assert g1.names is not None
+        other = np.array(g1.names[::-1])
+        stranger = np.array(g1.names)
+        stranger[-1] = stranger[-1] ^ 0xFF
+        cases = {"the second group's names in another order": other,
+                 "another block in the second group": stranger, "no names in the second group": None}
+        for what, names in cases.items():
+            bad = View((g0, LayerGroupRows(g1.group_id, g1.kind, g1.region, g1.slots, g1.tokens, names)))
+            refused(functools.partial(ex.fetch, bad), f"N2.3: a pull with {what}")
+        _refused_pulls_left_no_trace(ex, bench, view, "names")
+
+
+def _refused_pulls_left_no_trace(ex: Exchange, bench: Bench, good: View, why: str) -> None:
+    """After pulls refused for their ``why``: none reached the serving end (S3.4), the rows are
+    untouched (S3.5), and a pull of ``good`` afterwards delivers."""
+    assert not ex.holder().serving.incoming(), f"S3.4: a pull refused for its {why} reached the serving end"
+    bench.verify(f"S3.5: after pulls refused for their {why}")
+    out = ex.fetch_settled(good)
+    bench.apply_fetch(out)
+    assert out.is_delivered and all(m.all() for m in out.masks), f"N2: a good pull afterwards must deliver: {out!r}"
+
+
+def _misfit_answer(request: PullRequest, bench: Bench, how: str) -> View:
+    """An answer to ``request`` (which names the bench's first two blocks) that does not fit it."""
+    groups = []
+    for gi, gid in enumerate(request.groups):
+        region = bench.source.memories[gi].region
+        rows = {"one row more than asked": [0, 1, 2], "names that are not the pull's prefix": [1, 0]}[how]
+        groups.append(LayerGroupRows(gid, CacheKind.PAGED, region, bench.source.slots[gi][rows],
+                                     TokenRange(0, BLOCK_TOKENS * len(rows)), bench.names[gi][rows]))
+    return View(tuple(groups))
+
+
+@pytest.mark.parametrize("how", ["one row more than asked", "names that are not the pull's prefix"])
+def test_N2_an_answer_that_does_not_fit_its_pull_fails_both_ends(kvwire_harness: Harness, how: str) -> None:
+    """N2.12: an answer with more rows than the pull asked for, or rows named other than the pull's
+    prefix, fails: the answer concludes failed, and so does the requester's fetch, saying why,
+    without waiting for its deadline; nothing it marks true is wrong (A7)."""
+    patience = profiles.active().patience_s
+    with _pulls(kvwire_harness, [(64, 3), (32, 3)], 653, needs.transfer) as (_, ex, bench):
+        take = {0: [0, 1], 1: [0, 1]}
+        sub, request = _one_pull(ex, bench, take)
+        holder = ex.holder()
+        view = _misfit_answer(request, bench, how)
+        try:
+            answer = submit(ex.ends.source, "publish", view, request.ticket)
+        except InvalidSubmission as exc:
+            raise AssertionError(f"N2.12: an answer with {how} raised {exc!r}; it fails the answer (an outcome), and "
+                                 "the requester's fetch fails saying why") from exc
+        holder.answers.append(Answer(request, answer))
+        published = settle(answer, patience, purpose=f"N2.12: the answer with {how} concluding")
+        assert published.is_failed, f"N2.12: an answer with {how} must fail, got {published!r}"
+        out = ex.settle(sub, purpose=f"N2.12: the fetch answered with {how} concluding before its deadline")
+        bench.apply_fetch(out, take)
+        assert out.is_failed and out.reason, (
+            f"N2.12: the requester's fetch answered with {how} must fail saying why, got {out!r}")

@@ -9,13 +9,23 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvwire.contract import CacheKind, Cause, Hint, LayerGroupRows, MemoryKind, SubmissionRejected, View
+from kvwire.contract import (
+    CacheKind,
+    Cause,
+    Hint,
+    LayerGroupRows,
+    MemoryKind,
+    SubmissionRejected,
+    TokenRange,
+    View,
+)
 from kvwire.contract.errors import SubmissionError
 from kvwire.testing import needs, profiles
 from kvwire.testing.exchange import Exchange
 from kvwire.testing.harness import FaultPlan, Harness
-from kvwire.testing.holder import Submission, refused, speaks_causes
-from kvwire.testing.layout import Bench, ViewPlan, simple_plan
+from kvwire.testing.holder import Submission, Wakes, refused, speaks_causes
+from kvwire.testing.layout import BLOCK_TOKENS, Bench, ViewPlan, simple_plan
+from kvwire.testing.plans import drain_queue, fill_queue, fillable_queue, paged_exchange
 from kvwire.testing.regions import fake_region
 from kvwire.testing.strategies import fault_plans, fault_schedules, selections, view_plans
 
@@ -234,6 +244,64 @@ def test_S3_refusals_consume_no_capacity(kvwire_harness: Harness) -> None:
                 ex.transfer(bench)
             except SubmissionRejected as exc:
                 raise AssertionError(f"S3: refused submissions consumed queue capacity: {exc}") from exc
+
+
+def test_S3_a_fetch_rejected_for_a_full_queue_leaves_its_rows_alone(kvwire_harness: Harness) -> None:
+    """S3.5: a fetch rejected because ``max_in_flight`` attempts are in flight wrote nothing: its
+    rows hold what the holder left there, before and after the queue drained."""
+    with fillable_queue(kvwire_harness, 48, 607) as (ex, bench, bound):
+        spare = {0: [bound]}
+        subs, hold, requests = fill_queue(ex, bench, list(range(bound)))
+        try:
+            refused(lambda: ex.fetch(bench.sink_view(spare)), f"S3.9: fetch {bound + 1} with {bound} in flight",
+                    SubmissionRejected)
+            _rows_unchanged(bench, bound, "right after the rejection")
+        finally:
+            drain_queue(ex, subs, hold, requests)
+        _rows_unchanged(bench, bound, "once the queue drained")
+        bench.forget_sink({0: list(range(bound))})
+        bench.verify("after the queue drained")
+
+
+def _rows_unchanged(bench: Bench, row: int, when: str) -> None:
+    slot = bench.sink.slots[0][[row]]
+    actual = bench.sink.memories[0].read(slot)
+    assert np.array_equal(actual, bench.sink.model[0][slot]), (
+        f"S3.5: the row of a fetch rejected for a full queue changed ({when}); after SubmissionRejected no memory "
+        "of the view was read or written")
+
+
+def test_S3_a_fetch_refused_for_overlapping_rows_never_wakes(kvwire_harness: Harness) -> None:
+    """S3.7 / S3.5 / V4.3: the wake passed with a fetch refused for overlapping rows is never
+    called, however much work follows, and its rows are untouched."""
+    with paged_exchange(kvwire_harness, [(64, 3), (64, 3)], 613, needs.fetch) as (caps, ex, bench):
+        view = bench.sink_view()
+        g0, g1 = view.groups
+        within = LayerGroupRows(g0.group_id, g0.kind, g0.region, np.append(g0.slots, g0.slots[0]),
+                                TokenRange(0, BLOCK_TOKENS * (g0.rows + 1)),
+                                None if g0.names is None else np.vstack([g0.names, g0.names[[0]]]))
+        across = LayerGroupRows(g1.group_id + 1, CacheKind.PAGED, g0.region, g0.slots[[1]], TokenRange(0, BLOCK_TOKENS),
+                                None if g0.names is None else g0.names[[1]])
+        cases = {"two rows of one group on one slot": View((within, g1)),
+                 "rows of two groups on one slot": View((g0, g1, across))}
+        refusals = [(what, _refused_wakes(ex, bad, f"V4.3: a fetch with {what}")) for what, bad in cases.items()]
+        bench.verify("S3.5: after fetches refused for overlapping rows")
+        if caps.publish:
+            first = {gi: [0, 1, 2] for gi in range(len(bench.plan.groups))}
+            ex.transfer(bench, first, first)
+            again = {gi: [2, 0] for gi in range(len(bench.plan.groups))}
+            ex.transfer(bench, again, again)
+        for backend in ex.ends.backends:
+            assert not backend.shutdown(), "B3: nothing was in flight"
+        for what, wakes in refusals:
+            assert wakes.count == 0, f"S3.7: the wake of a fetch refused for {what} was called {wakes.count} time(s)"
+
+
+def _refused_wakes(ex: Exchange, view: View, what: str) -> Wakes:
+    """Submit ``view`` as a fetch with a wake of its own; fail unless ``InvalidSubmission``."""
+    wakes = Wakes()
+    refused(functools.partial(ex.ends.sink.fetch, view, ex.ends.fetch_hint, wakes), what)
+    return wakes
 
 
 # -- S4 ----------------------------------------------------------------------------------------

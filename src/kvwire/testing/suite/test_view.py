@@ -13,7 +13,7 @@ from kvwire.testing import needs, profiles
 from kvwire.testing.harness import Harness
 from kvwire.testing.holder import refused
 from kvwire.testing.layout import Bench, simple_plan
-from kvwire.testing.plans import offer_for, pages
+from kvwire.testing.plans import offer_for, paged_exchange, pages
 from kvwire.testing.strategies import hints, view_plans
 
 #: A hint kind no backend uses.
@@ -145,6 +145,24 @@ def test_V2_backend_leaves_the_view_as_it_was(kvwire_harness: Harness) -> None:
             "V2/A6: the outcome's masks changed after the registrations were closed")
         if ex.store:
             assert all(m.all() for m in published.masks)
+
+
+def test_V2_later_submissions_leave_earlier_views_as_they_were(kvwire_harness: Harness) -> None:
+    """V2.2 / V2.3: a backend never changes a view it was given, also not while it works on later
+    submissions: after four transfers, the view of every earlier publish and fetch (a serving
+    peer's answers included) still has the groups, slots and names it had, read-only."""
+    with paged_exchange(kvwire_harness, [(64, 12), (32, 12)], 601, needs.transfer) as (_, ex, bench):
+        seen: list[tuple[View, list]] = []  # type: ignore[type-arg]
+        for step in range(4):
+            select = {gi: [3 * step, 3 * step + 1, 3 * step + 2] for gi in range(len(bench.plan.groups))}
+            for view in ex.transfer(bench, select, select).views:
+                seen.append((view, _snapshot(view)))
+            for i, (view, before) in enumerate(seen):
+                try:
+                    _unchanged(view, before)
+                except AssertionError as exc:
+                    raise AssertionError(f"V2.2: view {i + 1} of {len(seen)} submitted changed while the backend "
+                                         f"worked on later submissions: {exc}") from None
 
 
 # -- V3 ----------------------------------------------------------------------------------------
