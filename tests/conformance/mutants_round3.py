@@ -19,6 +19,7 @@ from mutants import (  # beside this file; on sys.path when loaded as a harness
     MutantHarness,
     NeedsPolling,
     Wrapped,
+    _hand_over_views,
     _Lazy,
     _outcome_like,
 )
@@ -475,14 +476,7 @@ class _LateBit(Wrapped):
             return None
         cached = self.__dict__.get("handed")
         if cached is None:
-            buffers = [np.array(m, dtype=bool) for m in out.masks]
-            views = []
-            for b in buffers:
-                v = b.view()
-                v.setflags(write=False)
-                views.append(v)
-            cached = _outcome_like(out, out.masks)
-            object.__setattr__(cached, "masks", tuple(views))  # past Outcome's copy (A6.3 trusted)
+            cached, buffers = _hand_over_views(out)
             self.__dict__["handed"] = cached
             if out.is_delivered and self.op == "fetch":
                 def late() -> None:  # the "late chunk" of a miss is counted as arrived

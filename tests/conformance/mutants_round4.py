@@ -15,7 +15,7 @@ import threading
 
 import numpy as np
 from loopback_peer import LoopbackHarness  # beside this file; on sys.path when loaded as a harness
-from mutants import Mutant, MutantHarness, PeerMutant, Wrapped, _outcome_like
+from mutants import Mutant, MutantHarness, PeerMutant, Wrapped, _hand_over_views, _outcome_like
 
 from kvwire.contract import (
     Attempt,
@@ -150,14 +150,7 @@ class _RollsBack(Wrapped):
             return None
         cached = self.__dict__.get("handed")
         if cached is None:
-            buffers = [np.array(m, dtype=bool) for m in out.masks]
-            views = []
-            for b in buffers:
-                v = b.view()
-                v.setflags(write=False)
-                views.append(v)
-            cached = _outcome_like(out, out.masks)
-            object.__setattr__(cached, "masks", tuple(views))  # past Outcome's copy (A6.3 trusted)
+            cached, buffers = _hand_over_views(out)
             self.__dict__["handed"] = cached
             if not out.is_delivered:
                 self.backend.__dict__.setdefault("rollback", []).extend(buffers)
