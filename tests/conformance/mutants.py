@@ -165,19 +165,32 @@ def _outcome_like(out: Outcome, masks: Sequence[np.ndarray]) -> Outcome:
     return Outcome(out.status, tuple(masks), out.reason, out.by_peer, out.cause)
 
 
-def _hand_over_views(out: Outcome) -> tuple[Outcome, list[np.ndarray]]:
-    """``out`` with masks that are read-only views of writable buffers (set past Outcome's copy,
-    which trusts a read-only plain array, A6.3), and those buffers: a mutant that writes them
-    later changes masks it already handed over."""
-    buffers = [np.array(m, dtype=bool) for m in out.masks]
-    views = []
-    for b in buffers:
-        v = b.view()
-        v.setflags(write=False)
-        views.append(v)
-    handed = _outcome_like(out, out.masks)
-    object.__setattr__(handed, "masks", tuple(views))
-    return handed, buffers
+class HandsOverViews(Wrapped):
+    """Answers ``poll()`` with the inner outcome, its masks read-only views of writable buffers
+    it keeps (set past Outcome's copy, which trusts a read-only plain array, A6.3): a mutant that
+    writes the buffers later changes masks it already handed over. ``handed_over`` runs once,
+    when the outcome is first answered."""
+
+    def poll(self) -> Outcome | None:
+        out = self.inner.poll()
+        if out is None:
+            return None
+        handed = self.__dict__.get("handed")
+        if handed is None:
+            buffers = [np.array(m, dtype=bool) for m in out.masks]
+            views = []
+            for b in buffers:
+                v = b.view()
+                v.setflags(write=False)
+                views.append(v)
+            handed = _outcome_like(out, out.masks)
+            object.__setattr__(handed, "masks", tuple(views))
+            self.__dict__["handed"] = handed
+            self.handed_over(out, buffers)
+        return handed
+
+    def handed_over(self, out: Outcome, buffers: list[np.ndarray]) -> None:
+        pass
 
 
 # -- the broken ones -----------------------------------------------------------------------------

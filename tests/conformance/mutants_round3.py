@@ -14,12 +14,12 @@ from collections.abc import Sequence
 
 import numpy as np
 from mutants import (  # beside this file; on sys.path when loaded as a harness
+    HandsOverViews,
     LimitsBatches,
     Mutant,
     MutantHarness,
     NeedsPolling,
     Wrapped,
-    _hand_over_views,
     _Lazy,
     _outcome_like,
 )
@@ -469,22 +469,14 @@ class AcceptsSameSpanTwice(Mutant):
 
 # -- A6.5: a late chunk flips a bit of a mask already handed over -------------------------------------
 
-class _LateBit(Wrapped):
-    def poll(self) -> Outcome | None:
-        out = self.inner.poll()
-        if out is None:
-            return None
-        cached = self.__dict__.get("handed")
-        if cached is None:
-            cached, buffers = _hand_over_views(out)
-            self.__dict__["handed"] = cached
-            if out.is_delivered and self.op == "fetch":
-                def late() -> None:  # the "late chunk" of a miss is counted as arrived
-                    time.sleep(0.002)
-                    for b in buffers:
-                        b[:] = ~b
-                threading.Thread(target=late, daemon=True).start()
-        return cached
+class _LateBit(HandsOverViews):
+    def handed_over(self, out: Outcome, buffers: list[np.ndarray]) -> None:
+        if out.is_delivered and self.op == "fetch":
+            def late() -> None:  # the "late chunk" of a miss is counted as arrived
+                time.sleep(0.002)
+                for b in buffers:
+                    b[:] = ~b
+            threading.Thread(target=late, daemon=True).start()
 
 
 class MaskChangesAfterPoll(Mutant):

@@ -15,7 +15,7 @@ import threading
 
 import numpy as np
 from loopback_peer import LoopbackHarness  # beside this file; on sys.path when loaded as a harness
-from mutants import Mutant, MutantHarness, PeerMutant, Wrapped, _hand_over_views, _outcome_like
+from mutants import HandsOverViews, Mutant, MutantHarness, PeerMutant, Wrapped, _outcome_like
 
 from kvwire.contract import (
     Attempt,
@@ -143,18 +143,10 @@ class DedupesNamesInFlight(Mutant):
 
 # -- A6.5: the masks of a failed fetch are cleared after hand-over ----------------------------
 
-class _RollsBack(Wrapped):
-    def poll(self) -> Outcome | None:
-        out = self.inner.poll()
-        if out is None:
-            return None
-        cached = self.__dict__.get("handed")
-        if cached is None:
-            cached, buffers = _hand_over_views(out)
-            self.__dict__["handed"] = cached
-            if not out.is_delivered:
-                self.backend.__dict__.setdefault("rollback", []).extend(buffers)
-        return cached
+class _RollsBack(HandsOverViews):
+    def handed_over(self, out: Outcome, buffers: list[np.ndarray]) -> None:
+        if not out.is_delivered:
+            self.backend.__dict__.setdefault("rollback", []).extend(buffers)
 
 
 class FailedMasksClearedLater(Mutant):
