@@ -213,8 +213,10 @@ class ForeignTicketInvalid(_PeerTracking):
 
 
 class _Done(Attempt):
-    def __init__(self, view: View, wake: WakeFn) -> None:
-        self.outcome = Outcome.delivered([np.ones(g.rows, dtype=bool) for g in view.groups])
+    """Concluded delivered at once: every row held (``held``), or none; woken from a timer thread."""
+
+    def __init__(self, view: View, wake: WakeFn, held: bool = True) -> None:
+        self.outcome = Outcome.delivered([np.full(g.rows, held, dtype=bool) for g in view.groups])
         threading.Timer(0.01, wake).start()
 
     def poll(self) -> Outcome | None:

@@ -13,7 +13,7 @@ from kvwire.contract import Capabilities, Hint, Outcome, View
 from kvwire.contract.capabilities import SERVE_PULLS, OtherEnd
 from kvwire.testing import profiles
 from kvwire.testing.harness import Ends, Hold, Unavailable
-from kvwire.testing.holder import Submission, settle, submit, wait_for
+from kvwire.testing.holder import Submission, Wakes, settle, submit, wait_for
 from kvwire.testing.layout import Bench
 from kvwire.testing.serving import NameTable, PullHold, SuiteServer
 
@@ -73,10 +73,11 @@ class Exchange:
         self.serve_one()
         return self.settle(sub)
 
-    def holder(self) -> SuiteServer:
-        """The suite as the serving end's holder (started on first use)."""
+    def holder(self, wakes: Wakes | None = None) -> SuiteServer:
+        """The suite as the serving end's holder (started on first use, serving with ``wakes``
+        when given, else a fresh :class:`Wakes`)."""
         if self.serving is None:
-            self.serving = SuiteServer(self.ends.source, NameTable(), self.patience_s)
+            self.serving = SuiteServer(self.ends.source, NameTable(), self.patience_s, wakes)
             self.serving.start()
         return self.serving
 

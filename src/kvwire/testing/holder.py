@@ -18,8 +18,9 @@ from kvwire.contract import Attempt, Backend, Cause, Hint, InvalidSubmission, Ou
 from kvwire.contract.errors import SubmissionError
 from kvwire.runtime import holding
 
-__all__ = ["Wakes", "Submission", "submit", "settle", "check_outcome", "same_outcome", "call_briefly",
-           "wait_for", "refused", "check_refusal_message", "speaks_causes", "holder_call", "BLOCKING_LIMIT_S"]
+__all__ = ["Wakes", "RaisingWakes", "Submission", "submit", "settle", "check_outcome", "same_outcome",
+           "call_briefly", "wait_for", "refused", "check_refusal_message", "speaks_causes", "holder_call",
+           "BLOCKING_LIMIT_S"]
 
 T = TypeVar("T")
 
@@ -68,6 +69,14 @@ class Wakes(holding.Wakes):
         if what is not None:
             self.inside.append(what)
         super().__call__()
+
+
+class RaisingWakes(Wakes):
+    """A wake that counts its call, then raises: a backend survives it and goes on (W1.7)."""
+
+    def __call__(self) -> None:
+        super().__call__()
+        raise RuntimeError("kvwire suite: this wake raises on purpose")
 
 
 @dataclass(eq=False)

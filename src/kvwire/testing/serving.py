@@ -93,14 +93,14 @@ class Answer:
 class SuiteServer:
     """Plays the holder of the serving end."""
 
-    def __init__(self, backend: Backend, tree: NameTable, patience_s: float) -> None:
+    def __init__(self, backend: Backend, tree: NameTable, patience_s: float, wakes: Wakes | None = None) -> None:
         if not isinstance(backend, ServesPulls):
             raise TypeError("the serving end must implement kvwire.contract.serving.ServesPulls")
         self.backend = backend
         self.serving: ServesPulls = backend
         self.tree = tree
         self.patience_s = patience_s
-        self.wakes = Wakes()
+        self.wakes = Wakes() if wakes is None else wakes
         self.started = False
         self.answers: list[Answer] = []
         self._pending: list[PullRequest] = []

@@ -13,17 +13,34 @@ import pytest
 from kvwire.contract import (
     InvalidSubmission,
     LayerGroupRows,
+    Outcome,
     SlotRegion,
     SubmissionRejected,
+    TokenRange,
     View,
 )
 from kvwire.contract.errors import SubmissionError
 from kvwire.runtime.holding import Direction
 from kvwire.testing import needs, profiles
 from kvwire.testing.harness import Harness, shut_down
-from kvwire.testing.holder import Submission, Wakes, call_briefly, check_refusal_message, refused, wait_for
-from kvwire.testing.layout import Bench
-from kvwire.testing.plans import check_bits, needs_misses, offer_for, pages, store_only, transfer_checked
+from kvwire.testing.holder import (
+    RaisingWakes,
+    Submission,
+    call_briefly,
+    check_refusal_message,
+    refused,
+    wait_for,
+)
+from kvwire.testing.layout import BLOCK_TOKENS, Bench
+from kvwire.testing.plans import (
+    check_bits,
+    needs_misses,
+    offer_for,
+    paged_exchange,
+    pages,
+    store_only,
+    transfer_checked,
+)
 
 # -- registration and recognition ------------------------------------------------------------------
 
@@ -91,6 +108,52 @@ def test_M4_a_view_over_part_of_a_registered_region_moves_its_rows(kvwire_harnes
         fetched = ex.settle(sub)
         bench.apply_fetch(fetched)
         assert fetched.is_delivered and all(m.all() for m in fetched.masks), f"M4.2: {fetched!r}"
+
+
+def _halved_view(view: View) -> View:
+    """``view`` with every region described in slots of half its slot size: each row becomes two
+    rows, its first and its second half, named as the row with one byte more (0 or 1) (M4.2)."""
+    groups = []
+    for g in view.groups:
+        r = g.region
+        half = SlotRegion(r.region_id + 40_000, r.base, r.slot_bytes // 2, r.slot_count * 2, r.memory_kind, r.device)
+        slots = (np.repeat(g.slots * 2, 2) + np.tile([0, 1], g.rows)).astype(np.int64)
+        names = None
+        if g.names is not None:
+            names = np.zeros((2 * g.rows, g.names.shape[1] + 1), dtype=np.uint8)
+            names[:, :-1] = np.repeat(g.names, 2, axis=0)
+            names[:, -1] = np.tile([0, 1], g.rows)
+        groups.append(LayerGroupRows(g.group_id, g.kind, half, slots, TokenRange(0, BLOCK_TOKENS * 2 * g.rows),
+                                     names))
+    return View(tuple(groups))
+
+
+def test_M4_rows_described_with_another_slot_size_move(kvwire_harness: Harness) -> None:
+    """M4.2 / M4.1: recognition reads where a row's bytes lie, not the registered slot size: a view
+    that describes registered memory in slots of half the registered size (every registered row
+    as two rows) is taken, and both halves of every row arrive, byte for byte."""
+    with paged_exchange(kvwire_harness, [(64, 3), (32, 3)], 347, needs.transfer) as (_, ex, bench):
+        source, sink = _halved_view(bench.source_view()), _halved_view(bench.sink_view())
+        pub = None
+        try:
+            if ex.store:
+                published = ex.settle(ex.publish(source))
+                assert published.is_delivered and all(m.all() for m in published.masks), f"M4.2: {published!r}"
+            elif ex.serves_pulls:
+                ex.holder().tree.add_view(source)
+            else:
+                pub = ex.publish(source)
+            sub = ex.fetch(sink)
+        except InvalidSubmission as exc:
+            raise AssertionError(f"M4.2: rows inside registered regions were refused because the view describes them "
+                                 f"in slots of half the registered size: {exc}") from exc
+        ex.serve_one()
+        fetched = ex.settle(sub)
+        if pub is not None:
+            ex.settle(pub)
+        assert fetched.is_delivered and all(m.all() for m in fetched.masks), (
+            f"M4.2: a fetch of rows described in half-size slots must deliver them all: {fetched!r}")
+        bench.apply_fetch(Outcome.delivered([m[0::2] & m[1::2] for m in fetched.masks]))
 
 
 def test_M4_rows_registered_only_with_another_instance_are_refused(kvwire_harness: Harness) -> None:
@@ -360,17 +423,12 @@ def test_W1_a_wake_that_raises_does_not_stop_the_backend(kvwire_harness: Harness
     kind = needs.usable_kind(kvwire_harness, caps)
     plan = pages([(64, 3)], 373, needs.shares_names(caps))
 
-    class Raising(Wakes):
-        def __call__(self) -> None:
-            super().__call__()
-            raise RuntimeError("kvwire suite: this wake raises on purpose")
-
     with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
                                                           plan, kind) as bench:
         if not (ex.store or ex.serves_pulls):
             pytest.skip("backend's other end is a peer without the serve-pulls protocol")
         ex.offer(bench)
-        wake = Raising()
+        wake = RaisingWakes()
         attempt = ex.ends.sink.fetch(bench.sink_view(), ex.ends.fetch_hint, wake)
         sub = Submission(Direction.FETCH, ex.ends.sink, bench.sink_view(), attempt, wake)
         ex.serve_one()

@@ -312,6 +312,25 @@ def test_B3_shutdown_comes_to_the_empty_set_without_polling(kvwire_harness: Harn
             assert out.cause is Cause.SHUTDOWN, f"A10.8: a fetch shutdown() concluded has cause SHUTDOWN: {out!r}"
 
 
+def test_B3_shutdown_after_work_that_quiesced_returns_the_empty_set(kvwire_harness: Harness) -> None:
+    """B3.3: attempts that concluded and quiesced are not in a shutdown() set: after transfers the
+    holder waited out (each concluded and quiesced), the very first shutdown() of each end returns
+    the empty set."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = simple_plan(groups=2, rows=3, seed=163, shared_names=needs.shares_names(caps))
+    with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan,
+                                                          kind) as bench:
+        for select in (None, {0: [1]}):
+            assert ex.transfer(bench, select if ex.store else None, None).fetched is not None
+        for backend in ex.ends.backends:
+            pending = call_briefly(backend.shutdown, "B3: shutdown() once every attempt quiesced")
+            assert pending == frozenset(), (
+                f"B3.3: every attempt of {type(backend).__name__} had concluded and quiesced, yet its first shutdown() returned "
+                f"{len(pending)} attempt(s); it returns only the attempts whose memory access may not have ended")
+
+
 # -- B4 ----------------------------------------------------------------------------------------
 
 def test_B4_capabilities_are_frozen_data_that_match_the_declaration(kvwire_harness: Harness) -> None:

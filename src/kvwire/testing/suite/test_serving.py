@@ -5,6 +5,7 @@ and peer address. Runs only for backends that declare the ``serve-pulls`` protoc
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 
@@ -20,6 +21,8 @@ from kvwire.contract import (
     InvalidSubmission,
     LayerGroupRows,
     PullRequest,
+    ServesPulls,
+    SlotRegion,
     SubmissionRejected,
     TokenRange,
     View,
@@ -27,7 +30,16 @@ from kvwire.contract import (
 from kvwire.testing import needs, profiles
 from kvwire.testing.exchange import Exchange
 from kvwire.testing.harness import Harness
-from kvwire.testing.holder import Submission, call_briefly, refused, same_outcome, settle, speaks_causes, submit
+from kvwire.testing.holder import (
+    RaisingWakes,
+    Submission,
+    call_briefly,
+    refused,
+    same_outcome,
+    settle,
+    speaks_causes,
+    submit,
+)
 from kvwire.testing.layout import BLOCK_TOKENS, Bench, ViewPlan, simple_plan
 from kvwire.testing.plans import paged_exchange, pages, with_field
 from kvwire.testing.serving import Answer
@@ -176,6 +188,67 @@ def test_N2_blocks_the_requester_holds_are_not_sent_again(kvwire_harness: Harnes
         assert all(g.kind is CacheKind.PAGED for g in plan.groups)
 
 
+def test_N2_the_serving_address_is_at_most_4_KiB_of_bytes_a_pull_can_name(kvwire_harness: Harness) -> None:
+    """N2.2 / H1.11: ``address()`` of the serving end returns non-empty bytes of at most 4 KiB,
+    and a pull whose peer hint names exactly those bytes delivers."""
+    with _pulls(kvwire_harness, [(32, 2)], 663, needs.transfer) as (_, ex, bench):
+        address = call_briefly(ex.ends.source.address, "N2.2: address()")
+        assert isinstance(address, bytes) and 0 < len(address) <= 4096, (
+            f"N2.2: address() returns opaque bytes of at most 4 KiB (4096 bytes), got a {type(address).__name__} of "
+            f"length {len(address) if hasattr(address, '__len__') else '?'}")
+        ex.offer(bench)
+        out = ex.fetch_settled(bench.sink_view(), with_field(ex.ends.fetch_hint, "address", address))
+        bench.apply_fetch(out)
+        assert out.is_delivered and all(m.all() for m in out.masks), (
+            f"N2.2/H1.11: a pull naming the serving end's address() must deliver: {out!r}")
+
+
+def test_N2_incoming_with_nothing_waiting_answers_at_once(kvwire_harness: Harness) -> None:
+    """N2.5: ``incoming()`` never blocks: with no request waiting (before any pull, and once the
+    only one was taken and answered) it answers an empty tuple at once."""
+    with _pulls(kvwire_harness, [(32, 2)], 667, needs.transfer) as (_, ex, bench):
+        holder = ex.holder()
+        serving = ex.ends.source
+        assert isinstance(serving, ServesPulls)
+        empty = call_briefly(serving.incoming, "N2.5: incoming() with no request waiting")
+        assert empty == (), f"N2.5: no pull was made, yet incoming() answered {empty!r}"
+        sub, request = _one_pull(ex, bench)
+        holder.finish(holder.answer(request))
+        out = ex.settle(sub)
+        bench.apply_fetch(out)
+        assert out.is_delivered, f"N2: the pull must deliver: {out!r}"
+        empty = call_briefly(serving.incoming, "N2.5: incoming() once the only request was taken and answered")
+        assert empty == (), f"N2.5: the only request was taken before, yet incoming() answered {empty!r}"
+
+
+@pytest.mark.parametrize("wake", ["plain", "raising"])
+def test_W1_a_pull_beside_an_untaken_one_gets_its_own_serve_wake(kvwire_harness: Harness, wake: str) -> None:
+    """W1.4 / N2.4 (and W1.7 with a serve wake that raises): a second pull that arrives while the
+    first still waits, untaken, in ``incoming()`` is followed by a serve wake of its own; a serve
+    wake that raised is called again for the next pull; both pulls are then served."""
+    patience = profiles.active().patience_s
+    with _pulls(kvwire_harness, [(32, 2)], 669, needs.transfer) as (_, ex, bench):
+        holder = ex.holder(RaisingWakes() if wake == "raising" else None)
+        ex.offer(bench)
+        first = ex.fetch(bench.sink_view({0: [0]}))
+        assert holder.wakes.wait_beyond(0, time.monotonic() + patience), (
+            f"W1.4: no serve wake followed the first pull within {patience:g} s")
+        seen = holder.wakes.count
+        second = ex.fetch(bench.sink_view({0: [1]}))
+        if not holder.wakes.wait_beyond(seen, time.monotonic() + patience):
+            raise AssertionError(
+                f"W1.4{'/W1.7' if wake == 'raising' else ''}: a second pull, made while the first waited untaken in "
+                f"incoming(){' after a serve wake that raised' if wake == 'raising' else ''}, got no serve wake "
+                f"within {patience:g} s; each new pull request is followed by a wake of its own")
+        for request in holder.take(2):
+            holder.finish(holder.answer(request))
+        outs = [ex.settle(first), ex.settle(second)]
+        bench.forget_sink({0: [1]})  # the second pull's row is checked with its own outcome
+        for row, out in enumerate(outs):
+            bench.apply_fetch(out, {0: [row]})
+            assert out.is_delivered and out.masks[0].all(), f"N2: the pull of block {row} must deliver: {out!r}"
+
+
 # -- tickets, addresses and answers (H1.11, H1.13, N2.3, N2.12) -------------------------------
 
 def _pulls(
@@ -281,22 +354,36 @@ def _refused_pulls_left_no_trace(ex: Exchange, bench: Bench, good: View, why: st
     assert out.is_delivered and all(m.all() for m in out.masks), f"N2: a good pull afterwards must deliver: {out!r}"
 
 
+MISFITS = ["one row more than asked", "names that are not the pull's prefix", "rows of another slot size",
+           "other groups"]
+
+
 def _misfit_answer(request: PullRequest, bench: Bench, how: str) -> View:
-    """An answer to ``request`` (which names the bench's first two blocks) that does not fit it."""
+    """An answer to ``request`` (which names the bench's first two blocks) that does not fit it:
+    one row too many, its names out of order, rows twice the requested size (a region over the
+    same registered memory in slots of double size, M4.2), or group ids the pull did not name."""
     groups = []
     for gi, gid in enumerate(request.groups):
         region = bench.source.memories[gi].region
-        rows = {"one row more than asked": [0, 1, 2], "names that are not the pull's prefix": [1, 0]}[how]
-        groups.append(LayerGroupRows(gid, CacheKind.PAGED, region, bench.source.slots[gi][rows],
-                                     TokenRange(0, BLOCK_TOKENS * len(rows)), bench.names[gi][rows]))
+        rows = [0, 1, 2] if how == "one row more than asked" else [1, 0] if how.startswith("names") else [0, 1]
+        slots = bench.source.slots[gi][rows]
+        if how == "rows of another slot size":
+            region = SlotRegion(region.region_id + 50_000, region.base, region.slot_bytes * 2, region.slot_count // 2,
+                                region.memory_kind, region.device)
+            slots = slots // 2
+        if how == "other groups":
+            gid = max(request.groups) + 1 + gi
+        groups.append(LayerGroupRows(gid, CacheKind.PAGED, region, slots, TokenRange(0, BLOCK_TOKENS * len(rows)),
+                                     bench.names[gi][rows]))
     return View(tuple(groups))
 
 
-@pytest.mark.parametrize("how", ["one row more than asked", "names that are not the pull's prefix"])
+@pytest.mark.parametrize("how", MISFITS)
 def test_N2_an_answer_that_does_not_fit_its_pull_fails_both_ends(kvwire_harness: Harness, how: str) -> None:
-    """N2.12: an answer with more rows than the pull asked for, or rows named other than the pull's
-    prefix, fails: the answer concludes failed, and so does the requester's fetch, saying why,
-    without waiting for its deadline; nothing it marks true is wrong (A7)."""
+    """N2.12: an answer with more rows than the pull asked for, rows named other than the pull's
+    prefix, rows of another slot size than the pull expects, or groups the pull did not name,
+    fails: the answer concludes failed, and so does the requester's fetch, saying why, without
+    waiting for its deadline; nothing it marks true is wrong (A7)."""
     patience = profiles.active().patience_s
     with _pulls(kvwire_harness, [(64, 3), (32, 3)], 653, needs.transfer) as (_, ex, bench):
         take = {0: [0, 1], 1: [0, 1]}

@@ -15,11 +15,13 @@ from hypothesis import strategies as st
 from kvwire.contract import CacheKind, LayerGroupRows, View
 from kvwire.testing import needs, profiles
 from kvwire.testing.harness import FaultPlan, Harness
+from kvwire.testing.holder import refused
 from kvwire.testing.layout import Bench, GroupPlan, ViewPlan
 from kvwire.testing.plans import (
     check_bits,
     needs_misses,
     offer_for,
+    paged_exchange,
     pages,
     store_only,
     transfer_checked,
@@ -117,7 +119,8 @@ def test_A9_misses_keep_their_place_whatever_the_order(kvwire_harness: Harness) 
 
 def _crafted_names(rows: int, width: int) -> np.ndarray:
     """Distinct names that a backend treating names as text, trimming zero bytes, or reading
-    only part of them would confuse: all zeros, one byte apart at either end, trailing zeros."""
+    only part of them would confuse: all zeros, one byte apart at either end, trailing zeros,
+    two names apart only in a byte that is not UTF-8 (0xFF and 0xFE)."""
     names = np.zeros((rows, width), dtype=np.uint8)
     for i in range(1, rows):
         if i % 4 == 1:
@@ -126,16 +129,19 @@ def _crafted_names(rows: int, width: int) -> np.ndarray:
             names[i, 0] = i  # ... in the first byte, then zeros
         elif i % 4 == 3:
             names[i, width // 2] = i
-        else:
+        elif i % 8 == 4:
             names[i, :] = names[i - 1]
             names[i, 1] = 0xFF
+        else:  # ... only in a byte that is no UTF-8 text: 0xFE where row i - 4 has 0xFF
+            names[i, :] = names[i - 4]
+            names[i, 1] = 0xFE
     assert len(np.unique(names, axis=0)) == rows
     return names
 
 
 def test_N1_names_are_opaque_bytes_every_byte_counts(kvwire_harness: Harness) -> None:
     """N1.3 / N1.4: names are opaque fixed-width bytes: zero bytes count, and names one byte apart name
-    different blocks."""
+    different blocks, also when neither byte is text (names never decoded as text)."""
     caps = kvwire_harness.capabilities()
     needs.transfer(caps)
     kind = needs.usable_kind(kvwire_harness, caps)
@@ -163,6 +169,23 @@ def test_N1_a_store_keys_rows_by_group_and_name(kvwire_harness: Harness) -> None
         store_only(ex, "keying stored rows")
         offer = {0: [0, 1, 2], 1: [3, 4, 5], 2: [1, 4]}
         transfer_checked(ex, bench, offer, None, "N1.2")
+
+
+def test_N1_a_content_addressed_backend_refuses_views_without_names(kvwire_harness: Harness) -> None:
+    """N1.5 / S3.2: a backend that declares content addressing refuses a publish and a fetch whose
+    groups carry no names with ``InvalidSubmission`` (never as rows nobody holds), touching no
+    memory and storing nothing: a named fetch afterwards finds none of those rows."""
+    specs = [(32, 3), (48, 3)]
+    with paged_exchange(kvwire_harness, specs, 233, needs.transfer, needs.names) as (caps, ex, bench):
+        if caps.publish:
+            refused(lambda: ex.publish(bench.source_view(names=False)),
+                    "N1.5: a publish whose groups carry no names, on a content-addressed backend,")
+        if caps.fetch:
+            refused(lambda: ex.fetch(bench.sink_view(names=False)),
+                    "N1.5: a fetch whose groups carry no names, on a content-addressed backend,")
+        bench.verify("N1.5: after submissions refused for carrying no names")
+        if ex.store:
+            transfer_checked(ex, bench, {}, None, "N1.5")
 
 
 def test_N1_a_name_with_a_trailing_zero_or_a_byte_less_is_another_name(kvwire_harness: Harness) -> None:

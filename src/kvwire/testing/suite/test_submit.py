@@ -25,7 +25,14 @@ from kvwire.testing.exchange import Exchange
 from kvwire.testing.harness import FaultPlan, Harness
 from kvwire.testing.holder import Submission, Wakes, refused, speaks_causes
 from kvwire.testing.layout import BLOCK_TOKENS, Bench, ViewPlan, simple_plan
-from kvwire.testing.plans import drain_queue, fill_queue, fillable_queue, paged_exchange
+from kvwire.testing.plans import (
+    check_bits,
+    drain_queue,
+    fill_queue,
+    fillable_queue,
+    paged_exchange,
+    store_only,
+)
 from kvwire.testing.regions import fake_region
 from kvwire.testing.strategies import fault_plans, fault_schedules, selections, view_plans
 
@@ -74,6 +81,23 @@ def test_S1_publish_then_fetch_moves_exactly_what_is_held(kvwire_harness: Harnes
 
 
 # -- S2 ----------------------------------------------------------------------------------------
+
+def test_S1_every_row_of_a_long_run_of_publishes_is_found(kvwire_harness: Harness) -> None:
+    """S1.3 / A5.6: a store finds every row a publish marked held, however many publishes came
+    before it on the instance: eight publishes one after another (one of three rows, then ones of
+    one row), then one fetch of every row, which delivers exactly the rows marked held."""
+    with paged_exchange(kvwire_harness, [(48, 10)], 467, needs.transfer) as (_, ex, bench):
+        store_only(ex, "finding what a publish marked held")
+        batches = [[0, 1, 2], *([row] for row in range(3, 10))]
+        held: list[int] = []
+        for rows in batches:
+            published = ex.offer(bench, {0: rows})
+            assert published is not None and published.is_delivered, f"S1.2: a publish of rows {rows}: {published!r}"
+            held += [row for row, bit in zip(rows, published.masks[0].tolist(), strict=True) if bit]
+        fetched = ex.fetch_settled(bench.sink_view())
+        bench.apply_fetch(fetched)
+        check_bits(ex, bench, {0: held}, None, fetched, "S1.3")
+
 
 def test_S2_backend_touches_only_the_rows_given(kvwire_harness: Harness) -> None:
     """Around the fetched rows lie slots of the same regions and guard bytes; none changes, and
