@@ -89,6 +89,7 @@ def test_ends_whose_progress_threads_spin_pull_the_same_bytes_and_go_back_to_sle
     spinning ends arrive as through sleeping ones, one after another (each pull's activity renews
     the spin), and after the window the thread sleeps again (a pull after that still arrives)."""
     e = ends(make_backend, holders, GROUPS, 6, SLOT, serving={"spin_us": 20_000}, requester={"spin_us": 20_000})
+    assert e.a.engine.reactor.spin_s == e.b.engine.reactor.spin_s == 0.02  # the option reaches the loop
     for _ in range(3):
         for rows in e.pb.arrays:
             rows[...] = 0

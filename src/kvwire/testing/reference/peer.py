@@ -68,12 +68,12 @@ from kvwire.testing.reference.core import (
     write_rows,
 )
 
+__all__ = ["ReferencePeer", "Fabric", "Link", "Request", "Rows", "Ack", "Cancel", "Declined", "Fault",
+           "peer_capabilities"]
+
 #: Numbers every peer made in this process: a ticket names the instance that handed it out (H1.13),
 #: which two peers of one name on two fabrics are not.
 _instances = itertools.count(1)
-
-__all__ = ["ReferencePeer", "Fabric", "Link", "Request", "Rows", "Ack", "Cancel", "Declined", "Fault",
-           "peer_capabilities"]
 
 _PEER_FIELDS = frozenset({"address", "credentials"})
 
