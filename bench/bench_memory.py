@@ -29,6 +29,7 @@ the installed one, and prints the medians side by side:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -37,11 +38,12 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 from _waiting import Direction, Mover  # noqa: E402  (bench/ is on sys.path when a bench runs)
+import kvwire_memory.store as store_module
 from kvwire_memory import MemoryDriver, MemoryStore, forget_store, named_store
 
 from kvwire.blob import BlobBackend
@@ -147,12 +149,14 @@ def trace_driver(*backends: BlobBackend) -> list[float]:
     return spent
 
 
-def per_row(runs: int) -> tuple[float, float, float, float, float]:
+def per_row(runs: int) -> dict[str, float]:
     """Microseconds each extra 4 KiB row adds to a publish and to a fetch: the slope between
     submissions of 16 and 256 rows, medians over ``runs`` runs of 50 submissions each. The store
     holds one run's objects, so each run evicts the last one's and reuses its memory (a full
     store's steady state, as in :func:`throughput`; a growing store adds the first touch of
-    fresh pages, a cost of the system, not of the backend)."""
+    fresh pages, a cost of the system, not of the backend). Beside each, the per-step trace of
+    the same slope: the time inside the store driver's call, and of it inside the store's copies
+    (the rest of the driver's share is the store's table: look-up, eviction, insertion)."""
     row, sizes, count = 4 * KIB, (16, 256), 50
     src = np.random.default_rng(1).integers(0, 256, (sizes[-1], row), dtype=np.uint8)
     dst = np.zeros_like(src)
@@ -160,36 +164,73 @@ def per_row(runs: int) -> tuple[float, float, float, float, float]:
     backend = BlobBackend(MemoryDriver(store))
     src_region, dst_region = region_of(src, 0), region_of(dst, 1)
     backend.register_regions([src_region, dst_region])
+    in_driver = trace_driver(backend)
     mover = Mover()
-    times: dict[tuple[Direction, int], list[float]] = {}
+    times: dict[tuple[Direction | None, int], list[float]] = {}
     cpu_times: dict[tuple[Direction, int], list[float]] = {}
+    steps: dict[tuple[str, Direction, int], list[float]] = {}
     staging: dict[int, list[np.ndarray]] = {}
     salt = iter(range(1, 1 << 30))
-    for run in range(runs + 1):  # the first run warms up
-        for n in sizes:
-            salts = [next(salt) for _ in range(count)]
-            for op, region in ((Direction.PUBLISH, src_region), (Direction.FETCH, dst_region)):
-                views = [view_of(region, n, s) for s in salts]
-                started, cpu = time.perf_counter(), time.process_time()
-                for v in views:
-                    mover.move(backend, op, v, HINT)
+    with tracing_copies() as in_copies:
+        for run in range(runs + 1):  # the first run warms up
+            for n in sizes:
+                salts = [next(salt) for _ in range(count)]
+                for op, region in ((Direction.PUBLISH, src_region), (Direction.FETCH, dst_region)):
+                    views = [view_of(region, n, s) for s in salts]
+                    in_driver.clear()
+                    in_copies.clear()
+                    started, cpu = time.perf_counter(), time.process_time()
+                    for v in views:
+                        mover.move(backend, op, v, HINT)
+                    if run:
+                        times.setdefault((op, n), []).append((time.perf_counter() - started) / count)
+                        cpu_times.setdefault((op, n), []).append((time.process_time() - cpu) / count)
+                        steps.setdefault(("driver", op, n), []).append(sum(in_driver) / count)
+                        steps.setdefault(("copies", op, n), []).append(sum(in_copies) / count)
+                # the same bytes copied by numpy into slabs of the store's size, reused (no fresh pages)
+                slabs = staging.setdefault(n, [np.zeros((n, row), dtype=np.uint8) for _ in range(count)])
+                started = time.perf_counter()
+                for slab in slabs:
+                    np.copyto(slab, src[:n])
                 if run:
-                    times.setdefault((op, n), []).append((time.perf_counter() - started) / len(views))
-                    cpu_times.setdefault((op, n), []).append((time.process_time() - cpu) / len(views))
-            # the same bytes copied by numpy into slabs of the store's size, reused (no fresh pages)
-            slabs = staging.setdefault(n, [np.zeros((n, row), dtype=np.uint8) for _ in range(count)])
-            started = time.perf_counter()
-            for slab in slabs:
-                np.copyto(slab, src[:n])
-            if run:
-                times.setdefault((None, n), []).append((time.perf_counter() - started) / count)  # type: ignore[arg-type]
+                    times.setdefault((None, n), []).append((time.perf_counter() - started) / count)
     backend.close()
-    def slope(of: dict[tuple[Direction, int], list[float]], op: Direction | None) -> float:
-        return ((statistics.median(of[(op, sizes[1])]) - statistics.median(of[(op, sizes[0])]))  # type: ignore[index]
+
+    def slope(of: dict, *key: object) -> float:
+        return ((statistics.median(of[(*key, sizes[1])]) - statistics.median(of[(*key, sizes[0])]))
                 / (sizes[1] - sizes[0]) * 1e6)
 
-    return (slope(times, Direction.PUBLISH), slope(times, Direction.FETCH), slope(times, None),
-            slope(cpu_times, Direction.PUBLISH), slope(cpu_times, Direction.FETCH))
+    out: dict[str, float] = {}
+    for op, name in ((Direction.PUBLISH, "publish"), (Direction.FETCH, "fetch")):
+        whole, driver, copies = slope(times, op), slope(steps, "driver", op), slope(steps, "copies", op)
+        out[name] = whole
+        out[f"  trace: {name}, backend and holder"] = whole - driver
+        out[f"  trace: {name}, the store's table"] = driver - copies
+        out[f"  trace: {name}, the store's copies"] = copies
+    out["publish, CPU"] = slope(cpu_times, Direction.PUBLISH)
+    out["fetch, CPU"] = slope(cpu_times, Direction.FETCH)
+    out["numpy copy of the same row"] = slope(times, None)
+    return out
+
+
+@contextlib.contextmanager
+def tracing_copies() -> Iterator[list[float]]:
+    """Seconds spent inside the memory store's copies (``kvwire_memory.store._copy``), appended
+    per call while the block runs; the store's own function is back afterwards."""
+    original, spent = store_module._copy, []
+
+    def timed(*args):  # type: ignore[no-untyped-def]
+        started = time.perf_counter()
+        try:
+            return original(*args)
+        finally:
+            spent.append(time.perf_counter() - started)
+
+    store_module._copy = timed
+    try:
+        yield spent
+    finally:
+        store_module._copy = original
 
 
 def machine() -> str:
@@ -294,9 +335,7 @@ def measure(quick: bool) -> dict:
                                "numpy": numpy_rate, "ratio": backend / numpy_rate, "share": share,
                                "driver_ms": driver_s * 1e3, "rest_ms": rest_s * 1e3})
     result["overhead"] = overhead(submissions, runs)
-    publish_us, fetch_us, copy_us, publish_cpu, fetch_cpu = per_row(runs)
-    result["per_row"] = {"publish": publish_us, "fetch": fetch_us, "publish, CPU": publish_cpu,
-                         "fetch, CPU": fetch_cpu, "numpy copy of the same row": copy_us}
+    result["per_row"] = per_row(runs)
     return result
 
 
