@@ -16,7 +16,7 @@ from kvwire.testing.harness import Ends, FaultPlan, Harness, Unavailable
 from kvwire.testing.regions import cuda_devices
 
 __all__ = ["transfer", "fetch", "publish", "cancellation", "names", "serve_pulls", "usable_kind",
-           "usable_kinds", "shares_names", "open_exchange", "misses", "LONG_TIMEOUT_S"]
+           "usable_kinds", "shares_names", "open_exchange", "misses", "in_flight", "LONG_TIMEOUT_S"]
 
 #: The deadline set through options when a test is not about deadlines: long enough never to
 #: interfere, since the suite's patience fails a stuck attempt first.
@@ -64,6 +64,14 @@ def misses(caps: Capabilities) -> None:
     if SERVE_PULLS not in caps.protocols:
         pytest.skip(f"backend's other end is a peer without the {SERVE_PULLS} protocol, so a fetch cannot name "
                     "rows the peer lacks")
+
+
+def in_flight(caps: Capabilities, count: int) -> None:
+    """The backend takes ``count`` attempts in flight at once (S3.9): open the ends with
+    ``max_in_flight=count`` (a harness may keep a smaller bound) and ask their capabilities."""
+    if caps.max_in_flight < count:
+        pytest.skip(f"backend takes at most {caps.max_in_flight} attempts in flight (max_in_flight); "
+                    f"this test needs {count} together")
 
 
 def shares_names(caps: Capabilities) -> bool:

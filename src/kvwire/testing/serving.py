@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvwire.contract import CacheKind, LayerGroupRows, SlotRegion, TokenRange, View
+from kvwire.contract import CacheKind, Hint, LayerGroupRows, SlotRegion, TokenRange, View
 from kvwire.contract.backend import Backend
 from kvwire.contract.serving import PullRequest, ServesPulls
 from kvwire.testing.harness import Hold
-from kvwire.testing.holder import Submission, Wakes, settle, submit
+from kvwire.testing.holder import Submission, Wakes, holder_call, settle, submit
 
 __all__ = ["NameTable", "SuiteServer", "Answer", "PullHold"]
 
@@ -109,8 +109,23 @@ class SuiteServer:
 
     def start(self) -> None:
         if not self.started:
-            self.serving.serve(self.wakes)
+            with holder_call("serve()"):
+                self.serving.serve(self.wakes)
             self.started = True
+
+    def incoming(self) -> tuple[PullRequest, ...]:
+        """``incoming()``, as a call of the holder's: a serve wake from inside it fails (W1.6)."""
+        with holder_call("incoming()"):
+            fresh = self.serving.incoming()
+        self.check_no_wake_inside()
+        return fresh
+
+    def check_no_wake_inside(self) -> None:
+        """Fail if the serve wake was ever called from inside ``serve()``, ``incoming()`` or
+        ``decline()`` (W1.6: the holder may call them holding a lock its wake takes)."""
+        assert not self.wakes.inside, (
+            f"W1.6: the backend called the serve wake from inside {self.wakes.inside[0]}, a call the serving holder "
+            "made to it; a holder may hold a lock its wake takes while it calls the backend")
 
     def take(self, count: int = 1) -> list[PullRequest]:
         """Wait until ``count`` requests arrived, looking at ``incoming()`` only after a wake, as
@@ -118,12 +133,12 @@ class SuiteServer:
         deadline = time.monotonic() + self.patience_s
         while len(self._pending) < count:
             if not self.wakes.wait_beyond(self._looked, deadline):
-                if self.serving.incoming():
+                if self.incoming():
                     raise AssertionError(
                         "W1/N2: a pull request became visible through incoming() but no wake followed it")
                 raise AssertionError(f"N2: no pull request arrived within {self.patience_s:g} s")
             self._looked = self.wakes.count
-            fresh = self.serving.incoming()
+            fresh = self.incoming()
             assert isinstance(fresh, tuple), f"N2: incoming() must answer a tuple, got {type(fresh).__name__}"
             for request in fresh:
                 assert isinstance(request, PullRequest), f"N2: incoming() gave a {type(request).__name__}"
@@ -134,15 +149,17 @@ class SuiteServer:
         taken, self._pending = self._pending[:count], self._pending[count:]
         return taken
 
-    def answer(self, request: PullRequest, limit: int | None = None) -> Answer:
-        """Pin the held prefix (at most ``limit`` blocks) and publish it with the ticket."""
+    def answer(self, request: PullRequest, limit: int | None = None, ticket: Hint | None = None) -> Answer:
+        """Pin the held prefix (at most ``limit`` blocks) and publish it with the request's
+        ticket (or with ``ticket``, an equal one the holder made from its bytes)."""
         count = self.tree.held_prefix(request)
         if limit is not None:
             count = min(count, limit)
         names = tuple(request.names[i].tobytes() for i in range(count))
         self.tree.pins.update(names)
         try:
-            sub = submit(self.backend, "publish", self.tree.view_for(request, count), request.ticket)
+            sub = submit(self.backend, "publish", self.tree.view_for(request, count),
+                         request.ticket if ticket is None else ticket)
         except BaseException:
             self.tree.pins.subtract(names)
             raise
@@ -153,14 +170,16 @@ class SuiteServer:
     def decline_waiting(self, reason: str) -> int:
         """Decline every request that arrived and was not taken, those ``incoming()`` has not
         handed over yet included; how many."""
-        waiting = list(self._pending) + list(self.serving.incoming())
+        waiting = list(self._pending) + list(self.incoming())
         self._pending = []
         for request in waiting:
             self.decline(request, reason)
         return len(waiting)
 
     def decline(self, request: PullRequest, reason: str) -> Answer:
-        self.serving.decline(request, reason)
+        with holder_call("decline()"):
+            self.serving.decline(request, reason)
+        self.check_no_wake_inside()
         answer = Answer(request, None, (), True)
         self.answers.append(answer)
         return answer

@@ -118,8 +118,9 @@ class UcxBackend(Backend, ServesPulls):
 
     def publish(self, view: View, hint: Hint, wake: WakeFn) -> Attempt:
         """Answer a pull: ``hint`` is the request's ticket and the view holds, per requested group
-        in order, the rows of the held prefix. Rows that do not fit the request (slot size,
-        group, count, names) refuse the pull; the attempt then fails saying why."""
+        in order, the rows of the held prefix, named. Rows that do not fit the request (slot
+        size, group, count, names) refuse the pull; the attempt then fails saying why. Rows
+        without names raise ``InvalidSubmission`` (N1.5) and leave the request open."""
         if self._closed:
             raise SubmissionRejected("this kvwire-ucx backend is shut down")
         if not isinstance(hint, Hint) or hint.kind != "ticket":
@@ -134,6 +135,11 @@ class UcxBackend(Backend, ServesPulls):
         if backend != self._engine.instance:
             raise SubmissionRejected("the ticket belongs to another kvwire-ucx backend; answer it there")
         _check_view_shape(view)
+        for index, group in enumerate(view.groups):
+            if group.rows and group.names is None:  # N1.5, before the request is looked at
+                raise InvalidSubmission(
+                    f"group {index} (id {group.group_id}) carries no block names; an answer names the blocks it "
+                    "serves (the pull's prefix)")
         groups = self._regions.locate(view, writable=False, kinds=MEMORY_KINDS)
         return self._engine.publish(view, wake, pull_id, groups, _refusal, hint.timeout_s)
 

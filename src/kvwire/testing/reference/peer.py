@@ -319,6 +319,9 @@ class ReferencePeer(Backend, ServesPulls):
             raise SubmissionRejected(f"ticket {hint!r} was handed out by another peer, not by {self.address()!r}")
         ticket = _ticket_of(hint)
         located = self._table.locate_view(view)
+        for group in view.groups:
+            if group.rows and group.names is None:  # N1.5, before the request is looked at
+                raise InvalidSubmission(f"group {group.group_id} carries no names; an answer names the blocks it serves")
         counts = {g.rows for g in view.groups}
         if len(counts) > 1:
             raise InvalidSubmission(f"an answer sends the same prefix in every group, got row counts {sorted(counts)}")

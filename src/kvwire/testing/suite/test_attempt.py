@@ -586,9 +586,10 @@ def test_A9_fetches_of_the_same_rows_in_flight_together_each_get_them(kvwire_har
     needs.misses(caps)
     kind = needs.usable_kind(kvwire_harness, caps)
     plan = pages([(64, 5), (48, 5)], 619, needs.shares_names(caps))
-    with needs.open_exchange(kvwire_harness, hold=True) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
-                                                                     plan, kind) as bench, \
+    with needs.open_exchange(kvwire_harness, hold=True, max_in_flight=2) as ex, Bench(
+            kvwire_harness, ex.ends.source, ex.ends.sink, plan, kind) as bench, \
             Bench(kvwire_harness, None, ex.ends.sink, plan, kind) as twin:
+        needs.in_flight(ex.caps, 2)
         ex.offer(bench)
         hold = ex.ends.hold() if ex.store and ex.ends.hold is not None else None
         try:

@@ -53,7 +53,9 @@ def _ask(ex: Exchange, groups: list[int], names: np.ndarray, hint: Hint | None =
     """A lookup, checked for the shape of its answer (a new, plain, read-only bool array of one
     bit per name) and bounded so a hang fails instead of stalling the suite."""
     asker = _asker(ex)
-    names = np.array(names, dtype=np.uint8)
+    # A uint8 array is passed as given (strided or not, L1.3); anything else as such an array.
+    if not (isinstance(names, np.ndarray) and names.dtype == np.uint8):
+        names = np.array(names, dtype=np.uint8)
     asked = names.copy()
     limit = (timeout_s or 0) + profiles.active().patience_s
     answer = call_briefly(lambda: asker.lookup(groups, names, hint or ex.ends.fetch_hint, timeout_s),
@@ -108,23 +110,27 @@ def test_L1_held_names_answer_true_and_others_false(kvwire_harness: Harness) -> 
 
 
 def test_L1_a_name_held_in_one_group_is_not_held_in_another(kvwire_harness: Harness) -> None:
-    """A store keys rows by (group, name) (N1): names offered in group 0 only answer false for
-    group 1, and for groups (0, 1) and (1, 0) together; names offered in both answer true."""
+    """L1.3 / N1.2: a store keys rows by (group, name): names offered in group 0 only answer false
+    for group 1, and for groups (0, 1) and (1, 0) together; names offered in both answer true; of
+    three groups listed, a name missing from any one of them (the middle one too) is not held."""
     caps = kvwire_harness.capabilities()
     _needs_lookup(caps)
     kind = needs.usable_kind(kvwire_harness, caps)
-    plan = _plan(caps, seed=311)
+    plan = _plan(caps, groups=3, seed=311)
     with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan,
                                                           kind) as bench:
-        ex.offer(bench, {0: [0, 1, 2, 3], 1: [0, 1]})
+        ex.offer(bench, {0: [0, 1, 2, 3], 1: [0, 1], 2: [0, 1, 2, 3]})
         names = bench.names[0]
         both = np.array([True, True, False, False])
-        g0, g1 = (g.group_id for g in plan.groups)
+        g0, g1, g2 = (g.group_id for g in plan.groups)
         _expect(_ask(ex, [g0], names), np.ones(4, bool), "names offered in group 0, asked in group 0")
         _expect(_ask(ex, [g1], names), both, "names offered in group 0 only, asked in group 1")
         _expect(_ask(ex, [g0, g1], names), both, "a name is held only if held in every group listed")
         _expect(_ask(ex, [g1, g0], names), both, "the order of the groups does not matter")
         _expect(_ask(ex, [g0, g1 + 7], names), np.zeros(4, bool), "a group nothing was offered in")
+        _expect(_ask(ex, [g0, g2], names), np.ones(4, bool), "names offered in groups 0 and 2, asked in both")
+        for listed in ([g0, g1, g2], [g2, g1, g0], [g0, g2, g1]):
+            _expect(_ask(ex, listed, names), both, f"groups {listed}: names held in two of them but not in group {g1}")
 
 
 @pytest.mark.parametrize("width", [1, 16, 64])
@@ -156,6 +162,50 @@ def test_L1_names_that_differ_in_one_byte_or_hold_zero_bytes(kvwire_harness: Har
         bench.apply_fetch(fetched)
         np.testing.assert_array_equal(fetched.masks[0], [True, False, False, True],
                                       err_msg="A5: the fetch after the lookup holds what the lookup said")
+
+
+def test_L1_names_that_are_a_slice_of_a_larger_array_are_read_as_given(kvwire_harness: Harness) -> None:
+    """L1.3: bit ``i`` answers ``names[i]`` as the caller's array holds it, also when the array is
+    not one contiguous block: every other row of a larger array, a column slice of wider rows, the
+    rows in reverse, an array in Fortran order."""
+    caps = kvwire_harness.capabilities()
+    _needs_lookup(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = _plan(caps, groups=1, rows=4, seed=359)
+    with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan,
+                                                          kind) as bench:
+        ex.offer(bench, {0: [0, 2]})
+        gid = plan.groups[0].group_id
+        names = bench.names[0]
+        want = np.array([True, False, True, False])
+        rng = np.random.default_rng(359)
+        interleaved = np.repeat(names, 2, axis=0)
+        interleaved[1::2] = random_names(rng, 4, names.shape[1])  # never stored
+        wide = rng.integers(0, 256, size=(4, names.shape[1] + 24), dtype=np.uint8)
+        wide[:, 8: 8 + names.shape[1]] = names
+        cases = {"every other row of a larger array": (interleaved[::2], want),
+                 "a column slice of wider rows": (wide[:, 8: 8 + names.shape[1]], want),
+                 "the rows in reverse": (names[::-1], want[::-1]),
+                 "an array in Fortran order": (np.asfortranarray(names), want)}
+        for what, (given, expected) in cases.items():
+            assert not given.flags.c_contiguous or what.startswith("an array in Fortran")
+            _expect(_ask(ex, [gid], given), expected, f"names given as {what}")
+
+
+def test_L1_a_name_asked_several_times_answers_each_time(kvwire_harness: Harness) -> None:
+    """L1.3: bit ``i`` answers ``names[i]`` wherever else that name appears in the same lookup: a
+    name asked several times (as when the lookups of requests that share a prefix are batched)
+    answers the same at each place, held or not."""
+    caps = kvwire_harness.capabilities()
+    _needs_lookup(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = _plan(caps, groups=1, rows=3, seed=361)
+    with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan,
+                                                          kind) as bench:
+        ex.offer(bench, {0: [0, 2]})
+        order = [0, 1, 0, 2, 0, 1, 2]
+        _expect(_ask(ex, [plan.groups[0].group_id], bench.names[0][order]), np.isin(order, [0, 2]),
+                f"rows {order} asked in one lookup, rows 0 and 2 held")
 
 
 def test_L1_names_of_another_namespace_are_not_held(kvwire_harness: Harness) -> None:
@@ -289,12 +339,12 @@ def test_L1_answers_are_new_plain_read_only_bool_arrays(kvwire_harness: Harness)
         _expect(after, np.ones(3, bool), "names after they were offered")
 
 
-@pytest.mark.parametrize("source", ["argument", "hint", "options"])
+@pytest.mark.parametrize("source", ["argument", "hint", "options", "argument over hint"])
 def test_L1_a_held_other_end_fails_the_lookup_by_its_deadline(kvwire_harness: Harness, source: str) -> None:
     """L1.7 / L1.8: with the other end not answering, a lookup raises ``LookupFailed`` by its
-    deadline (given as the argument, by the hint, or by the backend's options; at most
-    ``LOOKUP_SLACK_S`` late) instead of hanging; once the other end answers again, lookups
-    answer again."""
+    deadline (given as the argument, by the hint, or by the backend's options; an argument wins
+    over a longer deadline of the hint; at most ``LOOKUP_SLACK_S`` late) instead of hanging; once
+    the other end answers again, lookups answer again."""
     caps = kvwire_harness.capabilities()
     _needs_lookup(caps)
     kind = needs.usable_kind(kvwire_harness, caps)
@@ -311,7 +361,9 @@ def test_L1_a_held_other_end_fails_the_lookup_by_its_deadline(kvwire_harness: Ha
         hint = ex.ends.fetch_hint
         if source == "hint":
             hint = Hint(hint.kind, hint.fields, deadline_s)
-        timeout = deadline_s if source == "argument" else None
+        elif source == "argument over hint":
+            hint = Hint(hint.kind, hint.fields, needs.LONG_TIMEOUT_S)
+        timeout = deadline_s if source.startswith("argument") else None
         hold = ex.ends.hold()
         try:
             started = time.monotonic()

@@ -18,6 +18,7 @@ from kvwire.contract import (
     CacheKind,
     Capabilities,
     Cause,
+    Hint,
     InvalidSubmission,
     LayerGroupRows,
     PullRequest,
@@ -153,14 +154,20 @@ def test_N2_a_cancelled_pull_still_quiesces_and_unpins(kvwire_harness: Harness) 
 
 
 def test_N2_a_peer_that_is_not_serving_fails_the_fetch(kvwire_harness: Harness) -> None:
+    """N2.7 / A10.10: a pull from a peer whose holder never called ``serve()`` is declined: the
+    fetch fails saying why, before its deadline, and (contract 1.1) with cause ``DECLINED``."""
     caps = kvwire_harness.capabilities()
     needs.serve_pulls(caps)
     kind = needs.usable_kind(kvwire_harness, caps)
     plan = simple_plan(groups=1, rows=2, seed=179, shared_names=True)
     with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, None, ex.ends.sink, plan, kind) as bench:
-        out = ex.settle(ex.fetch(bench.sink_view()))
+        sub = ex.fetch(bench.sink_view())
+        out = ex.settle(sub)
         assert out.is_failed and out.reason, f"N2: pulling from a peer that does not serve must fail, got {out!r}"
         assert out.rows_delivered == 0
+        if speaks_causes(sub.backend):
+            assert out.cause is Cause.DECLINED, (
+                f"N2.7/A10.10: a pull from a peer that is not serving is declined, so its cause is DECLINED: {out!r}")
         bench.apply_fetch(out)
 
 
@@ -355,15 +362,22 @@ def _refused_pulls_left_no_trace(ex: Exchange, bench: Bench, good: View, why: st
 
 
 MISFITS = ["one row more than asked", "names that are not the pull's prefix", "rows of another slot size",
-           "other groups"]
+           "other groups", "fewer groups than asked", "the pull's groups in another order"]
 
 
 def _misfit_answer(request: PullRequest, bench: Bench, how: str) -> View:
     """An answer to ``request`` (which names the bench's first two blocks) that does not fit it:
     one row too many, its names out of order, rows twice the requested size (a region over the
-    same registered memory in slots of double size, M4.2), or group ids the pull did not name."""
+    same registered memory in slots of double size, M4.2), group ids the pull did not name, only
+    the first of the pull's groups, or the pull's groups in reverse order (N2.8: per requested
+    group, in order)."""
+    order = list(enumerate(request.groups))
+    if how == "fewer groups than asked":
+        order = order[:1]
+    elif how == "the pull's groups in another order":
+        order.reverse()
     groups = []
-    for gi, gid in enumerate(request.groups):
+    for gi, gid in order:
         region = bench.source.memories[gi].region
         rows = [0, 1, 2] if how == "one row more than asked" else [1, 0] if how.startswith("names") else [0, 1]
         slots = bench.source.slots[gi][rows]
@@ -381,9 +395,10 @@ def _misfit_answer(request: PullRequest, bench: Bench, how: str) -> View:
 @pytest.mark.parametrize("how", MISFITS)
 def test_N2_an_answer_that_does_not_fit_its_pull_fails_both_ends(kvwire_harness: Harness, how: str) -> None:
     """N2.12: an answer with more rows than the pull asked for, rows named other than the pull's
-    prefix, rows of another slot size than the pull expects, or groups the pull did not name,
-    fails: the answer concludes failed, and so does the requester's fetch, saying why, without
-    waiting for its deadline; nothing it marks true is wrong (A7)."""
+    prefix, rows of another slot size than the pull expects, groups the pull did not name, fewer
+    of its groups or its groups in another order, fails: the answer concludes failed, and so does
+    the requester's fetch, saying why, without waiting for its deadline; nothing it marks true is
+    wrong (A7). The request is used up: a fitting answer afterwards is refused (H1.13)."""
     patience = profiles.active().patience_s
     with _pulls(kvwire_harness, [(64, 3), (32, 3)], 653, needs.transfer) as (_, ex, bench):
         take = {0: [0, 1], 1: [0, 1]}
@@ -402,3 +417,147 @@ def test_N2_an_answer_that_does_not_fit_its_pull_fails_both_ends(kvwire_harness:
         bench.apply_fetch(out, take)
         assert out.is_failed and out.reason, (
             f"N2.12: the requester's fetch answered with {how} must fail saying why, got {out!r}")
+        fitting = holder.tree.view_for(request, holder.tree.held_prefix(request))
+        refused(functools.partial(submit, ex.ends.source, "publish", fitting, request.ticket),
+                f"N2.12/H1.13: a fitting answer to a pull whose answer with {how} failed (the request is used up)")
+        try:
+            same_outcome(out, sub.attempt.poll(), "fetch")  # type: ignore[arg-type]
+        except AssertionError as exc:
+            raise AssertionError(f"N2.12: a second answer after the one with {how} changed the requester's outcome: "
+                                 f"{exc}") from None
+
+
+
+def test_N1_an_answer_whose_groups_carry_no_names_is_refused(kvwire_harness: Harness) -> None:
+    """N1.5 / S3: an answer is a publish, so a serving backend (which declares content
+    addressing) refuses one whose groups carry no names with ``InvalidSubmission``, before the
+    request is looked at (a missing name is never a misfit, N2.12). Nothing escaped: the request
+    is still open, and a fitting answer afterwards delivers both ends."""
+    with _pulls(kvwire_harness, [(64, 3), (32, 3)], 907, needs.transfer) as (_, ex, bench):
+        take = {0: [0, 1], 1: [0, 1]}
+        sub, request = _one_pull(ex, bench, take)
+        holder = ex.holder()
+        fitting = holder.tree.view_for(request, holder.tree.held_prefix(request))
+        nameless = View(tuple(LayerGroupRows(g.group_id, g.kind, g.region, g.slots, g.tokens, None)
+                              for g in fitting.groups))
+        refused(functools.partial(submit, ex.ends.source, "publish", nameless, request.ticket),
+                "N1.5: an answer whose groups carry no names")
+        holder.finish(holder.answer(request))
+        out = ex.settle(sub, purpose="N1.5/S3.4: the pull answered properly after a refused nameless answer")
+        bench.apply_fetch(out, take)
+        assert out.is_delivered and all(m.all() for m in out.masks), (
+            f"N1.5/S3.4: after a nameless answer was refused, a fitting answer must deliver the pull: {out!r}")
+
+
+# -- the serving holder's calls, tickets and credentials (W1.6, H1.3, H1.12, H1.13) -----------
+
+def _by_block(requests: list[PullRequest], bench: Bench) -> list[PullRequest]:
+    """``requests`` of one-block pulls, in the order of the bench's rows they name."""
+    rows = {bench.names[0][row].tobytes(): row for row in range(bench.plan.groups[0].rows)}
+    return sorted(requests, key=lambda r: rows[r.names[0].tobytes()])
+
+
+def test_W1_the_serve_wake_never_comes_from_inside_the_holders_calls(kvwire_harness: Harness) -> None:
+    """W1.6 (serve wake): the serving holder calls ``serve()``, ``incoming()`` and ``decline()``
+    maybe holding a lock its serve wake takes: the backend never calls that wake from inside
+    them. Two pulls are taken, one declined, one answered; both requesters get their outcome."""
+    with _pulls(kvwire_harness, [(32, 2)], 671, needs.transfer) as (_, ex, bench):
+        holder = ex.holder()
+        ex.offer(bench)
+        first = ex.fetch(bench.sink_view({0: [0]}))
+        second = ex.fetch(bench.sink_view({0: [1]}))
+        one, two = _by_block(holder.take(2), bench)
+        holder.decline(one, "conformance: the serving holder declines this pull")
+        holder.finish(holder.answer(two))
+        declined, served = ex.settle(first), ex.settle(second)
+        holder.incoming()
+        holder.check_no_wake_inside()
+        bench.forget_sink({0: [1]})  # the served row is checked with its own outcome
+        bench.apply_fetch(declined, {0: [0]})
+        bench.apply_fetch(served, {0: [1]})
+        assert declined.is_failed, f"N2.11: the declined pull must fail: {declined!r}"
+        assert served.is_delivered and served.masks[0].all(), f"N2: the answered pull must deliver: {served!r}"
+
+
+def test_H1_a_declined_ticket_cannot_be_answered_afterwards(kvwire_harness: Harness) -> None:
+    """H1.13 / N2.11: declining a request answers it: a publish with its ticket afterwards raises
+    ``InvalidSubmission``, and the requester's fetch stays failed as the decline left it, its
+    rows untouched."""
+    with _pulls(kvwire_harness, [(64, 2), (32, 2)], 673, needs.transfer) as (_, ex, bench):
+        sub, request = _one_pull(ex, bench)
+        holder = ex.holder()
+        holder.decline(request, "conformance: declined, then answered")
+        out = ex.settle(sub)
+        assert out.is_failed, f"N2.11: a declined pull must fail: {out!r}"
+        view = holder.tree.view_for(request, holder.tree.held_prefix(request))
+        refused(functools.partial(submit, ex.ends.source, "publish", view, request.ticket),
+                "H1.13: an answer with the ticket of a request the holder declined")
+        try:
+            same_outcome(out, sub.attempt.poll(), "fetch")  # type: ignore[arg-type]
+        except AssertionError as exc:
+            raise AssertionError(f"H1.13: a refused answer after a decline changed the requester's outcome: {exc}") \
+                from None
+        bench.apply_fetch(out)
+
+
+def test_H1_a_ticket_decoded_from_its_bytes_answers_the_pull(kvwire_harness: Harness) -> None:
+    """H1.3 / H1.13: a serving holder may keep a ticket as bytes (``to_bytes()``) and answer with
+    the hint decoded from them: the backend treats it exactly like the ticket it handed out, and
+    the pull delivers."""
+    with _pulls(kvwire_harness, [(64, 3), (32, 3)], 677, needs.transfer) as (_, ex, bench):
+        sub, request = _one_pull(ex, bench)
+        holder = ex.holder()
+        ticket = Hint.from_bytes(request.ticket.to_bytes())
+        assert ticket == request.ticket and ticket is not request.ticket
+        try:
+            answer = holder.answer(request, ticket=ticket)
+        except InvalidSubmission as exc:
+            raise AssertionError(f"H1.3/H1.13: an answer with the request's ticket decoded from its bytes raised "
+                                 f"{exc!r}; a decoded hint is treated exactly like the original") from exc
+        holder.finish(answer)
+        out = ex.settle(sub)
+        bench.apply_fetch(out)
+        assert out.is_delivered and all(m.all() for m in out.masks), (
+            f"H1.3/H1.13: the pull answered with its ticket decoded from bytes must deliver: {out!r}")
+
+
+def test_H1_each_pull_carries_its_own_credentials(kvwire_harness: Harness) -> None:
+    """H1.12: each pull's request carries the credentials of that pull's hint, also when the same
+    requester pulled before with others: two credentials in turn, then none (empty bytes)."""
+    with _pulls(kvwire_harness, [(32, 3)], 679, needs.transfer) as (_, ex, bench):
+        holder = ex.holder()
+        ex.offer(bench)
+        for row, secret in enumerate([b"kvwire-first\x00", b"kvwire-second\xff", None]):
+            hint = ex.ends.fetch_hint if secret is None else with_field(ex.ends.fetch_hint, "credentials", secret)
+            sub = ex.fetch(bench.sink_view({0: [row]}), hint)
+            (request,) = holder.take(1)
+            want = b"" if secret is None else secret
+            assert request.credentials == want, (
+                f"H1.12: pull {row + 1} of one requester carried credentials {want!r}; its request carries "
+                f"{request.credentials!r}")
+            holder.finish(holder.answer(request))
+            out = ex.settle(sub)
+            bench.apply_fetch(out, {0: [row]})
+            assert out.is_delivered and out.masks[0].all(), f"N2: pull {row + 1} must deliver: {out!r}"
+
+
+# -- A10.11: a pull from a serving end that is gone ----------------------------------------------
+
+def test_A10_a_pull_from_a_serving_end_that_is_gone_fails_as_peer_gone(kvwire_harness: Harness) -> None:
+    """A10.11: once the serving end has shut down and closed, a pull naming its address fails
+    with cause ``PEER_GONE`` (the backend knows its other end is gone), or, from a backend that
+    cannot tell, with ``DEADLINE`` by the hint's deadline; never as a fault the peer reported."""
+    with _pulls(kvwire_harness, [(32, 2)], 683, needs.fetch) as (caps, ex, bench):
+        if caps.contract_version < (1, 1):
+            pytest.skip("backend speaks contract 1.0: its outcomes carry no cause (A10.5)")
+        source = ex.ends.source
+        deadline = time.monotonic() + profiles.active().patience_s
+        while call_briefly(source.shutdown, "B3: shutdown() of the serving end"):
+            assert time.monotonic() < deadline, "B3.5: shutdown() of an idle serving end never returned the empty set"
+        call_briefly(source.close, "B3.8: close() of the serving end")
+        sub = ex.fetch(bench.sink_view(), Hint(ex.ends.fetch_hint.kind, ex.ends.fetch_hint.fields, 2.0))
+        out = ex.settle(sub, purpose="A10.11: a pull from a serving end that is gone concluding")
+        bench.apply_fetch(out)
+        assert out.is_failed and out.cause in (Cause.PEER_GONE, Cause.DEADLINE), (
+            f"A10.11: a pull from a serving end that shut down and closed must fail with cause PEER_GONE (or DEADLINE "
+            f"from a backend that cannot tell it is gone), got {out!r}")

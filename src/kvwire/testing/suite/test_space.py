@@ -188,6 +188,29 @@ def test_N1_a_content_addressed_backend_refuses_views_without_names(kvwire_harne
             transfer_checked(ex, bench, {}, None, "N1.5")
 
 
+@pytest.mark.parametrize("width", [1, 64])
+def test_N1_names_of_one_byte_and_of_64_bytes_name_their_blocks(kvwire_harness: Harness, width: int) -> None:
+    """N1.3: names are 1 to 64 bytes wide, and a name of either extreme names its block: rows named
+    by one byte, or by 64 bytes that differ only in the last, move and are found like any others
+    (from a store, the rows offered; from a serving peer, the held prefix)."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    rows = 6
+    plan = ViewPlan(tuple(GroupPlan(gi, CacheKind.PAGED, size, rows, tuple(range(1, 1 + rows)),
+                                    tuple(reversed(range(1, 1 + rows))), rows + 2, width)
+                          for gi, size in enumerate((32, 48))), 251, needs.shares_names(caps))
+    with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
+                                                          plan, kind) as bench:
+        needs_misses(ex)
+        names = np.full((rows, width), 0x5A, dtype=np.uint8)
+        names[:, -1] = np.arange(rows) * 37  # distinct only in the last byte (the only byte, at width 1)
+        for gi in range(len(plan.groups)):
+            bench.names[gi] = names
+        offer = offer_for(ex, plan, lambda gi, n: [0, 1, 2, 4] if ex.store else range(4))
+        transfer_checked(ex, bench, offer, None, f"N1.3 (names of {width} bytes)")
+
+
 def test_N1_a_name_with_a_trailing_zero_or_a_byte_less_is_another_name(kvwire_harness: Harness) -> None:
     """N1.4 / S1.4: a name and the same name with one more trailing zero byte, or with its last
     byte dropped, are different names: after a publish of names of width w (1, 16 and 64, some
