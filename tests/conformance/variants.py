@@ -11,11 +11,15 @@ against each.
 - :data:`threaded_chunks`: the memory store's rows moved one small chunk per driver call on three
   worker threads, none inside the holder's call (A9: batching and order are the backend's).
 - :data:`queue_of_one`: a memory backend that declares and keeps ``max_in_flight = 1`` (S3.9).
+- :data:`speaks_1_0`: the memory backend as a plugin written against contract 1.0 would be: it
+  declares ``(1, 0)``, no optional protocol of 1.1 (``lookup``), and no cause on a failed outcome
+  (A10.5).
 
 Point the suite at one with ``--kvwire-harness tests/conformance/variants.py:NAME``."""
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 import logging
@@ -29,9 +33,21 @@ from kvwire_memory.harness import MemoryHarness
 from loopback_peer import LoopbackHarness  # beside this file; on sys.path when loaded as a harness
 from mutants import Mutant, MutantHarness, PeerMutant, Wrapped
 
-from kvwire.contract import Attempt, Backend, Cause, Hint, Outcome, SubmissionRejected, View, WakeFn
+from kvwire.contract import (
+    Attempt,
+    Backend,
+    Capabilities,
+    Cause,
+    Hint,
+    InvalidSubmission,
+    Outcome,
+    SubmissionRejected,
+    View,
+    WakeFn,
+)
+from kvwire.contract.lookup import LOOKUP
 
-__all__ = ["late_reports", "late_reports_peer", "threaded_chunks", "queue_of_one"]
+__all__ = ["late_reports", "late_reports_peer", "threaded_chunks", "queue_of_one", "speaks_1_0"]
 
 log = logging.getLogger(__name__)
 
@@ -203,7 +219,35 @@ class _QueueOfOne(MemoryHarness):
         return None
 
 
+class _Without1_1(Wrapped):
+    """The correct attempt's outcomes, a failed one without its cause (a 1.0 backend has none;
+    ``Outcome`` fills a cancelled one's from ``by_peer``)."""
+
+    def poll(self) -> Outcome | None:
+        out = self.inner.poll()
+        if out is None or not out.is_failed:
+            return out
+        return Outcome(out.status, out.masks, out.reason, out.by_peer, None)
+
+
+class Speaks1_0(Mutant):
+    """Declares contract 1.0 and none of 1.1's additions: no ``lookup``, no causes."""
+
+    attempt_type = _Without1_1
+
+    @staticmethod
+    def declare(caps: Capabilities) -> Capabilities:
+        return dataclasses.replace(caps, contract_version=(1, 0), protocols=caps.protocols - {LOOKUP})
+
+    def capabilities(self) -> Capabilities:
+        return self.declare(self.inner.capabilities())
+
+    def lookup(self, groups: object, names: object, hint: Hint, timeout_s: float | None = None) -> Any:
+        raise InvalidSubmission("this backend speaks contract 1.0: it does not declare the lookup protocol")
+
+
 late_reports = MutantHarness("late-reports", LateReports)
 late_reports_peer = MutantHarness("late-reports-peer", LateReportsPeer, inner=LoopbackHarness())
 threaded_chunks = _ThreadedChunks()
 queue_of_one = _QueueOfOne()
+speaks_1_0 = MutantHarness("speaks-1-0", Speaks1_0)
