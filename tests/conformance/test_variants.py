@@ -1,9 +1,8 @@
 """The suite asks no more than the contract: it passes every correct backend of ``variants.py``,
 each of which uses a freedom the contract gives (late and spurious wakes, conclusion and
-quiescence apart and in either order, small chunks on worker threads, a queue of one, contract 1.0).
-A failure
-here is the suite refusing a correct third-party backend, or the variant breaking a rule: the
-output names the test, and the variant's docstring the freedom it uses."""
+quiescence apart and in either order, small chunks on worker threads, a queue of one, contract
+1.0). A failure here is the suite refusing a correct third-party backend, or the variant breaking
+a rule: the output names the test, and the variant's docstring the freedom it uses."""
 
 from __future__ import annotations
 
