@@ -16,8 +16,8 @@ from __future__ import annotations
 import logging
 
 import numpy as np
-from loopback_peer import LoopbackHarness  # beside this file; on sys.path when loaded as a harness
 from lookup_mutants import LookupMutant
+from loopback_peer import LoopbackHarness  # beside this file; on sys.path when loaded as a harness
 from mutants import MutantHarness, PeerMutant, Wrapped, _outcome_like
 from mutants_round4 import _Done, _PeerTracking
 
