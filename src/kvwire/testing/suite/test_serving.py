@@ -199,7 +199,9 @@ def test_N2_the_serving_address_is_at_most_4_KiB_of_bytes_a_pull_can_name(kvwire
     """N2.2 / H1.11: ``address()`` of the serving end returns non-empty bytes of at most 4 KiB,
     and a pull whose peer hint names exactly those bytes delivers."""
     with _pulls(kvwire_harness, [(32, 2)], 663, needs.transfer) as (_, ex, bench):
-        address = call_briefly(ex.ends.source.address, "N2.2: address()")
+        source = ex.ends.source
+        assert isinstance(source, ServesPulls), "N2.1: a backend that declares serve-pulls implements ServesPulls"
+        address = call_briefly(source.address, "N2.2: address()")
         assert isinstance(address, bytes) and 0 < len(address) <= 4096, (
             f"N2.2: address() returns opaque bytes of at most 4 KiB (4096 bytes), got a {type(address).__name__} of "
             f"length {len(address) if hasattr(address, '__len__') else '?'}")
