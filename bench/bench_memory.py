@@ -41,9 +41,9 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import kvwire_memory.store as store_module
 import numpy as np
 from _waiting import Direction, Mover  # noqa: E402  (bench/ is on sys.path when a bench runs)
-import kvwire_memory.store as store_module
 from kvwire_memory import MemoryDriver, MemoryStore, forget_store, named_store
 
 from kvwire.blob import BlobBackend
