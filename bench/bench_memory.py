@@ -38,7 +38,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import kvwire_memory.store as store_module
@@ -46,7 +46,7 @@ import numpy as np
 from _waiting import Direction, Mover  # noqa: E402  (bench/ is on sys.path when a bench runs)
 from kvwire_memory import MemoryDriver, MemoryStore, forget_store, named_store
 
-from kvwire.blob import BlobBackend
+from kvwire.blob import BatchResult, BlobBackend
 from kvwire.contract import CacheKind, Hint, LayerGroupRows, MemoryKind, SlotRegion, TokenRange, View
 from kvwire.registry import load
 from kvwire.runtime.holding import AtDeadline, Submission, WaitStatus, Wakes, submit, wait, wait_all, wait_any
@@ -149,6 +149,35 @@ def trace_driver(*backends: BlobBackend) -> list[float]:
     return spent
 
 
+class CopyOnlyDriver(MemoryDriver):
+    """The floor of a store driver, for scale: the memory driver's address checks and the memory
+    store's copy routine, into and out of the rows of one pool as large as the bench's store,
+    taken in a fixed scattered order (as a store's reused memory is), with no table at all. The
+    bytes a fetch gets are not the ones published; only the time counts."""
+
+    def __init__(self, rows: int, row_bytes: int) -> None:
+        super().__init__(MemoryStore(1))
+        self._pool = np.zeros((rows, row_bytes), dtype=np.uint8)
+        order = np.random.default_rng(3).permutation(rows).astype(np.int64)
+        self._places: list[int] = (self._pool.ctypes.data + order * row_bytes).tolist()
+        self._next = 0
+
+    def _take(self, n: int) -> list[int]:
+        at = self._next if self._next + n <= len(self._places) else 0
+        self._next = at + n
+        return self._places[at:at + n]
+
+    def put(self, keys: Sequence[str], addresses: np.ndarray, sizes: np.ndarray) -> BatchResult:
+        where, lengths = self._check("put", keys, addresses, sizes)
+        store_module._copy(self._take(len(keys)), where, lengths, sum(lengths))
+        return BatchResult.ok(len(keys))
+
+    def get_into(self, keys: Sequence[str], addresses: np.ndarray, sizes: np.ndarray) -> BatchResult:
+        where, lengths = self._check("get_into", keys, addresses, sizes)
+        store_module._copy(where, self._take(len(keys)), lengths, sum(lengths))
+        return BatchResult.ok(len(keys))
+
+
 def per_row(runs: int) -> dict[str, float]:
     """Microseconds each extra 4 KiB row adds to a publish and to a fetch: the slope between
     submissions of 16 and 256 rows, medians over ``runs`` runs of 50 submissions each. The store
@@ -164,6 +193,8 @@ def per_row(runs: int) -> dict[str, float]:
     backend = BlobBackend(MemoryDriver(store))
     src_region, dst_region = region_of(src, 0), region_of(dst, 1)
     backend.register_regions([src_region, dst_region])
+    floor = BlobBackend(CopyOnlyDriver(count * sum(sizes), row))
+    floor.register_regions([src_region, dst_region])
     in_driver = trace_driver(backend)
     mover = Mover()
     times: dict[tuple[Direction | None, int], list[float]] = {}
@@ -187,6 +218,11 @@ def per_row(runs: int) -> dict[str, float]:
                         cpu_times.setdefault((op, n), []).append((time.process_time() - cpu) / count)
                         steps.setdefault(("driver", op, n), []).append(sum(in_driver) / count)
                         steps.setdefault(("copies", op, n), []).append(sum(in_copies) / count)
+                    started = time.perf_counter()
+                    for v in views:
+                        mover.move(floor, op, v, HINT)
+                    if run:
+                        steps.setdefault(("floor", op, n), []).append((time.perf_counter() - started) / count)
                 # the same bytes copied by numpy into slabs of the store's size, reused (no fresh pages)
                 slabs = staging.setdefault(n, [np.zeros((n, row), dtype=np.uint8) for _ in range(count)])
                 started = time.perf_counter()
@@ -195,6 +231,7 @@ def per_row(runs: int) -> dict[str, float]:
                 if run:
                     times.setdefault((None, n), []).append((time.perf_counter() - started) / count)
     backend.close()
+    floor.close()
 
     def slope(of: dict, *key: object) -> float:
         return ((statistics.median(of[(*key, sizes[1])]) - statistics.median(of[(*key, sizes[0])]))
@@ -207,6 +244,7 @@ def per_row(runs: int) -> dict[str, float]:
         out[f"  trace: {name}, backend and holder"] = whole - driver
         out[f"  trace: {name}, the store's table"] = driver - copies
         out[f"  trace: {name}, the store's copies"] = copies
+        out[f"  floor: {name} through a driver that only copies"] = slope(steps, "floor", op)
     out["publish, CPU"] = slope(cpu_times, Direction.PUBLISH)
     out["fetch, CPU"] = slope(cpu_times, Direction.FETCH)
     out["numpy copy of the same row"] = slope(times, None)
