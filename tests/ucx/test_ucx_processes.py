@@ -4,6 +4,7 @@ closed port does to it."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import selectors
 import signal
@@ -200,3 +201,19 @@ def test_a_closed_port_fails_fast_with_a_clear_reason(requester) -> None:
     assert outcome.is_failed and outcome.cause is Cause.PEER_GONE  # refused at once, not at the deadline
     assert "could not connect" in outcome.reason and "refused" in outcome.reason.lower()
     assert attempt.job.machine.events()[:2] == ["Start", "ConnectionLost"]  # then the drained receives complete
+
+
+def test_an_address_that_fails_at_once_fails_the_pull_with_the_reason(requester, caplog) -> None:
+    """A connect the kernel refuses inside the call (TCP to a multicast address: "network is
+    unreachable", no packet sent, no DNS asked) ends the pull with that reason, and the engine
+    logs no error of its own (it once called a method renamed away, and the reason was lost)."""
+    from kvwire_ucx.address import PeerAddress
+
+    req, _ = requester(4096, 2)
+    with caplog.at_level(logging.WARNING, logger="kvwire_ucx"):
+        attempt, slots = req.fetch(PeerAddress("224.0.0.1", 5, 1).to_bytes(), block_names(2), timeout_s=8)
+        outcome = req.wait(attempt, slots, 15)
+    assert outcome.is_failed and outcome.cause is Cause.PEER_GONE, outcome
+    assert "could not connect to 224.0.0.1" in outcome.reason and "unreachable" in outcome.reason.lower(), outcome
+    engine_errors = [r for r in caplog.records if r.name.startswith("kvwire_ucx") and r.levelno >= logging.ERROR]
+    assert not engine_errors, [r.getMessage() for r in engine_errors]

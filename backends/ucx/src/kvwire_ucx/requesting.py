@@ -78,7 +78,7 @@ class Requesting(Side):
             conn, problem = self._wires.connect(job.address, self._hello)
             if problem is not None:
                 failed = conn
-                self._reactor.call_later(0.0, lambda: self._router.close(failed, problem, lost=True))
+                self._reactor.call_later(0.0, lambda: self._router.close_connection(failed, problem, lost=True))
         job.conn = conn
         self._on.setdefault(conn, {})[job.transfer] = job
         if self._nixl is not None:
