@@ -162,5 +162,7 @@ class RegionTable:
 
     def locate_view(self, view: View) -> tuple[Located, ...]:
         """:meth:`locate` for every group of ``view``, in order; the first unrecognized group
-        refuses the whole view."""
+        refuses the whole view, and anything that is not a ``View`` is refused as malformed (S3.2)."""
+        if not isinstance(view, View):
+            raise InvalidSubmission(f"a submission takes a kvwire View, got {type(view).__name__}")
         return tuple(self.locate(group, i) for i, group in enumerate(view.groups))

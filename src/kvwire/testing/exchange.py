@@ -53,8 +53,8 @@ class Exchange:
     def publish(self, view: View, hint: Hint | None = None) -> Submission:
         return submit(self.ends.source, "publish", view, hint or self.ends.publish_hint)
 
-    def fetch(self, view: View, hint: Hint | None = None) -> Submission:
-        return submit(self.ends.sink, "fetch", view, hint or self.ends.fetch_hint)
+    def fetch(self, view: View, hint: Hint | None = None, wakes: Wakes | None = None) -> Submission:
+        return submit(self.ends.sink, "fetch", view, hint or self.ends.fetch_hint, wakes)
 
     def settle(self, sub: Submission, *, quiesce: bool = True, purpose: str | None = None) -> Outcome:
         return settle(sub, self.patience_s, quiesce=quiesce, purpose=purpose)
@@ -101,27 +101,43 @@ class Exchange:
                 tree.regions.setdefault(g.group_id, bench.source.memories[gi].region)
         return None, None
 
-    def held_fetch(self, bench: Bench, hint: Hint | None = None) -> tuple[Submission, Hold]:
-        """Offer the bench's rows, then fetch them all while the other end holds the request:
-        a held store, or the suite as serving holder not answering yet. Returns once the other
-        end has the request (or the backend woke the holder without it)."""
+    def held_fetch(self, bench: Bench, hint: Hint | None = None,
+                   wakes: Wakes | None = None) -> tuple[Submission, Hold]:
+        """Offer the bench's rows, then fetch them all (with ``wakes``, when given) while the
+        other end holds the request: a held store, or the suite as serving holder not answering
+        yet. Returns once the other end has the request (or the backend woke the holder without
+        it)."""
         if self.store:
             if self.ends.hold is None:
                 raise Unavailable("the harness cannot hold the backend's other end")
             self.offer(bench)
             hold = self.ends.hold()
-            sub = self.fetch(bench.sink_view(), hint)
-            # Wait on the other end, or on a wake should the backend conclude without it; never
-            # on poll(), which the tests check for blocking.
-            wait_for(lambda: hold.waiting() > 0 or sub.wakes.count > 0, profiles.active().patience_s,
-                     "A3: the held other end receiving the fetch")
+            sub = self.fetch(bench.sink_view(), hint, wakes)
+            self._wait_held(hold, sub, "fetch")
             return sub, hold
         if self.serves_pulls:
             self.offer(bench)
-            sub = self.fetch(bench.sink_view(), hint)
+            sub = self.fetch(bench.sink_view(), hint, wakes)
             (request,) = self.holder().take(1)
             return sub, PullHold(self.holder(), request)
         raise Unavailable("the backend's other end is a peer without the serve-pulls protocol; the suite cannot hold it")
+
+    def held_publish(self, bench: Bench, hint: Hint | None = None) -> tuple[Submission, Hold]:
+        """Publish the bench's source rows to a store that holds the request. Returns once the
+        store has the request (or the backend woke the holder without it)."""
+        if not self.store or self.ends.hold is None:
+            raise Unavailable("the harness cannot hold a store for the backend's publish")
+        hold = self.ends.hold()
+        sub = self.publish(bench.source_view(), hint)
+        self._wait_held(hold, sub, "publish")
+        return sub, hold
+
+    @staticmethod
+    def _wait_held(hold: Hold, sub: Submission, op: str) -> None:
+        # Wait on the other end, or on a wake should the backend conclude without it; never on
+        # poll(), which the tests check for blocking.
+        wait_for(lambda: hold.waiting() > 0 or sub.wakes.count > 0, profiles.active().patience_s,
+                 f"A3: the held other end receiving the {op}")
 
     def expected(self, bench: Bench, offer: Select, take: Select) -> list[np.ndarray]:
         """The fetch mask each group of ``take``'s view must carry when the rows of ``offer`` are

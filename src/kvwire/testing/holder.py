@@ -148,13 +148,14 @@ def speaks_causes(backend: Backend) -> bool:
     return tuple(version) >= (1, 1)
 
 
-def submit(backend: Backend, op: str, view: View, hint: Hint) -> Submission:
-    """Submit ``view`` as ``op`` ("fetch" or "publish") with a fresh :class:`Wakes`, through the
-    holder loop's ``submit``. Whatever the backend raises propagates; what it returns must be an
-    ``Attempt`` (S1)."""
+def submit(backend: Backend, op: str, view: View, hint: Hint, wakes: Wakes | None = None) -> Submission:
+    """Submit ``view`` as ``op`` ("fetch" or "publish") with ``wakes`` (a fresh :class:`Wakes` by
+    default), through the holder loop's ``submit``. Whatever the backend raises propagates; what
+    it returns must be an ``Attempt`` (S1)."""
     direction = holding.Direction(op)
     with holder_call(f"{direction}()"):
-        sub = holding.submit(backend, direction, view, hint, wakes=Wakes(), kind=Submission)
+        sub = holding.submit(backend, direction, view, hint, wakes=Wakes() if wakes is None else wakes,
+                             kind=Submission)
     assert isinstance(sub.attempt, Attempt), (
         f"S1: {direction}() must return an Attempt, got {type(sub.attempt).__name__}")
     return sub
@@ -182,6 +183,11 @@ def settle(sub: Submission, patience_s: float, *, quiesce: bool = True, purpose:
             "sleeps until woken would never see it")
     out = waited.outcome
     assert out is not None
+    # W1.2: the holder looks once right after submitting, so an attempt that concluded inside the
+    # call is seen without a wake; a holder that sleeps until woken would never see it.
+    assert sub.wakes.count or sub.wakes.wait_beyond(0, time.monotonic() + patience_s), (
+        f"W1.2: the {sub.op} concluded, but its wake was never called (waited {patience_s:g} s); at least one "
+        "wake follows each conclusion, also of an attempt that concluded at once")
     # A1/A2: what was answered stays answered; ask once more, as a holder may.
     sub.poll()
     if quiesce:

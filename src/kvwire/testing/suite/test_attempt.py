@@ -14,10 +14,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvwire.contract import CacheKind, Cause, Hint, Outcome
+from kvwire.contract.capabilities import OtherEnd
 from kvwire.runtime import holding
 from kvwire.testing import needs, profiles
 from kvwire.testing.exchange import Exchange
-from kvwire.testing.harness import FaultPlan, Harness
+from kvwire.testing.harness import FaultPlan, Harness, Hold, shut_down
 from kvwire.testing.holder import Submission, call_briefly, same_outcome, settle, speaks_causes, wait_for
 from kvwire.testing.layout import Bench, ViewPlan, simple_plan
 from kvwire.testing.plans import pages
@@ -34,45 +35,63 @@ def _store_only(ex: Exchange) -> None:
 
 # -- A1 ----------------------------------------------------------------------------------------
 
-def test_A1_poll_never_blocks_and_answers_the_same_outcome(kvwire_harness: Harness) -> None:
+def _held(ex: Exchange, bench: Bench, op: str) -> tuple[Submission, Hold]:
+    """A fetch of the bench's rows, or a publish of them to a store, held at its other end."""
+    if op == "fetch":
+        return ex.held_fetch(bench)
+    _store_only(ex)  # a peer's publish answers a pull; the suite cannot hold the requester
+    return ex.held_publish(bench)
+
+
+@pytest.mark.parametrize("op", ["fetch", "publish"])
+def test_A1_poll_never_blocks_and_answers_the_same_outcome(kvwire_harness: Harness, op: str) -> None:
+    """A1.1-A1.4: ``poll()`` of a fetch, or of a publish to a store, returns ``None`` at once while
+    the other end holds it, and after the conclusion the same outcome on every call, also after
+    later work."""
     caps = kvwire_harness.capabilities()
     needs.transfer(caps)
     kind = needs.usable_kind(kvwire_harness, caps)
     plan = simple_plan(groups=2, rows=3, seed=61, shared_names=needs.shares_names(caps))
     with needs.open_exchange(kvwire_harness, hold=True) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
                                                                      plan, kind) as bench:
-        sub, hold = ex.held_fetch(bench)
-        first = call_briefly(sub.attempt.poll, "A1: poll() while the other end is held", on_block=hold.release)
-        assert first is None, f"A1: poll() answered {first!r} while the fetch was still held at the other end"
+        sub, hold = _held(ex, bench, op)
+        first = call_briefly(sub.attempt.poll, f"A1.1: poll() of a {op} while the other end is held",
+                             on_block=hold.release)
+        assert first is None, f"A1.2: poll() answered {first!r} while the {op} was still held at the other end"
         hold.release()
         out = ex.settle(sub)
         for _ in range(5):
             later = call_briefly(sub.attempt.poll, "A1: poll() after the conclusion")
-            assert later is not None, "A1: poll() answered None after it had answered an outcome"
-            same_outcome(out, later, "fetch")
-        bench.apply_fetch(out)
+            assert later is not None, "A1.4: poll() answered None after it had answered an outcome"
+            same_outcome(out, later, op)
+        if op == "fetch":
+            bench.apply_fetch(out)
         # Later work on the same backend does not change an earlier outcome.
         bench.apply_fetch(ex.fetch_settled(bench.sink_view()))
-        same_outcome(out, sub.attempt.poll(), "fetch")  # type: ignore[arg-type]
+        same_outcome(out, sub.attempt.poll(), op)  # type: ignore[arg-type]
 
 
 # -- A2 ----------------------------------------------------------------------------------------
 
-def test_A2_quiesced_never_blocks_and_stays_true(kvwire_harness: Harness) -> None:
+@pytest.mark.parametrize("op", ["fetch", "publish"])
+def test_A2_quiesced_never_blocks_and_stays_true(kvwire_harness: Harness, op: str) -> None:
+    """A2.1 / A2.2: ``quiesced()`` of a fetch, or of a publish to a store, returns at once while the
+    other end holds it, and once true stays true."""
     caps = kvwire_harness.capabilities()
     needs.transfer(caps)
     kind = needs.usable_kind(kvwire_harness, caps)
     plan = simple_plan(groups=1, rows=4, seed=67, shared_names=needs.shares_names(caps))
     with needs.open_exchange(kvwire_harness, hold=True) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
                                                                      plan, kind) as bench:
-        sub, hold = ex.held_fetch(bench)
-        call_briefly(sub.attempt.quiesced, "A2: quiesced() while the other end is held", on_block=hold.release)
+        sub, hold = _held(ex, bench, op)
+        call_briefly(sub.attempt.quiesced, f"A2.1: quiesced() of a {op} while the other end is held",
+                     on_block=hold.release)
         hold.release()
         out = ex.settle(sub)
         for _ in range(5):
             assert call_briefly(sub.attempt.quiesced, "A2: quiesced() after quiescence") is True, (
-                "A2: quiesced() turned false after it had been true")
-        bench.apply_fetch(out)
+                "A2.2: quiesced() turned false after it had been true")
+        bench.apply_fetch(out if op == "fetch" else ex.fetch_settled(bench.sink_view()))
 
 
 def test_A2_fetch_writes_nothing_after_quiesced(kvwire_harness: Harness) -> None:
@@ -323,6 +342,62 @@ def test_A4_cancel_after_conclusion_changes_nothing(kvwire_harness: Harness, op:
             bench.verify("A4.6: cancel() after the publish delivered changed the rows the requester got")
 
 
+def test_A4_cancel_raises_nothing_after_a_failure_or_shutdown(kvwire_harness: Harness) -> None:
+    """A4.1 / A4.6 / S5.2: ``cancel()`` never raises: not on a fetch a fault at the other end
+    failed (a store's), and not on any attempt of an instance that was shut down since; each
+    keeps the outcome it had."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = pages([(64, 4)], 643, needs.shares_names(caps))
+    probe = Bench(kvwire_harness, None, None, plan, kind)
+    faulty = probe.names[0][3].tobytes()
+    probe.close()
+    store = caps.other_end is OtherEnd.STORE
+    faults = FaultPlan(fetch=frozenset({faulty})) if store else None
+    with needs.open_exchange(kvwire_harness, faults=faults) as ex, Bench(kvwire_harness, ex.ends.source,
+                                                                         ex.ends.sink, plan, kind) as bench:
+        done: list[Submission] = []
+        clean = {0: [0, 1, 2]}
+        if ex.store:
+            done.append(ex.publish(bench.source_view()))
+            ex.settle(done[-1])
+            failed = ex.fetch(bench.sink_view({0: [2, 3]}))
+            out = ex.settle(failed)
+            assert out.is_failed, f"A5.9: a fault at the other end must fail the fetch: {out!r}"
+            bench.apply_fetch(out, {0: [2, 3]})
+            _cancel_quietly(failed, "cancel() of a fetch that failed at the other end")
+            same_outcome(out, failed.attempt.poll(), "fetch")  # type: ignore[arg-type]
+            done.append(failed)
+        elif ex.serves_pulls:
+            ex.offer(bench)
+        else:
+            done.append(ex.publish(bench.source_view(clean)))
+        done.append(ex.fetch(bench.sink_view(clean)))
+        ex.serve_one()
+        for sub in done:
+            ex.settle(sub)
+        bench.apply_fetch(done[-1].outcome, clean)  # type: ignore[arg-type]
+        for backend in ex.ends.backends:
+            shut_down(backend, timeout_s=max(10.0, kvwire_harness.quiesce_grace_s))
+        for sub in done:
+            _cancel_quietly(sub, f"cancel() of a concluded {sub.op} after shutdown()")
+            try:
+                same_outcome(sub.outcome, sub.attempt.poll(), sub.op)  # type: ignore[arg-type]
+            except AssertionError as exc:
+                raise AssertionError(f"A4.6: cancel() after shutdown() changed the {sub.op}'s outcome: {exc}") from None
+
+
+def _cancel_quietly(sub: Submission, what: str) -> None:
+    """``cancel()``, failing naming A4.1 if it blocks or raises."""
+    try:
+        call_briefly(sub.attempt.cancel, f"A4.1: {what}")
+    except AssertionError:
+        raise
+    except Exception as exc:
+        raise AssertionError(f"A4.1/S5.2: {what} raised {type(exc).__name__}: {exc}; cancel() never raises") from exc
+
+
 # -- A5 ----------------------------------------------------------------------------------------
 
 def test_A5_a_miss_is_a_false_bit_in_a_delivered_outcome(kvwire_harness: Harness) -> None:
@@ -453,42 +528,67 @@ def test_A8_a_held_attempt_fails_by_its_deadline(kvwire_harness: Harness, source
     """With the other end not answering, the attempt concludes failed by its deadline (from the
     backend's options, or from the hint) with a reason that says so, and quiesces within the
     backend's documented grace once the other end lets go."""
-    caps = kvwire_harness.capabilities()
+    _fails_by_its_deadline(kvwire_harness, source, "fetch")
+
+
+@pytest.mark.parametrize("source", ["options", "hint"])
+def test_A8_a_held_publish_fails_by_its_deadline(kvwire_harness: Harness, source: str) -> None:
+    """A8.4 / A8.2 / H1.6 / A10.7: a publish has a deadline too: with its store not answering, it
+    concludes failed by the deadline option, or by the hint's ``timeout_s`` when the option is far
+    longer (cause ``DEADLINE`` for a 1.1 backend), and quiesces within the grace once the store lets
+    go; the rows it marked held are found."""
+    _fails_by_its_deadline(kvwire_harness, source, "publish")
+
+
+def _fails_by_its_deadline(harness: Harness, source: str, op: str) -> None:
+    """Hold the other end of a ``op`` whose deadline (0.4 s) comes from ``source``, and check it
+    fails by then, saying so, and quiesces within the grace once the other end lets go."""
+    caps = harness.capabilities()
     needs.transfer(caps)
-    kind = needs.usable_kind(kvwire_harness, caps)
+    kind = needs.usable_kind(harness, caps)
     deadline_s = 0.4
     slack_s = 1.0
     plan = simple_plan(groups=1, rows=2, seed=109, shared_names=needs.shares_names(caps))
     options_timeout = deadline_s if source == "options" else needs.LONG_TIMEOUT_S
-    with needs.open_exchange(kvwire_harness, hold=True, timeout_s=options_timeout) as ex, Bench(
-            kvwire_harness, ex.ends.source, ex.ends.sink, plan, kind) as bench:
-        hint = ex.ends.fetch_hint
+    with needs.open_exchange(harness, hold=True, timeout_s=options_timeout) as ex, Bench(
+            harness, ex.ends.source, ex.ends.sink, plan, kind) as bench:
+        hint = ex.ends.fetch_hint if op == "fetch" else ex.ends.publish_hint
         if source == "hint":
             hint = Hint(hint.kind, hint.fields, deadline_s)
+        if op == "publish":
+            _store_only(ex)  # a peer's publish answers a pull; the suite cannot hold the requester
         started = time.monotonic()
-        sub, hold = ex.held_fetch(bench, hint)
+        sub, hold = ex.held_fetch(bench, hint) if op == "fetch" else ex.held_publish(bench, hint)
         try:
-            out = settle(sub, deadline_s + slack_s + profiles.active().patience_s, quiesce=False)
+            out = settle(sub, deadline_s + slack_s + profiles.active().patience_s, quiesce=False,
+                         purpose=f"A8.2/A8.4: a held {op} must fail by its deadline of {deadline_s:g} s (from the {source})")
         except AssertionError:
             hold.release()
             raise
         took = time.monotonic() - started
         hold.release()
-        assert out.is_failed, f"A8: a fetch the other end never answered must fail by its deadline, got {out!r}"
+        assert out.is_failed, f"A8: a {op} the other end never answered must fail by its deadline, got {out!r}"
         if speaks_causes(sub.backend):
-            assert out.cause is Cause.DEADLINE, f"A10: a deadline failure's cause is DEADLINE: {out!r}"
+            assert out.cause is Cause.DEADLINE, f"A10.7: a deadline failure's cause is DEADLINE: {out!r}"
         else:
             assert any(w in (out.reason or "").lower() for w in ("deadline", "timeout", "timed out")), (
                 f"A8: the failure must say the deadline passed, said {out.reason!r}")
         assert took <= deadline_s + slack_s, (
-            f"A8: the deadline was {deadline_s:g} s (from the {source}); the attempt concluded after {took:.2f} s")
-        grace = kvwire_harness.quiesce_grace_s
+            f"A8: the {op}'s deadline was {deadline_s:g} s (from the {source}); it concluded after {took:.2f} s")
+        grace = harness.quiesce_grace_s
         quiesced_by = time.monotonic() + grace + slack_s
         settle(sub, grace + slack_s)
         assert time.monotonic() <= quiesced_by, f"A8: quiescence took longer than the documented grace of {grace:g} s"
         assert hold.wait_idle(profiles.active().patience_s)
-        bench.forget_sink()
-        bench.apply_fetch(out)
+        if op == "fetch":
+            bench.forget_sink()
+            bench.apply_fetch(out)
+            return
+        bench.verify("S2.5: a publish failed by its deadline")
+        got = ex.settle(ex.fetch(bench.sink_view()))
+        bench.apply_fetch(got)
+        for held, mask in zip(out.masks, got.masks, strict=True):
+            assert (mask | ~held).all(), f"A5.12/A7.4: rows the failed publish marked held were not found: {got!r}"
 
 
 def test_A8_a_hint_deadline_longer_than_the_option_is_kept(kvwire_harness: Harness) -> None:

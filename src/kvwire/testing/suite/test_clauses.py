@@ -6,11 +6,13 @@ its clause of ``docs/contract.md`` in its docstring's first line."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 
 from kvwire.contract import (
+    Hint,
     InvalidSubmission,
     LayerGroupRows,
     Outcome,
@@ -29,6 +31,7 @@ from kvwire.testing.holder import (
     call_briefly,
     check_refusal_message,
     refused,
+    settle,
     wait_for,
 )
 from kvwire.testing.layout import BLOCK_TOKENS, Bench
@@ -154,6 +157,72 @@ def test_M4_rows_described_with_another_slot_size_move(kvwire_harness: Harness) 
         assert fetched.is_delivered and all(m.all() for m in fetched.masks), (
             f"M4.2: a fetch of rows described in half-size slots must deliver them all: {fetched!r}")
         bench.apply_fetch(Outcome.delivered([m[0::2] & m[1::2] for m in fetched.masks]))
+
+
+#: Other descriptions of registered memory whose rows each span two registered slots (M4.2): per
+#: case, the region over a registered one of ``n`` slots of ``size`` bytes, and the slots of its
+#: rows, covering the registered slots 2..5 (the bench's rows, with two spare slots either side).
+ACROSS_SLOTS: dict[str, Callable[[SlotRegion], tuple[SlotRegion, list[int]]]] = {
+    "twice the slot size": lambda r: (SlotRegion(r.region_id + 50_000, r.base, 2 * r.slot_bytes, r.slot_count // 2,
+                                                 r.memory_kind, r.device), [1, 2]),
+    "half a slot further on": lambda r: (SlotRegion(r.region_id + 60_000, r.base + r.slot_bytes // 2, r.slot_bytes,
+                                                    r.slot_count - 1, r.memory_kind, r.device), [2, 3, 4]),
+}
+
+
+def _across_view(view: View, case: str, names: np.ndarray) -> View:
+    """``view`` with every group's region described as ``ACROSS_SLOTS[case]`` says, its rows named
+    ``names`` (alike in every group)."""
+    groups = []
+    for g in view.groups:
+        region, slots = ACROSS_SLOTS[case](g.region)
+        groups.append(LayerGroupRows(g.group_id, g.kind, region, np.asarray(slots, dtype=np.int64),
+                                     TokenRange(0, BLOCK_TOKENS * len(slots)), names[: len(slots)]))
+    return View(tuple(groups))
+
+
+@pytest.mark.parametrize("case", list(ACROSS_SLOTS))
+def test_M4_rows_that_span_registered_slots_move(kvwire_harness: Harness, case: str) -> None:
+    """M4.2 / M4.1 / M2.4: recognition reads where a row's bytes lie, not the registered slots: a
+    view describing registered memory in slots twice the registered size, or starting half a slot
+    further on (every row across two registered slots), is taken, and exactly its rows' bytes
+    arrive."""
+    with paged_exchange(kvwire_harness, [(64, 4), (32, 4)], 661, needs.transfer, spare=2) as (_, ex, bench):
+        assert all(g.region_slots == 8 and set(g.source_slots) == {2, 3, 4, 5} for g in bench.plan.groups)
+        names = np.random.default_rng(661).integers(0, 256, size=(4, 16), dtype=np.uint8)
+        names[:, 0] = np.arange(4)  # distinct
+        source, sink = _across_view(bench.source_view(), case, names), _across_view(bench.sink_view(), case, names)
+        pub = None
+        try:
+            if ex.store:
+                published = ex.settle(ex.publish(source))
+                assert published.is_delivered and all(m.all() for m in published.masks), f"M4.2: {published!r}"
+            elif ex.serves_pulls:
+                ex.holder().tree.add_view(source)
+            else:
+                pub = ex.publish(source)
+            sub = ex.fetch(sink)
+        except InvalidSubmission as exc:
+            raise AssertionError(f"M4.2: rows inside registered regions were refused because the view describes them "
+                                 f"with {case} (each row across two registered slots): {exc}") from exc
+        ex.serve_one()
+        fetched = ex.settle(sub)
+        if pub is not None:
+            ex.settle(pub)
+        assert fetched.is_delivered and all(m.all() for m in fetched.masks), (
+            f"M4.2: a fetch of rows described with {case} must deliver them all: {fetched!r}")
+        for gi, g in enumerate(sink.groups):
+            start = int(g.addresses()[0]) - bench.sink.memories[gi].region.base
+            end = int(g.addresses()[-1]) + g.region.slot_bytes - bench.sink.memories[gi].region.base
+            want = bench.sink.model[gi].reshape(-1).copy()
+            want[start:end] = bench.source.model[gi].reshape(-1)[start:end]
+            got = bench.sink.memories[gi].read_all().reshape(-1)
+            wrong = np.flatnonzero(got != want)
+            assert wrong.size == 0, (
+                f"M4.2/M2.3: group {g.group_id}: byte(s) {wrong[:8].tolist()} of the sink region differ from the source's "
+                f"rows (bytes {start}..{end}) or from what was there before; a row moves exactly its bytes")
+            bench.sink.model[gi] = want.reshape(bench.sink.model[gi].shape)
+        bench.verify("M4.2: after rows spanning registered slots moved")
 
 
 def test_M4_rows_registered_only_with_another_instance_are_refused(kvwire_harness: Harness) -> None:
@@ -413,6 +482,40 @@ def test_W1_registration_and_capabilities_never_wake_from_inside(kvwire_harness:
         bench.apply_fetch(out)
 
 
+def test_W1_close_never_wakes_from_inside(kvwire_harness: Harness) -> None:
+    """W1.6: ``close()`` is a call the holder makes too: once ``shutdown()`` returned the empty set
+    and the registrations are closed, ``close()`` calls no wake of the attempts the instance made
+    from inside itself."""
+    with paged_exchange(kvwire_harness, [(64, 2)], 383, needs.transfer) as (_, ex, bench):
+        subs: list[Submission] = []
+        if ex.serves_pulls:
+            ex.offer(bench)
+        else:
+            subs.append(ex.publish(bench.source_view()))
+            if ex.store:
+                ex.settle(subs[-1])
+        fetch = ex.fetch(bench.sink_view())
+        subs.append(fetch)
+        if ex.serves_pulls:
+            holder = ex.holder()
+            (request,) = holder.take(1)
+            answer = holder.answer(request)
+            holder.finish(answer)
+            assert answer.publish is not None
+            subs.append(answer.publish)
+        for sub in subs:
+            ex.settle(sub)
+        bench.apply_fetch(fetch.outcome)  # type: ignore[arg-type]
+        bench.close()
+        for backend in ex.ends.backends:
+            shut_down(backend, timeout_s=max(10.0, kvwire_harness.quiesce_grace_s))
+            call_briefly(backend.close, "W1.6: close() once shutdown() returned the empty set", limit_s=10.0)
+        for sub in subs:
+            assert not sub.wakes.inside, (
+                f"W1.6: the backend called the {sub.op}'s wake from inside {sub.wakes.inside[0]}, a call the holder "
+                "made to it; a holder may hold a lock its wake takes while it calls the backend")
+
+
 # -- W1.7 ----------------------------------------------------------------------------------------------
 
 def test_W1_a_wake_that_raises_does_not_stop_the_backend(kvwire_harness: Harness) -> None:
@@ -439,3 +542,27 @@ def test_W1_a_wake_that_raises_does_not_stop_the_backend(kvwire_harness: Harness
         again = ex.fetch_settled(bench.sink_view())
         bench.apply_fetch(again)
         assert again.is_delivered, f"W1.7: after a raising wake the backend must go on working: {again!r}"
+
+
+def test_W1_a_raising_wake_is_called_again_for_a_later_quiescence(kvwire_harness: Harness) -> None:
+    """W1.7 / W1.3: a wake that raised is not dropped: a held fetch fails by its deadline (its wake
+    raises), and the quiescence that follows once the other end lets go comes with a wake too."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = pages([(64, 2)], 389, needs.shares_names(caps))
+    deadline_s = 0.3
+    patience = profiles.active().patience_s
+    with needs.open_exchange(kvwire_harness, hold=True) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
+                                                                     plan, kind) as bench:
+        hint = Hint(ex.ends.fetch_hint.kind, ex.ends.fetch_hint.fields, deadline_s)
+        sub, hold = ex.held_fetch(bench, hint, RaisingWakes())
+        try:
+            out = settle(sub, deadline_s + patience, quiesce=False, purpose="A8: the held fetch failing by its deadline")
+        finally:
+            hold.release()
+        # settle() fails naming W1 if the quiescence after the release comes without a wake.
+        ex.settle(sub, purpose="A8.3: the fetch quiescing once the other end let go")
+        assert hold.wait_idle(patience)
+        bench.forget_sink()
+        bench.apply_fetch(out)

@@ -10,7 +10,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kvwire.contract import CONTRACT_VERSION, Capabilities, Cause, Hint, InvalidSubmission, SubmissionRejected
+from kvwire.contract import (
+    CONTRACT_VERSION,
+    Capabilities,
+    Cause,
+    Hint,
+    InvalidSubmission,
+    SubmissionRejected,
+    View,
+)
 from kvwire.contract.capabilities import SERVE_PULLS
 from kvwire.testing import needs, profiles
 from kvwire.testing.harness import Harness
@@ -43,6 +51,17 @@ def test_W1_a_wake_follows_every_visible_change(kvwire_harness: Harness) -> None
             # settle() looks only after wakes and fails naming W1 if a change came without one.
             result = ex.transfer(bench, select if ex.store else None, None)
             assert result.fetched is not None
+        # W1.2: an attempt with nothing to move (no groups, or groups without rows) may conclude
+        # at once, and a wake still follows (settle() waits for one).
+        empty: list[tuple[str, View]] = []
+        if ex.store or not ex.serves_pulls:
+            empty.append(("publish", View(())))
+        if ex.store:
+            empty += [("publish", bench.source_view({0: [], 1: []})), ("fetch", View(())),
+                      ("fetch", bench.sink_view({0: [], 1: []}))]
+        for op, view in empty:
+            sub = ex.publish(view) if op == "publish" else ex.fetch(view)
+            assert ex.settle(sub).is_delivered, f"V1.7: a {op} of {len(view.groups)} groups without rows: {sub.outcome!r}"
 
 
 def test_W1_wakes_come_for_changes_while_held(kvwire_harness: Harness) -> None:
@@ -96,6 +115,34 @@ def test_B1_instances_share_no_state(kvwire_harness: Harness) -> None:
         for registration in again:
             registration.close()
         bench.close()
+
+
+def test_B1_B3_shutdown_of_one_instance_leaves_anothers_attempt_in_flight(kvwire_harness: Harness) -> None:
+    """B1.4 / B3.3: with a fetch held in flight on one pair of instances, shutting another pair
+    down returns the empty set (it lists only attempts of its own instance) and leaves that fetch
+    alone: it is still in flight, and delivers once its other end lets go."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = simple_plan(groups=2, rows=3, seed=173, shared_names=needs.shares_names(caps))
+    with needs.open_exchange(kvwire_harness, hold=True) as ex, needs.open_exchange(kvwire_harness) as other, Bench(
+            kvwire_harness, ex.ends.source, ex.ends.sink, plan, kind) as bench:
+        sub, hold = ex.held_fetch(bench)
+        try:
+            for backend in other.ends.backends:
+                pending = call_briefly(backend.shutdown, "B3: shutdown() of an idle instance", on_block=hold.release)
+                assert not pending, (
+                    f"B3.3: shutdown() of an instance with nothing in flight returned {len(pending)} attempt(s) while "
+                    "another instance held a fetch; it returns only attempts of its own instance")
+            early = sub.poll()
+            assert early is None, (
+                f"B1.4: shutting down another instance concluded a fetch still held at its other end: {early!r}")
+        finally:
+            hold.release()
+        out = ex.settle(sub)
+        bench.apply_fetch(out)
+        assert out.is_delivered and all(m.all() for m in out.masks), (
+            f"B1.4: after another instance shut down, a fetch in flight here must still deliver every row: {out!r}")
 
 
 # -- B2 ----------------------------------------------------------------------------------------
@@ -329,6 +376,40 @@ def test_B3_shutdown_after_work_that_quiesced_returns_the_empty_set(kvwire_harne
             assert pending == frozenset(), (
                 f"B3.3: every attempt of {type(backend).__name__} had concluded and quiesced, yet its first shutdown() returned "
                 f"{len(pending)} attempt(s); it returns only the attempts whose memory access may not have ended")
+
+
+def test_B3_shutdown_concludes_a_publish_its_store_holds(kvwire_harness: Harness) -> None:
+    """B3.2 / A10.8 / B3.3: ``shutdown()`` concludes a publish its store holds without waiting for
+    the store (cause ``SHUTDOWN`` for a 1.1 backend), with a wake, and returns it until it
+    quiesced; once the store lets go, it comes to the empty set within the grace."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = simple_plan(groups=2, rows=3, seed=171)
+    patience = profiles.active().patience_s
+    grace = kvwire_harness.quiesce_grace_s
+    with needs.open_exchange(kvwire_harness, hold=True) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
+                                                                     plan, kind) as bench:
+        if not ex.store:
+            pytest.skip("backend's other end is a peer; a peer's publish answers a pull")
+        sub, hold = ex.held_publish(bench)
+        source = ex.ends.source
+        try:
+            pending = call_briefly(source.shutdown, "B3: shutdown() with a publish held", on_block=hold.release)
+            assert all(a is sub.attempt for a in pending), "B3.3: shutdown() returned an attempt never submitted"
+            out = settle(sub, patience, quiesce=False,
+                         purpose="B3.2: shutdown() must conclude a publish its store still holds")
+        finally:
+            hold.release()
+        assert not out.is_delivered, f"B3.2: a publish its store never answered cannot have delivered: {out!r}"
+        if speaks_causes(source):
+            assert out.cause is Cause.SHUTDOWN, (
+                f"A10.8/B3.2: shutdown() concluded a publish its store held, so its cause is SHUTDOWN: {out!r}")
+        wait_for(lambda: not source.shutdown(), grace + 1.0,
+                 f"B3.5: shutdown() returning the empty set within the grace of {grace:g} s after the store let go,")
+        ex.settle(sub, purpose="B3.3: shutdown() returned empty, so the publish has quiesced")
+        assert hold.wait_idle(patience)
+        bench.verify("S2.5: a publish concluded by shutdown()")
 
 
 # -- B4 ----------------------------------------------------------------------------------------

@@ -23,8 +23,8 @@ from kvwire.contract.errors import SubmissionError
 from kvwire.testing import needs, profiles
 from kvwire.testing.exchange import Exchange
 from kvwire.testing.harness import FaultPlan, Harness
-from kvwire.testing.holder import Submission, Wakes, refused, speaks_causes
-from kvwire.testing.layout import BLOCK_TOKENS, Bench, ViewPlan, simple_plan
+from kvwire.testing.holder import Submission, Wakes, refused, speaks_causes, submit
+from kvwire.testing.layout import BLOCK_TOKENS, Bench, GroupPlan, ViewPlan, simple_plan
 from kvwire.testing.plans import (
     check_bits,
     drain_queue,
@@ -78,6 +78,37 @@ def test_S1_publish_then_fetch_moves_exactly_what_is_held(kvwire_harness: Harnes
             _check_masks(ex, bench, offer, take, result.fetched)
 
     run()
+
+
+#: Group ids the same names are published and fetched under (S1.4): 300, 300 kept in 8 bits, and
+#: two ids that are 300 once kept in 16 or 32 bits.
+GROUP_IDS = (300, 300 % 256, 300 + (1 << 16), 300 + (1 << 32))
+
+
+def test_S1_a_store_finds_rows_only_under_the_group_id_they_were_published_with(kvwire_harness: Harness) -> None:
+    """S1.4 / S1.3 / V1.2: a group id is any int >= 0: rows published under group 300 are found by
+    a fetch of group 300, and a fetch of the same names under group 44 (300 kept in 8 bits), 65836
+    or 2**32 + 300 (each 300 once kept in 16 or 32 bits) finds none of them."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    needs.misses(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = ViewPlan(tuple(GroupPlan(gid, CacheKind.PAGED, 32, 3, (1, 2, 3), (3, 2, 1), 5) for gid in GROUP_IDS), 631,
+                    shared_names=True)  # the same names in every group
+    with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan,
+                                                          kind) as bench:
+        store_only(ex, "finding rows by group and name")
+        published = ex.offer(bench, {0: [0, 1, 2]})
+        assert published is not None and published.is_delivered and published.masks[0].all(), (
+            f"S1.2: a publish of three rows under group {GROUP_IDS[0]}: {published!r}")
+        for gi, gid in enumerate(GROUP_IDS):
+            take = {gi: [0, 1, 2]}
+            fetched = ex.settle(ex.fetch(bench.sink_view(take)))
+            held = gi == 0
+            assert fetched.is_delivered and fetched.masks[0].tolist() == [held] * 3, (
+                f"S1.3/S1.4: rows were published under group {GROUP_IDS[0]} only; a fetch of their names under group "
+                f"{gid} gave {fetched!r}; a store finds a row only under the group and name it was published with")
+            bench.apply_fetch(fetched, take)
 
 
 # -- S2 ----------------------------------------------------------------------------------------
@@ -287,6 +318,38 @@ def test_S3_a_fetch_rejected_for_a_full_queue_leaves_its_rows_alone(kvwire_harne
         bench.verify("after the queue drained")
 
 
+def test_S3_one_queue_bound_counts_fetches_and_publishes_together(kvwire_harness: Harness) -> None:
+    """S3.9: ``max_in_flight`` bounds the attempts in flight on an instance, fetches and publishes
+    together: with one held fetch and held publishes filling the declared bound on one instance, a
+    further publish and a further fetch on it are each rejected; all those taken deliver once the
+    store lets go."""
+    with fillable_queue(kvwire_harness, 48, 641) as (ex, bench, bound):
+        store_only(ex, "a queue of publishes and fetches together")
+        assert ex.ends.hold is not None
+        # Both directions on the publishing instance: its fetches go into the source rows, which
+        # hold the bytes the store has for them (every row was offered), so nothing changes there.
+        one = ex.ends.source
+
+        def fetch(row: int) -> Submission:
+            return submit(one, "fetch", bench.source_view({0: [row]}), ex.ends.fetch_hint)
+
+        hold = ex.ends.hold()
+        subs: list[Submission] = []
+        try:
+            subs.append(fetch(0))
+            subs += [ex.publish(bench.source_view({0: [row]})) for row in range(1, bound)]
+            mix = f"1 fetch and {bound - 1} publish(es) in flight on the instance; declared bound {bound}"
+            refused(lambda: ex.publish(bench.source_view({0: [bound]})), f"S3.9: a publish with {mix}",
+                    SubmissionRejected)
+            refused(lambda: fetch(bound), f"S3.9: a fetch with {mix}", SubmissionRejected)
+        finally:
+            hold.release()
+        outs = [ex.settle(sub) for sub in subs]
+        assert all(out.is_delivered and out.masks[0].all() for out in outs), (
+            f"S3.10: attempts taken below the bound must deliver once the store lets go: {outs!r}")
+        bench.verify("S3.5: after a fetch rejected for a full queue")
+
+
 def _rows_unchanged(bench: Bench, row: int, when: str) -> None:
     slot = bench.sink.slots[0][[row]]
     actual = bench.sink.memories[0].read(slot)
@@ -453,3 +516,19 @@ def test_S5_store_fault_schedules_never_raise(kvwire_harness: Harness) -> None:
     else:
         pytest.skip("backend's other end is a peer; store fault schedules apply to stores")
 
+
+def test_S4_a_view_that_is_not_a_View_is_refused(kvwire_harness: Harness) -> None:
+    """S4.1 / S3.2: a submission whose view is no ``View`` (its groups as a bare tuple, or one
+    ``LayerGroupRows`` alone) is a malformed view: ``InvalidSubmission``, never another exception;
+    memory untouched, nothing in flight."""
+    with paged_exchange(kvwire_harness, [(64, 2), (32, 2)], 647) as (caps, ex, bench):
+        for op, view in (("publish", bench.source_view()), ("fetch", bench.sink_view())):
+            if not getattr(caps, op):
+                continue
+            call = ex.publish if op == "publish" else ex.fetch
+            for what, bad in (("a tuple of groups", view.groups), ("one LayerGroupRows", view.groups[0])):
+                refused(functools.partial(call, bad), f"S4.1: a {op} whose view is {what}")  # type: ignore[arg-type]
+        bench.verify("S3.5: after submissions refused for a malformed view")
+        for backend in ex.ends.backends:
+            pending = backend.shutdown()
+            assert not pending, f"S4.1: only refused submissions were made, yet shutdown() returns {len(pending)} attempts"

@@ -165,6 +165,29 @@ def test_V2_later_submissions_leave_earlier_views_as_they_were(kvwire_harness: H
                                          f"worked on later submissions: {exc}") from None
 
 
+def test_V2_a_fetch_refused_for_overlapping_rows_leaves_its_view_as_it_was(kvwire_harness: Harness) -> None:
+    """V2.2 / V4.3: a backend never changes a view, also not one it refuses: a fetch whose rows
+    overlap (two rows of one group on one slot, or rows of two groups on one slot), its slots in
+    no sorted order, is refused, and its groups, slots and names are what they were, read-only."""
+    with paged_exchange(kvwire_harness, [(64, 4), (32, 4)], 659, needs.fetch) as (_, ex, bench):
+        view = bench.sink_view()  # the sink's slots run backwards
+        g0, g1 = view.groups
+        within = LayerGroupRows(g0.group_id, g0.kind, g0.region, np.append(g0.slots, g0.slots[1]),
+                                TokenRange(0, 16 * (g0.rows + 1)),
+                                None if g0.names is None else np.vstack([g0.names, g0.names[[1]]]))
+        across = LayerGroupRows(g1.group_id + 1, CacheKind.PAGED, g0.region, g0.slots[[2, 0]], TokenRange(0, 32),
+                                None if g0.names is None else g0.names[[2, 0]])
+        for what, bad in (("two rows of one group on one slot", View((within, g1))),
+                          ("rows of two groups on one slot", View((g1, g0, across)))):
+            before = _snapshot(bad)
+            refused(lambda: ex.fetch(bad), f"V4.3: a fetch with {what}")  # noqa: B023
+            try:
+                _unchanged(bad, before)
+            except AssertionError as exc:
+                raise AssertionError(f"V2.2: a fetch refused for {what} changed its view: {exc}") from None
+        bench.verify("V4.3: after fetches refused for overlapping rows")
+
+
 # -- V3 ----------------------------------------------------------------------------------------
 
 def test_V3_row_masks_stay_fresh_beside_an_outcome(kvwire_harness: Harness) -> None:
