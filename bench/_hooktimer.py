@@ -85,6 +85,9 @@ class TimedKvwireConnector(KvwireConnector):
 #: from vLLM's connector registry, so a connector whose dependencies are missing (Mooncake's)
 #: costs nothing unless used.
 _VLLM = {"TimedExampleConnector": "ExampleConnector", "TimedMooncakeStoreConnector": "MooncakeStoreConnector"}
+# Declared, not bound: the module's __getattr__ below makes them.
+TimedExampleConnector: type
+TimedMooncakeStoreConnector: type
 
 
 def __getattr__(name: str) -> type:

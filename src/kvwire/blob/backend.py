@@ -67,7 +67,8 @@ import math
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Literal, overload
 
 import numpy as np
 
@@ -507,12 +508,18 @@ def _run_chunk(driver: StoreDriver, attempt: _BlobAttempt, lo: int, hi: int, *, 
     return _finish_chunk(attempt, lo, hi, _call_driver(driver, attempt, lo, hi), inline=inline)
 
 
+@overload
+def _call_driver(driver: StoreDriver, attempt: _BlobAttempt, lo: int, hi: int,
+                 now: Literal[False] = False) -> BatchResult: ...
+@overload
+def _call_driver(driver: StoreDriver, attempt: _BlobAttempt, lo: int, hi: int, now: bool) -> BatchResult | None: ...
 def _call_driver(driver: StoreDriver, attempt: _BlobAttempt, lo: int, hi: int, now: bool = False) -> BatchResult | None:
     """The driver's answer for rows ``lo:hi`` of a chunk that has begun; a driver that raises or
     answers something else is a fault of every row (S5.3). ``now`` (inside the holder's call): a
     fetch asks :meth:`~StoreDriver.get_into_now`, and ``None`` says it would have waited."""
     if hi == lo:
         return _NO_KEYS
+    call: Callable[[Sequence[str], np.ndarray, np.ndarray], BatchResult | None]
     if attempt._op == _PUT:
         call = driver.put
     else:

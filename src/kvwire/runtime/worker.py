@@ -29,7 +29,16 @@ from kvwire.lender import Lease, Lender, Scope
 from kvwire.observe import Observers, cause_label
 from kvwire.registry import BackendConfig, ConfigError, load_config
 from kvwire.runtime.auth import PullGuard, sign_pull
-from kvwire.runtime.holding import QUIESCE_GRACE_S, AtDeadline, Cancel, Direction, WaitStatus, submit, wait
+from kvwire.runtime.holding import (
+    QUIESCE_GRACE_S,
+    AtDeadline,
+    Cancel,
+    Direction,
+    Submission,
+    WaitStatus,
+    submit,
+    wait,
+)
 from kvwire.runtime.model import ModelConfig, TinyTransformer
 from kvwire.runtime.state import StateError, TransceiverState
 
@@ -438,7 +447,7 @@ class Worker:
             began = time.perf_counter()
             try:
                 with self._lock:
-                    sub = submit(self.backend, direction, lease.view, hint)
+                    sub: Submission = submit(self.backend, direction, lease.view, hint)
                     self.counters.submissions += 1
             except SubmissionError as exc:
                 self.counters.refusals += 1

@@ -250,7 +250,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         entry["reason"] = reason.removeprefix("Skipped: ")
     elif report.failed:
         entry["outcome"] = "failed"
-        props = dict(report.user_properties)
+        props: dict[str, Any] = dict(report.user_properties)  # values: what the suite's tests recorded
         entry["reason"] = props.get("kvwire_reason") or _first_line(report.longreprtext)
         entry["broken"] = list(props.get("kvwire_rules", []))
 

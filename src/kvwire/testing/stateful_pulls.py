@@ -259,8 +259,8 @@ class PullModel(RuleBasedStateMachine):
         open_pins: dict[bytes, int] = {}
         for answer in self.answers:
             if not answer.released:
-                for name in answer.pinned:
-                    open_pins[name] = open_pins.get(name, 0) + 1
+                for pin in answer.pinned:
+                    open_pins[pin] = open_pins.get(pin, 0) + 1
         pins = {k: v for k, v in self.tree.pins.items() if v}
         assert pins == open_pins, f"N2: pins {pins} differ from those of the answers in flight {open_pins}"
         busy = self._sink_busy()

@@ -105,11 +105,11 @@ class MemoryDriver(StoreDriver):
             span = bisect_right(starts, low) - 1
             if span >= 0 and high <= ends[span]:
                 return where, lengths
-        starts, ends = self._starts, self._ends
-        if starts.size:
-            span = np.searchsorted(starts, addresses, side="right").astype(np.int64) - 1
+        span_starts, span_ends = self._starts, self._ends
+        if span_starts.size:
+            spans = np.searchsorted(span_starts, addresses, side="right").astype(np.int64) - 1
             row_ends = addresses + sizes
-            inside = (span >= 0) & (row_ends <= ends[np.maximum(span, 0)]) & (row_ends >= addresses)
+            inside = (spans >= 0) & (row_ends <= span_ends[np.maximum(spans, 0)]) & (row_ends >= addresses)
         else:
             inside = np.zeros(addresses.size, dtype=bool)
         if not inside.all():

@@ -33,6 +33,7 @@ from collections import OrderedDict, deque
 from collections.abc import Iterator, Sequence
 from itertools import accumulate, compress, islice, repeat
 from operator import is_not, itemgetter, ne, not_
+from typing import Final, cast
 
 import numpy as np
 
@@ -44,7 +45,8 @@ __all__ = ["MemoryStore", "named_store", "forget_store"]
 #: their size). The owner is a slab several objects share; holding it keeps the bytes alive.
 _Entry = tuple[np.ndarray | None, int, int]
 
-_ADDRESS, _SIZE = 1, 2  # places in an _Entry
+_ADDRESS: Final = 1  # places in an _Entry (Final, so a type checker reads entry[_SIZE] as an int)
+_SIZE: Final = 2
 _address_of, _size_of = itemgetter(_ADDRESS), itemgetter(_SIZE)
 _OK, _MISSING, _FAILED = int(KeyStatus.OK), int(KeyStatus.MISSING), int(KeyStatus.FAILED)
 _memmove = ctypes.memmove  # releases the GIL for the copy
@@ -54,12 +56,18 @@ def _address(array: np.ndarray) -> int:
     """The address of a writable, contiguous array's first byte: through the buffer protocol,
     0.25 us where ``array.ctypes.data`` builds a helper object for 2 us (measured here; a
     one-row put into a store with no kept memory allocates one such slab)."""
-    return ctypes.addressof(ctypes.c_char.from_buffer(array))
+    # ndarray declares __buffer__ in numpy's stubs only for Python >= 3.12; it has the buffer
+    # protocol on every version.
+    return ctypes.addressof(ctypes.c_char.from_buffer(array))  # type: ignore[arg-type]
+
+
+_memmove_address = ctypes.cast(ctypes.memmove, ctypes.c_void_p).value
+assert _memmove_address is not None  # a C function's address: never NULL
 #: The same memmove called without releasing the GIL: for a batch this small, handing the GIL
 #: to another thread and waiting to get it back costs more than the copy (tens of microseconds
 #: on a busy machine, against well under one for 4 KiB).
 _memmove_holding_gil = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)(
-    ctypes.cast(ctypes.memmove, ctypes.c_void_p).value)
+    _memmove_address)
 #: Batches of at most this many bytes copy holding the GIL.
 SMALL_COPY_BYTES = 256 << 10
 #: Batches of at least this many rows of one size of at most this many bytes, not in a row at
@@ -152,11 +160,11 @@ def _copy(targets: Sequence[int], sources: Sequence[int], sizes: Sequence[int], 
     if len(sizes) > 1:
         to = np.array(targets, dtype=np.uint64)
         fro = np.array(sources, dtype=np.uint64)
-        size = np.array(sizes, dtype=np.uint64)
-        cuts = np.flatnonzero((to[1:] != to[:-1] + size[:-1]) | (fro[1:] != fro[:-1] + size[:-1])) + 1
-        if cuts.size < size.size - 1:
+        row_sizes = np.array(sizes, dtype=np.uint64)
+        cuts = np.flatnonzero((to[1:] != to[:-1] + row_sizes[:-1]) | (fro[1:] != fro[:-1] + row_sizes[:-1])) + 1
+        if cuts.size < row_sizes.size - 1:
             first = np.concatenate(([0], cuts))
-            _run(map(_memmove, to[first].tolist(), fro[first].tolist(), np.add.reduceat(size, first).tolist()))
+            _run(map(_memmove, to[first].tolist(), fro[first].tolist(), np.add.reduceat(row_sizes, first).tolist()))
             return
     _run(map(_memmove, targets, sources, sizes))
 
@@ -266,12 +274,14 @@ class MemoryStore:
             found = list(map(objects.get, keys))
             # Entries are non-empty tuples, so all() is true exactly when every key was found.
             whole = all(found)
+            entries: list[_Entry]  # the entries found: no None among them
             if whole:
                 hit: list[bool] = []
-                entries, hit_keys, targets, want = found, keys, addresses, sizes
+                entries, hit_keys, targets, want = cast("list[_Entry]", found), keys, addresses, sizes
             else:
                 hit = list(map(is_not, found, repeat(None)))
-                entries, hit_keys = list(compress(found, hit)), list(compress(keys, hit))
+                entries = cast("list[_Entry]", list(compress(found, hit)))
+                hit_keys = list(compress(keys, hit))
                 targets, want = list(compress(addresses, hit)), list(compress(sizes, hit))
             held = list(map(_size_of, entries))
             if type(want) is not list:

@@ -74,7 +74,7 @@ class StepLoad:
 def start(backend: Backend, op: Direction, req_id: str, view: View, block_ids: tuple[int, ...], hint: Hint,
           wakes: Wakes, timeout_s: float) -> Transfer:
     """Submit ``view`` as it stands (S1); the backend's refusals propagate (S3: nothing escaped)."""
-    sub = submit(backend, op, view, hint, wakes=wakes)
+    sub: Submission = submit(backend, op, view, hint, wakes=wakes)
     return Transfer(req_id, op, sub, block_ids, time.monotonic() + timeout_s)
 
 

@@ -7,6 +7,7 @@ object of ours to unpickle."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -86,8 +87,8 @@ class StepPlan:
                 raise ValueError(f"kvwire connector metadata version {version}; this kvwire-vllm reads {_VERSION}")
             loads, saves, preempted, idle, serves = rest
 
-            def plans(items: list[list[object]]) -> tuple[BlockPlan, ...]:
-                return tuple(BlockPlan(str(r), int(f), tuple(int(b) for b in ids), bytes(n), bytes(src),  # type: ignore[arg-type]
+            def plans(items: list[list[Any]]) -> tuple[BlockPlan, ...]:  # msgpack's: checked as converted
+                return tuple(BlockPlan(str(r), int(f), tuple(int(b) for b in ids), bytes(n), bytes(src),
                                        bool(sync))
                              for r, f, ids, n, src, sync in items)
 

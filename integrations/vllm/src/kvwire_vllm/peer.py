@@ -24,6 +24,7 @@ import tempfile
 import threading
 import weakref
 from collections.abc import Callable, Mapping
+from types import FrameType
 from typing import Any
 
 from kvwire.contract.capabilities import OtherEnd
@@ -114,7 +115,7 @@ def find_engine_core() -> Callable[[], object] | None:
         from vllm.v1.engine.core import EngineCore
     except ImportError:  # pragma: no cover
         return None
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         obj = frame.f_locals.get("self")
         if isinstance(obj, EngineCore):

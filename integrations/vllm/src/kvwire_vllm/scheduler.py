@@ -41,7 +41,8 @@ if TYPE_CHECKING:
 try:  # contract 1.1's optional protocol L1; absent from older kvwire
     from kvwire.contract import LOOKUP, LookupFailed
 except ImportError:  # pragma: no cover - kvwire before L1
-    LOOKUP = None
+    # None stands for "no L1"; mypy types an imported name by the import (str) and cannot widen it.
+    LOOKUP = None  # type: ignore[assignment]
 
     class LookupFailed(Exception):  # type: ignore[no-redef]
         """Stands in for kvwire's own before L1."""
@@ -220,7 +221,7 @@ class SchedulerSide:
         hint = Hint.of("store", timeout_s=self.config.timeout_s, namespace=self.namespace)
         try:
             mask = np.asarray(self.backend.lookup(self.groups, names, hint,  # type: ignore[attr-defined]
-                                                  timeout_s=self.config.timeout_s), dtype=bool)
+                                                  timeout_s=self.config.timeout_s), dtype=np.bool_)
         except (LookupFailed, SubmissionError) as exc:  # advice only: no answer means nothing to load
             log.warning("kvwire lookup failed, loading nothing for this request: %s: %s", type(exc).__name__, exc)
             return 0

@@ -20,6 +20,8 @@ class KvwireStats(KVConnectorStats):
     spent until quiescence), blocks a load missed (reported to vLLM for recompute), saves that
     did not store every block, and scheduler lookups."""
 
+    data: dict[str, Any]  # KVConnectorStats's field, restated for type checkers run without vLLM
+
     def __init__(self, data: dict[str, Any] | None = None) -> None:
         super().__init__(data={k: 0 for k in COUNTERS} | dict(data or {}))
 

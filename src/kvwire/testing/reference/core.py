@@ -287,7 +287,10 @@ def _memory(located: Located) -> np.ndarray:
     holder's memory (HOST memory: plain addresses)."""
     region = located.region
     assert region is not None
-    return np.frombuffer((ctypes.c_uint8 * region.nbytes).from_address(region.base), dtype=np.uint8)
+    # numpy's stubs accept any buffer only for Python >= 3.12 (before: a closed list of types, without
+    # ctypes arrays); a ctypes array has the buffer protocol on every version.
+    return np.frombuffer((ctypes.c_uint8 * region.nbytes).from_address(region.base),  # type: ignore[call-overload]
+                         dtype=np.uint8)
 
 
 def _windows(located: Located, slot_bytes: int) -> np.ndarray:
