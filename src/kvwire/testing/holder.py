@@ -85,6 +85,7 @@ class Submission(holding.Submission):
     what was submitted, the attempt, its wakes, and what the backend has said so far; every
     answer is checked as it comes."""
 
+    wakes: Wakes  # the suite's own, which also notes a wake from inside a holder's call (W1.6)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def poll(self) -> Outcome | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Self
 
 import numpy as np
 
@@ -239,7 +240,7 @@ class Bench:
             registration.close()
         self.registrations.clear()
 
-    def __enter__(self) -> Bench:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

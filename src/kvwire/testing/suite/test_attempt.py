@@ -198,11 +198,12 @@ def test_A3_a_serving_publish_progresses_without_poll(kvwire_harness: Harness) -
         holder = ex.holder()
         (request,) = holder.take(1)
         answer = holder.answer(request)  # never polled until the requester has everything
-        assert answer.publish is not None
+        published = answer.publish
+        assert published is not None
         out = ex.settle(sub)
         bench.apply_fetch(out)
         assert out.is_delivered and all(m.all() for m in out.masks), f"A3: an unpolled answer did not arrive: {out!r}"
-        wait_for(lambda: answer.publish.wakes.count > 0, patience, "A3/W1: a wake from the unpolled answer")
+        wait_for(lambda: published.wakes.count > 0, patience, "A3/W1: a wake from the unpolled answer")
         holder.finish(answer)
 
 

@@ -223,7 +223,9 @@ def test_L1_names_of_another_namespace_are_not_held(kvwire_harness: Harness) -> 
         ex.offer(bench)
         gid = plan.groups[0].group_id
         _expect(_ask(ex, [gid], bench.names[0]), np.ones(3, bool), "names held in the hint's namespace")
-        fields = {**dict(hint.fields), "namespace": f"{hint['namespace']}-another-tenant"}
+        namespace = hint["namespace"]
+        assert isinstance(namespace, str), f"H1.7: a store hint's namespace is a str, got {namespace!r}"
+        fields = {**dict(hint.fields), "namespace": f"{namespace}-another-tenant"}
         other = Hint(hint.kind, tuple(fields.items()), hint.timeout_s)
         _expect(_ask(ex, [gid], bench.names[0], other), np.zeros(3, bool), "the same names in another namespace")
 

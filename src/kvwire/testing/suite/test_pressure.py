@@ -273,8 +273,8 @@ def test_V4_rows_that_alias_through_a_second_region_are_refused(kvwire_harness: 
         first = view.groups[0]
         r = first.region
         extra_names = np.full((1, 16), 0xEE, dtype=np.uint8)
-        if view.groups[0].names is not None:
-            extra_names = view.groups[1].names[:1]
+        if (second_names := view.groups[1].names) is not None:
+            extra_names = second_names[:1]
         quarter = max(1, r.slot_bytes // 4)
         for label, alias, slot in (
                 ("shifted by half a slot", SlotRegion(r.region_id + 10_000, r.base + r.slot_bytes // 2, r.slot_bytes,
@@ -475,7 +475,7 @@ def test_H1_a_hint_without_a_namespace_means_the_configured_one(kvwire_harness: 
             if asker is not None:
                 gid = plan.groups[0].group_id
                 for hint in (named_fetch, bare_fetch):
-                    answer = call_briefly(lambda hint=hint, asker=asker, gid=gid: asker.lookup([gid], bench.names[0], hint),
+                    answer = call_briefly(functools.partial(asker.lookup, [gid], bench.names[0], hint),
                                           "L1: lookup()", limit_s=profiles.active().patience_s)
                     want = np.isin(np.arange(plan.groups[0].rows), offer[0])
                     assert np.array_equal(np.asarray(answer), want), (
