@@ -24,6 +24,7 @@ from kvwire.contract import (
 from kvwire.contract.errors import SubmissionError
 from kvwire.runtime.holding import Direction
 from kvwire.testing import needs, profiles
+from kvwire.testing.exchange import Exchange
 from kvwire.testing.harness import Harness, shut_down
 from kvwire.testing.holder import (
     RaisingWakes,
@@ -131,31 +132,40 @@ def _halved_view(view: View) -> View:
     return View(tuple(groups))
 
 
+def _moved_as_described(ex: Exchange, source: View, sink: View, how: str) -> Outcome:
+    """Offer ``source`` (publish to a store, into the serving holder's tree, or publish to a peer)
+    and fetch ``sink``, both describing registered memory ``how``; the fetch's outcome, which
+    must have delivered every row (M4.2: rows inside registered regions are recognized however
+    a view describes them)."""
+    pub = None
+    try:
+        if ex.store:
+            published = ex.settle(ex.publish(source))
+            assert published.is_delivered and all(m.all() for m in published.masks), f"M4.2: {published!r}"
+        elif ex.serves_pulls:
+            ex.holder().tree.add_view(source)
+        else:
+            pub = ex.publish(source)
+        sub = ex.fetch(sink)
+    except InvalidSubmission as exc:
+        raise AssertionError(f"M4.2: rows inside registered regions were refused because the view describes them "
+                             f"{how}: {exc}") from exc
+    ex.serve_one()
+    fetched = ex.settle(sub)
+    if pub is not None:
+        ex.settle(pub)
+    assert fetched.is_delivered and all(m.all() for m in fetched.masks), (
+        f"M4.2: a fetch of rows described {how} must deliver them all: {fetched!r}")
+    return fetched
+
+
 def test_M4_rows_described_with_another_slot_size_move(kvwire_harness: Harness) -> None:
     """M4.2 / M4.1: recognition reads where a row's bytes lie, not the registered slot size: a view
     that describes registered memory in slots of half the registered size (every registered row
     as two rows) is taken, and both halves of every row arrive, byte for byte."""
     with paged_exchange(kvwire_harness, [(64, 3), (32, 3)], 347, needs.transfer) as (_, ex, bench):
         source, sink = _halved_view(bench.source_view()), _halved_view(bench.sink_view())
-        pub = None
-        try:
-            if ex.store:
-                published = ex.settle(ex.publish(source))
-                assert published.is_delivered and all(m.all() for m in published.masks), f"M4.2: {published!r}"
-            elif ex.serves_pulls:
-                ex.holder().tree.add_view(source)
-            else:
-                pub = ex.publish(source)
-            sub = ex.fetch(sink)
-        except InvalidSubmission as exc:
-            raise AssertionError(f"M4.2: rows inside registered regions were refused because the view describes them "
-                                 f"in slots of half the registered size: {exc}") from exc
-        ex.serve_one()
-        fetched = ex.settle(sub)
-        if pub is not None:
-            ex.settle(pub)
-        assert fetched.is_delivered and all(m.all() for m in fetched.masks), (
-            f"M4.2: a fetch of rows described in half-size slots must deliver them all: {fetched!r}")
+        fetched = _moved_as_described(ex, source, sink, "in slots of half the registered size")
         bench.apply_fetch(Outcome.delivered([m[0::2] & m[1::2] for m in fetched.masks]))
 
 
@@ -192,25 +202,7 @@ def test_M4_rows_that_span_registered_slots_move(kvwire_harness: Harness, case: 
         names = np.random.default_rng(661).integers(0, 256, size=(4, 16), dtype=np.uint8)
         names[:, 0] = np.arange(4)  # distinct
         source, sink = _across_view(bench.source_view(), case, names), _across_view(bench.sink_view(), case, names)
-        pub = None
-        try:
-            if ex.store:
-                published = ex.settle(ex.publish(source))
-                assert published.is_delivered and all(m.all() for m in published.masks), f"M4.2: {published!r}"
-            elif ex.serves_pulls:
-                ex.holder().tree.add_view(source)
-            else:
-                pub = ex.publish(source)
-            sub = ex.fetch(sink)
-        except InvalidSubmission as exc:
-            raise AssertionError(f"M4.2: rows inside registered regions were refused because the view describes them "
-                                 f"with {case} (each row across two registered slots): {exc}") from exc
-        ex.serve_one()
-        fetched = ex.settle(sub)
-        if pub is not None:
-            ex.settle(pub)
-        assert fetched.is_delivered and all(m.all() for m in fetched.masks), (
-            f"M4.2: a fetch of rows described with {case} must deliver them all: {fetched!r}")
+        _moved_as_described(ex, source, sink, f"with {case} (each row across two registered slots)")
         for gi, g in enumerate(sink.groups):
             start = int(g.addresses()[0]) - bench.sink.memories[gi].region.base
             end = int(g.addresses()[-1]) + g.region.slot_bytes - bench.sink.memories[gi].region.base
