@@ -151,8 +151,9 @@ class Harness(abc.ABC):
         backend's harness must (or raise :class:`Unavailable`); for a peer that serves pulls the
         suite holds a pull itself by not answering it.
 
-        The other end keeps everything the suite stores in it for the life of the ends (the
-        suite stores a few MiB at most), so a miss is always the suite's doing."""
+        The other end keeps everything the suite stores in it for the life of the ends, without
+        evicting or declining any of it (one pair of ends receives at most 32 MiB; the largest
+        exchanges store about 12 MiB), so a miss is always the suite's doing."""
 
     def close(self, ends: Ends) -> None:
         """Tear the ends down. The default shuts each backend down until nothing is in flight

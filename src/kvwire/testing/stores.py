@@ -109,8 +109,8 @@ class StoreHarness(Harness):
 
     @abc.abstractmethod
     def new_store(self) -> Any:
-        """A fresh, empty store that nothing else uses, large enough for a few MiB without
-        evicting anything. Whatever it returns is passed to :meth:`driver`."""
+        """A fresh, empty store that nothing else uses, that takes 32 MiB without evicting or
+        declining anything. Whatever it returns is passed to :meth:`driver`."""
 
     @abc.abstractmethod
     def driver(self, store: Any) -> StoreDriver:

@@ -37,7 +37,7 @@ __all__ = ["harness", "MooncakeHarness"]
 
 log = logging.getLogger(__name__)
 
-#: Each client's share of the pool: far more than the few MiB one pair stores.
+#: Each client's share of the pool: more than the 32 MiB the suite may store through one pair.
 SEGMENT_BYTES = 64 << 20
 _PREFIX = "kvwire-conformance"
 
