@@ -37,7 +37,10 @@ Not a variant: a store that declines rows for space within the 32 MiB the harnes
 store to take (``Harness.open``); the suite's exchanges rely on it, as a miss must be the suite's
 doing.
 
-Point the suite at one with ``--kvwire-harness tests/conformance/variants.py:NAME``."""
+Point the suite at one with ``--kvwire-harness tests/conformance/variants.py:NAME``.
+
+Why one file of this size: as for ``mutants.py``, the suite is pointed at each variant by
+``path:object``, and each is a short subclass beside the wrappers the others share."""
 
 from __future__ import annotations
 

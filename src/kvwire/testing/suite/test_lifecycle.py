@@ -1,4 +1,5 @@
-"""W1 and B1-B4: waking, instances, call sequences, shutdown, declared capabilities."""
+"""W1 and B1-B4: waking, instances, call sequences, shutdown, declared capabilities. One file of
+~530 lines, as each suite file holds one group of rules."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """N2: request-free pulls from a serving peer, with the suite as the serving holder (its reuse
 tree is a dict from block name to row, with pin counts), and the H1 clauses of a pull's ticket
-and peer address. Runs only for backends that declare the ``serve-pulls`` protocol."""
+and peer address. Runs only for backends that declare the ``serve-pulls`` protocol. One file of
+~570 lines: every test shares its pull set-ups (``_pulls``, ``_one_pull``) and misfit answers."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""S1-S5: submitting, the holder's guarantee, the two refusals, and failures after escape."""
+"""S1-S5: submitting, the holder's guarantee, the two refusals, and failures after escape. One
+file of ~540 lines, as each suite file holds one group of rules."""
 
 from __future__ import annotations
 
