@@ -56,6 +56,7 @@ CATCHES = [
     ("publish_poll_waits_for_the_store", "A1", "A1 and poll_never_blocks"),
     ("publish_quiesced_waits_for_the_store", "A2", "A2 and quiesced_never_blocks"),
     ("no_view_type_error", "S4", "S4 and not_a_View"),
+    ("shutdown_hides_publishes", "B3", "B3 and publish_its_store_holds"),
 ]
 
 
@@ -238,6 +239,15 @@ class ShutdownPublishCauseFault(Mutant):
     connection was closed under it), not ``SHUTDOWN``."""
 
     attempt_type = _PublishShutdownFaults
+
+
+class ShutdownHidesPublishes(Mutant):
+    """B3.3: ``shutdown()`` leaves publishes out of the set it returns, also one its store still
+    holds (found by a review after the round: the B3 publish test checked only that the set held
+    nothing foreign)."""
+
+    def shutdown(self) -> frozenset[Attempt]:
+        return frozenset(a for a in super().shutdown() if getattr(a, "op", None) != "publish")
 
 
 # -- W1.6: close() wakes every attempt it ever made ---------------------------------------------------
@@ -432,3 +442,4 @@ publish_poll_waits_for_the_store = MutantHarness("publish-poll-waits-for-the-sto
 publish_quiesced_waits_for_the_store = MutantHarness("publish-quiesced-waits-for-the-store",
                                                     PublishQuiescedWaitsForTheStore)
 no_view_type_error = MutantHarness("no-view-type-error", NoViewTypeError)
+shutdown_hides_publishes = MutantHarness("shutdown-hides-publishes", ShutdownHidesPublishes)

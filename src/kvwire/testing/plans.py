@@ -39,18 +39,21 @@ def pages(specs: list[tuple[int, int]], seed: int, shared: bool, spare: int = 1)
 @contextlib.contextmanager
 def paged_exchange(harness: Harness, specs: list[tuple[int, int]], seed: int,
                    *required: Callable[[Capabilities], None],
-                   shared: bool | None = None, spare: int = 1) -> Iterator[tuple[Capabilities, Exchange, Bench]]:
-    """Skip unless the backend declares what each of ``required`` asks (``needs.fetch``, ...);
-    then an exchange and a bench of :func:`pages` ``specs`` (``spare`` junk slots either side of
-    the rows), sharing names as ``shared`` says (by default, as the backend's other end needs).
-    Yields the capabilities, the exchange and the bench."""
+                   shared: bool | None = None, spare: int = 1,
+                   in_flight: int = 1) -> Iterator[tuple[Capabilities, Exchange, Bench]]:
+    """Skip unless the backend declares what each of ``required`` asks (``needs.fetch``, ...),
+    and takes ``in_flight`` attempts at once; then an exchange and a bench of :func:`pages`
+    ``specs`` (``spare`` junk slots either side of the rows), sharing names as ``shared`` says
+    (by default, as the backend's other end needs). Yields the capabilities, the exchange and
+    the bench."""
     caps = harness.capabilities()
     for need in required:
         need(caps)
     kind = needs.usable_kind(harness, caps)
     plan = pages(specs, seed, needs.shares_names(caps) if shared is None else shared, spare)
-    with needs.open_exchange(harness) as ex, Bench(harness, ex.ends.source, ex.ends.sink, plan,
-                                                   kind) as bench:
+    with needs.open_exchange(harness, max_in_flight=in_flight if in_flight > 1 else None) as ex, Bench(
+            harness, ex.ends.source, ex.ends.sink, plan, kind) as bench:
+        needs.in_flight(ex.caps, in_flight)
         yield caps, ex, bench
 
 

@@ -548,7 +548,7 @@ def _fails_by_its_deadline(harness: Harness, source: str, op: str) -> None:
     needs.transfer(caps)
     kind = needs.usable_kind(harness, caps)
     deadline_s = 0.4
-    slack_s = 1.0
+    slack_s = 2.0
     plan = simple_plan(groups=1, rows=2, seed=109, shared_names=needs.shares_names(caps))
     options_timeout = deadline_s if source == "options" else needs.LONG_TIMEOUT_S
     with needs.open_exchange(harness, hold=True, timeout_s=options_timeout) as ex, Bench(

@@ -481,8 +481,9 @@ def test_N2_incoming_hands_over_each_request_once(kvwire_harness: Harness) -> No
     needs.transfer(caps)
     kind = needs.usable_kind(kvwire_harness, caps)
     plan = pages([(64, 2)], 467, True)
-    with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
-                                                          plan, kind) as bench:
+    with needs.open_exchange(kvwire_harness, max_in_flight=2) as ex, Bench(kvwire_harness, ex.ends.source,
+                                                                           ex.ends.sink, plan, kind) as bench:
+        needs.in_flight(ex.caps, 2)
         ex.offer(bench)
         holder = ex.holder()
         first = ex.fetch(bench.sink_view({0: [0]}))

@@ -396,8 +396,17 @@ def test_B3_shutdown_concludes_a_publish_its_store_holds(kvwire_harness: Harness
         sub, hold = ex.held_publish(bench)
         source = ex.ends.source
         try:
-            pending = call_briefly(source.shutdown, "B3: shutdown() with a publish held", on_block=hold.release)
-            assert all(a is sub.attempt for a in pending), "B3.3: shutdown() returned an attempt never submitted"
+            for call in ("first", "second"):
+                pending = call_briefly(source.shutdown, f"B3: a {call} shutdown() with a publish held",
+                                       on_block=hold.release)
+                # quiesced() is monotone: False now means the publish had not quiesced when
+                # shutdown() made its set, and the store still holds it.
+                if not sub.quiesced():
+                    clause = "B3.3" if call == "first" else "B3.4"
+                    assert sub.attempt in pending, (
+                        f"{clause}: the {call} shutdown() left out a publish its store still holds (not quiesced); "
+                        "every call returns every attempt not quiesced")
+                assert all(a is sub.attempt for a in pending), "B3.3: shutdown() returned an attempt never submitted"
             out = settle(sub, patience, quiesce=False,
                          purpose="B3.2: shutdown() must conclude a publish its store still holds")
         finally:

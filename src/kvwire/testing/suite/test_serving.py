@@ -237,7 +237,7 @@ def test_W1_a_pull_beside_an_untaken_one_gets_its_own_serve_wake(kvwire_harness:
     first still waits, untaken, in ``incoming()`` is followed by a serve wake of its own; a serve
     wake that raised is called again for the next pull; both pulls are then served."""
     patience = profiles.active().patience_s
-    with _pulls(kvwire_harness, [(32, 2)], 669, needs.transfer) as (_, ex, bench):
+    with _pulls(kvwire_harness, [(32, 2)], 669, needs.transfer, in_flight=2) as (_, ex, bench):
         holder = ex.holder(RaisingWakes() if wake == "raising" else None)
         ex.offer(bench)
         first = ex.fetch(bench.sink_view({0: [0]}))
@@ -263,10 +263,12 @@ def test_W1_a_pull_beside_an_untaken_one_gets_its_own_serve_wake(kvwire_harness:
 
 def _pulls(
     harness: Harness, specs: list[tuple[int, int]], seed: int, need: Callable[[Capabilities], None],
+    in_flight: int = 1,
 ) -> AbstractContextManager[tuple[Capabilities, Exchange, Bench]]:
-    """For a ``serve-pulls`` peer that also declares ``need``: an exchange and a bench of PAGED
-    groups of ``(slot_bytes, rows)`` that share their names (the blocks of a pull)."""
-    return paged_exchange(harness, specs, seed, needs.serve_pulls, need, shared=True)
+    """For a ``serve-pulls`` peer that also declares ``need`` and takes ``in_flight`` attempts at
+    once: an exchange and a bench of PAGED groups of ``(slot_bytes, rows)`` that share their
+    names (the blocks of a pull)."""
+    return paged_exchange(harness, specs, seed, needs.serve_pulls, need, shared=True, in_flight=in_flight)
 
 
 def _one_pull(ex: Exchange, bench: Bench, select: dict[int, list[int]] | None = None) -> tuple[Submission, PullRequest]:
@@ -432,11 +434,12 @@ def test_N2_an_answer_that_does_not_fit_its_pull_fails_both_ends(kvwire_harness:
 
 
 def test_N1_an_answer_whose_groups_carry_no_names_is_refused(kvwire_harness: Harness) -> None:
-    """N1.5 / S3: an answer is a publish, so a serving backend (which declares content
-    addressing) refuses one whose groups carry no names with ``InvalidSubmission``, before the
+    """N1.5 / S3: an answer is a publish, so a serving backend that declares content addressing
+    refuses one whose groups carry no names with ``InvalidSubmission``, before the
     request is looked at (a missing name is never a misfit, N2.12). Nothing escaped: the request
     is still open, and a fitting answer afterwards delivers both ends."""
-    with _pulls(kvwire_harness, [(64, 3), (32, 3)], 907, needs.transfer) as (_, ex, bench):
+    with paged_exchange(kvwire_harness, [(64, 3), (32, 3)], 907, needs.serve_pulls, needs.transfer, needs.names,
+                        shared=True) as (_, ex, bench):
         take = {0: [0, 1], 1: [0, 1]}
         sub, request = _one_pull(ex, bench, take)
         holder = ex.holder()
@@ -464,7 +467,7 @@ def test_W1_the_serve_wake_never_comes_from_inside_the_holders_calls(kvwire_harn
     """W1.6 (serve wake): the serving holder calls ``serve()``, ``incoming()`` and ``decline()``
     maybe holding a lock its serve wake takes: the backend never calls that wake from inside
     them. Two pulls are taken, one declined, one answered; both requesters get their outcome."""
-    with _pulls(kvwire_harness, [(32, 2)], 671, needs.transfer) as (_, ex, bench):
+    with _pulls(kvwire_harness, [(32, 2)], 671, needs.transfer, in_flight=2) as (_, ex, bench):
         holder = ex.holder()
         ex.offer(bench)
         first = ex.fetch(bench.sink_view({0: [0]}))
@@ -534,7 +537,8 @@ def test_H1_each_pull_carries_its_own_credentials(kvwire_harness: Harness) -> No
             hint = ex.ends.fetch_hint if secret is None else with_field(ex.ends.fetch_hint, "credentials", secret)
             sub = ex.fetch(bench.sink_view({0: [row]}), hint)
             (request,) = holder.take(1)
-            want = b"" if secret is None else secret
+            plain = ex.ends.fetch_hint.get("credentials", b"")  # what the harness's own hint carries (H1.12)
+            want = plain if secret is None else secret
             assert request.credentials == want, (
                 f"H1.12: pull {row + 1} of one requester carried credentials {want!r}; its request carries "
                 f"{request.credentials!r}")
