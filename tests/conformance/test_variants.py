@@ -22,7 +22,7 @@ VARIANTS_FILE = Path(__file__).with_name("variants.py")
 FEW_PASS = {"fetch_only": 25, "publish_only": 25, "device_only": 3}
 
 
-@pytest.mark.parametrize("variant", ["late_reports", "late_reports_peer", "threaded_chunks", "queue_of_one",
+@pytest.mark.parametrize("variant", ["late_reports", "late_reports_peer", "threaded_chunks", "queue_of_one", "queue_of_one_peer",
                                      "speaks_1_0", "without_cancellation", "without_cancellation_peer",
                                      "wakes_from_many_threads", "wakes_from_many_threads_peer",
                                      "forgets_moved_rows", "forgets_moved_rows_peer", "fetch_only", "publish_only", "device_only", "gives_up",

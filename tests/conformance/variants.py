@@ -10,7 +10,8 @@ against each.
   serving peer, answers included.
 - :data:`threaded_chunks`: the memory store's rows moved one small chunk per driver call on three
   worker threads, none inside the holder's call (A9: batching and order are the backend's).
-- :data:`queue_of_one`: a memory backend that declares and keeps ``max_in_flight = 1`` (S3.9).
+- :data:`queue_of_one`: a memory backend that declares and keeps ``max_in_flight = 1`` (S3.9);
+  :data:`queue_of_one_peer` the reference serving peer with a queue of one whatever a test asks.
 - :data:`speaks_1_0`: the memory backend as a plugin written against contract 1.0 would be: it
   declares ``(1, 0)``, no optional protocol of 1.1 (``lookup``), and no cause on a failed outcome
   (A10.5).
@@ -82,7 +83,7 @@ from kvwire.contract.lookup import LOOKUP
 from kvwire.contract.regions import RegionTable, TableRegistration
 from kvwire.testing.harness import Ends, FaultPlan
 
-__all__ = ["late_reports", "late_reports_peer", "threaded_chunks", "queue_of_one", "speaks_1_0",
+__all__ = ["late_reports", "late_reports_peer", "threaded_chunks", "queue_of_one", "queue_of_one_peer", "speaks_1_0",
            "without_cancellation", "without_cancellation_peer", "wakes_from_many_threads",
            "wakes_from_many_threads_peer", "forgets_moved_rows", "forgets_moved_rows_peer", "fetch_only",
            "publish_only", "device_only", "gives_up", "gives_up_peer", "keeps_its_own_bound",
@@ -285,10 +286,23 @@ class Speaks1_0(Mutant):
         raise InvalidSubmission("this backend speaks contract 1.0: it does not declare the lookup protocol")
 
 
+class _QueueOfOnePeer(LoopbackHarness):
+    """The reference serving peer with a queue of one, whatever bound a test asks for (a harness
+    may keep a smaller bound than asked, S3.9): tests that need two pulls in flight skip."""
+
+    name = "reference-peer-queue-of-one"
+    max_in_flight = 1
+
+    def open(self, *, timeout_s: float, max_in_flight: int | None = None, faults: FaultPlan | None = None,
+             hold: bool = False) -> Ends:
+        return super().open(timeout_s=timeout_s, max_in_flight=1, faults=faults, hold=hold)
+
+
 late_reports = MutantHarness("late-reports", LateReports)
 late_reports_peer = MutantHarness("late-reports-peer", LateReportsPeer, inner=LoopbackHarness())
 threaded_chunks = _ThreadedChunks()
 queue_of_one = _QueueOfOne()
+queue_of_one_peer = _QueueOfOnePeer()
 speaks_1_0 = MutantHarness("speaks-1-0", Speaks1_0)
 
 
