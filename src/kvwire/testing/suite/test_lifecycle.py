@@ -13,6 +13,7 @@ import pytest
 
 from kvwire.contract import (
     CONTRACT_VERSION,
+    Backend,
     Capabilities,
     Cause,
     Hint,
@@ -22,7 +23,7 @@ from kvwire.contract import (
 )
 from kvwire.contract.capabilities import SERVE_PULLS
 from kvwire.testing import needs, profiles
-from kvwire.testing.harness import Harness
+from kvwire.testing.harness import Harness, Hold
 from kvwire.testing.holder import (
     Submission,
     call_briefly,
@@ -264,6 +265,21 @@ def test_B3_shutdown_ends_work_in_flight_before_it_returns_empty(kvwire_harness:
         refused(lambda: ex.fetch(bench.sink_view()), "B3.1: a fetch after shutdown()", SubmissionRejected)
 
 
+def _shutdown_lists_it(backend: Backend, sub: Submission, call: str, hold: Hold, what: str) -> None:
+    """The ``call`` ("first" or "second") ``shutdown()`` of ``backend``, with ``sub`` held at
+    the other end: its set names nothing but ``sub``, and ``sub`` while it has not quiesced
+    (B3.3 for the first call, B3.4 for a later one); ``what`` says what ``sub`` is."""
+    pending = call_briefly(backend.shutdown, f"B3: a {call} shutdown() with {what}", on_block=hold.release)
+    # Asked after shutdown() returned: quiesced() is monotone, so False now means the attempt
+    # had not quiesced when shutdown() made its set.
+    if not sub.quiesced():
+        clause = "B3.3" if call == "first" else "B3.4"
+        assert sub.attempt in pending, (
+            f"{clause}: the {call} shutdown() left out {what}; every call returns every attempt not quiesced, "
+            "however it concluded")
+    assert all(a is sub.attempt for a in pending), "B3.3: shutdown() returned an attempt never submitted"
+
+
 @pytest.mark.parametrize("end", ["cancel", "deadline"])
 def test_B3_A1_shutdown_lists_concluded_attempts_until_quiesced_and_keeps_their_outcome(
         kvwire_harness: Harness, end: str) -> None:
@@ -304,16 +320,8 @@ def test_B3_A1_shutdown_lists_concluded_attempts_until_quiesced_and_keeps_their_
                 raise AssertionError(f"A1.5: the fetch's outcome changed {when}: {exc}") from None
 
         for call in ("first", "second"):
-            pending = call_briefly(sink.shutdown, f"B3: a {call} shutdown() with a concluded fetch held",
-                                   on_block=hold.release)
-            # Asked after shutdown() returned: quiesced() is monotone, so False now means the
-            # fetch had not quiesced when shutdown() made its set.
-            if not sub.quiesced():
-                clause = "B3.3" if call == "first" else "B3.4"
-                assert sub.attempt in pending, (
-                    f"{clause}: the {call} shutdown() left out a fetch that concluded ({out.status.value}) before it "
-                    "but has not quiesced; every call returns every attempt not quiesced, however it concluded")
-            assert all(a is sub.attempt for a in pending), "B3.3: shutdown() returned an attempt never submitted"
+            _shutdown_lists_it(sink, sub, call, hold,
+                               f"a fetch that concluded ({out.status.value}) before it but has not quiesced")
             unchanged(f"after the {call} shutdown()")
         hold.release()
         wait_for(lambda: not sink.shutdown(), grace + 1.0,
@@ -397,16 +405,7 @@ def test_B3_shutdown_concludes_a_publish_its_store_holds(kvwire_harness: Harness
         source = ex.ends.source
         try:
             for call in ("first", "second"):
-                pending = call_briefly(source.shutdown, f"B3: a {call} shutdown() with a publish held",
-                                       on_block=hold.release)
-                # quiesced() is monotone: False now means the publish had not quiesced when
-                # shutdown() made its set, and the store still holds it.
-                if not sub.quiesced():
-                    clause = "B3.3" if call == "first" else "B3.4"
-                    assert sub.attempt in pending, (
-                        f"{clause}: the {call} shutdown() left out a publish its store still holds (not quiesced); "
-                        "every call returns every attempt not quiesced")
-                assert all(a is sub.attempt for a in pending), "B3.3: shutdown() returned an attempt never submitted"
+                _shutdown_lists_it(source, sub, call, hold, "a publish its store still holds (not quiesced)")
             out = settle(sub, patience, quiesce=False,
                          purpose="B3.2: shutdown() must conclude a publish its store still holds")
         finally:

@@ -31,7 +31,7 @@ from kvwire.contract import (
 )
 from kvwire.testing import needs, profiles
 from kvwire.testing.exchange import Exchange
-from kvwire.testing.harness import Harness
+from kvwire.testing.harness import Harness, shut_down
 from kvwire.testing.holder import (
     RaisingWakes,
     Submission,
@@ -558,9 +558,7 @@ def test_A10_a_pull_from_a_serving_end_that_is_gone_fails_as_peer_gone(kvwire_ha
         if caps.contract_version < (1, 1):
             pytest.skip("backend speaks contract 1.0: its outcomes carry no cause (A10.5)")
         source = ex.ends.source
-        deadline = time.monotonic() + profiles.active().patience_s
-        while call_briefly(source.shutdown, "B3: shutdown() of the serving end"):
-            assert time.monotonic() < deadline, "B3.5: shutdown() of an idle serving end never returned the empty set"
+        shut_down(source, profiles.active().patience_s)  # B3.5: an idle serving end comes to the empty set
         call_briefly(source.close, "B3.8: close() of the serving end")
         sub = ex.fetch(bench.sink_view(), Hint(ex.ends.fetch_hint.kind, ex.ends.fetch_hint.fields, 2.0))
         out = ex.settle(sub, purpose="A10.11: a pull from a serving end that is gone concluding")
