@@ -29,6 +29,7 @@ the installed one, and prints the medians side by side:
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import json
 import os
@@ -179,6 +180,37 @@ class CopyOnlyDriver(MemoryDriver):
         return BatchResult.ok(len(keys))
 
 
+class DictFloorDriver(CopyOnlyDriver):
+    """The floor of a store keyed by the driver's text keys: :class:`CopyOnlyDriver` plus the
+    fewest dict operations such a table needs per row, with nothing else around them. A put
+    checks that its keys are distinct (a set) and not stored (a presence check), drops the
+    oldest batches' keys until its own fit (a deletion per evicted row) and enters its own (an
+    insertion): four per row. A get looks each key up: one per row. No eviction order, memory
+    bookkeeping or statuses; a store that has them costs more."""
+
+    def __init__(self, rows: int, row_bytes: int) -> None:
+        super().__init__(rows, row_bytes)
+        self._table: dict[str, int] = {}
+        self._batches: collections.deque[list[str]] = collections.deque()
+        self._rows = rows
+
+    def put(self, keys: Sequence[str], addresses: np.ndarray, sizes: np.ndarray) -> BatchResult:
+        keys, table = list(keys), self._table
+        if len(set(keys)) != len(keys) or not table.keys().isdisjoint(keys):
+            raise AssertionError("the bench publishes fresh, distinct names")
+        while self._batches and len(table) + len(keys) > self._rows:
+            collections.deque(map(table.__delitem__, self._batches.popleft()), maxlen=0)
+        result = super().put(keys, addresses, sizes)
+        table.update(zip(keys, range(len(keys)), strict=True))
+        self._batches.append(keys)
+        return result
+
+    def get_into(self, keys: Sequence[str], addresses: np.ndarray, sizes: np.ndarray) -> BatchResult:
+        if None in map(self._table.get, keys):
+            raise AssertionError("the bench fetches what it published")
+        return super().get_into(keys, addresses, sizes)
+
+
 def per_row(runs: int) -> dict[str, float]:
     """Microseconds each extra 4 KiB row adds to a publish and to a fetch: the slope between
     submissions of 16 and 256 rows, medians over ``runs`` runs of 50 submissions each. The store
@@ -196,6 +228,8 @@ def per_row(runs: int) -> dict[str, float]:
     backend.register_regions([src_region, dst_region])
     floor = BlobBackend(CopyOnlyDriver(count * sum(sizes), row))
     floor.register_regions([src_region, dst_region])
+    dict_floor = BlobBackend(DictFloorDriver(count * sum(sizes), row))
+    dict_floor.register_regions([src_region, dst_region])
     in_driver = trace_driver(backend)
     mover = Mover()
     times: dict[tuple[Direction | None, int], list[float]] = {}
@@ -224,6 +258,11 @@ def per_row(runs: int) -> dict[str, float]:
                         mover.move(floor, op, v, HINT)
                     if run:
                         steps.setdefault(("floor", op, n), []).append((time.perf_counter() - started) / count)
+                    started = time.perf_counter()
+                    for v in views:
+                        mover.move(dict_floor, op, v, HINT)
+                    if run:
+                        steps.setdefault(("dict floor", op, n), []).append((time.perf_counter() - started) / count)
                 # the same bytes copied by numpy into slabs of the store's size, reused (no fresh pages)
                 slabs = staging.setdefault(n, [np.zeros((n, row), dtype=np.uint8) for _ in range(count)])
                 started = time.perf_counter()
@@ -233,6 +272,7 @@ def per_row(runs: int) -> dict[str, float]:
                     times.setdefault((None, n), []).append((time.perf_counter() - started) / count)
     backend.close()
     floor.close()
+    dict_floor.close()
 
     def slope(of: dict, *key: object) -> float:
         return ((statistics.median(of[(*key, sizes[1])]) - statistics.median(of[(*key, sizes[0])]))
@@ -246,6 +286,7 @@ def per_row(runs: int) -> dict[str, float]:
         out[f"  trace: {name}, the store's table"] = driver - copies
         out[f"  trace: {name}, the store's copies"] = copies
         out[f"  floor: {name} through a driver that only copies"] = slope(steps, "floor", op)
+        out[f"  floor: {name} through one that copies and keeps a bare dict"] = slope(steps, "dict floor", op)
     out["publish, CPU"] = slope(cpu_times, Direction.PUBLISH)
     out["fetch, CPU"] = slope(cpu_times, Direction.FETCH)
     out["numpy copy of the same row"] = slope(times, None)
