@@ -124,6 +124,18 @@ def test_a_one_sided_start_asks_with_no_credit() -> None:
     assert pull.one_sided and pull.credit == 0 and d.state is R.ASKED
 
 
+def test_a_pull_the_wire_cannot_carry_fails_at_start_having_posted_and_sent_nothing() -> None:
+    for one_sided in (False, True):
+        spec = PullSpec(transfer=7, tag_base=3, group_ids=(0, 1 << 32), slot_bytes=(SLOT, SLOT), blocks=4, width=4,
+                        names=bytes(16), timeout_s=2.0, window_bytes=8 * SLOT, one_sided=one_sided, peer="P")
+        d = Driven(PullRequester(spec), "requester")
+        actions = d(ev.Start(1500))
+        assert [type(a) for a in actions] == [ev.Conclude, ev.Quiesce] and d.state is R.DONE
+        (outcome,) = d.outcomes()
+        assert outcome.status is OutcomeStatus.FAILED and outcome.cause is Cause.FAULT
+        assert "32 bits" in outcome.reason and not any(m.any() for m in outcome.masks)
+
+
 def test_a_fetch_cancelled_or_shut_down_before_it_started_ends_quietly() -> None:
     for event, cause in ((ev.HolderCancelled(), Cause.HOLDER_CANCELLED), (ev.Shutdown(), Cause.SHUTDOWN)):
         d = requester()

@@ -155,6 +155,9 @@ class SuiteServer:
         count = self.tree.held_prefix(request)
         if limit is not None:
             count = min(count, limit)
+        unknown = [gid for gid in request.groups if gid not in self.tree.regions]
+        if not count and unknown:  # no region to answer an empty group in: a decline says why
+            return self.decline(request, f"the serving end holds no rows of group(s) {unknown}")
         names = tuple(request.names[i].tobytes() for i in range(count))
         self.tree.pins.update(names)
         try:

@@ -247,6 +247,11 @@ def _check_view_shape(view: View) -> None:
         raise InvalidSubmission(f"expected a View, got {type(view).__name__}")
     if len(view.groups) > wire.MAX_GROUPS:
         raise InvalidSubmission(f"a view moves at most {wire.MAX_GROUPS} groups here, got {len(view.groups)}")
+    for group in view.groups:
+        if group.group_id > wire.MAX_GROUP_ID:
+            raise InvalidSubmission(
+                f"group id {group.group_id} does not fit kvwire-ucx's wire, which carries group ids below 2**32 "
+                "(V1.2 lets a backend refuse what it cannot carry)")
 
 
 def _pull_names(view: View) -> tuple[int, bytes]:

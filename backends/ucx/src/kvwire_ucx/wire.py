@@ -71,6 +71,8 @@ WIRE_VERSION = 1
 MAX_MESSAGE_BYTES = 4 << 20
 MAX_BLOCKS = 1 << 15
 MAX_GROUPS = 1 << 9
+#: Group ids travel in 32 bits; a view with a larger one is refused at submission.
+MAX_GROUP_ID = (1 << 32) - 1
 MAX_ROWS = 1 << 24
 MAX_NAME_BYTES = 64
 MAX_REASON_BYTES = 1024
@@ -159,7 +161,7 @@ class Pull:
         if len(set(ids)) != len(ids):
             raise WireError(f"Pull group ids must be unique, got {ids}")
         for gid, slot in self.groups:
-            if not 0 <= gid < 1 << 32:
+            if not 0 <= gid <= MAX_GROUP_ID:
                 raise WireError(f"Pull group id {gid} does not fit in 32 bits")
             if not 1 <= slot < 1 << 64:
                 raise WireError(f"Pull slot size of group {gid} must be 1..2**64-1 bytes, got {slot}")

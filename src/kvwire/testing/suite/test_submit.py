@@ -14,6 +14,7 @@ from kvwire.contract import (
     CacheKind,
     Cause,
     Hint,
+    InvalidSubmission,
     LayerGroupRows,
     MemoryKind,
     SubmissionRejected,
@@ -24,7 +25,7 @@ from kvwire.contract.errors import SubmissionError
 from kvwire.testing import needs, profiles
 from kvwire.testing.exchange import Exchange
 from kvwire.testing.harness import FaultPlan, Harness
-from kvwire.testing.holder import Submission, Wakes, refused, speaks_causes, submit
+from kvwire.testing.holder import Submission, Wakes, check_refusal_message, refused, speaks_causes, submit
 from kvwire.testing.layout import BLOCK_TOKENS, Bench, GroupPlan, ViewPlan, simple_plan
 from kvwire.testing.plans import (
     check_bits,
@@ -110,6 +111,33 @@ def test_S1_a_store_finds_rows_only_under_the_group_id_they_were_published_with(
                 f"S1.3/S1.4: rows were published under group {GROUP_IDS[0]} only; a fetch of their names under group "
                 f"{gid} gave {fetched!r}; a store finds a row only under the group and name it was published with")
             bench.apply_fetch(fetched, take)
+
+
+@pytest.mark.parametrize("group_id", [(1 << 31) - 1, (1 << 32) - 1, 1 << 32, 1 << 62],
+                         ids=["31_bits", "32_bits", "33_bits", "63_bits"])
+def test_V1_a_large_group_id_moves_or_is_refused_when_submitted(kvwire_harness: Harness, group_id: int) -> None:
+    """V1.2 / S3 / A8: a group id is any int >= 0. A backend that cannot carry one refuses the
+    submission with ``InvalidSubmission`` (nothing escaped: the rows are untouched); one that
+    takes it moves the rows as any others: a transfer of two groups, 0 and the large id, delivers
+    every row of both, byte for byte. Accepting the view and then never concluding (a wire that
+    carries fewer bits, failing on a thread the holder never hears from) is neither."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = ViewPlan((GroupPlan(0, CacheKind.PAGED, 32, 3, (1, 2, 3), (3, 2, 1), 5),
+                     GroupPlan(group_id, CacheKind.PAGED, 32, 3, (0, 2, 4), (4, 0, 2), 5)), 659, shared_names=True)
+    with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan,
+                                                          kind) as bench:
+        what = f"V1.2: a view with group id {group_id}"
+        try:
+            result = ex.transfer(bench)  # checks the bytes of every true bit (A7)
+        except InvalidSubmission as exc:
+            check_refusal_message(exc, what)
+            bench.verify(f"S3.5: after {what} was refused")
+            return
+        fetched = result.fetched
+        assert fetched.is_delivered and all(m.all() for m in fetched.masks), (
+            f"{what} was taken, so its rows move like any others: a transfer of every row gave {fetched!r}")
 
 
 # -- S2 ----------------------------------------------------------------------------------------

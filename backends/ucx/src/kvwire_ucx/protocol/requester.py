@@ -264,8 +264,18 @@ class PullRequester:
         if not spec.one_sided:
             _, credit = self._post(out)
         groups = tuple(zip(spec.group_ids, spec.slot_bytes, strict=True))
-        out.append(Send(wire.Pull(spec.transfer, spec.tag_base, max(1, min(event.remaining_ms, 2**32 - 1)), groups,
-                                  spec.width, spec.names, spec.credentials, credit, one_sided=spec.one_sided)))
+        try:
+            pull = wire.Pull(spec.transfer, spec.tag_base, max(1, min(event.remaining_ms, 2**32 - 1)), groups,
+                             spec.width, spec.names, spec.credentials, credit, one_sided=spec.one_sided)
+        except wire.WireError as exc:
+            # The submission checks what the wire carries; should a pull still not fit it, fail
+            # the attempt with the reason before anything is posted or sent (nothing escaped).
+            out.clear()
+            out.append(Conclude(Outcome.failed(f"the pull cannot be sent: {exc}", self.masks, cause=Cause.FAULT)))
+            out.append(Quiesce())
+            self.state = S.DONE
+            return
+        out.append(Send(pull))
         out.append(Note("asked"))
         out.append(ArmDeadline())
         self.state = S.ASKED
@@ -472,7 +482,7 @@ _R = PullRequester
 
 #: (state, event) -> (the states it may lead to, the step). The whole machine.
 TRANSITIONS: dict[tuple[RequesterState, type], tuple[frozenset[RequesterState], _Step]] = {
-    (S.NEW, Start): (frozenset({S.ASKED}), _R._start),
+    (S.NEW, Start): (frozenset({S.ASKED, S.DONE}), _R._start),
     (S.NEW, HolderCancelled): (frozenset({S.DONE}), _R._holder_cancelled),
     (S.NEW, Shutdown): (frozenset({S.DONE}), _R._shutdown),
 
