@@ -32,7 +32,8 @@ against each.
 - :data:`splits_views`: each view moved as three inner submissions, rows and groups reordered,
   checked whole first so refusals still let nothing escape (A9.1-A9.4, S3.3).
 - :data:`slow_to_stop`: an attempt that did not deliver quiesces a while after it concluded, within
-  a grace its harness documents (A2.6, A4.5, A8.3).
+  a grace its harness documents (A2.6, A4.5, A8.3); :data:`slower_than_patience` takes longer than
+  the short patience ``test_variants.py`` runs it with, still within its documented grace.
 
 Not a variant: a store that declines rows for space within the 32 MiB the harness API asks a
 store to take (``Harness.open``); the suite's exchanges rely on it, as a miss must be the suite's
@@ -87,7 +88,7 @@ __all__ = ["late_reports", "late_reports_peer", "threaded_chunks", "queue_of_one
            "without_cancellation", "without_cancellation_peer", "wakes_from_many_threads",
            "wakes_from_many_threads_peer", "forgets_moved_rows", "forgets_moved_rows_peer", "fetch_only",
            "publish_only", "device_only", "gives_up", "gives_up_peer", "keeps_its_own_bound",
-           "replacing_store", "splits_views", "slow_to_stop"]
+           "replacing_store", "splits_views", "slow_to_stop", "slower_than_patience"]
 
 log = logging.getLogger(__name__)
 
@@ -758,7 +759,7 @@ class _SplitHarness(MutantHarness):
 
 class _SlowToStop(Wrapped):
     """The correct attempt, except that one which did not deliver shows its quiescence
-    :attr:`SlowToStop.STOP_S` after the inner attempt quiesced, as a NIC that finishes its queue
+    its backend's :attr:`SlowToStop.STOP_S` after the inner attempt quiesced, as a NIC that finishes its queue
     after a cancel or a fault; a wake follows from the timer thread."""
 
     def __init__(self, inner: Attempt, view: View, op: str, backend: Mutant) -> None:
@@ -780,7 +781,7 @@ class _SlowToStop(Wrapped):
             start = out is not None and not out.is_delivered and self.inner.quiesced() and not self.timing
             self.timing = self.timing or start
         if start:
-            _timers.at(SlowToStop.STOP_S, self._stop)
+            _timers.at(type(self.backend).STOP_S, self._stop)
 
     def _stop(self) -> None:
         with self.lock:
@@ -837,12 +838,21 @@ class SlowToStop(Mutant):
         return frozenset(a for a in self._attempts() if not a.quiesced())
 
 
-class _SlowToStopHarness(MutantHarness):
-    """:class:`SlowToStop` over the memory store, with the grace it needs documented."""
+class SlowerThanPatience(SlowToStop):
+    """:class:`SlowToStop` with a stop longer than a short patience the suite is run with
+    (``--kvwire-patience``): the documented grace, not the patience, bounds the wait for
+    quiescence (A8.3)."""
 
-    def __init__(self) -> None:
-        super().__init__("slow-to-stop", SlowToStop)
-        self.quiesce_grace_s = self.inner.quiesce_grace_s + SlowToStop.STOP_S
+    STOP_S = 3.0
+
+
+class _SlowToStopHarness(MutantHarness):
+    """:class:`SlowToStop` (or a subclass) over the memory store, with the grace it needs
+    documented."""
+
+    def __init__(self, name: str = "slow-to-stop", backend: type[SlowToStop] = SlowToStop) -> None:
+        super().__init__(name, backend)
+        self.quiesce_grace_s = self.inner.quiesce_grace_s + backend.STOP_S
 
 without_cancellation = MutantHarness("without-cancellation", WithoutCancellation)
 without_cancellation_peer = MutantHarness("without-cancellation-peer", WithoutCancellationPeer,
@@ -864,3 +874,4 @@ keeps_its_own_bound = _KeepsItsOwnBound()
 replacing_store = _ReplacingStore()
 splits_views = _SplitHarness("splits-views", SplitsViews)
 slow_to_stop = _SlowToStopHarness()
+slower_than_patience = _SlowToStopHarness("slower-than-patience", SlowerThanPatience)

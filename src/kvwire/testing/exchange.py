@@ -34,11 +34,14 @@ class Transfer:
 
 
 class Exchange:
-    """Submits on a pair of ends and waits as a holder does."""
+    """Submits on a pair of ends and waits as a holder does. ``grace_s``: the quiescence grace
+    the backend's harness documents (A8); a wait for quiescence allows it beyond the patience,
+    so a backend that takes its documented grace to stop touching memory is not failed for it."""
 
-    def __init__(self, ends: Ends, patience_s: float) -> None:
+    def __init__(self, ends: Ends, patience_s: float, grace_s: float = 0.0) -> None:
         self.ends = ends
         self.patience_s = patience_s
+        self.grace_s = grace_s
         self.caps: Capabilities = ends.source.capabilities()
         self.serving: SuiteServer | None = None
 
@@ -57,7 +60,7 @@ class Exchange:
         return submit(self.ends.sink, "fetch", view, hint or self.ends.fetch_hint, wakes)
 
     def settle(self, sub: Submission, *, quiesce: bool = True, purpose: str | None = None) -> Outcome:
-        return settle(sub, self.patience_s, quiesce=quiesce, purpose=purpose)
+        return settle(sub, self.patience_s + (self.grace_s if quiesce else 0.0), quiesce=quiesce, purpose=purpose)
 
     def serve_one(self) -> None:
         """For a serving peer: answer the next pull from the reuse tree and wait until the answer

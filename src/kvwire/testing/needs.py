@@ -107,7 +107,7 @@ def open_exchange(harness: Harness, *, timeout_s: float = LONG_TIMEOUT_S, max_in
         ends: Ends = harness.open(timeout_s=timeout_s, max_in_flight=max_in_flight, faults=faults, hold=hold)
     except Unavailable as exc:
         pytest.skip(f"harness cannot provide it: {exc}")
-    exchange = Exchange(ends, profiles.active().patience_s)
+    exchange = Exchange(ends, profiles.active().patience_s, harness.quiesce_grace_s)
     if hold and ends.hold is None and not exchange.serves_pulls:
         harness.close(ends)
         pytest.skip("harness cannot hold the backend's other end")

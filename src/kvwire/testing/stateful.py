@@ -89,7 +89,7 @@ class HolderModel(RuleBasedStateMachine):
         super().__init__()
         self.patience = profiles.active().patience_s
         self.ends: Ends = self.harness.open(timeout_s=120.0, max_in_flight=QUEUE)
-        self.ex = Exchange(self.ends, self.patience)
+        self.ex = Exchange(self.ends, self.patience, self.harness.quiesce_grace_s)
         self.caps = self.ex.caps
         self.bound = self.caps.max_in_flight
         rng = np.random.default_rng(0)

@@ -64,7 +64,7 @@ class PullModel(RuleBasedStateMachine):
         super().__init__()
         self.patience = profiles.active().patience_s
         self.ends: Ends = self.harness.open(timeout_s=120.0, max_in_flight=QUEUE)
-        self.ex = Exchange(self.ends, self.patience)
+        self.ex = Exchange(self.ends, self.patience, self.harness.quiesce_grace_s)
         self.caps = self.ex.caps
         self.bound = min(self.caps.max_in_flight, QUEUE)
         self.names = random_names(np.random.default_rng(1), NAMES, 16)
