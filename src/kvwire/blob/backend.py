@@ -72,6 +72,7 @@ from typing import Literal, overload
 
 import numpy as np
 
+from kvwire import waiting
 from kvwire.blob.driver import BatchResult, KeyStatus, StoreDriver
 from kvwire.blob.driver import all_ok as _all_ok
 from kvwire.blob.keys import check_namespace, store_keys
@@ -571,7 +572,7 @@ def _watch(core: _Core) -> None:
                 continue
             if core.stopping:
                 return
-            core.watch.wait(None if nearest == math.inf else nearest - now)
+            core.watch.wait(None if nearest == math.inf else waiting.piece(nearest - now))
 
 
 def _one_per_wake(due: list[_BlobAttempt]) -> Iterable[_BlobAttempt]:
@@ -914,8 +915,8 @@ class BlobBackend(Backend, Lookup):
                 left = None if deadline is None else deadline - time.monotonic()
                 core.closing += 1
                 try:
-                    quiet = (left is None or left > 0) and core.cond.wait_for(
-                        functools.partial(_all_quiesced, pending), timeout=left)
+                    quiet = (left is None or left > 0) and waiting.wait_for(
+                        core.cond, functools.partial(_all_quiesced, pending), left)
                 finally:
                     core.closing -= 1
                 if not quiet:

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from kvwire import waiting
 from kvwire.blob.driver import BatchResult, KeyStatus, StoreDriver
 from kvwire.blob.keys import store_keys
 from kvwire.contract.errors import InvalidSubmission, LookupFailed, SubmissionRejected
@@ -109,7 +110,10 @@ class LookupRunner:
                     self._thread = threading.Thread(target=self._run, name=self._thread_name, daemon=True)
                     self._thread.start()
                 self._cond.notify()
-            answered = job.done.wait(max(0.0, timeout_s - (time.monotonic() - began)))
+            end = began + timeout_s
+            while not job.done.wait(waiting.piece(max(0.0, end - time.monotonic()))) and time.monotonic() < end:
+                pass  # a wait of over an hour goes in pieces (kvwire.waiting)
+            answered = job.done.is_set()
         if not answered:
             job.abandoned = True
             raise LookupFailed(

@@ -20,6 +20,7 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TypeVar
 
+from kvwire import waiting
 from kvwire.contract import Attempt, Backend, Hint, Outcome, View
 
 __all__ = [
@@ -86,7 +87,7 @@ class Wakes:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
-                self._cond.wait(left)
+                self._cond.wait(waiting.piece(left))
             return True
 
 

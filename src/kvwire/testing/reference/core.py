@@ -29,6 +29,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from kvwire import waiting
 from kvwire.contract import (
     CONTRACT_VERSION,
     SERVE_PULLS,
@@ -258,7 +259,7 @@ class Reactor:
                     if self._wakes or self._stopping:
                         break
                     timeout = self._deadlines[0][0] - now if self._deadlines else None
-                    self.lock.wait(timeout)
+                    self.lock.wait(waiting.piece(timeout))
                 wakes, self._wakes = self._wakes, []
                 stop = self._stopping and not self._wakes
             for wake in wakes:

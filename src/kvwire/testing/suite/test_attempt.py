@@ -22,6 +22,7 @@ from kvwire.testing.harness import FaultPlan, Harness, Hold, shut_down
 from kvwire.testing.holder import Submission, call_briefly, same_outcome, settle, speaks_causes, wait_for
 from kvwire.testing.layout import Bench, ViewPlan, simple_plan
 from kvwire.testing.plans import pages
+from kvwire.testing.serving import PullHold
 from kvwire.testing.strategies import view_plans
 
 #: Bytes the holder writes into rows it got back, to see whether a backend writes after.
@@ -622,6 +623,62 @@ def test_A8_a_hint_deadline_longer_than_the_option_is_kept(kvwire_harness: Harne
             f"A8.4: once the held other end answered, the fetch (hint deadline {needs.LONG_TIMEOUT_S:g} s) must "
             f"deliver every offered row: {out!r}")
         bench.apply_fetch(out)
+
+
+@pytest.mark.parametrize("far_s", [1e10, 1e300], ids=["1e10 s", "1e300 s"])
+def test_A8_a_far_deadline_leaves_a_near_one_kept(kvwire_harness: Harness, far_s: float) -> None:
+    """A8.2 / H1.6: a hint's ``timeout_s`` may be any finite number of seconds. With the other end
+    held, a fetch whose deadline is ``far_s`` away stays in flight, and a second fetch on the same
+    backend whose deadline is 0.4 s fails by then; once the other end answers, the far one
+    delivers. (A deadline thread that hands the far wait to a lock, which refuses waits past
+    about 292 years, or to a platform ``time_t``, which overflows near 1e10 s, dies and keeps
+    no deadline afterwards.)"""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    needs.in_flight(caps, 2)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    near_s, slack_s = 0.4, 2.0
+    plan = simple_plan(groups=1, rows=2, seed=127, shared_names=needs.shares_names(caps))
+    with needs.open_exchange(kvwire_harness, hold=True) as ex, Bench(
+            kvwire_harness, ex.ends.source, ex.ends.sink, plan, kind) as bench:
+        base = ex.ends.fetch_hint
+        ex.offer(bench)
+        holds: list[Hold] = []
+        if ex.store:
+            assert ex.ends.hold is not None
+            holds.append(ex.ends.hold())
+        try:
+            far = ex.fetch(bench.sink_view({0: [0]}), Hint(base.kind, base.fields, far_s))
+            if ex.serves_pulls:
+                holds.append(PullHold(ex.holder(), ex.holder().take(1)[0]))
+            else:
+                wait_for(lambda: holds[0].waiting() > 0 or far.wakes.count > 0, profiles.active().patience_s,
+                         "A3: the held other end receiving the far fetch")
+            started = time.monotonic()
+            near = ex.fetch(bench.sink_view({0: [1]}), Hint(base.kind, base.fields, near_s))
+            if ex.serves_pulls:
+                holds.append(PullHold(ex.holder(), ex.holder().take(1)[0]))
+            out = settle(near, near_s + slack_s + profiles.active().patience_s, quiesce=False,
+                         purpose=f"A8.2: a fetch with a deadline of {near_s:g} s, beside one whose deadline is "
+                                 f"{far_s:g} s away, concluding by its deadline")
+            took = time.monotonic() - started
+            assert out.is_failed and took <= near_s + slack_s, (
+                f"A8.2: beside a fetch whose deadline is {far_s:g} s away, a fetch with a deadline of {near_s:g} s must "
+                f"fail by then; it concluded after {took:.2f} s: {out!r}")
+            assert far.poll() is None, (
+                f"A8.2/H1.6: the fetch whose deadline is {far_s:g} s away concluded while its other end was held: "
+                f"{far.poll()!r}")
+        finally:
+            for hold in holds:
+                hold.release()
+        got = ex.settle(far)
+        assert got.is_delivered and got.masks[0].all(), (
+            f"A8.2: once its other end answered, the fetch with a deadline {far_s:g} s away must deliver: {got!r}")
+        for hold in holds:
+            hold.wait_idle(profiles.active().patience_s)
+        ex.settle(near)
+        bench.forget_sink()
+        bench.apply_fetch(got, {0: [0]})
 
 
 # -- A9 ----------------------------------------------------------------------------------------
