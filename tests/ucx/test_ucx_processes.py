@@ -217,3 +217,41 @@ def test_an_address_that_fails_at_once_fails_the_pull_with_the_reason(requester,
     assert "could not connect to 224.0.0.1" in outcome.reason and "unreachable" in outcome.reason.lower(), outcome
     engine_errors = [r for r in caplog.records if r.name.startswith("kvwire_ucx") and r.levelno >= logging.ERROR]
     assert not engine_errors, [r.getMessage() for r in engine_errors]
+
+
+def test_an_address_whose_host_no_socket_takes_is_refused_when_submitted(requester) -> None:
+    """H1.11 / S3.2: an address whose host a socket could never be asked to reach (a NUL byte,
+    spaces, text that is no ASCII host name) raises ``InvalidSubmission`` from ``fetch()``; such
+    a host once passed the decoder and failed inside the connect on the progress thread, where
+    the pull never started and never concluded."""
+    import struct
+
+    from kvwire.contract import InvalidSubmission
+
+    req, _ = requester(4096, 2)
+    for host in ("a\x00b", "two words", "é" * 3):
+        raw = host.encode()
+        address = struct.pack(">4sBQHB", b"KVUA", 1, 1, 5, len(raw)) + raw  # the address layout, by hand
+        with pytest.raises(InvalidSubmission, match="host"):
+            req.fetch(address, block_names(2), timeout_s=8)
+
+
+def test_a_host_the_socket_refuses_inside_the_connect_fails_the_pull_with_the_reason(requester, caplog,
+                                                                                    monkeypatch) -> None:
+    """Should a host still reach the connect and make the socket raise something other than
+    ``OSError`` there (a ``TypeError`` or ``UnicodeError`` for text it cannot encode), the pull
+    fails with the reason at once, and the engine logs no error of its own."""
+    from kvwire_ucx.address import PeerAddress
+
+    req, _ = requester(4096, 2)
+    address = PeerAddress("127.0.0.1", 5, 1)
+    raw = address.to_bytes()
+    object.__setattr__(address, "host", "a\x00b")  # past the address's own check: the connect's guard alone
+    monkeypatch.setattr(PeerAddress, "from_bytes", classmethod(lambda cls, data: address))
+    with caplog.at_level(logging.WARNING, logger="kvwire_ucx"):
+        attempt, slots = req.fetch(raw, block_names(2), timeout_s=8)
+        outcome = req.wait(attempt, slots, 15)
+    assert outcome.is_failed and outcome.cause is Cause.PEER_GONE, outcome
+    assert "could not connect" in outcome.reason and "null" in outcome.reason.lower(), outcome
+    engine_errors = [r for r in caplog.records if r.name.startswith("kvwire_ucx") and r.levelno >= logging.ERROR]
+    assert not engine_errors, [r.getMessage() for r in engine_errors]

@@ -7,6 +7,7 @@ The instance id lets a requester notice that another process now answers at that
 from __future__ import annotations
 
 import ipaddress
+import re
 import struct
 from dataclasses import dataclass
 
@@ -16,6 +17,9 @@ _MAGIC = b"KVUA"
 _VERSION = 1
 _HEAD = struct.Struct(">4sBQHB")
 MAX_ADDRESS_BYTES = _HEAD.size + 255
+#: A DNS host name in ASCII (an international one in its IDNA form): dot-separated labels of
+#: letters, digits, '-' and '_', each 1..63 characters.
+_HOST_NAME = re.compile(r"(?!-)[A-Za-z0-9_-]{1,63}(?:\.(?!-)[A-Za-z0-9_-]{1,63})*\.?")
 
 
 class AddressError(ValueError):
@@ -33,6 +37,9 @@ class PeerAddress:
     def __post_init__(self) -> None:
         if not isinstance(self.host, str) or not 1 <= len(self.host.encode()) <= 255:
             raise AddressError(f"address host must be 1..255 bytes of text, got {self.host!r}")
+        if not _is_host(self.host):
+            raise AddressError(f"address host {self.host!r} is neither an IP address nor an ASCII host name; "
+                               "give an international name in its IDNA (xn--) form")
         if not isinstance(self.port, int) or not 1 <= self.port <= 65535:
             raise AddressError(f"address port must be 1..65535, got {self.port!r}")
         if not isinstance(self.instance, int) or not 0 <= self.instance < 1 << 64:
@@ -71,6 +78,18 @@ class PeerAddress:
 
     def __str__(self) -> str:
         return f"{self.host}:{self.port}"
+
+
+def _is_host(host: str) -> bool:
+    """Whether a socket can be asked to reach ``host``: an IP address (an IPv6 one with a
+    ``%zone`` too) or an ASCII host name. Text with a NUL, spaces or non-ASCII characters
+    would fail inside the connect, on the progress thread, not at submission."""
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        pass
+    return _HOST_NAME.fullmatch(host) is not None and len(host) <= 253
 
 
 def is_loopback(host: str) -> bool:

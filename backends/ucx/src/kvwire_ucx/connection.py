@@ -131,9 +131,12 @@ class Connections:
         conn.out += wire.encode(hello)
         try:
             code = sock.connect_ex((address.host, address.port))
-        except OSError as exc:  # a host name that does not resolve (gaierror), a bad address
+        except (OSError, ValueError, TypeError) as exc:
+            # a host name that does not resolve (gaierror), a bad address, a host the socket
+            # cannot encode: the pull fails with the reason, never a fault on the progress thread
             self._reactor.register(sock, selectors.EVENT_READ, conn)  # so that close unregisters it uniformly
-            return conn, f"could not connect to {address}: {exc.strerror or exc}"
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            return conn, f"could not connect to {address}: {reason}"
         if code in (0, errno.EINPROGRESS, errno.EWOULDBLOCK, errno.EAGAIN):
             self._reactor.register(sock, selectors.EVENT_WRITE | selectors.EVENT_READ, conn)
             conn.want_write = True
