@@ -89,3 +89,28 @@ def test_any_options_give_validated_values_or_a_config_error_naming_the_key(tmp_
     else:
         resolved = cfg.resolved()
         assert set(resolved) >= {"capacity_bytes", "eviction", "timeout_s", "max_in_flight", "namespace", "store"}
+
+
+from kvwire.registry import load  # noqa: E402
+
+
+@pytest.mark.parametrize(("backend", "options", "needle"), [
+    ("memory", {"timeout_s": float("nan")}, "timeout_s"),
+    ("memory", {"timeout_s": "inf"}, "timeout_s"),
+    ("ucx", {"timeout_s": float("-inf")}, "timeout_s"),
+    ("files", {"root": ""}, "root"),
+    ("files", {"root": "   "}, "root"),
+    ("example", {"namespace": "/starts-with-a-slash"}, "namespace"),
+    ("example", {"max_in_flight": 2**70}, "max_in_flight"),
+    ("mooncake", {"max_in_flight": 2**70}, "max_in_flight"),
+    ("ucx", {"listen_host": "0.0.0.0"}, "advertise_host"),
+])
+def test_values_a_backend_cannot_use_are_config_errors_naming_them(tmp_path, monkeypatch, backend, options, needle):
+    """A number that is not finite (NaN passes every range check), an empty store directory (it
+    would be the current one), a namespace the plugin's own check refuses, a queue bound no
+    machine can hold, options that contradict each other: each is a ConfigError naming the
+    option, raised by build() before anything is made (no store files in the working directory)."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=needle):
+        load(backend).build(options)
+    assert not list(tmp_path.iterdir()), f"building {backend} with {options} left {list(tmp_path.iterdir())}"

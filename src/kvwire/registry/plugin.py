@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -96,6 +97,8 @@ class Option:
             value = float(value)
         if not isinstance(value, self.type) or (self.type is int and isinstance(value, bool)):
             raise ConfigError(f"{where}: {value!r} is a {type(value).__name__}; expected {self.describe()}")
+        if isinstance(value, float) and not math.isfinite(value):  # NaN passes every comparison
+            raise ConfigError(f"{where}: {value!r} is not a finite number; expected {self.describe()}")
         if self.choices is not None and value not in self.choices:
             raise ConfigError(f"{where}: {value!r} is not allowed; expected {self.describe()}")
         number = value if isinstance(value, (int, float)) else None  # bounds are declared for numbers only
@@ -153,5 +156,13 @@ class Plugin:
         return [f"{o.describe()}: {o.help}" for o in self.options]
 
     def build(self, options: Mapping[str, Any] | None = None) -> Backend:
-        """A backend built from ``options`` after validation."""
-        return self.create(self.resolve(options or {}))
+        """A backend built from ``options`` after validation. A value the plugin's own checks
+        refuse (its ``create`` raising ``ValueError``: a namespace of the wrong form, options that
+        contradict each other) is a :class:`ConfigError` too, naming the backend."""
+        resolved = self.resolve(options or {})
+        try:
+            return self.create(resolved)
+        except ConfigError:
+            raise
+        except ValueError as exc:
+            raise ConfigError(f"backend {self.name!r}: {exc}") from exc

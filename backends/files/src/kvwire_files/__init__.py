@@ -43,6 +43,9 @@ def create(options: Mapping[str, Any]) -> BlobBackend:
         namespace = check_namespace(options["namespace"])
     except ValueError as exc:
         raise ConfigError(f"option 'namespace' of backend 'files': {exc}") from None
+    if not options["root"].strip():
+        raise ConfigError("option 'root' of backend 'files' is empty; name the store's directory (an empty root "
+                          "would put the store in the current directory)")
     try:
         store = FileStore(options["root"], capacity_bytes=options["capacity_bytes"], eviction=options["eviction"],
                           fsync=options["fsync"])

@@ -49,7 +49,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("timeout_s", float, 30.0, "Deadline of each publish or fetch unless the hint gives one.",
            minimum=0.001),
     Option("max_in_flight", int, 64, "Attempts neither concluded nor quiesced at once; more are rejected.",
-           minimum=1),
+           minimum=1, maximum=1 << 16),
     Option("check_existing", bool, True,
            "Ask which keys already exist before a put, to report them ALREADY_THERE (Mooncake's put of an "
            "existing key answers 0 and keeps the first object, moving no bytes). Costs one master round "

@@ -90,7 +90,8 @@ OPTIONS = (
     Option("store", str, "default", "the in-process store: backends naming the same one share it"),
     Option("namespace", str, "default", "key namespace when a hint names none"),
     Option("timeout_s", float, 30.0, "each attempt's deadline unless its hint gives one", minimum=0.001),
-    Option("max_in_flight", int, 64, "attempts in flight before submissions are rejected", minimum=1),
+    Option("max_in_flight", int, 64, "attempts in flight before submissions are rejected", minimum=1,
+           maximum=1 << 16),
 )
 
 
