@@ -276,3 +276,50 @@ def test_outcome_does_not_depend_on_chunking(store, make_backend, workers):
         outs.append((got.status, got.masks[0].tolist(), dst.array.tobytes()))
         backend.close()
     assert outs[0] == outs[1] == outs[2]
+
+
+class _BoundedDriver(MemoryDriver):
+    """The memory driver with a bound on keys per call, recording each call's key count."""
+
+    def __init__(self, store: MemoryStore, most: int) -> None:
+        super().__init__(store)
+        self.max_batch_keys = most
+        self.calls: list[int] = []
+
+    def put(self, keys, addresses, sizes):  # type: ignore[no-untyped-def]
+        self.calls.append(len(keys))
+        return super().put(keys, addresses, sizes)
+
+    def get_into(self, keys, addresses, sizes):  # type: ignore[no-untyped-def]
+        self.calls.append(len(keys))
+        return super().get_into(keys, addresses, sizes)
+
+    def get_into_now(self, keys, addresses, sizes):  # type: ignore[no-untyped-def]
+        self.calls.append(len(keys))
+        return super().get_into_now(keys, addresses, sizes)
+
+
+@pytest.mark.parametrize("chunk_bytes", [1 << 20, 100], ids=["one byte window", "many byte windows"])
+def test_no_driver_call_gets_more_keys_than_the_driver_takes(store, make_backend, chunk_bytes):
+    """A driver's max_batch_keys bounds every call, small submissions moved inside the call
+    (inline) included: 11 rows with a bound of 3 go in calls of at most 3, and every row is
+    published and fetched whole, byte for byte."""
+    writer, reader = _BoundedDriver(store, 3), _BoundedDriver(store, 3)
+    a = make_backend(writer, chunk_bytes=chunk_bytes)
+    b = make_backend(reader, chunk_bytes=chunk_bytes)
+    src, dst = Slab.make(11, 64, seed=5), Slab.make(11, 64)
+    a.register_regions([src.region])
+    b.register_regions([dst.region])
+    sent = run(a, "publish", view(group(src, range(11), range(11))))
+    got = run(b, "fetch", view(group(dst, range(11), range(11))))
+    assert sent.is_delivered and sent.masks[0].all() and got.is_delivered and got.masks[0].all()
+    np.testing.assert_array_equal(dst.array, src.array)
+    assert writer.calls and max(writer.calls) <= 3 and sum(writer.calls) == 11, writer.calls
+    assert reader.calls and max(reader.calls) <= 3 and sum(reader.calls) == 11, reader.calls
+
+
+def test_a_driver_bound_that_is_no_positive_int_is_refused(store):
+    driver = MemoryDriver(store)
+    driver.max_batch_keys = 0
+    with pytest.raises(ValueError, match="max_batch_keys"):
+        BlobBackend(driver)

@@ -113,6 +113,23 @@ def test_rows_published_by_one_backend_are_fetched_by_another(
     assert np.array_equal(dst.array, expected)
 
 
+def test_a_submission_of_many_small_rows_moves_whole_within_its_deadline(
+        writer: BlobBackend, reader: BlobBackend, registered: Callable[[BlobBackend, int, int], Rows]) -> None:
+    """32768 rows of 8 bytes in one publish and one fetch: every row moves, well within the
+    deadline. One client call of 8192 such rows overflowed Mooncake's transfer queue (about half
+    the rows failed, and the call stayed inside the client past the deadline and its grace), so
+    the driver declares max_batch_keys and the backend cuts chunks at it."""
+    count = 32768
+    src, dst = registered(writer, 8, count), registered(reader, 8, count)
+    expected = src.fill_random(13)
+    names = names_for(count)
+    published = publish(writer, src, names, limit_s=10.0)
+    assert published.outcome.is_delivered and published.outcome.masks[0].all(), published.outcome
+    fetched = fetch(reader, dst, names, limit_s=10.0)
+    assert fetched.outcome.is_delivered and fetched.outcome.masks[0].all(), fetched.outcome
+    assert np.array_equal(dst.array, expected)
+
+
 def test_a_second_publish_of_the_same_names_is_held_not_failed(
         writer: BlobBackend, reader: BlobBackend, registered: Callable[[BlobBackend, int, int], Rows]) -> None:
     first, second, dst = registered(writer, ROW, 2), registered(writer, ROW, 2), registered(reader, ROW, 2)

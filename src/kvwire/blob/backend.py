@@ -9,8 +9,8 @@ How it keeps the contract:
   thread while the others stay parked (a store call made from a thread that alternates with
   another ran slower on a busy machine).
 - **Chunks.** A submission's rows are cut into chunks of about ``chunk_bytes`` (the rows whose
-  bytes start within one ``chunk_bytes`` window, so at most ``chunk_bytes`` plus one row). One
-  chunk is one driver call. Cancellation and the deadline are checked between chunks; a chunk
+  bytes start within one ``chunk_bytes`` window, so at most ``chunk_bytes`` plus one row), and
+  of at most the driver's ``max_batch_keys`` rows when it sets one. One chunk is one driver call. Cancellation and the deadline are checked between chunks; a chunk
   already inside the driver runs to its end.
 - **Masks (A5, A7).** A fetched row's bit is true when the driver answered ``OK``; ``MISSING``
   is a miss (false bit, still delivered). A published row's bit is true when the store holds it
@@ -627,6 +627,10 @@ class BlobBackend(Backend, Lookup):
         self._inline_bytes = {op: min(value, chunk_bytes) for op, value in limits.items()}
         self._timeout_s = float(timeout_s)
         self._chunk_bytes = chunk_bytes
+        rows = driver.max_batch_keys
+        if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 1):
+            raise ValueError(f"the driver's max_batch_keys must be None or an int >= 1, got {rows!r}")
+        self._chunk_rows = rows
         self._owns_driver = owns_driver
         self._id = next(_backend_ids)
         self._lookups = LookupRunner(driver, f"kvwire-blob{self._id}-lookup") if driver.offers_contains else None
@@ -744,11 +748,11 @@ class BlobBackend(Backend, Lookup):
                 unorder = np.argsort(order)
             else:
                 flat_addresses = flat_sizes = _NO_ROWS
-        inline = total_bytes <= self._inline_bytes[op]
-        if total_bytes <= self._chunk_bytes:
+        if total_bytes <= self._chunk_bytes and (self._chunk_rows is None or len(keys) <= self._chunk_rows):
             bounds = [0, len(keys)]  # one chunk; an empty submission still concludes on a worker
         else:
             bounds = self._chunk_bounds(flat_sizes).tolist()
+        inline = total_bytes <= self._inline_bytes[op] and len(bounds) == 2  # one chunk, moved in the call
         with core.cond:
             if core.closed:
                 raise SubmissionRejected(f"this blob backend is shut down; it takes no {op}")
@@ -866,7 +870,13 @@ class BlobBackend(Backend, Lookup):
         starts = np.cumsum(sizes, dtype=np.int64) - sizes.astype(np.int64)
         window = starts // self._chunk_bytes
         cuts = np.flatnonzero(window[1:] != window[:-1]) + 1
-        return np.concatenate(([0], cuts, [n])).astype(np.int64)
+        bounds = np.concatenate(([0], cuts, [n])).astype(np.int64)
+        most = self._chunk_rows
+        if most is not None and n and int(np.diff(bounds).max()) > most:
+            # and at most the driver's max_batch_keys rows each: cut long chunks every that many rows
+            bounds = np.unique(np.concatenate([np.arange(a, b, most) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+                                              + [np.array([n])]))
+        return bounds
 
     # -- lifecycle (B3) ------------------------------------------------------------------------
 

@@ -120,6 +120,12 @@ class StoreDriver(abc.ABC):
     #: (the files store on a disk, whose pages are cached or not): it answers ``None`` then.
     inline_get_bytes: int | None = None
 
+    #: The most keys one ``put`` or ``get_into`` call is given, or ``None`` for no bound: the blob
+    #: backend cuts a submission into chunks of at most this many rows, besides its byte bound.
+    #: A store whose client queues one request per key and refuses or stalls past some depth
+    #: (Mooncake's transfer queue) sets it, so one call never asks more than it takes.
+    max_batch_keys: int | None = None
+
     #: Whether a lookup (L1) first tries :meth:`contains_now` on the caller's thread, rather than
     #: handing ``contains`` to the backend's lookup thread at once (a lookup must answer within its
     #: deadline, L1.7, also when the store stalls).

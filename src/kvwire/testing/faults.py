@@ -162,6 +162,7 @@ class FaultyDriver(StoreDriver):
             if not isinstance(fault, (FailCall, FailKeys, Decline, Evict, Block, Slow)):
                 raise TypeError(f"not a fault record: {fault!r}")
         self.memory_kinds = inner.memory_kinds
+        self.max_batch_keys = inner.max_batch_keys
         self._owns_inner = owns_inner
         self._cond = threading.Condition()
         self._calls: Counter[str] = Counter()

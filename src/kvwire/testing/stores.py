@@ -43,6 +43,7 @@ class ControlledDriver(StoreDriver):
         self.inner = inner
         self.control = control
         self.memory_kinds = inner.memory_kinds
+        self.max_batch_keys = inner.max_batch_keys
 
     def register(self, regions: Sequence[SlotRegion]) -> None:
         self.inner.register(regions)
