@@ -505,8 +505,10 @@ def test_B4_undeclared_cancellation_of_a_held_fetch_never_blocks(kvwire_harness:
         bench.apply_fetch(out)
 
 
-def test_B4_undeclared_protocols_are_not_offered(kvwire_harness: Harness) -> None:
-    """A backend offers an optional protocol's interface only if it declares the protocol."""
+def test_B4_an_undeclared_serving_protocol_refuses_every_call(kvwire_harness: Harness) -> None:
+    """B4.7: a backend that implements ``ServesPulls`` without declaring ``serve-pulls`` refuses
+    every call of it with ``InvalidSubmission`` (``address()``, ``serve()``, ``incoming()``), and
+    never calls the wake it was given."""
     from kvwire.contract.serving import ServesPulls
 
     caps = kvwire_harness.capabilities()
@@ -514,8 +516,14 @@ def test_B4_undeclared_protocols_are_not_offered(kvwire_harness: Harness) -> Non
         pytest.skip(f"backend declares the {SERVE_PULLS} protocol")
     with needs.open_exchange(kvwire_harness) as ex:
         for backend in ex.ends.backends:
-            assert not isinstance(backend, ServesPulls) or SERVE_PULLS in backend.capabilities().protocols, (
-                f"B4: the backend implements ServesPulls but does not declare {SERVE_PULLS!r}")
+            if not isinstance(backend, ServesPulls):
+                continue
+            woken: list[int] = []
+            calls = {"address()": backend.address, "serve(wake)": lambda: backend.serve(lambda: woken.append(1)),  # noqa: B023
+                     "incoming()": backend.incoming}
+            for what, call in calls.items():
+                refused(call, f"B4.7: {what} on a backend that does not declare the {SERVE_PULLS} protocol")
+            assert not woken, f"B4.7: a refused serve() called its wake {len(woken)} time(s)"
 
 
 def test_B4_an_undeclared_lookup_refuses_every_call(kvwire_harness: Harness) -> None:
