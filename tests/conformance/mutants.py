@@ -124,6 +124,7 @@ class MutantHarness(Harness):
         self.mutant = mutant
         self.inner = inner if inner is not None else MemoryHarness()
         self.quiesce_grace_s = self.inner.quiesce_grace_s
+        self.lookup_faults = self.inner.lookup_faults
         self.inner_timeout_s = inner_timeout_s
         self.setup = setup
 

@@ -29,6 +29,7 @@ from kvwire.contract import (
     WakeFn,
 )
 from kvwire.contract.backend import Registration
+from kvwire.contract.errors import LookupFailed
 from kvwire.contract.outcome import OutcomeStatus
 from kvwire.testing.reference.peer import Declined, Fabric, ReferencePeer, Request
 
@@ -43,6 +44,8 @@ CATCHES = [
     ("second_cancel_forces_quiescence", "A4", "A4 and second_cancel"),
     ("lookup_answers_the_first_thousand", "L1", "L1 and thousands_of_names"),
     ("declined_before_serve_still_queued", "N2", "N2 and declined_before_serve"),
+    ("lookup_fault_as_not_held", "L1", "L1 and fault_at_the_other_end"),
+    ("lookup_fault_raised_plainly", "L1", "L1 and fault_at_the_other_end"),
 ]
 
 
@@ -290,6 +293,33 @@ class DeclinedBeforeServeStillQueued(PeerMutant):
     ``incoming()`` hands it over once ``serve()`` is called, ahead of the pulls made since."""
 
 
+# -- L1.8: a store fault during a lookup ----------------------------------------------------------------
+
+class LookupFaultAsNotHeld(Mutant):
+    """L1.8: a lookup whose store call fails answers every name "not held" (a client that reads
+    an error code as absence)."""
+
+    def lookup(self, groups: Sequence[int], names: np.ndarray, hint: Hint,
+               timeout_s: float | None = None) -> np.ndarray:
+        try:
+            return super().lookup(groups, names, hint, timeout_s)
+        except LookupFailed:
+            answer = np.zeros(len(names), dtype=bool)
+            answer.setflags(write=False)
+            return answer
+
+
+class LookupFaultRaisedPlainly(Mutant):
+    """L1.8: a lookup whose store call fails lets the store's error out as ``RuntimeError``."""
+
+    def lookup(self, groups: Sequence[int], names: np.ndarray, hint: Hint,
+               timeout_s: float | None = None) -> np.ndarray:
+        try:
+            return super().lookup(groups, names, hint, timeout_s)
+        except LookupFailed as exc:
+            raise RuntimeError(f"store error: {exc}") from None
+
+
 shutdown_lets_fetches_finish = MutantHarness("shutdown-lets-fetches-finish", ShutdownLetsFetchesFinish)
 shutdown_concludes_fetches_unwoken = MutantHarness("shutdown-concludes-fetches-unwoken",
                                                    ShutdownConcludesFetchesUnwoken)
@@ -300,3 +330,5 @@ second_cancel_forces_quiescence = MutantHarness("second-cancel-forces-quiescence
 lookup_answers_the_first_thousand = MutantHarness("lookup-answers-the-first-thousand", LookupAnswersTheFirstThousand)
 declined_before_serve_still_queued = MutantHarness("declined-before-serve-still-queued", DeclinedBeforeServeStillQueued,
                                                    inner=_UnservedQueueHarness())
+lookup_fault_as_not_held = MutantHarness("lookup-fault-as-not-held-by-the-store", LookupFaultAsNotHeld)
+lookup_fault_raised_plainly = MutantHarness("lookup-fault-raised-plainly", LookupFaultRaisedPlainly)

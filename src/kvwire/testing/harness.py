@@ -81,12 +81,16 @@ class FaultPlan:
 
     fetch: frozenset[bytes] = frozenset()
     publish: frozenset[bytes] = frozenset()
+    #: A lookup (L1) that asks about a name listed here meets a fault at the other end for that
+    #: name (a store fails it). Only a harness whose :attr:`Harness.lookup_faults` is true
+    #: applies it; the suite asks for it nowhere else.
+    lookup: frozenset[bytes] = frozenset()
     #: For a store backend: :mod:`kvwire.testing.faults` records that a
     #: :class:`~kvwire.testing.faults.FaultyDriver` applies to each end's driver.
     schedule: tuple[Any, ...] = ()
 
     def __bool__(self) -> bool:
-        return bool(self.fetch or self.publish or self.schedule)
+        return bool(self.fetch or self.publish or self.lookup or self.schedule)
 
 
 @dataclass
@@ -137,6 +141,11 @@ class Harness(abc.ABC):
     #: How long after its deadline (A8) an attempt may take to quiesce: the grace the backend
     #: documents. The suite fails an attempt that takes longer.
     quiesce_grace_s: float = 5.0
+
+    #: Whether :meth:`open` applies :attr:`FaultPlan.lookup` (fails a lookup's listed names at
+    #: the other end). The L1.8 test skips unless it does; a harness written before the field
+    #: existed ignores it, so it is off by default.
+    lookup_faults: bool = False
 
     @abc.abstractmethod
     def open(self, *, timeout_s: float, max_in_flight: int | None = None,

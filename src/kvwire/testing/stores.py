@@ -33,6 +33,7 @@ class StoreControl(Gate):
         plan = faults or FaultPlan()
         self.fail_get = frozenset(n.hex() for n in plan.fetch)
         self.fail_put = frozenset(n.hex() for n in plan.publish)
+        self.fail_lookup = frozenset(n.hex() for n in plan.lookup)
 
 
 class ControlledDriver(StoreDriver):
@@ -61,9 +62,10 @@ class ControlledDriver(StoreDriver):
         return self.inner.exists(keys)
 
     def contains(self, keys: Sequence[str]) -> BatchResult:
-        """The inner driver's answer, held like every put and get (lookup, L1)."""
-        with self.control.passage():
-            return self.inner.contains(keys)
+        """The inner driver's answer, held like every put and get (lookup, L1); the names the
+        plan lists for lookups answer ``FAILED``."""
+        return self._call(lambda k, _a, _s: self.inner.contains(k), self.control.fail_lookup, keys,
+                          np.zeros(len(keys), dtype=np.uint64), np.zeros(len(keys), dtype=np.uint64))
 
     @property
     def offers_contains(self) -> bool:
@@ -107,6 +109,8 @@ class StoreHarness(Harness):
 
     #: Options passed to :class:`~kvwire.blob.BlobBackend` besides namespace, timeout and queue.
     blob_options: dict[str, Any] = {}
+
+    lookup_faults = True  # the controlled driver fails a lookup's listed names
 
     @abc.abstractmethod
     def new_store(self) -> Any:

@@ -6,6 +6,7 @@ is checked against what the suite knows it holds."""
 
 from __future__ import annotations
 
+import functools
 import time
 
 import numpy as np
@@ -19,7 +20,7 @@ from kvwire.contract.errors import LookupFailed, SubmissionError
 from kvwire.contract.lookup import LOOKUP, Lookup
 from kvwire.testing import needs, profiles
 from kvwire.testing.exchange import Exchange
-from kvwire.testing.harness import Harness
+from kvwire.testing.harness import FaultPlan, Harness
 from kvwire.testing.holder import call_briefly, settle, wait_for
 from kvwire.testing.layout import Bench, ViewPlan, random_names, simple_plan
 from kvwire.testing.strategies import selections
@@ -349,6 +350,37 @@ def test_L1_answers_are_new_plain_read_only_bool_arrays(kvwire_harness: Harness)
         assert empty.shape == (0,)
         _expect(before, np.zeros(3, bool), "names before they were offered")
         _expect(after, np.ones(3, bool), "names after they were offered")
+
+
+def test_L1_a_fault_at_the_other_end_fails_the_lookup_never_answers_not_held(kvwire_harness: Harness) -> None:
+    """L1.8: a lookup during which the other end fails for one of the names it asks about (the
+    harness injects the fault, ``FaultPlan.lookup``) raises ``LookupFailed``, saying why; it never
+    answers that name "not held", nor lets the store's own exception out. A lookup of the other
+    names alone answers as usual."""
+    caps = kvwire_harness.capabilities()
+    _needs_lookup(caps)
+    if not kvwire_harness.lookup_faults:
+        pytest.skip("harness cannot fail a lookup's names (Harness.lookup_faults is off)")
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = _plan(caps, groups=1, rows=4, seed=331)
+    faulty = Bench(kvwire_harness, None, None, plan, kind).names[0][2].tobytes()
+    with needs.open_exchange(kvwire_harness, faults=FaultPlan(lookup=frozenset({faulty}))) as ex, Bench(
+            kvwire_harness, ex.ends.source, ex.ends.sink, plan, kind) as bench:
+        ex.offer(bench)
+        gid, names = plan.groups[0].group_id, bench.names[0]
+        for asked, what in ((names, "every offered name, one of them faulty"), (names[2:3], "the faulty name alone")):
+            try:
+                answer = call_briefly(functools.partial(_asker(ex).lookup, [gid], asked, ex.ends.fetch_hint),
+                                      f"L1.8: a lookup of {what}")
+            except LookupFailed as exc:
+                assert str(exc).strip(), f"L1.8: LookupFailed for a fault at the other end ({what}) gave no reason"
+                continue
+            except Exception as exc:
+                raise AssertionError(f"L1.8: a lookup of {what} met a fault at the other end and raised "
+                                     f"{type(exc).__name__}: {exc}; the contract raises LookupFailed") from exc
+            raise AssertionError(f"L1.8: a lookup of {what} met a fault at the other end and answered "
+                                 f"{np.asarray(answer).astype(int).tolist()}; a fault is never \"not held\"")
+        _expect(_ask(ex, [gid], np.delete(names, 2, axis=0)), np.ones(3, dtype=bool), "the offered names without the faulty one")
 
 
 @pytest.mark.parametrize("source", ["argument", "hint", "options", "argument over hint"])
