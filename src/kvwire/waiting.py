@@ -1,9 +1,8 @@
 """Waits of any length on threading primitives.
 
 A deadline may be any finite number of seconds (contract A8, H1.6), but Python refuses a single
-wait on a lock, condition or event beyond ``threading.TIMEOUT_MAX`` (about 292 years on Linux),
-and some platforms overflow a ``time_t`` inside the wait sooner (1e10 s here), with
-``OverflowError``. A thread that keeps deadlines and meets that error dies, and keeps none
+wait on a lock, condition or event beyond ``threading.TIMEOUT_MAX`` (about 9.2e9 s, 292 years, on
+Linux) with ``OverflowError``. A thread that keeps deadlines and meets that error dies, and keeps none
 afterwards. So every wait on a caller's deadline waits in pieces of at most
 :data:`LONGEST_WAIT_S`, looking at the clock again after each."""
 
@@ -13,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 
-__all__ = ["LONGEST_WAIT_S", "piece", "wait_for"]
+__all__ = ["LONGEST_WAIT_S", "piece", "wait_event", "wait_for"]
 
 #: The longest single wait handed to a threading primitive.
 LONGEST_WAIT_S = 3600.0
@@ -35,3 +34,12 @@ def wait_for(cond: threading.Condition, predicate: Callable[[], object], timeout
             return True
         if left <= LONGEST_WAIT_S:
             return bool(predicate())
+
+
+def wait_event(event: threading.Event, timeout_s: float) -> bool:
+    """``event.wait(timeout_s)`` for a timeout of any length."""
+    deadline = time.monotonic() + timeout_s
+    while not event.wait(piece(max(0.0, deadline - time.monotonic()))):
+        if time.monotonic() >= deadline:
+            return event.is_set()
+    return True

@@ -299,7 +299,8 @@ class _BoundedDriver(MemoryDriver):
         return super().get_into_now(keys, addresses, sizes)
 
 
-@pytest.mark.parametrize("chunk_bytes", [1 << 20, 100], ids=["one byte window", "many byte windows"])
+@pytest.mark.parametrize("chunk_bytes", [1 << 20, 300, 100],
+                         ids=["one byte window", "byte and row cuts together", "byte windows of two rows"])
 def test_no_driver_call_gets_more_keys_than_the_driver_takes(store, make_backend, chunk_bytes):
     """A driver's max_batch_keys bounds every call, small submissions moved inside the call
     (inline) included: 11 rows with a bound of 3 go in calls of at most 3, and every row is

@@ -12,6 +12,10 @@ from pathlib import Path
 import pytest
 from test_mutants import run_suite
 
+#: Every test of this module on one xdist worker: its module fixture starts every mutant's suite
+#: run at once, and a second worker running any of its tests would start them all again.
+pytestmark = pytest.mark.xdist_group("lookup-mutants")
+
 MUTANTS_FILE = Path(__file__).with_name("lookup_mutants.py")
 
 #: The harness objects of lookup_mutants.py that break one promise of lookup each.

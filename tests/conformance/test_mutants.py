@@ -22,6 +22,10 @@ from typing import Any
 
 import pytest
 
+#: Every test of this module on one xdist worker: its module fixture starts every mutant's suite
+#: run at once, and a second worker running any of its tests would start them all again.
+pytestmark = pytest.mark.xdist_group("mutants")
+
 MUTANTS_FILE = Path(__file__).with_name("mutants.py")
 
 #: (harness object in mutants.py, the rule it breaks, -k selection of the suite's tests).

@@ -42,7 +42,7 @@ def test_suite_passes_a_correct_backend_that_uses_a_freedom(tmp_path: Path, vari
 
 def test_the_documented_grace_not_the_patience_bounds_a_wait_for_quiescence(tmp_path: Path) -> None:
     """A backend whose cancelled and failed attempts take 3 s to stop touching memory, and whose
-    harness documents that grace, passes the cancel and deadline tests under a patience of 2 s:
+    harness documents that grace, passes the A4 cancel test under a patience of 2 s:
     the suite waits the patience plus the grace for quiescence (A8.3), as a holder must."""
     code, tests, output = run_suite(tmp_path, f"--kvwire-harness={VARIANTS_FILE}:slower_than_patience",
                                     "--kvwire-patience=2", "-k", "A4 and cancel_is_idempotent")

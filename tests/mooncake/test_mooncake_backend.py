@@ -115,7 +115,7 @@ def test_rows_published_by_one_backend_are_fetched_by_another(
 
 def test_a_submission_of_many_small_rows_moves_whole_within_its_deadline(
         writer: BlobBackend, reader: BlobBackend, registered: Callable[[BlobBackend, int, int], Rows]) -> None:
-    """32768 rows of 8 bytes in one publish and one fetch: every row moves, well within the
+    """32768 rows of 8 bytes in one publish and one fetch: every row moves, within the
     deadline. One client call of 8192 such rows overflowed Mooncake's transfer queue (about half
     the rows failed, and the call stayed inside the client past the deadline and its grace), so
     the driver declares max_batch_keys and the backend cuts chunks at it."""

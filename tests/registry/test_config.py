@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvwire.registry import ConfigError, load_config
+from kvwire.registry import ConfigError, load, load_config
 
 
 def write(tmp_path, text):
@@ -90,8 +90,6 @@ def test_any_options_give_validated_values_or_a_config_error_naming_the_key(tmp_
         resolved = cfg.resolved()
         assert set(resolved) >= {"capacity_bytes", "eviction", "timeout_s", "max_in_flight", "namespace", "store"}
 
-
-from kvwire.registry import load  # noqa: E402
 
 
 @pytest.mark.parametrize(("backend", "options", "needle"), [

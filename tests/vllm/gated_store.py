@@ -53,6 +53,10 @@ class GatedDriver(StoreDriver):
     def offers_contains(self) -> bool:
         return self.inner.driver.offers_contains
 
+    @property
+    def max_batch_keys(self) -> int | None:  # type: ignore[override]
+        return self.inner.driver.max_batch_keys
+
     def _held(self, op: str, n: int) -> BatchResult | None:
         """Wait while ``{gate}/hold-{op}`` exists; a FAILED answer if interrupted meanwhile."""
         hold = self.gate / f"hold-{op}"

@@ -110,10 +110,7 @@ class LookupRunner:
                     self._thread = threading.Thread(target=self._run, name=self._thread_name, daemon=True)
                     self._thread.start()
                 self._cond.notify()
-            end = began + timeout_s
-            while not job.done.wait(waiting.piece(max(0.0, end - time.monotonic()))) and time.monotonic() < end:
-                pass  # a wait of over an hour goes in pieces (kvwire.waiting)
-            answered = job.done.is_set()
+            answered = waiting.wait_event(job.done, max(0.0, timeout_s - (time.monotonic() - began)))
         if not answered:
             job.abandoned = True
             raise LookupFailed(

@@ -11,7 +11,7 @@ import re
 import struct
 from dataclasses import dataclass
 
-__all__ = ["AddressError", "PeerAddress", "MAX_ADDRESS_BYTES"]
+__all__ = ["AddressError", "PeerAddress", "MAX_ADDRESS_BYTES", "is_host"]
 
 _MAGIC = b"KVUA"
 _VERSION = 1
@@ -19,6 +19,7 @@ _HEAD = struct.Struct(">4sBQHB")
 MAX_ADDRESS_BYTES = _HEAD.size + 255
 #: A DNS host name in ASCII (an international one in its IDNA form): dot-separated labels of
 #: letters, digits, '-' and '_', each 1..63 characters.
+_ZONE = re.compile(r"[A-Za-z0-9_.-]+")
 _HOST_NAME = re.compile(r"(?!-)[A-Za-z0-9_-]{1,63}(?:\.(?!-)[A-Za-z0-9_-]{1,63})*\.?")
 
 
@@ -37,7 +38,7 @@ class PeerAddress:
     def __post_init__(self) -> None:
         if not isinstance(self.host, str) or not 1 <= len(self.host.encode()) <= 255:
             raise AddressError(f"address host must be 1..255 bytes of text, got {self.host!r}")
-        if not _is_host(self.host):
+        if not is_host(self.host):
             raise AddressError(f"address host {self.host!r} is neither an IP address nor an ASCII host name; "
                                "give an international name in its IDNA (xn--) form")
         if not isinstance(self.port, int) or not 1 <= self.port <= 65535:
@@ -80,16 +81,18 @@ class PeerAddress:
         return f"{self.host}:{self.port}"
 
 
-def _is_host(host: str) -> bool:
+def is_host(host: str) -> bool:
     """Whether a socket can be asked to reach ``host``: an IP address (an IPv6 one with a
-    ``%zone`` too) or an ASCII host name. Text with a NUL, spaces or non-ASCII characters
-    would fail inside the connect, on the progress thread, not at submission."""
+    ``%zone`` of letters, digits, ``_ . -``) or an ASCII host name of at most 253 characters
+    (254 with its trailing dot). Text with a NUL, spaces or non-ASCII characters would fail
+    inside the connect, on the progress thread, not at submission."""
+    if not host.isascii():
+        return False
     try:
         ipaddress.ip_address(host)
-        return True
     except ValueError:
-        pass
-    return _HOST_NAME.fullmatch(host) is not None and len(host) <= 253
+        return _HOST_NAME.fullmatch(host) is not None and len(host.removesuffix(".")) <= 253
+    return "%" not in host or _ZONE.fullmatch(host.partition("%")[2]) is not None
 
 
 def is_loopback(host: str) -> bool:

@@ -251,7 +251,7 @@ def _check_view_shape(view: View) -> None:
         if group.group_id > wire.MAX_GROUP_ID:
             raise InvalidSubmission(
                 f"group id {group.group_id} does not fit kvwire-ucx's wire, which carries group ids below 2**32 "
-                "(V1.2 lets a backend refuse what it cannot carry)")
+                "(contract V1.8)")
 
 
 def _pull_names(view: View) -> tuple[int, bytes]:

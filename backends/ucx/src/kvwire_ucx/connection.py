@@ -135,6 +135,8 @@ class Connections:
             # a host name that does not resolve (gaierror), a bad address, a host the socket
             # cannot encode: the pull fails with the reason, never a fault on the progress thread
             self._reactor.register(sock, selectors.EVENT_READ, conn)  # so that close unregisters it uniformly
+            if not isinstance(exc, OSError):  # the address check let a host through that the socket refuses
+                log.warning("kvwire-ucx: connecting to %s raised %s: %s", address, type(exc).__name__, exc)
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
             return conn, f"could not connect to {address}: {reason}"
         if code in (0, errno.EINPROGRESS, errno.EWOULDBLOCK, errno.EAGAIN):

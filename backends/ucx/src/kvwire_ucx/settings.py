@@ -11,6 +11,7 @@ from typing import Any
 from kvwire.contract import CONTRACT_VERSION, Capabilities, MemoryKind
 from kvwire.contract.capabilities import SERVE_PULLS, OtherEnd
 from kvwire.registry.plugin import Option
+from kvwire_ucx.address import is_host
 
 __all__ = ["UcxSettings", "OPTIONS", "MODES", "MEMORY_KINDS", "capabilities_for"]
 
@@ -50,6 +51,11 @@ class UcxSettings:
             raise ValueError(f"listen_host must be a host name or IP address, got {self.listen_host!r}")
         if not isinstance(self.advertise_host, str):
             raise ValueError(f"advertise_host must be a host name or IP address (or empty), got {self.advertise_host!r}")
+        for name in ("listen_host", "advertise_host"):
+            host = getattr(self, name)
+            if host and not is_host(host):
+                raise ValueError(f"{name} {host!r} is neither an IP address nor an ASCII host name (give an "
+                                 "international name in its IDNA xn-- form)")
         if not self.advertise_host and self.listen_host in ("0.0.0.0", "::"):
             raise ValueError(f"listening on the wildcard {self.listen_host!r} needs advertise_host: the address "
                              "peers are given must name this host")

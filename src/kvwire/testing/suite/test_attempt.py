@@ -631,8 +631,7 @@ def test_A8_a_far_deadline_leaves_a_near_one_kept(kvwire_harness: Harness, far_s
     held, a fetch whose deadline is ``far_s`` away stays in flight, and a second fetch on the same
     backend whose deadline is 0.4 s fails by then; once the other end answers, the far one
     delivers. (A deadline thread that hands the far wait to a lock, which refuses waits past
-    about 292 years, or to a platform ``time_t``, which overflows near 1e10 s, dies and keeps
-    no deadline afterwards.)"""
+    ``threading.TIMEOUT_MAX``, about 9.2e9 s, dies and keeps no deadline afterwards.)"""
     caps = kvwire_harness.capabilities()
     needs.transfer(caps)
     needs.in_flight(caps, 2)

@@ -116,7 +116,7 @@ def test_S1_a_store_finds_rows_only_under_the_group_id_they_were_published_with(
 @pytest.mark.parametrize("group_id", [(1 << 31) - 1, (1 << 32) - 1, 1 << 32, 1 << 62],
                          ids=["31_bits", "32_bits", "33_bits", "63_bits"])
 def test_V1_a_large_group_id_moves_or_is_refused_when_submitted(kvwire_harness: Harness, group_id: int) -> None:
-    """V1.2 / S3 / A8: a group id is any int >= 0. A backend that cannot carry one refuses the
+    """V1.8 / V1.2 / S3 / A8: a group id is any int >= 0. A backend that cannot carry one refuses the
     submission with ``InvalidSubmission`` (nothing escaped: the rows are untouched); one that
     takes it moves the rows as any others: a transfer of two groups, 0 and the large id, delivers
     every row of both, byte for byte. Accepting the view and then never concluding (a wire that
@@ -128,7 +128,7 @@ def test_V1_a_large_group_id_moves_or_is_refused_when_submitted(kvwire_harness: 
                      GroupPlan(group_id, CacheKind.PAGED, 32, 3, (0, 2, 4), (4, 0, 2), 5)), 659, shared_names=True)
     with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan,
                                                           kind) as bench:
-        what = f"V1.2: a view with group id {group_id}"
+        what = f"V1.8: a view with group id {group_id}"
         try:
             result = ex.transfer(bench)  # checks the bytes of every true bit (A7)
         except InvalidSubmission as exc:

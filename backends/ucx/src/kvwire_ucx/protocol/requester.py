@@ -260,9 +260,7 @@ class PullRequester:
 
     def _start(self, event: Start, out: list[Action]) -> None:
         spec = self.spec
-        credit = 0
-        if not spec.one_sided:
-            _, credit = self._post(out)
+        credit = 0 if spec.one_sided else self._window()[0]  # the first window, posted below
         groups = tuple(zip(spec.group_ids, spec.slot_bytes, strict=True))
         try:
             pull = wire.Pull(spec.transfer, spec.tag_base, max(1, min(event.remaining_ms, 2**32 - 1)), groups,
@@ -270,11 +268,12 @@ class PullRequester:
         except wire.WireError as exc:
             # The submission checks what the wire carries; should a pull still not fit it, fail
             # the attempt with the reason before anything is posted or sent (nothing escaped).
-            out.clear()
             out.append(Conclude(Outcome.failed(f"the pull cannot be sent: {exc}", self.masks, cause=Cause.FAULT)))
             out.append(Quiesce())
             self.state = S.DONE
             return
+        if not spec.one_sided:
+            self._post(out)
         out.append(Send(pull))
         out.append(Note("asked"))
         out.append(ArmDeadline())
