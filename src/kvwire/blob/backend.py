@@ -10,8 +10,9 @@ How it keeps the contract:
   another ran slower on a busy machine).
 - **Chunks.** A submission's rows are cut into chunks of about ``chunk_bytes`` (the rows whose
   bytes start within one ``chunk_bytes`` window, so at most ``chunk_bytes`` plus one row), and
-  of at most the driver's ``max_batch_keys`` rows when it sets one. One chunk is one driver call. Cancellation and the deadline are checked between chunks; a chunk
-  already inside the driver runs to its end.
+  of at most the driver's ``max_batch_keys`` rows when it sets one. One chunk is one driver
+  call. Cancellation and the deadline are checked between chunks; a chunk already inside the
+  driver runs to its end.
 - **Masks (A5, A7).** A fetched row's bit is true when the driver answered ``OK``; ``MISSING``
   is a miss (false bit, still delivered). A published row's bit is true when the store holds it
   (``OK`` or ``ALREADY_THERE``); ``DECLINED`` (no space) is a false bit, not a fault. Any other
