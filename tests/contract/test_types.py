@@ -42,8 +42,10 @@ def test_exports_exactly_the_contract_names():
         # what a backend written directly on the contract needs besides (contract 1.1)
         "Registration", "OtherEnd", "OutcomeStatus", "Cause", "SubmissionError", "SERVE_PULLS",
         "ServesPulls", "PullRequest", "RegionTable", "TableRegistration",
-    } | {name for name in ("LOOKUP", "Lookup", "LookupFailed") if name in c.__all__}
-    assert CONTRACT_VERSION == (1, 1)
+        # the optional protocols lookup (contract 1.1) and offer-pulls (contract 1.2)
+        "LOOKUP", "Lookup", "LookupFailed", "OFFER_PULLS", "OffersPulls",
+    }
+    assert CONTRACT_VERSION == (1, 2)
     for name in c.__all__:
         assert getattr(c, name) is not None, name
 

@@ -1,4 +1,4 @@
-"""The kvwire contract, version 1.1: what a lease holder and a backend promise each other.
+"""The kvwire contract, version 1.2: what a lease holder and a backend promise each other.
 
 This package imports numpy and the standard library only. ``docs/contract.md`` (shipped in
 this package as ``kvwire/contract/contract.md``) states the rules, clause by clause; each is a
@@ -7,18 +7,19 @@ property the conformance suite (``kvwire.testing``) checks, and each suite test 
 The boundary: :class:`Backend`, :class:`Attempt`, :class:`Registration`, :data:`WakeFn`; the value
 types :class:`View`, :class:`LayerGroupRows`, :class:`SlotRegion`, :class:`Hint`,
 :class:`Outcome`, :class:`Capabilities`; the refusals under :class:`SubmissionError`; the optional
-protocol ``serve-pulls`` (:class:`ServesPulls`, :class:`PullRequest`); and the toolkit a backend
+protocols ``serve-pulls`` (:class:`ServesPulls`, :class:`PullRequest`), ``offer-pulls``
+(:class:`OffersPulls`) and ``lookup`` (:class:`Lookup`); and the toolkit a backend
 written directly on the contract uses, :class:`RegionTable` (M3/M4 read once)."""
 
 from kvwire.contract.backend import Attempt, Backend, Registration, WakeFn
-from kvwire.contract.capabilities import CONTRACT_VERSION, SERVE_PULLS, Capabilities, OtherEnd
+from kvwire.contract.capabilities import CONTRACT_VERSION, OFFER_PULLS, SERVE_PULLS, Capabilities, OtherEnd
 from kvwire.contract.errors import InvalidSubmission, LookupFailed, SubmissionError, SubmissionRejected
 from kvwire.contract.hint import Hint
 from kvwire.contract.lookup import LOOKUP, Lookup
 from kvwire.contract.memory import MemoryKind, SlotRegion
 from kvwire.contract.outcome import Cause, Outcome, OutcomeStatus
 from kvwire.contract.regions import RegionTable, TableRegistration
-from kvwire.contract.serving import PullRequest, ServesPulls
+from kvwire.contract.serving import OffersPulls, PullRequest, ServesPulls
 from kvwire.contract.view import CacheKind, LayerGroupRows, TokenRange, View
 
 __all__ = [
@@ -52,4 +53,7 @@ __all__ = [
     "LOOKUP",
     "Lookup",
     "LookupFailed",
+    # the optional protocol offer-pulls (O1, contract 1.2)
+    "OFFER_PULLS",
+    "OffersPulls",
 ]

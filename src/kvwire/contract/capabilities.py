@@ -7,13 +7,17 @@ from dataclasses import dataclass
 
 from kvwire.contract.memory import MemoryKind
 
-__all__ = ["Capabilities", "OtherEnd", "CONTRACT_VERSION", "SERVE_PULLS"]
+__all__ = ["Capabilities", "OtherEnd", "CONTRACT_VERSION", "SERVE_PULLS", "OFFER_PULLS"]
 
 #: ``(major, minor)``. A minor only adds, off by default; the registry refuses another major.
-CONTRACT_VERSION: tuple[int, int] = (1, 1)
+CONTRACT_VERSION: tuple[int, int] = (1, 2)
 
 #: The optional protocol of a peer backend that answers request-free pulls from its reuse tree.
 SERVE_PULLS = "serve-pulls"
+
+#: The optional protocol of a serving peer backend that answers pulls of blocks its holder offered
+#: in advance, without handing them to the holder (O1, contract 1.2).
+OFFER_PULLS = "offer-pulls"
 
 
 class OtherEnd(enum.Enum):

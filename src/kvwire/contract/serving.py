@@ -8,7 +8,11 @@ pins the longest held prefix under a lease, and answers with ``publish(view, req
 wake)``, where the view holds, for each requested group in order, the rows of that prefix (zero
 rows when nothing is held); it releases the lease once that attempt quiesces. Or it refuses with
 ``decline(request, reason)``. The requesting end's fetch marks the rows that were served: a
-partial prefix is a delivered attempt, a decline a failed one."""
+partial prefix is a delivered attempt, a decline a failed one.
+
+A backend that also declares ``offer-pulls`` implements :class:`OffersPulls`: the holder pins
+blocks in advance and the backend answers pulls of them alone, with no request in ``incoming()``
+(O1)."""
 
 from __future__ import annotations
 
@@ -17,11 +21,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvwire.contract.backend import WakeFn
+from kvwire.contract.backend import Attempt, WakeFn
 from kvwire.contract.hint import Hint
-from kvwire.contract.view import frozen_array
+from kvwire.contract.view import View, frozen_array
 
-__all__ = ["PullRequest", "ServesPulls"]
+__all__ = ["OffersPulls", "PullRequest", "ServesPulls"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,3 +77,15 @@ class ServesPulls(abc.ABC):
     @abc.abstractmethod
     def decline(self, request: PullRequest, reason: str) -> None:
         """Refuse ``request``; the requester's fetch fails with ``reason``. Never blocks."""
+
+
+class OffersPulls(abc.ABC):
+    """What a backend that declares ``offer-pulls`` offers besides :class:`ServesPulls` (O1)."""
+
+    @abc.abstractmethod
+    def offer(self, view: View, wake: WakeFn, timeout_s: float | None = None) -> Attempt:
+        """Stand ready to answer pulls of the view's named rows without the holder, until
+        ``timeout_s`` (else the backend's deadline) passes or the offer is cancelled. A pull is
+        answered from one offer only when it names, in every group it asks for, blocks that
+        offer holds with the slot size it expects; any other pull goes to ``incoming()``. The
+        holder keeps the rows pinned and unwritten until the returned attempt quiesces."""

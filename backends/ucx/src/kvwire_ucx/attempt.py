@@ -22,6 +22,7 @@ __all__ = ["UcxAttempt", "AttemptKind", "LiveAttempts", "WireStats"]
 class AttemptKind(enum.Enum):
     FETCH = "fetch"
     PUBLISH = "publish"
+    OFFER = "offer"  #: a standing offer (O1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +37,7 @@ class WireStats:
     rows_sent: int = 0
     rows_received: int = 0
     rows_read: int = 0  #: of rows_received, those read one-sided (NIXL READ)
+    pulls_offered: int = 0  #: of pulls_received, those answered from a standing offer (O1)
 
 
 class UcxAttempt(Attempt):

@@ -25,13 +25,14 @@ from kvwire.contract import (
     WakeFn,
 )
 from kvwire.contract.backend import Registration
-from kvwire.contract.serving import PullRequest, ServesPulls
+from kvwire.contract.serving import OffersPulls, PullRequest, ServesPulls
 from kvwire_ucx import wire
 from kvwire_ucx.address import AddressError, PeerAddress
 from kvwire_ucx.affinity import widened
 from kvwire_ucx.attempt import AttemptKind, WireStats
 from kvwire_ucx.engine import Engine
 from kvwire_ucx.nixl import NixlAgent, NixlError
+from kvwire_ucx.offers import offered_groups
 from kvwire_ucx.regions import HostRegions
 from kvwire_ucx.settings import MEMORY_KINDS, UcxSettings, capabilities_for
 
@@ -39,10 +40,11 @@ __all__ = ["UcxBackend", "capabilities_for"]
 
 log = logging.getLogger(__name__)
 
-class UcxBackend(Backend, ServesPulls):
+class UcxBackend(Backend, ServesPulls, OffersPulls):
     """A peer backend over UCX. ``fetch`` pulls named blocks from the peer whose
     :meth:`address` the hint carries (``Hint.of("peer", address=...)``); ``publish`` only
-    answers a pull this end received (its hint is the :class:`PullRequest`'s ticket).
+    answers a pull this end received (its hint is the :class:`PullRequest`'s ticket); ``offer``
+    lets the progress thread answer pulls of the offered blocks without the holder (O1).
 
     Its progress thread starts at construction and stops once :meth:`shutdown` finds nothing in
     flight. The control listener is bound at construction, so :meth:`address` is ready at once."""
@@ -191,6 +193,30 @@ class UcxBackend(Backend, ServesPulls):
             raise InvalidSubmission("this request belongs to another kvwire-ucx backend")
         if not self._engine.decline(pull_id, wire.clip_reason(reason or "declined")):
             log.debug("decline of pull %d ignored: unknown or already answered", pull_id)
+
+    # ------------------------------------------------------------------ OffersPulls
+
+    def offer(self, view: View, wake: WakeFn, timeout_s: float | None = None) -> Attempt:
+        """Answer pulls of the view's named rows on the progress thread until ``timeout_s``
+        (else the option ``timeout_s``) passes or the offer is cancelled: a pull that one offer
+        covers whole never reaches :meth:`incoming`. Keep the rows pinned and unwritten until the
+        attempt quiesces; it concludes delivered at its deadline, cancelled on cancel."""
+        if self._closed:
+            raise SubmissionRejected("this kvwire-ucx backend is shut down")
+        if timeout_s is None:
+            timeout = self._settings.timeout_s
+        elif isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or not 0 < timeout_s < float("inf"):
+            raise InvalidSubmission(f"an offer's timeout_s must be a finite number > 0, got {timeout_s!r} (contract O1.2)")
+        else:
+            timeout = float(timeout_s)
+        _check_view_shape(view)
+        for index, group in enumerate(view.groups):
+            if group.rows and group.names is None:  # N1.5, before the rows are looked at
+                raise InvalidSubmission(
+                    f"group {index} (id {group.group_id}) carries no block names; an offer names every row it offers "
+                    "(contract O1.2)")
+        located = self._regions.locate(view, writable=False, kinds=MEMORY_KINDS)
+        return self._engine.offer(view, wake, offered_groups(view, located), timeout)
 
     # ------------------------------------------------------------------ extras
 

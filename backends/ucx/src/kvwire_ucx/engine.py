@@ -36,6 +36,7 @@ from kvwire_ucx.connection import Connection, Connections, ConnectionState, Endp
 from kvwire_ucx.faults import Direction, Faults
 from kvwire_ucx.jobs import FetchJob, Job, ReplyJob
 from kvwire_ucx.nixl import NixlAgent
+from kvwire_ucx.offers import OfferedGroup, StandingOffer
 from kvwire_ucx.protocol import events as ev
 from kvwire_ucx.protocol.server import ServerState
 from kvwire_ucx.reactor import Reactor
@@ -147,6 +148,15 @@ class Engine:
         self.submit(self.serving.answer, job, attempt, groups, tuple(g.rows for g in view.groups), refusal, deadline)
         return attempt
 
+    def offer(self, view: View, wake: WakeFn, groups: dict[int, OfferedGroup], timeout_s: float) -> UcxAttempt:
+        """Engine side of ``offer()`` (O1): the attempt, standing once the thread takes it up."""
+        attempt = UcxAttempt(self.cancel, view, AttemptKind.OFFER, wake)
+        self.attempts.admit(attempt)
+        offer = StandingOffer(attempt, groups, time.monotonic() + timeout_s)
+        attempt.job = offer
+        self.submit(self.serving.add_offer, offer)
+        return attempt
+
     def decline(self, pull_id: int, reason: str) -> bool:
         """Engine side of ``decline()``; whether the request was still answerable."""
         return self.serving.decline(pull_id, reason)
@@ -187,6 +197,14 @@ class Engine:
     def count(self, key: str, n: int = 1) -> None:
         with self._lock:
             self._stats[key] += n
+
+    def conclude(self, attempt: UcxAttempt, outcome: Outcome) -> None:
+        if self.attempts.conclude(attempt, outcome):
+            self.reactor.wake_later(id(attempt), attempt.wake)
+
+    def quiesce(self, attempt: UcxAttempt) -> None:
+        if self.attempts.quiesce(attempt):
+            self.reactor.wake_later(id(attempt), attempt.wake)
 
     def feed(self, job: Job, event: Any) -> None:
         """Hand ``event`` to the job's machine and carry out its actions (and the events those
@@ -254,11 +272,11 @@ class Engine:
             if job.reads.release():
                 return ev.ReadStopped()
         elif isinstance(action, ev.Conclude):
-            if job.attempt is not None and self.attempts.conclude(job.attempt, action.outcome):
-                self.reactor.wake_later(id(job.attempt), job.attempt.wake)
+            if job.attempt is not None:
+                self.conclude(job.attempt, action.outcome)
         elif isinstance(action, ev.Quiesce):
-            if job.attempt is not None and self.attempts.quiesce(job.attempt):
-                self.reactor.wake_later(id(job.attempt), job.attempt.wake)
+            if job.attempt is not None:
+                self.quiesce(job.attempt)
         elif isinstance(action, ev.Note):
             if job.attempt is not None:
                 job.attempt.reached(action.step)
@@ -288,6 +306,8 @@ class Engine:
             self.requesting.cancelled(job)  # a fetch not yet taken up hears of it when it is
         elif isinstance(job, ReplyJob):
             self.feed(job, ev.HolderCancelled())
+        elif isinstance(job, StandingOffer):
+            self.serving.end_offer(job, None, stop_answers=True)  # O1.8
         # a publish not yet taken up hears of it when it is (Serving.answer)
 
     # ================================================================ the loop (reactor driver)
@@ -475,6 +495,7 @@ class Engine:
             for reply in self.serving.on(conn):
                 if reply.machine.state is ServerState.WAITING or reply.attempt is not None:
                     self.feed(reply, ev.Shutdown())
+        self.serving.shutdown_offers()
         self.reactor.call_later(self.settings.grace_s, self._force_all)
 
     def _force_all(self) -> None:

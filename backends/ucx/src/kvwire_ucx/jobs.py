@@ -19,6 +19,7 @@ from kvwire_ucx.attempt import UcxAttempt
 from kvwire_ucx.connection import Connection
 from kvwire_ucx.nixl import NixlAgent
 from kvwire_ucx.nixl_reads import RangeReads
+from kvwire_ucx.offers import StandingOffer
 from kvwire_ucx.protocol.requester import PullRequester, RequesterState
 from kvwire_ucx.protocol.server import PullServer, ServerState
 from kvwire_ucx.reactor import Reactor
@@ -67,9 +68,9 @@ class ReplyJob:
     """The serving end of one pull."""
 
     __slots__ = ("pull_id", "conn", "machine", "request", "expires_at", "tag_base", "ticket", "claimed_from",
-                 "surfaced", "attempt", "groups", "sends", "deadline", "read_offer", "cancel_fed")
+                 "surfaced", "attempt", "groups", "sends", "deadline", "read_offer", "cancel_fed", "offer")
 
-    def __init__(self, pull_id: int, conn: Connection, machine: PullServer, request: PullRequest,
+    def __init__(self, pull_id: int, conn: Connection, machine: PullServer, request: PullRequest | None,
                  expires_at: float, tag_base: int) -> None:
         self.pull_id = pull_id
         self.conn = conn
@@ -86,6 +87,9 @@ class ReplyJob:
         self.deadline = expires_at
         self.read_offer: tuple[int, bytes, bytes] | None = None  # generation, metadata, agent
         self.cancel_fed = False
+        #: the standing offer (O1) this answer reads from (``request`` is then ``None``: the
+        #: pull never reached the holder)
+        self.offer: StandingOffer | None = None
 
     @property
     def finished(self) -> bool:
@@ -112,6 +116,8 @@ class Router(Protocol):
     def close_connection(self, conn: Connection, reason: str, *, lost: bool = False,
                          cause: Cause | None = None) -> None: ...
     def count(self, key: str, n: int = 1) -> None: ...
+    def conclude(self, attempt: UcxAttempt, outcome: Any) -> None: ...  # unless it concluded already; wakes
+    def quiesce(self, attempt: UcxAttempt) -> None: ...                 # unless it quiesced already; wakes
 
 
 class Side:

@@ -1,6 +1,7 @@
 """The serving side of one engine: a ``Pull`` frame turned into the holder's :class:`PullRequest`
 and its ticket, the holder's answer (or decline) taken up, the requester's later words (``Go``,
-``Cancel``, ``Ack``) routed to the reply they name, and the one-sided offers out.
+``Cancel``, ``Ack``) routed to the reply they name, the one-sided offers out, and the pulls
+answered from the holder's standing offers (O1) without the holder.
 
 The tickets are the one part the holder's threads touch (:meth:`Serving.claim`,
 :meth:`Serving.decline`, :meth:`Serving.take_incoming`), under the engine's lock; everything else
@@ -16,14 +17,15 @@ import time
 
 import numpy as np
 
-from kvwire.contract import Hint, InvalidSubmission
+from kvwire.contract import Cause, Hint, InvalidSubmission, Outcome
 from kvwire.contract.backend import WakeFn
 from kvwire.contract.serving import PullRequest
 from kvwire_ucx import wire
-from kvwire_ucx.attempt import UcxAttempt
+from kvwire_ucx.attempt import AttemptKind, UcxAttempt
 from kvwire_ucx.connection import Connection
 from kvwire_ucx.jobs import ReplyJob, Router, Side, Ticket
 from kvwire_ucx.nixl import NixlAgent
+from kvwire_ucx.offers import OfferIndex, StandingOffer
 from kvwire_ucx.protocol import events as ev
 from kvwire_ucx.protocol.server import PullServer, ReplySpec, ServerState
 from kvwire_ucx.reactor import Reactor
@@ -60,6 +62,7 @@ class Serving(Side):
         self._on: dict[Connection, dict[int, ReplyJob]] = {}
         self._read_replies: set[ReplyJob] = set()  # one-sided offers the requester has not finished
         self._wiring_until = 0.0  # until then a peer may be wiring up to this end's NIXL agent
+        self.offers = OfferIndex()  # the holder's standing offers (O1)
 
     # ================================================================ the holder's threads
 
@@ -131,6 +134,8 @@ class Serving(Side):
             self._decline_now(conn, message.transfer, f"this end serves {mode} pulls only (option mode={mode!r}); "
                                                       f"the pull is {asked}")
             return
+        if self.offers and self._answer_from_offer(conn, message):
+            return
         if waiting >= self._settings.max_pending_pulls:
             self._decline_now(conn, message.transfer, f"busy: {waiting} pulls are already waiting for the serving holder")
             return
@@ -168,6 +173,71 @@ class Serving(Side):
             self._router.feed(reply, ev.CancelReceived(message.reason))
         else:
             self._router.feed(reply, ev.AckReceived(message.rows))
+
+    def _answer_from_offer(self, conn: Connection, message: wire.Pull) -> bool:
+        """Answer ``message`` from the standing offer that covers it whole (O1.4); whether one
+        did. The answer is a reply like the holder's, owned by the offer instead of a publish."""
+        found = self.offers.cover(message.groups, message.width, message.names, message.count)
+        if found is None:
+            return False
+        offer, groups = found
+        counts = tuple(message.count for _ in groups)
+        job = ReplyJob(0, conn, PullServer(ReplySpec(message.transfer, message.credit, len(groups), message.count,
+                                                     one_sided=message.one_sided, peer=conn.label)),
+                       None, min(time.monotonic() + message.timeout_ms / 1000.0, offer.deadline), message.tag_base)
+        if self._nixl is not None and self._prepare_read_offer(job, counts) != counts:
+            return False  # its addresses need more than one frame: the holder answers a prefix
+        if self._nixl is None:
+            job.sends = TagSends(groups, job.tag_base)
+        job.ticket = Ticket.CLAIMED
+        job.offer = offer
+        job.groups = groups
+        job.attempt = UcxAttempt(_not_cancelled, offer.attempt.view, AttemptKind.PUBLISH, _no_wake)
+        job.attempt.job = job
+        offer.answers.add(job)
+        self._on.setdefault(conn, {})[message.transfer] = job
+        self._router.count("pulls_offered")
+        self._router.feed(job, ev.Answered(counts, counts, None))
+        return True
+
+    def add_offer(self, offer: StandingOffer) -> None:
+        """A standing offer of the holder's (``offer()``) starts answering pulls."""
+        if self._reactor.stopping:
+            self.end_offer(offer, Outcome.cancelled(offer.attempt.view.row_masks(), reason="the backend shut down",
+                                                    cause=Cause.SHUTDOWN))
+            return
+        self.offers.add(offer)
+        self._reactor.call_later(offer.deadline - time.monotonic(), lambda: self._offer_expired(offer))
+
+    def _offer_expired(self, offer: StandingOffer) -> None:
+        # Its answers' deadlines were no later than its own: they end by theirs (O1.8).
+        masks = tuple(np.ones(g.rows, dtype=bool) for g in offer.attempt.view.groups)
+        self.end_offer(offer, Outcome.delivered(masks))
+
+    def end_offer(self, offer: StandingOffer, outcome: Outcome | None, *, stop_answers: bool = False) -> None:
+        """The offer stops answering pulls, concluded with ``outcome`` (``None``: the holder's
+        cancel concluded it already); ``stop_answers`` ends the answers still reading its rows.
+        It quiesces once none is left."""
+        if offer.standing:
+            offer.standing = False
+            self.offers.remove(offer)
+            if outcome is not None:
+                self._router.conclude(offer.attempt, outcome)
+        if stop_answers:
+            for job in list(offer.answers):
+                self._router.feed(job, ev.HolderCancelled())
+        self._settle_offer(offer)
+
+    def shutdown_offers(self) -> None:
+        """Shutdown: every standing offer concludes (its answers hear of the shutdown as every
+        reply does)."""
+        for offer in self.offers:
+            self.end_offer(offer, Outcome.cancelled(offer.attempt.view.row_masks(), reason="the backend shut down",
+                                                    cause=Cause.SHUTDOWN))
+
+    def _settle_offer(self, offer: StandingOffer) -> None:
+        if not offer.standing and not offer.answers:
+            self._router.quiesce(offer.attempt)
 
     def _decline_now(self, conn: Connection, transfer: int, reason: str) -> None:
         self._router.count("pulls_declined")
@@ -255,9 +325,14 @@ class Serving(Side):
                 del self._tickets[job.pull_id]
 
     def forget(self, job: ReplyJob) -> None:
-        """``job`` is done: no longer its connection's, nor answerable."""
+        """``job`` is done: no longer its connection's, nor answerable; an offer's answer no
+        longer reads the offer's rows."""
         self._read_replies.discard(job)
         self._unlist(job)
+        if job.offer is not None:
+            job.offer.answers.discard(job)
+            self._settle_offer(job.offer)
+            return
         with self._lock:
             if self._tickets.get(job.pull_id) is job:
                 del self._tickets[job.pull_id]
@@ -274,6 +349,14 @@ class Serving(Side):
         with self._lock:
             self._tickets.clear()
             self._incoming.clear()
+
+
+def _not_cancelled(attempt: UcxAttempt) -> None:
+    """An answer from an offer is no holder's attempt: nobody cancels it but its offer."""
+
+
+def _no_wake() -> None:
+    """An answer from an offer wakes nobody; its offer's attempt wakes the holder (O1.10)."""
 
 
 def fit_read_offer(counts: tuple[int, ...], agent: bytes, metadata: bytes) -> tuple[int, ...]:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from kvwire.contract import CONTRACT_VERSION, Capabilities, MemoryKind
-from kvwire.contract.capabilities import SERVE_PULLS, OtherEnd
+from kvwire.contract.capabilities import OFFER_PULLS, SERVE_PULLS, OtherEnd
 from kvwire.registry.plugin import Option
 from kvwire_ucx.address import is_host
 
@@ -130,5 +130,5 @@ def capabilities_for(settings: UcxSettings) -> Capabilities:
         content_addressed=True,
         max_in_flight=settings.max_in_flight,
         cancellation=True,
-        protocols=frozenset({SERVE_PULLS}),
+        protocols=frozenset({SERVE_PULLS, OFFER_PULLS}),
     )

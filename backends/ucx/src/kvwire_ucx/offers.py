@@ -1,0 +1,133 @@
+"""Standing offers (contract O1, protocol ``offer-pulls``): rows the serving holder pinned in
+advance (:class:`StandingOffer`), and the index the progress thread answers pulls from without
+handing them to the holder (:class:`OfferIndex`).
+
+An offer is built on the holder's thread (its names indexed once, its rows located); the index
+is the progress thread's alone. A pull is answered from an offer only when that one offer covers
+it whole: every group it asks for, with the slot size it expects and every name it names (O1.4);
+anything less goes to the holder, who may hold more (O1.5)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from kvwire.contract import InvalidSubmission, View
+from kvwire_ucx.regions import GroupRows
+
+if TYPE_CHECKING:
+    from kvwire_ucx.attempt import UcxAttempt
+    from kvwire_ucx.jobs import ReplyJob
+
+__all__ = ["OfferedGroup", "StandingOffer", "OfferIndex", "offered_groups"]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class OfferedGroup:
+    """One group of an offer: its located rows, the names of all of them (concatenated, for the
+    common pull of a prefix in order) and each name's row."""
+
+    rows: GroupRows
+    width: int
+    names: bytes
+    index: dict[bytes, int]
+
+    def pick(self, names: bytes, count: int) -> GroupRows | None:
+        """The rows named by ``names`` (``count`` names of this group's width), in their order;
+        ``None`` unless every one is offered."""
+        if self.names.startswith(names):  # the offered rows' first names, in order
+            offsets = self.rows.offsets[:count]
+        else:
+            width = self.width
+            found = [self.index.get(names[i * width:(i + 1) * width]) for i in range(count)]
+            if None in found:
+                return None
+            offsets = self.rows.offsets[np.asarray(found, dtype=np.intp)]
+            offsets.flags.writeable = False
+        return GroupRows(self.rows.group_id, self.rows.slot_bytes, self.rows.span, offsets)
+
+
+def offered_groups(view: View, located: tuple[GroupRows, ...]) -> dict[int, OfferedGroup]:
+    """The view's groups as an offer holds them; ``InvalidSubmission`` for a group without names
+    or with a name twice (O1.2)."""
+    out: dict[int, OfferedGroup] = {}
+    for position, (group, rows) in enumerate(zip(view.groups, located, strict=True)):
+        if group.names is None:
+            if group.rows:
+                raise InvalidSubmission(
+                    f"group {position} (id {group.group_id}) carries no block names; an offer names every row it "
+                    "offers (contract O1.2)")
+            width, raw = 1, b""
+        else:
+            width, raw = int(group.names.shape[1]), group.names.tobytes()
+        index = {raw[i * width:(i + 1) * width]: i for i in range(group.rows)}
+        if len(index) != group.rows:
+            raise InvalidSubmission(
+                f"group {position} (id {group.group_id}) names a block on two rows; an offer names each block once "
+                "per group (contract O1.2)")
+        out[group.group_id] = OfferedGroup(rows, width, raw, index)
+    return out
+
+
+class StandingOffer:
+    """One offer: the holder's attempt, its groups by id, its deadline (monotonic) and the
+    answers given from it that have not finished (each still may read its rows)."""
+
+    __slots__ = ("attempt", "groups", "deadline", "answers", "standing")
+
+    def __init__(self, attempt: UcxAttempt, groups: dict[int, OfferedGroup], deadline: float) -> None:
+        self.attempt = attempt
+        self.groups = groups
+        self.deadline = deadline
+        self.answers: set[ReplyJob] = set()
+        self.standing = True  # until it concludes: it answers pulls only while standing
+
+    def cover(self, groups: tuple[tuple[int, int], ...], width: int, names: bytes,
+              count: int) -> tuple[GroupRows, ...] | None:
+        """The rows answering a pull of ``names`` in ``groups`` ((id, slot size) each), or
+        ``None`` unless this offer covers it whole."""
+        out = []
+        for group_id, slot_bytes in groups:
+            group = self.groups.get(group_id)
+            if group is None or group.rows.slot_bytes != slot_bytes or (count and group.width != width):
+                return None
+            rows = group.pick(names, count)
+            if rows is None:
+                return None
+            out.append(rows)
+        return tuple(out)
+
+    def __repr__(self) -> str:
+        return f"StandingOffer({len(self.groups)} groups, {'standing' if self.standing else 'ended'}, " \
+               f"{len(self.answers)} answers)"
+
+
+class OfferIndex:
+    """The standing offers of one engine, newest last (progress thread only)."""
+
+    def __init__(self) -> None:
+        self._offers: list[StandingOffer] = []
+
+    def __bool__(self) -> bool:
+        return bool(self._offers)
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(list(self._offers))
+
+    def add(self, offer: StandingOffer) -> None:
+        self._offers.append(offer)
+
+    def remove(self, offer: StandingOffer) -> None:
+        if offer in self._offers:
+            self._offers.remove(offer)
+
+    def cover(self, groups: tuple[tuple[int, int], ...], width: int, names: bytes,
+              count: int) -> tuple[StandingOffer, tuple[GroupRows, ...]] | None:
+        """The newest standing offer that covers the pull whole, with its answering rows."""
+        for offer in reversed(self._offers):
+            rows = offer.cover(groups, width, names, count)
+            if rows is not None:
+                return offer, rows
+        return None
