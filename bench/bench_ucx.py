@@ -155,14 +155,35 @@ def trace_steps(pulls: list[dict[str, float]], served: list[dict[str, float]]) -
     return steps
 
 
-def print_trace(traces: list[tuple[int, dict[str, list[float]]]]) -> None:
-    print("\nwhere a pull's time goes (--trace): medians in microseconds over the timed pulls "
+#: The steps of a pull answered from a standing offer, as the requester sees them: its Pull on
+#: the wire, the ReadOffer back (the socket, the serving progress thread's look-up in the offer
+#: index, the socket again, this progress thread's wake), the READs and the Ack, quiescence, the
+#: caller seeing it.
+OFFER_STEPS = ("fetch() -> Pull sent", "-> ReadOffer arrived", "-> concluded (READs, Ack)", "-> quiesced",
+               "-> the caller sees it")
+
+
+def requester_steps(pulls: list[dict[str, float]]) -> dict[str, list[float]]:
+    """Seconds of each of :data:`OFFER_STEPS` for every pull with all its marks."""
+    steps: dict[str, list[float]] = {name: [] for name in OFFER_STEPS}
+    for p in pulls:
+        if not {"asked", "answered", "concluded", "quiesced"} <= p.keys():
+            continue
+        marks = [0.0, p["asked"], p["answered"], p["concluded"], p["quiesced"], p["seen"]]
+        for name, a, b in zip(OFFER_STEPS, marks[:-1], marks[1:], strict=True):
+            steps[name].append(b - a)
+    return steps
+
+
+def print_trace(traces: list[tuple[int, dict[str, list[float]]]], names: tuple[str, ...] = TRACE_STEPS,
+                what: str = "a pull answered by the serving holder") -> None:
+    print(f"\nwhere the time of {what} goes (--trace): medians in microseconds over the timed pulls "
           "traced (n), by prompt length in tokens")
     print(f"{'step':<30}" + "".join(f"{tokens:>9}" for tokens, _ in traces))
-    for name in TRACE_STEPS:
+    for name in names:
         print(f"{name:<30}" + "".join(f"{statistics.median(s[name]) * 1e6:>9.0f}" if s[name] else f"{'-':>9}"
                                       for _, s in traces))
-    print(f"{'n':<30}" + "".join(f"{len(s[TRACE_STEPS[0]]):>9}" for _, s in traces))
+    print(f"{'n':<30}" + "".join(f"{len(s[names[0]]):>9}" for _, s in traces))
 
 
 def checked(run: Callable[[], float], memory: np.ndarray, expected: np.ndarray, nbytes: int) -> float:
@@ -241,6 +262,7 @@ def serve(max_bytes: int, busy: bool, mode: str, spin: bool = False) -> None:
     #: For --trace: (when the holder took a pull up, when it called publish, the publish attempt)
     served: collections.deque[tuple[float, float, Any]] = collections.deque(maxlen=4096)
     spinning = threading.Event()  # --spin, during kvwire's runs: the holder looks without sleeping
+    offered: list[Any] = []  # the standing offer (contract O1) of the region's blocks, while one stands
 
     def holder() -> None:
         live: list[Any] = []
@@ -335,6 +357,19 @@ def serve(max_bytes: int, busy: bool, mode: str, spin: bool = False) -> None:
                 spinning.set()
             else:
                 spinning.clear()
+            say(ok=True)
+        elif command["do"] == "offer":  # a standing offer of every held block, or its end
+            if command["on"]:
+                with lock:
+                    offered.append(backend.offer(view_of(region, len(tree), block_names(len(tree))),  # type: ignore[attr-defined]
+                                                 wake.set, 3600.0))
+            else:
+                attempt = offered.pop()
+                attempt.cancel()
+                deadline = time.monotonic() + 10
+                while not attempt.quiesced():
+                    assert time.monotonic() < deadline, "the standing offer did not quiesce"
+                    time.sleep(0.001)
             say(ok=True)
         elif command["do"] == "served":  # --trace: the serving holder's steps, on this host's monotonic clock
             steps = [{"taken": taken, "publish": called, **{k: called + v for k, v in a.timeline().items()}}
@@ -558,10 +593,21 @@ def main_one_sided(args: argparse.Namespace) -> int:
         woken = threading.Event()
 
         timelines: list[dict[str, float]] = []
+        offer_timelines: list[dict[str, float]] = []
         traces: list[tuple[int, dict[str, list[float]]]] = []
+        offer_traces: list[tuple[int, dict[str, list[float]]]] = []
 
         def run_kvwire(view: Any) -> float:
             return pull(backend, view, address, woken, timelines, args.spin)
+
+        def run_offered(view: Any) -> float:
+            """The same pull, answered from a standing offer (O1) the serving holder made of
+            every held block before the clock started, and withdrew after it stopped."""
+            assert server.ask(do="offer", on=True).get("ok")
+            try:
+                return pull(backend, view, address, woken, offer_timelines, args.spin)
+            finally:
+                assert server.ask(do="offer", on=False).get("ok")
 
         def read(size: int, local_rows: np.ndarray, remote_rows: np.ndarray, done: bytes) -> float:
             """One NIXL READ, a descriptor of ``size`` bytes per row, until it is ``DONE``; the
@@ -626,10 +672,12 @@ def main_one_sided(args: argparse.Namespace) -> int:
               + ("; kvwire's ends spin (--spin)" if args.spin else "; kvwire's ends sleep until woken"))
         print("  answer ms: kvwire's request until its answer arrived (the round trip, the serving holder's lookup")
         print("  included); read ms: the answer until the pull concluded (the NIXL READs); raw 1 ms: raw 1's whole read;")
-        print("  ask ms: the raw protocol pair (names in a notification, addresses back in one, READ, done), whole")
+        print("  ask ms: the raw protocol pair (names in a notification, addresses back in one, READ, done), whole;")
+        print("  offered ms: kvwire's pull answered from a standing offer (O1: no serving holder in the path), whole,")
+        print("  with its ratios: ask / offered, raw 1 / offered")
         print(f"{'tokens':>7} {'payload':>9} {'kvwire GB/s':>12} {'tokens/s':>10} {'raw GB/s':>9} {'ratio':>6} "
               f"{'worst':>6} {'raw 1 GB/s':>11} {'ratio':>6} {'answer ms':>10} {'read ms':>8} {'raw 1 ms':>9} "
-              f"{'kvwire ms':>9} {'ask ms':>7} {'ratio':>6}")
+              f"{'kvwire ms':>9} {'ask ms':>7} {'ratio':>6} {'offered ms':>10} {'vs ask':>6} {'vs raw 1':>8}")
         region_id = 2
         for size, rows in cases:
             nbytes = size * rows
@@ -638,26 +686,30 @@ def main_one_sided(args: argparse.Namespace) -> int:
             region_id += 1
             registration = backend.register_regions([region])
             view = view_of(region, rows, block_names(rows))
-            times: dict[str, list[float]] = {"kv": [], "raw": [], "raw1": [], "ask": []}
+            times: dict[str, list[float]] = {"kv": [], "raw": [], "raw1": [], "ask": [], "offered": []}
             names = block_names(rows).tobytes()
             runs = {"kv": lambda: run_kvwire(view), "raw": lambda: run_raw(size, rows),  # noqa: B023
                     "raw1": lambda: run_raw(-size, rows),  # noqa: B023
-                    "ask": lambda: run_raw_ask(size, names)}  # noqa: B023
+                    "ask": lambda: run_raw_ask(size, names),  # noqa: B023
+                    "offered": lambda: run_offered(view)}  # noqa: B023
+            kvwire_runs = ("kv", "offered")
             for run in runs.values():
                 timed(run, nbytes)  # warm-up
             timelines.clear()
+            offer_timelines.clear()
             if args.spin:
                 time.sleep(SPIN_US / 1e6 + 0.2)  # the warm-up's spin runs out
                 # The raw runs first, then kvwire's with its ends spinning, then a pause until
                 # the progress threads' spin has run out: no spinning thread of kvwire takes
                 # turns at a process's GIL while the raw pair runs.
                 for i in range(args.runs):
-                    order = [w for w in runs if w != "kv"]
+                    order = [w for w in runs if w not in kvwire_runs]
                     for which in (order if i % 2 == 0 else order[::-1]):
                         times[which].append(timed(runs[which], nbytes))
                 assert server.ask(do="spin", on=True).get("ok")
-                for _ in range(args.runs):
-                    times["kv"].append(timed(runs["kv"], nbytes))
+                for i in range(args.runs):
+                    for which in (kvwire_runs if i % 2 == 0 else kvwire_runs[::-1]):
+                        times[which].append(timed(runs[which], nbytes))
                 assert server.ask(do="spin", on=False).get("ok")
                 time.sleep(SPIN_US / 1e6 + 0.2)
             else:
@@ -668,10 +720,13 @@ def main_one_sided(args: argparse.Namespace) -> int:
             registration.close()
             if args.trace:
                 traces.append((rows * 16, trace_steps(timelines, server.ask(do="served")["served"])))
-            kv, raw, raw1, ask = times["kv"], times["raw"], times["raw1"], times["ask"]
+                offer_traces.append((rows * 16, requester_steps(offer_timelines)))
+            kv, raw, raw1, ask, offer = times["kv"], times["raw"], times["raw1"], times["ask"], times["offered"]
             ratios = [r / k for r, k in zip(raw, kv, strict=True)]
             ratios1 = [r / k for r, k in zip(raw1, kv, strict=True)]
             ratios_ask = [r / k for r, k in zip(ask, kv, strict=True)]
+            offer_ask = statistics.median(r / k for r, k in zip(ask, offer, strict=True))
+            offer_raw1 = statistics.median(r / k for r, k in zip(raw1, offer, strict=True))
             kv_rate = nbytes / statistics.median(kv) / 1e9
             raw_rate = nbytes / statistics.median(raw) / 1e9
             tokens = rows * 16
@@ -683,19 +738,23 @@ def main_one_sided(args: argparse.Namespace) -> int:
                             "raw1_gbps": nbytes / statistics.median(raw1) / 1e9,
                             "ratio1": statistics.median(ratios1), "answer_ms": answer_ms, "read_ms": read_ms,
                             "ask_ms": statistics.median(ask) * 1e3, "ratio_ask": statistics.median(ratios_ask),
-                            "kvwire_s": kv, "raw_s": raw, "raw1_s": raw1, "ask_s": ask})
+                            "offered_ms": statistics.median(offer) * 1e3, "offered_ratio_ask": offer_ask,
+                            "offered_ratio_raw1": offer_raw1,
+                            "kvwire_s": kv, "raw_s": raw, "raw1_s": raw1, "ask_s": ask, "offered_s": offer})
             print(f"{tokens:>7} {nbytes / MIB:>5.0f} MiB {kv_rate:>12.2f} {tokens / statistics.median(kv):>10.3g} "
                   f"{raw_rate:>9.2f} {statistics.median(ratios):>6.2f} {min(ratios):>6.2f} "
                   f"{nbytes / statistics.median(raw1) / 1e9:>11.2f} {statistics.median(ratios1):>6.2f} "
                   f"{answer_ms:>10.2f} {read_ms:>8.2f} {statistics.median(raw1) * 1e3:>9.2f} "
                   f"{statistics.median(kv) * 1e3:>9.2f} {statistics.median(ask) * 1e3:>7.2f} "
-                  f"{statistics.median(ratios_ask):>6.2f}", flush=True)
+                  f"{statistics.median(ratios_ask):>6.2f} {statistics.median(offer) * 1e3:>10.2f} {offer_ask:>6.2f} "
+                  f"{offer_raw1:>8.2f}", flush=True)
         agent.remove_remote_agent(peer)
         close(backend)
     finally:
         server.stop()
     if traces:
         print_trace(traces)
+        print_trace(offer_traces, OFFER_STEPS, "a pull answered from a standing offer (the requester's marks only)")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"machine": platform.node(), "cpus": os.cpu_count(), "mode": "one-sided",

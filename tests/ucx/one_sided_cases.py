@@ -9,6 +9,7 @@ README says why), and the main run goes on with two-sided tests."""
 from __future__ import annotations
 
 import signal
+import threading
 import time
 
 import numpy as np
@@ -35,7 +36,7 @@ from ucx_holders import (  # noqa: E402
     serve_filled,
 )
 
-from kvwire.contract import Cause, InvalidSubmission, MemoryKind, SlotRegion  # noqa: E402
+from kvwire.contract import Cause, InvalidSubmission, MemoryKind, OutcomeStatus, SlotRegion  # noqa: E402
 
 GROUPS = (0, 1)
 SLOT = 16 << 10
@@ -78,6 +79,26 @@ def test_a_one_sided_pull_reads_the_held_prefix_byte_for_byte(make_backend, hold
     assert req.backend.stats().rows_read == 24 and a.stats().rows_sent == 0
     assert holder.wait_settled(3, 5) and all(x.outcome.is_delivered for x in holder.answers)
     assert tree.wait_unpinned(5)
+
+
+def test_a_standing_offer_is_read_one_sided_without_the_holder(make_backend, holders) -> None:
+    """O1 in the one-sided mode: the ReadOffer comes from the offer, the requester reads it
+    through NIXL, and the holder never sees the pull; cancelling the offer quiesces it."""
+    a, pa, tree, names, holder = serving_end(make_backend, holders, "one-sided")
+    req, pool = requesting_end(make_backend, "one-sided")
+    woken = threading.Event()
+    offer = a.offer(pa.view(list(range(3, 9)), names[:6]), woken.set)
+    attempt, slots = req.fetch(a.address(), names[:4])
+    outcome = req.wait(attempt, slots, 10)
+    assert outcome.is_delivered and [m.tolist() for m in outcome.masks] == [[True] * 4] * 2
+    check_rows(pool, slots, names[:4])
+    assert req.backend.stats().rows_read == 8 and a.stats().pulls_offered == 1 and holder.requests_seen == 0
+    offer.cancel()
+    deadline = time.monotonic() + 10
+    while not offer.quiesced():
+        assert woken.wait(max(0.0, deadline - time.monotonic())), "the cancelled offer never quiesced"
+        woken.clear()
+    assert offer.poll().status is OutcomeStatus.CANCELLED
 
 
 def test_a_one_sided_pulls_timeline_separates_the_round_trip_from_the_read(make_backend, holders) -> None:
