@@ -59,6 +59,37 @@ def test_seed_flow_pull_from_a_peers_reuse_tree(workers):
     assert a.counters.pulls_served == 1
 
 
+def test_a_standing_offer_serves_pulls_without_the_serving_loop_and_gives_its_pins_back(workers):
+    """Worker.offer (contract O1): B's pull of an offered prompt is answered by A's backend
+    alone (A's serving loop answers nothing), the logits match a local prefill, and A's pins come
+    back when the offer ends; afterwards the serving loop answers as before."""
+    a, b, c = workers("A"), workers("B"), workers("C")
+    p = prompt(200)
+    local = a.generate(p, max_tokens=2)
+    assert a.offer(p, timeout_s=1.5) == 12 and a.pins() == 12
+    pulled = b.pull(p, source=a.transceiver_state())
+    assert pulled.status == "delivered" and pulled.blocks_moved == 12
+    assert a.counters.pulls_served == 0, "the serving loop answered an offered pull"
+    assert a.backend.stats().pulls_offered == 1
+    remote = b.generate(p, max_tokens=2)
+    assert remote.cached_tokens == 192 and torch.allclose(remote.logits, local.logits, rtol=1e-4, atol=1e-5)
+    assert a.offer(prompt(40, seed=9)) == 0  # nothing of it held: nothing offered, nothing pinned
+    assert settled_pins(a) == 0, "the offer's pins were not given back once it ended"
+    assert c.pull(p, source=a.transceiver_state()).blocks_moved == 12
+    assert a.counters.pulls_served == 1
+
+
+def test_a_worker_that_checks_pulls_cannot_offer(workers):
+    from kvwire.runtime.worker import TransferError
+
+    a = workers("A", pull_secret=b"s" * 32)
+    p = prompt(64)
+    a.generate(p)
+    with pytest.raises(TransferError, match="O1.11"):
+        a.offer(p)
+    assert a.pins() == 0
+
+
 def test_settle_waits_until_the_serving_end_has_its_pins_back(workers):
     """The requester's pull returns as soon as its rows arrived; the serving end unpins when the
     requester's acknowledgement reaches it, a moment later. settle() waits for that."""

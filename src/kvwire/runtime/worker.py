@@ -21,10 +21,10 @@ import numpy as np
 import torch
 
 from kvwire.contract import Attempt, Backend, CacheKind, Hint, InvalidSubmission, MemoryKind, Outcome, View
-from kvwire.contract.capabilities import SERVE_PULLS, OtherEnd
+from kvwire.contract.capabilities import OFFER_PULLS, SERVE_PULLS, OtherEnd
 from kvwire.contract.errors import SubmissionError
 from kvwire.contract.outcome import Cause
-from kvwire.contract.serving import PullRequest, ServesPulls
+from kvwire.contract.serving import OffersPulls, PullRequest, ServesPulls
 from kvwire.lender import Lease, Lender, Scope
 from kvwire.observe import Observers, cause_label
 from kvwire.registry import BackendConfig, ConfigError, load_config
@@ -175,6 +175,7 @@ class Worker:
         self._serving: threading.Thread | None = None
         self._serve_signal = threading.Event()
         self._replies: list[tuple[Attempt, Lease, PullRequest]] = []
+        self._offers: list[tuple[Attempt, Lease]] = []  # standing offers (O1) and the leases pinning them
         self._served = threading.Condition()  # notified after each serving round
         self.pull_filter: Callable[[PullRequest], str | None] | None = None
         if SERVE_PULLS in self.capabilities.protocols and isinstance(self.backend, ServesPulls):
@@ -207,6 +208,9 @@ class Worker:
         for _, lease, _ in self._replies:
             lease.release()
         self._replies.clear()
+        for _, lease in self._offers:
+            lease.release()
+        self._offers.clear()
         for lease in self._kept:
             lease.release()
         self._kept.clear()
@@ -522,6 +526,55 @@ class Worker:
             else:
                 still.append((attempt, lease, request))
         self._replies = still
+        offers: list[tuple[Attempt, Lease]] = []
+        for attempt, lease in self._offers:
+            with self._lock:
+                done = attempt.poll() is not None and attempt.quiesced()
+            if done:
+                lease.release()
+            else:
+                offers.append((attempt, lease))
+        self._offers = offers
+
+    def offer(self, prompt: Sequence[int] | np.ndarray, *, timeout_s: float | None = None) -> int:
+        """Pin the leading whole blocks of ``prompt`` this cache holds, and let the backend answer
+        pulls of them on its own thread, without this worker's serving loop (a *standing offer*,
+        contract O1), for ``timeout_s`` (default: the worker's timeout); the pins come back once
+        the offer has ended. Returns how many blocks stand offered (0: none held, nothing
+        offered). A pull of more than the offer holds is answered as before, by the serving loop.
+
+        An offer answers any requester that names its blocks, so a worker that checks pull
+        credentials (``pull_secret``, ``allowed_peers``) or filters pulls cannot offer."""
+        if OFFER_PULLS not in self.capabilities.protocols or not isinstance(self.backend, OffersPulls):
+            raise TransferError(f"backend {self.plugin.name!r} does not declare {OFFER_PULLS!r}: pulls of it are "
+                                "answered by the serving loop only")
+        if self._secret is not None or self.guard.allowed is not None or self.pull_filter is not None:
+            raise TransferError("this worker checks each pull (pull_secret, allowed_peers or pull_filter); a standing "
+                                "offer would answer any requester that names its blocks (contract O1.11)")
+        if self._closed:
+            raise TransferError(f"worker {self.name!r} is closed")
+        tokens = np.asarray(prompt, dtype=np.int64)
+        if tokens.ndim != 1:
+            raise ValueError("prompt must be a 1-D sequence of token ids")
+        lease = self.lender.lend_names(self.lender.names(tokens), staging=self.staged)
+        if lease.found == 0:
+            lease.release()
+            return 0
+        try:
+            if not lease.wait_ready(self.timeout_s):
+                raise TransferError("staging copies did not complete")
+            with self._lock:
+                attempt = self.backend.offer(lease.view, self._serve_signal.set,
+                                             self.timeout_s if timeout_s is None else timeout_s)
+        except (SubmissionError, TransferError):
+            lease.release()  # S3: nothing escaped
+            raise
+        except BaseException:
+            self._kept.append(lease)  # S4
+            raise
+        self._offers.append((attempt, lease))
+        self._serve_signal.set()
+        return lease.found
 
     def _answer(self, request: PullRequest) -> None:
         assert isinstance(self.backend, ServesPulls)
