@@ -117,7 +117,9 @@ def pull(backend: Any, view: Any, address: bytes, woken: threading.Event,
     outcome = attempt.poll()
     assert outcome is not None and outcome.is_delivered and outcome.masks[0].all(), outcome
     if timelines is not None:
-        timelines.append({**attempt.timeline(), "seen": seconds, "at": started})
+        # the timeline counts from when the backend made the attempt, after fetch()'s checks
+        made = attempt.submitted_at - started
+        timelines.append({**{k: made + v for k, v in attempt.timeline().items()}, "seen": seconds, "at": started})
     return seconds
 
 
@@ -125,10 +127,11 @@ def pull(backend: Any, view: Any, address: bytes, woken: threading.Event,
 SPIN_US = 2_000_000
 
 #: The steps of a one-sided pull that --trace times, each from the end of the one before: the
-#: caller's fetch() to its Pull on the wire (the progress thread takes the command up), to the
+#: caller's fetch() to its Pull on the wire (the call's checks, then the Pull sent on the
+#: caller's thread when the progress thread sleeps, else by the progress thread), to the
 #: serving holder taking the pull up (the socket, the serving progress thread, the holder's
 #: wake), to its publish() (the bench holder's lookup and view), to the ReadOffer on the wire
-#: (the serving progress thread takes the publish up), to the requester having it (the socket
+#: (sent inside publish() likewise), to the requester having it (the socket
 #: and its progress thread's wake), to the conclusion (the NIXL READs and the Ack), to
 #: quiescence, to the caller seeing it (its wake).
 TRACE_STEPS = ("fetch() -> Pull sent", "-> serving holder takes it", "-> publish() called",
@@ -372,7 +375,7 @@ def serve(max_bytes: int, busy: bool, mode: str, spin: bool = False) -> None:
                     time.sleep(0.001)
             say(ok=True)
         elif command["do"] == "served":  # --trace: the serving holder's steps, on this host's monotonic clock
-            steps = [{"taken": taken, "publish": called, **{k: called + v for k, v in a.timeline().items()}}
+            steps = [{"taken": taken, "publish": called, **{k: a.submitted_at + v for k, v in a.timeline().items()}}
                      for taken, called, a in list(served)]
             served.clear()
             say(served=steps)

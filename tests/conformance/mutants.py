@@ -38,7 +38,7 @@ from kvwire.contract import (
 from kvwire.contract.backend import Registration
 from kvwire.contract.lookup import LOOKUP, Lookup
 from kvwire.contract.outcome import OutcomeStatus
-from kvwire.contract.serving import PullRequest, ServesPulls
+from kvwire.contract.serving import OffersPulls, PullRequest, ServesPulls
 from kvwire.testing.harness import Ends, FaultPlan, Harness
 
 # -- the wrappers ------------------------------------------------------------------------------
@@ -731,8 +731,9 @@ class ReversesGroups(Mutant):
     attempt_type = _Reversed
 
 
-class PeerMutant(Mutant, ServesPulls):
-    """A serving peer that forwards everything, the serving protocol included."""
+class PeerMutant(Mutant, ServesPulls, OffersPulls):
+    """A serving peer that forwards everything, the serving protocol and standing offers (O1)
+    included."""
 
     @property
     def serving(self) -> ServesPulls:
@@ -750,6 +751,11 @@ class PeerMutant(Mutant, ServesPulls):
 
     def decline(self, request: PullRequest, reason: str) -> None:
         self.serving.decline(request, reason)
+
+    def offer(self, view: View, wake: WakeFn, timeout_s: float | None = None) -> Attempt:
+        if not isinstance(self.inner, OffersPulls):
+            raise InvalidSubmission("this backend does not declare the offer-pulls protocol")  # B4.7
+        return self.remember(self.attempt_type(self.inner.offer(view, wake, timeout_s), view, "offer", self))
 
 
 class _PartialFails(Wrapped):

@@ -17,6 +17,8 @@ from kvwire.testing.require import backend_module
 
 backend_module("ucxx._lib.libucxx", "ucx", "ucxx-cu12==0.52.0")  # skips, or fails when the run requires ucx
 
+from kvwire_ucx import wire  # noqa: E402
+from kvwire_ucx.faults import Direction  # noqa: E402
 from test_ucx_pull import check_rows, ends  # noqa: E402
 from ucx_holders import Requester, block_names  # noqa: E402
 
@@ -28,8 +30,6 @@ from kvwire.contract import (  # noqa: E402
     OutcomeStatus,
     SubmissionRejected,
 )
-from kvwire_ucx import wire  # noqa: E402
-from kvwire_ucx.faults import Direction  # noqa: E402
 
 GROUPS = (0, 1)
 SLOT = 8192
@@ -165,7 +165,7 @@ def test_pulls_at_once_are_all_answered_from_one_offer(make_backend, holders) ->
 
 def test_a_pull_before_serve_is_declined_though_offered(make_backend) -> None:
     a, b = make_backend(), make_backend()
-    from ucx_holders import Pool, fill, ReuseTree
+    from ucx_holders import Pool, ReuseTree, fill
 
     pa, pb = Pool(GROUPS, 4, SLOT), Pool(GROUPS, 4, SLOT, first_region_id=10)
     a.register_regions(pa.regions)

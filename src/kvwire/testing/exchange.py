@@ -15,7 +15,7 @@ from kvwire.testing import profiles
 from kvwire.testing.harness import Ends, Hold, Unavailable
 from kvwire.testing.holder import Submission, Wakes, settle, submit, wait_for
 from kvwire.testing.layout import Bench
-from kvwire.testing.serving import NameTable, PullHold, SuiteServer
+from kvwire.testing.serving import NameTable, Offered, PullHold, SuiteServer
 
 __all__ = ["Exchange", "Transfer"]
 
@@ -103,6 +103,14 @@ class Exchange:
             for gi, g in enumerate(bench.plan.groups):
                 tree.regions.setdefault(g.group_id, bench.source.memories[gi].region)
         return None, None
+
+    def stand(self, bench: Bench, select: Select = None, timeout_s: float | None = None,
+              wakes: Wakes | None = None) -> Offered:
+        """For a backend that declares ``offer-pulls`` (O1): the serving holder holds every source
+        row of the bench in its reuse tree (and serves), and makes a standing offer of the source
+        rows of ``select`` (all by default), with ``timeout_s`` and ``wakes`` when given."""
+        self.offer(bench)
+        return self.holder().offer(bench.source_view(select), timeout_s, wakes)
 
     def held_fetch(self, bench: Bench, hint: Hint | None = None,
                    wakes: Wakes | None = None) -> tuple[Submission, Hold]:

@@ -9,13 +9,13 @@ from collections.abc import Iterator
 import pytest
 
 from kvwire.contract import Capabilities, MemoryKind
-from kvwire.contract.capabilities import SERVE_PULLS, OtherEnd
+from kvwire.contract.capabilities import OFFER_PULLS, SERVE_PULLS, OtherEnd
 from kvwire.testing import profiles
 from kvwire.testing.exchange import Exchange
 from kvwire.testing.harness import Ends, FaultPlan, Harness, Unavailable
 from kvwire.testing.regions import cuda_devices
 
-__all__ = ["transfer", "fetch", "publish", "cancellation", "names", "serve_pulls", "usable_kind",
+__all__ = ["transfer", "fetch", "publish", "cancellation", "names", "serve_pulls", "offer_pulls", "usable_kind",
            "usable_kinds", "shares_names", "open_exchange", "misses", "in_flight", "LONG_TIMEOUT_S"]
 
 #: The deadline set through options when a test is not about deadlines: long enough never to
@@ -53,6 +53,13 @@ def names(caps: Capabilities) -> None:
 def serve_pulls(caps: Capabilities) -> None:
     if caps.other_end is not OtherEnd.PEER or SERVE_PULLS not in caps.protocols:
         pytest.skip(f"backend does not declare the {SERVE_PULLS} protocol")
+
+
+def offer_pulls(caps: Capabilities) -> None:
+    """The backend declares standing offers (O1). Whether it also serves pulls and implements
+    ``OffersPulls`` is what the O1.1 test checks, so this asks only for the declaration."""
+    if caps.other_end is not OtherEnd.PEER or OFFER_PULLS not in caps.protocols:
+        pytest.skip(f"backend does not declare the {OFFER_PULLS} protocol")
 
 
 def misses(caps: Capabilities) -> None:

@@ -4,7 +4,11 @@
 holds it in each layer group, with a pin count per name. :class:`SuiteServer` answers pull
 requests from it as ``kvwire.contract.serving`` says a holder does: look the names up, pin the
 longest held prefix, publish it with the request's ticket, and unpin once that publish quiesced,
-whether it delivered, failed or was cancelled."""
+whether it delivered, failed or was cancelled.
+
+For a backend that also declares ``offer-pulls`` (O1), :meth:`SuiteServer.offer` makes a standing
+offer of rows the holder pins for the offer's whole life, and :meth:`SuiteServer.withdraw`
+unpins them once the offer has concluded and quiesced."""
 
 from __future__ import annotations
 
@@ -14,13 +18,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvwire.contract import CacheKind, Hint, LayerGroupRows, SlotRegion, TokenRange, View
+from kvwire.contract import Attempt, CacheKind, Hint, LayerGroupRows, SlotRegion, TokenRange, View
 from kvwire.contract.backend import Backend
-from kvwire.contract.serving import PullRequest, ServesPulls
+from kvwire.contract.serving import OffersPulls, PullRequest, ServesPulls
+from kvwire.runtime.holding import Direction
 from kvwire.testing.harness import Hold
 from kvwire.testing.holder import Submission, Wakes, holder_call, settle, submit
 
-__all__ = ["NameTable", "SuiteServer", "Answer", "PullHold"]
+__all__ = ["NameTable", "SuiteServer", "Answer", "Offered", "PullHold"]
 
 
 class NameTable:
@@ -90,6 +95,16 @@ class Answer:
     released: bool = field(default=False)
 
 
+@dataclass(eq=False)
+class Offered:
+    """A standing offer the suite made as the serving holder (O1): the offer, tracked like a
+    publish, and the names it pinned for the offer's life (O1.6)."""
+
+    offer: Submission
+    pinned: tuple[bytes, ...]
+    released: bool = field(default=False)
+
+
 class SuiteServer:
     """Plays the holder of the serving end."""
 
@@ -103,6 +118,7 @@ class SuiteServer:
         self.wakes = Wakes() if wakes is None else wakes
         self.started = False
         self.answers: list[Answer] = []
+        self.offers: list[Offered] = []
         self._pending: list[PullRequest] = []
         self._seen: set[bytes] = set()
         self._looked = 0
@@ -169,6 +185,38 @@ class SuiteServer:
         answer = Answer(request, sub, names)
         self.answers.append(answer)
         return answer
+
+    def offer(self, view: View, timeout_s: float | None = None, wakes: Wakes | None = None) -> Offered:
+        """Pin the named rows of ``view`` and make a standing offer of them (O1). Whatever
+        ``offer()`` raises propagates, the pins given back; what it returns must be an Attempt."""
+        backend = self.backend
+        assert isinstance(backend, OffersPulls), (
+            "O1.1: a backend that declares offer-pulls implements kvwire.contract.OffersPulls (offer())")
+        groups = view.groups if isinstance(view, View) else ()  # anything else is for offer() to refuse
+        names = tuple(sorted({g.name(row) for g in groups for row in range(g.rows) if g.names is not None}))
+        self.tree.pins.update(names)
+        wakes = Wakes() if wakes is None else wakes
+        try:
+            with holder_call("offer()"):
+                attempt = backend.offer(view, wakes, timeout_s)
+        except BaseException:
+            self._unpin(names)
+            raise
+        assert isinstance(attempt, Attempt), f"O1.1: offer() must return an Attempt, got {type(attempt).__name__}"
+        offered = Offered(Submission(Direction.PUBLISH, self.backend, view, attempt, wakes), names)
+        self.offers.append(offered)
+        return offered
+
+    def withdraw(self, offered: Offered) -> None:
+        """Wait until the offer concluded and quiesced, then unpin its rows (O1.6)."""
+        if not offered.released:
+            settle(offered.offer, self.patience_s, purpose="O1.8: the offer concluding and quiescing")
+            self._unpin(offered.pinned)
+            offered.released = True
+
+    def _unpin(self, names: tuple[bytes, ...]) -> None:
+        self.tree.pins.subtract(names)
+        self.tree.pins += Counter()  # drop zero counts
 
     def decline_waiting(self, reason: str) -> int:
         """Decline every request that arrived and was not taken, those ``incoming()`` has not

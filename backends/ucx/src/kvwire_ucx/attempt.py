@@ -81,6 +81,12 @@ class UcxAttempt(Attempt):
         start = times.pop("submitted")
         return {step: at - start for step, at in sorted(times.items(), key=lambda item: item[1])}
 
+    @property
+    def submitted_at(self) -> float:
+        """The ``time.perf_counter()`` reading :meth:`timeline` counts from: when the backend
+        made this attempt, after the submission's checks."""
+        return self._times["submitted"]
+
     def reached(self, step: str) -> None:
         """Note the first time the attempt reached ``step`` (see :meth:`timeline`)."""
         self._times.setdefault(step, time.perf_counter())

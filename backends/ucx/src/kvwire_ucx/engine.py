@@ -130,7 +130,10 @@ class Engine:
         self.attempts.admit(attempt)
         job = FetchJob(attempt, machine, address, time.monotonic() + timeout_s, groups)
         attempt.job = job
-        self.submit(self.requesting.start, job)
+        if self.nixl is not None:  # one-sided: taking a fetch up sends its Pull and calls no UCX
+            self.reactor.run_here(self.requesting.start, job)
+        else:  # two-sided: it posts the first window's receives, which are the progress thread's
+            self.submit(self.requesting.start, job)
         return attempt
 
     def publish(self, view: View, wake: WakeFn, pull_id: int, groups: tuple[GroupRows, ...],
@@ -145,7 +148,11 @@ class Engine:
             raise
         refusal = refusal_of(view, job.request)
         deadline = job.expires_at if timeout_s is None else min(job.expires_at, time.monotonic() + timeout_s)
-        self.submit(self.serving.answer, job, attempt, groups, tuple(g.rows for g in view.groups), refusal, deadline)
+        answer = (self.serving.answer, job, attempt, groups, tuple(g.rows for g in view.groups), refusal, deadline)
+        if self.nixl is not None:  # one-sided: the answer is a ReadOffer on the socket, no UCX call
+            self.reactor.run_here(*answer)
+        else:  # two-sided: it posts the first rows' sends
+            self.submit(*answer)
         return attempt
 
     def offer(self, view: View, wake: WakeFn, groups: dict[int, OfferedGroup], timeout_s: float) -> UcxAttempt:

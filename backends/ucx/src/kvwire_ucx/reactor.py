@@ -3,6 +3,9 @@
 Holder threads only :meth:`Reactor.submit` commands (and ring the doorbell); everything else runs
 on the progress thread: the commands, timers, the wakes owed to holders, and the sleep in
 ``select`` on the registered fds (the UCX worker's epoll fd, the control sockets, the doorbell).
+One exception saves a thread hop: :meth:`Reactor.run_here` runs a command on the holder's thread
+when the progress thread sleeps with nothing queued. The progress thread holds the loop lock
+except while it sleeps, so such a command runs as if it were the loop's next one.
 What one loop iteration does besides is the :class:`Driver`'s: progress UCX, reap finished work,
 say how long it may sleep. The protocol code and the holder never take a lock of this module."""
 
@@ -14,6 +17,7 @@ import itertools
 import logging
 import os
 import selectors
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -60,12 +64,41 @@ class Reactor:
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._doorbell_r, selectors.EVENT_READ, _DOORBELL)
         self.stopping = False
+        #: Held by the progress thread from its start to its end, except while it sleeps on the
+        #: fds: whoever holds it may touch what the loop owns (see :meth:`run_here`).
+        self._loop = threading.Lock()
+        self._looping = False  # guarded by _loop
 
     # ------------------------------------------------------------ any thread
 
     def submit(self, fn: Callable[..., None], *args: Any) -> None:
         """Run ``fn(*args)`` on the progress thread soon."""
         self._commands.append((fn, args))
+        self._ring()
+
+    def run_here(self, fn: Callable[..., None], *args: Any) -> None:
+        """Run ``fn(*args)`` now, on the calling thread, if the progress thread sleeps on the fds
+        with no command queued before it (so the order of commands is kept); else
+        :meth:`submit` it. Either way the progress thread then wakes up, to see the timers and
+        wakes the command left, off the caller's path. ``fn`` must not call into UCX (the
+        worker is the progress thread's): sockets, timers, wakes and NIXL (serialized by its own
+        lock) are fine. An exception of ``fn`` is logged, as on the progress thread."""
+        if self._loop.acquire(blocking=False):
+            try:
+                ran = self._looping and not self.stopping and not self._commands
+                if ran:
+                    try:
+                        fn(*args)
+                    except Exception:
+                        log.exception("kvwire-ucx: a command run on the holder's thread failed")
+            finally:
+                self._loop.release()
+            if ran:
+                self._ring()
+                return
+        self.submit(fn, *args)
+
+    def _ring(self) -> None:
         try:
             os.write(self._doorbell_w, b"!")
         except BlockingIOError:
@@ -96,6 +129,14 @@ class Reactor:
 
     def run(self, driver: Driver, port: int) -> None:
         """The loop: commands, progress, reaping, timers, wakes, then a sleep on the fds."""
+        with self._loop:
+            self._looping = True
+            try:
+                self._run(driver, port)
+            finally:
+                self._looping = False
+
+    def _run(self, driver: Driver, port: int) -> None:
         polled = 0.0
         spin_until = 0.0
         while True:
@@ -165,7 +206,14 @@ class Reactor:
     def _wait(self, driver: Driver, timeout: float) -> bool:
         """Wait up to ``timeout`` for the fds, then handle what they brought; whether any was
         ready."""
-        ready = self._selector.select(timeout)
+        if timeout > 0 and self._looping:
+            self._loop.release()  # asleep: a holder's thread may run a command meanwhile (run_here)
+            try:
+                ready = self._selector.select(timeout)
+            finally:
+                self._loop.acquire()
+        else:
+            ready = self._selector.select(0)
         # Timers that came due by now fire before what the fds brought: on a busy machine this
         # thread may wake past a deadline with a message in hand, and the deadline came first
         # (a serving end's own expiry decline must not pass for a decline, A10.7).

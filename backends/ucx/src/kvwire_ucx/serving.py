@@ -71,11 +71,11 @@ class Serving(Side):
             self._wake = wake
 
     def take_incoming(self) -> tuple[PullRequest, ...]:
-        out = []
+        out: list[PullRequest] = []
         with self._lock:
             while self._incoming:
                 job = self._incoming.popleft()
-                if job.ticket is Ticket.OPEN:
+                if job.ticket is Ticket.OPEN and job.request is not None:  # (an offer's answer never queues)
                     job.surfaced = True
                     out.append(job.request)
         return tuple(out)

@@ -270,15 +270,17 @@ class Reactor:
             if stop:
                 return
 
-    def stop(self) -> None:
+    def stop(self, *, wait_workers: bool = True) -> None:
         """Stop the threads (after every attempt settled); idempotent. Jobs still queued are
-        dropped: they belong to attempts that have already concluded and quiesced."""
+        dropped: they belong to attempts that have already concluded and quiesced. Without
+        ``wait_workers`` only the clock thread (the last wakes) is waited for: a worker may be
+        parked in a job that touches no attempt's memory any more, and ends when it returns."""
         with self.lock:
             self._stopping = True
             self._jobs.clear()
             self.lock.notify_all()
         me = threading.current_thread()
-        for thread in self._threads:
+        for thread in self._threads if wait_workers else self._threads[-1:]:
             if thread is not me:
                 thread.join(timeout=10.0)
 
@@ -301,11 +303,12 @@ def _windows(located: Located, slot_bytes: int) -> np.ndarray:
     return np.lib.stride_tricks.as_strided(flat, shape=(flat.size - slot_bytes + 1, slot_bytes), strides=(1, 1))
 
 
-def read_rows(located: Located, slot_bytes: int) -> np.ndarray:
-    """A private copy of a group's rows, shape ``(rows, slot_bytes)``."""
+def read_rows(located: Located, slot_bytes: int, rows: np.ndarray | None = None) -> np.ndarray:
+    """A private copy of a group's rows (or of ``rows``, indices into the group), shape
+    ``(rows, slot_bytes)``."""
     if located.region is None:
-        return np.zeros((0, slot_bytes), dtype=np.uint8)
-    return _windows(located, slot_bytes)[located.offsets]
+        return np.zeros((0 if rows is None else rows.size, slot_bytes), dtype=np.uint8)
+    return _windows(located, slot_bytes)[located.offsets if rows is None else located.offsets[rows]]
 
 
 def write_rows(located: Located, slot_bytes: int, rows: np.ndarray, data: np.ndarray) -> None:

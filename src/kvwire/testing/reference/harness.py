@@ -9,8 +9,9 @@ so each harness answers :meth:`~kvwire.testing.harness.Harness.capabilities` its
 
 from __future__ import annotations
 
+import contextlib
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -125,7 +126,9 @@ class ReferenceStoreHarness(Harness):
 class ControlledLink(Link):
     """The fabric's link under a harness: messages handled by the serving peer wait at ``gate``
     while it is held (it answers nothing), and the rows of names a :class:`FaultPlan` lists
-    reach the requester as a fault instead."""
+    reach the requester as a fault instead. A pull waits in :meth:`answering`, after the serving
+    peer has looked for a standing offer that covers it (O1): a pull an offer answers is held
+    with the offer claimed, before it reads the offer's rows."""
 
     def __init__(self, gate: Gate, plan: FaultPlan | None, serving: bytes) -> None:
         self.gate = gate
@@ -142,11 +145,19 @@ class ControlledLink(Link):
             hit = faulted_rows(self.plan, "fetch", names) | faulted_rows(self.plan, "publish", names)
             if hit.any():
                 message = Fault(message.ticket, f"injected fault: the server failed block {int(np.argmax(hit))}")
-        if at == self.serving:
+        if at == self.serving and not isinstance(message, Request):
             with self.gate.passage():
                 handler(message)
         else:
             handler(message)
+
+    @contextlib.contextmanager
+    def answering(self, at: bytes, ticket: int) -> Iterator[None]:
+        if at == self.serving:
+            with self.gate.passage():
+                yield
+        else:
+            yield
 
 
 class ReferencePeerHarness(Harness):

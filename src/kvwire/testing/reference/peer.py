@@ -1,5 +1,6 @@
 """The reference peer backend: :class:`ReferencePeer`, written directly on ``kvwire.contract``,
-that pulls blocks by name from another peer and serves such pulls (``serve-pulls``, N2), over an
+that pulls blocks by name from another peer, serves such pulls (``serve-pulls``, N2) and answers
+pulls of blocks its holder offered in advance on its own (``offer-pulls``, O1), over an
 in-process network (:class:`Fabric`).
 
 The wire protocol, one message per arrow, each message handled on the receiving peer's worker
@@ -20,34 +21,59 @@ thread (nothing shares an attempt across peers; they learn of each other only by
                                                    the answer: cancelled by the peer, so its
                                                    holder unpins (N2)
 
+An offered pull (O1), answered without the holder: ``offer(view, wake)`` made the holder's named
+rows stand, and one standing offer holds every requested group, at the expected slot size, with
+every requested name::
+
+    requester                                   server
+        ---- Request(ticket, groups, names) ---->  covered whole by one standing offer: the
+                                                   answer claims the offer, copies the rows of
+                                                   those names (the offer quiesces only once no
+                                                   claim is left), and nothing reaches
+                                                   incoming() or wakes the holder
+        <--- Rows(ticket, bytes of the rows) ---
+    writes the rows, concludes delivered
+        ---- Ack(ticket) ----------------------->  nothing left to do: the answer ended with
+                                                   its copy
+        <--- Fault(ticket, reason) -------------   (instead of Rows) the offer concluded (its
+                                                   deadline, cancel(), shutdown()) before the
+                                                   answer read its rows: the fetch fails
+
 Where each clause is met: M3/M4 in :class:`~kvwire.contract.RegionTable`; H1, V4 and S3 in
 :meth:`ReferencePeer.fetch` and :meth:`ReferencePeer.publish` (every check before the queue slot,
 the slot before any message); A1-A4, A8, W1 in :mod:`kvwire.testing.reference.core`; N2 in the
-message handlers below. A requester marks exactly the rows the server sent (a prefix, possibly
+message handlers below; O1 in :meth:`ReferencePeer.offer`, :meth:`ReferencePeer._answer_from_offer`
+and :mod:`kvwire.testing.reference.offers` (the offer as an attempt, its checks, the index that
+finds the one offer covering a pull). A requester marks exactly the rows the server sent (a prefix, possibly
 empty: a partial prefix delivers).
 
 The grace after a deadline (A8): a requester's fetch quiesces with its conclusion unless its
 worker is writing the answer's rows at that moment (one copy); an answer quiesces once its rows
-are copied out.
+are copied out; an offer quiesces with its conclusion unless an answer is copying its rows then
+(it ends every answer that has not started copying).
 
 Why one file of this size: it is the template a peer author reads top to bottom; its messages,
 its serving side and its requesting side are short and refer to one another."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import itertools
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from kvwire.contract import (
+    OFFER_PULLS,
     Backend,
     Capabilities,
     Cause,
     Hint,
     InvalidSubmission,
+    OffersPulls,
     OtherEnd,
     OutcomeStatus,
     PullRequest,
@@ -67,6 +93,7 @@ from kvwire.testing.reference.core import (
     reference_capabilities,
     write_rows,
 )
+from kvwire.testing.reference.offers import OfferedAnswer, OfferIndex, StandingOffer, check_offer
 
 __all__ = ["ReferencePeer", "Fabric", "Link", "Request", "Rows", "Ack", "Cancel", "Declined", "Fault",
            "peer_capabilities"]
@@ -79,7 +106,9 @@ _PEER_FIELDS = frozenset({"address", "credentials"})
 
 
 def peer_capabilities(max_in_flight: int = 16) -> Capabilities:
-    return reference_capabilities(OtherEnd.PEER, max_in_flight)
+    """A store's declaration, as a peer that serves pulls (N2) and standing offers (O1)."""
+    caps = reference_capabilities(OtherEnd.PEER, max_in_flight)
+    return dataclasses.replace(caps, protocols=caps.protocols | {OFFER_PULLS})
 
 
 # -- messages ------------------------------------------------------------------------------------
@@ -148,6 +177,13 @@ class Link:
         ``message`` (``handler``). A harness's link may wait here, or hand over another message."""
         handler(message)
 
+    @contextlib.contextmanager
+    def answering(self, at: bytes, ticket: int) -> Iterator[None]:
+        """Wraps the serving peer's answer to the pull ``ticket`` (on its worker thread): handing
+        it to the holder, or reading an offer's rows once the answer has claimed the offer. A
+        harness's link may wait here (the serving peer answers nothing)."""
+        yield
+
 
 @dataclass
 class Fabric:
@@ -189,10 +225,10 @@ class _Answer(ReferenceAttempt):
         self.reply_to = reply_to
 
 
-class ReferencePeer(Backend, ServesPulls):
+class ReferencePeer(Backend, ServesPulls, OffersPulls):
     """One peer on a :class:`Fabric`, reachable at ``address()``. Fetches pull from the peer a
     ``Hint.of("peer", address=...)`` names; publishes answer pulls (``Hint`` of kind ``ticket``
-    from a :class:`~kvwire.contract.PullRequest`)."""
+    from a :class:`~kvwire.contract.PullRequest`); offers answer pulls of their blocks alone."""
 
     def __init__(self, fabric: Fabric, name: str, *, timeout_s: float = 30.0, max_in_flight: int = 16) -> None:
         self._fabric = fabric
@@ -212,6 +248,9 @@ class ReferencePeer(Backend, ServesPulls):
         self._replies: dict[int, bytes] = {}
         self._answers: dict[int, _Answer] = {}
         self._serving_wake: WakeFn | None = None
+        # standing offers (O1), and the answers given from them that still hold a claim
+        self._offers = OfferIndex()
+        self._offered: dict[int, OfferedAnswer] = {}
         self._ticket_at = f"{self.address().decode()}#{next(_instances)}".encode()
         with fabric.lock:
             if self.address() in fabric.peers:
@@ -370,6 +409,75 @@ class ReferencePeer(Backend, ServesPulls):
                 self._answers.pop(answer.ticket, None)
                 answer.conclude_locked(OutcomeStatus.FAILED, Cause.PEER_GONE, "the requesting peer is gone")
 
+    # -- standing offers (O1) -------------------------------------------------------------------
+
+    def offer(self, view: View, wake: WakeFn, timeout_s: float | None = None) -> StandingOffer:
+        """Stand ready to answer pulls of the view's named rows without the holder (O1)."""
+        reactor = self._reactor
+        if reactor.closed:
+            raise SubmissionRejected("this peer is shut down; it takes no offer")
+        located = self._table.locate_view(view)  # M1, M4, V1: as a publish is checked
+        deadline_s = self._offer_deadline(view, located, timeout_s)
+        offer = self._offer_type(reactor, view, wake, deadline_s, located, self._offer_ended_locked)
+        with reactor.lock:
+            reactor.admit_locked(offer, "offer")  # O1.3: one queue slot, taken last
+            self._offers.add(offer)
+        return offer
+
+    #: The attempt an offer is (a mutant of the reference peer swaps it).
+    _offer_type = StandingOffer
+
+    def _offer_deadline(self, view: View, located: tuple[Located, ...], timeout_s: object) -> float:
+        """O1.2: refuse what an offer may not be; the offer's deadline in seconds from now."""
+        return check_offer(view, located, timeout_s, self._timeout_s)
+
+    def _offer_ended_locked(self, offer: StandingOffer) -> None:
+        """``offer`` concluded: it answers no later pull (O1.7), and the answers it gave that have
+        not started copying its rows end now, their requesters' fetches failing (O1.8)."""
+        self._offers.remove(offer)
+        for answer in list(offer.claims):
+            if not answer.reading:
+                answer.ended = True
+                self._offered.pop(answer.ticket, None)
+                offer.release_locked(answer)
+                self._outbox.append((answer.reply_to, Fault(answer.ticket, "the offer answering this pull ended "
+                                                                           "before its rows were sent")))
+        if self._outbox:
+            self._reactor.run(self._flush)
+
+    def _claim_locked(self, message: Request) -> OfferedAnswer | None:
+        """The answer to ``message`` from the one standing offer that covers it whole, which it
+        claims (O1.4); ``None`` when none does (O1.5)."""
+        found = self._offers.cover(message.groups, message.slot_bytes, message.names)
+        if found is None:
+            return None
+        offer, rows = found
+        answer = OfferedAnswer(message.ticket, message.reply_to, offer, rows)
+        offer.claim_locked(answer)
+        self._offered[message.ticket] = answer
+        return answer
+
+    def _answer_from_offer(self, answer: OfferedAnswer) -> None:
+        """Worker: copy the offered rows the pull names, let go of the offer, send them. No wake
+        of the holder's: neither the offer's nor the serve wake (O1.10)."""
+        offer = answer.offer
+        with self._reactor.lock:
+            if answer.ended:
+                return  # the offer concluded while this answer waited; its requester was told
+            answer.reading = True
+        data = offer.read(answer)  # outside the lock: the claim keeps the offer from quiescing
+        with self._reactor.lock:
+            answer.reading = False
+            self._offered.pop(answer.ticket, None)
+            offer.release_locked(answer)
+            # O1.8: an offer that concluded while its rows were copied sends nothing more
+            ended = offer.concluded
+        if ended:
+            self._send(answer.reply_to, Fault(answer.ticket, "the offer answering this pull ended while its rows were "
+                                                             "copied"))
+        else:
+            self._send(answer.reply_to, Rows(answer.ticket, self.address(), data))
+
     # -- receiving ----------------------------------------------------------------------------
 
     def receive(self, message: Message) -> bool:
@@ -415,6 +523,16 @@ class ReferencePeer(Backend, ServesPulls):
                         pull.conclude_locked(OutcomeStatus.FAILED, Cause.FAULT, message.reason)
 
     def _on_request(self, message: Request) -> None:
+        with self._reactor.lock:
+            offered = self._claim_locked(message) if self._serving_wake is not None else None
+        with self._fabric.link.answering(self.address(), message.ticket):
+            if offered is not None:
+                self._answer_from_offer(offered)
+            else:
+                self._to_holder(message)
+
+    def _to_holder(self, message: Request) -> None:
+        """N2.4: the pull becomes visible through incoming(), and the serve wake follows."""
         with self._reactor.lock:
             wake = self._serving_wake
             if wake is not None:
@@ -503,7 +621,9 @@ class ReferencePeer(Backend, ServesPulls):
             with self._fabric.lock:
                 if self._fabric.peers.get(self.address()) is self:
                     del self._fabric.peers[self.address()]
-            reactor.stop()
+            # A worker may be parked in the link (a harness's hold) with an answer from an offer
+            # that this shutdown ended: it reads nothing when it goes on, so it is not waited for.
+            reactor.stop(wait_workers=False)
         return pending
 
     def __repr__(self) -> str:
