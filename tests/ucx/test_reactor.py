@@ -1,12 +1,14 @@
 """The progress thread's reactor orders what it finds by time: a timer that came due before the
 thread woke fires before the messages the fds brought. On a busy machine the thread may wake past
 a pull's deadline with the serving end's expiry decline in hand; the deadline came first, so the
-pull must fail for its deadline (A10.7), not as declined."""
+pull must fail for its deadline (A10.7), not as declined. And a holder's command runs on its own
+thread only while the loop sleeps, in order with the commands queued before it."""
 
 from __future__ import annotations
 
 import selectors
 import socket
+import threading
 import time
 from typing import Any
 
@@ -47,3 +49,83 @@ def test_a_timer_due_before_the_wake_fires_before_the_message_it_woke_with() -> 
         reactor.close()
         ours.close()
         theirs.close()
+
+
+class Sleeper:
+    """A driver whose loop sleeps on the fds until told to stop (``cap`` at a time)."""
+
+    def __init__(self, cap: float = 0.5) -> None:
+        self.cap = cap
+        self.stop = False
+
+    def progress(self) -> None: ...
+    def reap(self) -> None: ...
+    def spinning(self) -> bool: return False
+    def arm(self) -> bool: return True
+    def sleep_cap(self) -> float: return self.cap
+    def on_ready(self, data: Any, events: int) -> None: ...
+    def can_exit(self) -> bool: return self.stop
+
+
+def running(reactor: Reactor, driver: Sleeper) -> threading.Thread:
+    thread = threading.Thread(target=reactor.run, args=(driver, 0), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 5
+    while not reactor._looping:  # the loop has started (then it goes to sleep at once)
+        assert time.monotonic() < deadline, "the loop never started"
+        time.sleep(0.001)
+    return thread
+
+
+def stopped(reactor: Reactor, driver: Sleeper, thread: threading.Thread) -> None:
+    driver.stop = True
+    reactor.stopping = True
+    reactor.submit(lambda: None)
+    thread.join(5)
+    assert not thread.is_alive()
+    reactor.close()
+
+
+def test_run_here_runs_on_the_callers_thread_while_the_loop_sleeps_and_keeps_order_otherwise() -> None:
+    """The one-sided fetch's Pull goes out inside fetch() when the progress thread sleeps; a
+    command queued before it runs first (a fault hold taken before a fetch catches its frames)."""
+    reactor, driver = Reactor(), Sleeper()
+    thread = running(reactor, driver)
+    try:
+        ran_on: list[str] = []
+        deadline = time.monotonic() + 5
+        while not ran_on or ran_on[-1] != "caller":  # once the loop sleeps, the caller runs it
+            assert time.monotonic() < deadline, f"run_here never ran on the caller's thread: {ran_on}"
+            reactor.run_here(lambda: ran_on.append("caller" if threading.current_thread() is not thread else "loop"))
+        order: list[str] = []
+        # A command queued whose ring the sleeping loop has not seen yet (a holder's other
+        # thread between its append and its ring): run_here must not overtake it.
+        reactor._commands.append((order.append, ("first",)))
+        reactor.run_here(order.append, "second")
+        deadline = time.monotonic() + 5
+        while len(order) < 2:
+            assert time.monotonic() < deadline, f"the commands never ran: {order}"
+            time.sleep(0.001)
+        assert order == ["first", "second"], "run_here overtook a command queued before it"
+    finally:
+        stopped(reactor, driver, thread)
+
+
+def test_run_here_wakes_the_sleeping_loop_only_for_something_due_before_it_wakes_on_its_own() -> None:
+    """What run_here left (a wake owed, a timer sooner than the sleep, a shorter sleep cap)
+    rings the doorbell; a later timer does not (the caller keeps its thread's time)."""
+    reactor, driver = Reactor(), Sleeper(cap=5.0)
+    reactor._driver = driver
+    reactor._sleep_until = time.monotonic() + 5.0
+    assert not reactor._wakes_sooner()
+    reactor.call_later(60.0, lambda: None)  # a pull's deadline, after the sleep
+    assert not reactor._wakes_sooner()
+    reactor.call_later(0.0, lambda: None)  # due now
+    assert reactor._wakes_sooner()
+    reactor._timers.clear()
+    reactor.wake_later("attempt", lambda: None)
+    assert reactor._wakes_sooner()
+    reactor._wakes.clear()
+    driver.cap = 0.001  # a one-sided answer out: NIXL needs progress soon
+    assert reactor._wakes_sooner()
+    reactor.close()

@@ -68,6 +68,8 @@ class Reactor:
         #: fds: whoever holds it may touch what the loop owns (see :meth:`run_here`).
         self._loop = threading.Lock()
         self._looping = False  # guarded by _loop
+        self._driver: Driver | None = None
+        self._sleep_until = 0.0  # while the progress thread sleeps: when it wakes on its own
 
     # ------------------------------------------------------------ any thread
 
@@ -79,11 +81,15 @@ class Reactor:
     def run_here(self, fn: Callable[..., None], *args: Any) -> None:
         """Run ``fn(*args)`` now, on the calling thread, if the progress thread sleeps on the fds
         with no command queued before it (so the order of commands is kept); else
-        :meth:`submit` it. Either way the progress thread then wakes up, to see the timers and
-        wakes the command left, off the caller's path. ``fn`` must not call into UCX (the
-        worker is the progress thread's): sockets, timers, wakes and NIXL (serialized by its own
-        lock) are fine. An exception of ``fn`` is logged, as on the progress thread."""
+        :meth:`submit` it. A command run here that left the sleeping thread something to do
+        sooner than it wakes on its own (a wake owed, an earlier timer, a shorter sleep cap)
+        rings the doorbell; one that did not lets it sleep on, so the holder's thread keeps the
+        GIL instead of handing it to a progress thread woken for nothing (a ring cost the
+        caller 0.1-0.6 ms). ``fn`` must not call into UCX (the worker is the progress thread's):
+        sockets, timers, wakes and NIXL (serialized by its own lock) are fine. An exception of
+        ``fn`` is logged, as on the progress thread."""
         if self._loop.acquire(blocking=False):
+            ring = False
             try:
                 ran = self._looping and not self.stopping and not self._commands
                 if ran:
@@ -91,12 +97,24 @@ class Reactor:
                         fn(*args)
                     except Exception:
                         log.exception("kvwire-ucx: a command run on the holder's thread failed")
+                    ring = self._wakes_sooner()
             finally:
                 self._loop.release()
             if ran:
-                self._ring()
+                if ring:
+                    self._ring()
                 return
         self.submit(fn, *args)
+
+    def _wakes_sooner(self) -> bool:
+        """Whether the sleeping progress thread has something to do before it wakes on its own
+        (the loop lock held)."""
+        if self._wakes or self._commands:
+            return True
+        if self._timers and self._timers[0][0] < self._sleep_until:
+            return True
+        driver = self._driver
+        return driver is not None and time.monotonic() + driver.sleep_cap() < self._sleep_until
 
     def _ring(self) -> None:
         try:
@@ -131,6 +149,7 @@ class Reactor:
         """The loop: commands, progress, reaping, timers, wakes, then a sleep on the fds."""
         with self._loop:
             self._looping = True
+            self._driver = driver
             try:
                 self._run(driver, port)
             finally:
@@ -207,6 +226,7 @@ class Reactor:
         """Wait up to ``timeout`` for the fds, then handle what they brought; whether any was
         ready."""
         if timeout > 0 and self._looping:
+            self._sleep_until = time.monotonic() + timeout
             self._loop.release()  # asleep: a holder's thread may run a command meanwhile (run_here)
             try:
                 ready = self._selector.select(timeout)
