@@ -24,6 +24,7 @@ from kvwire.testing.reference.peer import Fabric, ReferencePeer, Request, Rows
 #: a literal, without importing this file.
 CATCHES = [
     ("offer_declared_without_serve_pulls", "O1", "O1 and also_serves_pulls"),
+    ("offer_declared_without_cancellation", "O1", "O1 and also_serves_pulls"),
     ("offer_accepts_repeated_names", "O1", "O1 and bad_view_or_timeout"),
     ("offer_timeout_unchecked", "O1", "O1 and bad_view_or_timeout"),
     ("offer_admitted_beyond_the_bound", "O1", "O1 and queue_slot"),
@@ -71,6 +72,18 @@ class OfferDeclaredWithoutServePulls(ReferencePeer):
     @staticmethod
     def declare(caps: Capabilities) -> Capabilities:
         return dataclasses.replace(caps, protocols=frozenset({OFFER_PULLS}))
+
+    def capabilities(self) -> Capabilities:
+        return self.declare(super().capabilities())
+
+
+class OfferDeclaredWithoutCancellation(ReferencePeer):
+    """O1.1: declares ``offer-pulls`` but no cancellation (B4.5 allows that for other backends),
+    so a holder could never withdraw an offer before its deadline."""
+
+    @staticmethod
+    def declare(caps: Capabilities) -> Capabilities:
+        return dataclasses.replace(caps, cancellation=False)
 
     def capabilities(self) -> Capabilities:
         return self.declare(super().capabilities())
@@ -336,6 +349,7 @@ class OfferWakesOnEachAnswer(ReferencePeer):
 
 
 offer_declared_without_serve_pulls = _mutant("offer_declared_without_serve_pulls", OfferDeclaredWithoutServePulls)
+offer_declared_without_cancellation = _mutant("offer_declared_without_cancellation", OfferDeclaredWithoutCancellation)
 offer_accepts_repeated_names = _mutant("offer_accepts_repeated_names", OfferAcceptsRepeatedNames)
 offer_timeout_unchecked = _mutant("offer_timeout_unchecked", OfferTimeoutUnchecked)
 offer_admitted_beyond_the_bound = _mutant("offer_admitted_beyond_the_bound", OfferAdmittedBeyondTheBound)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from kvwire.contract import CONTRACT_VERSION
 from kvwire.testing.runner import RULES, rules_of, run_conformance, summarize
 
 HERE = Path(__file__).parent
@@ -26,7 +27,7 @@ def test_report_header_names_backend_version_contract_and_capabilities(tmp_path:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     version = metadata.version("kvwire-memory")
     line = next(x for x in proc.stdout.splitlines() if x.startswith("kvwire backend memory:"))
-    assert f"kvwire-memory {version}" in line and "speaks contract 1.1" in line
+    assert f"kvwire-memory {version}" in line and "speaks contract {}.{}".format(*CONTRACT_VERSION) in line
     assert "store fetch+publish [host]" in line and "cancel" in line and "names" in line
     assert any(x.startswith("kvwire 0.") and "profile quick" in x for x in proc.stdout.splitlines())
 

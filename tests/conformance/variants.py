@@ -65,6 +65,7 @@ from mutants import Mutant, MutantHarness, PeerMutant, Wrapped
 
 from kvwire.blob import BatchResult, StoreDriver
 from kvwire.contract import (
+    OFFER_PULLS,
     Attempt,
     Backend,
     Capabilities,
@@ -331,7 +332,15 @@ class WithoutCancellation(Mutant):
 
 
 class WithoutCancellationPeer(WithoutCancellation, PeerMutant):
-    """:class:`WithoutCancellation` for a serving peer."""
+    """:class:`WithoutCancellation` for a serving peer. It cannot declare standing offers (O1.1
+    asks for cancellation), so it refuses ``offer()`` as an undeclared protocol (B4.7)."""
+
+    @staticmethod
+    def declare(caps: Capabilities) -> Capabilities:
+        return dataclasses.replace(caps, cancellation=False, protocols=caps.protocols - {OFFER_PULLS})
+
+    def offer(self, view: View, wake: WakeFn, timeout_s: float | None = None) -> Attempt:
+        raise InvalidSubmission("this backend does not declare offer-pulls (it has no cancellation)")
 
 
 class _WakePool:

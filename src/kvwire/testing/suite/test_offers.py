@@ -139,13 +139,17 @@ def _source_untouched(bench: Bench, when: str) -> None:
 # -- O1.1 -----------------------------------------------------------------------------------------
 
 def test_O1_a_backend_that_offers_also_serves_pulls(kvwire_harness: Harness) -> None:
-    """O1.1: a backend that declares ``offer-pulls`` also declares ``serve-pulls``, implements
-    ``OffersPulls`` and ``ServesPulls``, and ``offer()`` returns an ``Attempt``."""
+    """O1.1: a backend that declares ``offer-pulls`` also declares ``serve-pulls`` and
+    cancellation, implements ``OffersPulls`` and ``ServesPulls``, and ``offer()`` returns an
+    ``Attempt``."""
     caps = kvwire_harness.capabilities()
     needs.offer_pulls(caps)
     assert SERVE_PULLS in caps.protocols, (
         f"O1.1: the backend declares {OFFER_PULLS!r} but not {SERVE_PULLS!r} (protocols {sorted(caps.protocols)}); "
         "standing offers answer request-free pulls, so a backend that offers also serves them")
+    assert caps.cancellation, (
+        f"O1.1: the backend declares {OFFER_PULLS!r} without cancellation; a holder withdraws an offer with "
+        "cancel() (O1.7) before it may evict the offered blocks")
     with _offers(kvwire_harness, 1101) as (_, ex, bench):
         for end, backend in (("source", ex.ends.source), ("sink", ex.ends.sink)):
             assert OFFER_PULLS in backend.capabilities().protocols, f"B4: the built {end} does not declare {OFFER_PULLS}"
@@ -347,7 +351,8 @@ def test_O1_a_pull_no_one_offer_covers_goes_to_the_holder(kvwire_harness: Harnes
     size, or two offers that cover it only together) reaches the holder through ``incoming()``
     whole; no part of it is answered from an offer, and the offers stand on."""
     offers, take = UNCOVERED[how]
-    with _offers(kvwire_harness, 1601) as (_, ex, bench):
+    # the offers, the suite's own, and the holder's answer stand at once at the serving end
+    with _offers(kvwire_harness, 1601, in_flight=len(offers) + 2) as (_, ex, bench):
         ex.offer(bench)
         holder = ex.holder()
         standing = [holder.offer(bench.source_view(select)) for select in offers]
@@ -563,7 +568,7 @@ def test_O1_several_offers_of_the_same_blocks_each_answer_alone(kvwire_harness: 
     group only); pulls either covers are answered; once the first is cancelled the second still
     answers the pulls it covers alone, and a pull only the first covered goes to the holder;
     once both ended every pull does."""
-    with _offers(kvwire_harness, 2001) as (_, ex, bench):
+    with _offers(kvwire_harness, 2001, in_flight=3) as (_, ex, bench):  # two offers and a holder's answer
         holder = ex.holder()
         ex.offer(bench)
         both = holder.offer(bench.source_view())
