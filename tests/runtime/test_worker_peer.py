@@ -63,20 +63,32 @@ def test_a_standing_offer_serves_pulls_without_the_serving_loop_and_gives_its_pi
     """Worker.offer (contract O1): B's pull of an offered prompt is answered by A's backend
     alone (A's serving loop answers nothing), the logits match a local prefill, and A's pins come
     back when the offer ends; afterwards the serving loop answers as before."""
-    a, b, c = workers("A"), workers("B"), workers("C")
+    a, b, c, d = workers("A"), workers("B"), workers("C"), workers("D")
     p = prompt(200)
     local = a.generate(p, max_tokens=2)
-    assert a.offer(p, timeout_s=1.5) == 12 and a.pins() == 12
+    offer = a.offer(p, timeout_s=1.5)
+    assert offer.blocks == 12 and not offer.ended and a.pins() == 12
     pulled = b.pull(p, source=a.transceiver_state())
     assert pulled.status == "delivered" and pulled.blocks_moved == 12
     assert a.counters.pulls_served == 0, "the serving loop answered an offered pull"
     assert a.backend.stats().pulls_offered == 1
     remote = b.generate(p, max_tokens=2)
     assert remote.cached_tokens == 192 and torch.allclose(remote.logits, local.logits, rtol=1e-4, atol=1e-5)
-    assert a.offer(prompt(40, seed=9)) == 0  # nothing of it held: nothing offered, nothing pinned
-    assert settled_pins(a) == 0, "the offer's pins were not given back once it ended"
+    nothing = a.offer(prompt(40, seed=9))  # nothing of it held: nothing offered, nothing pinned
+    assert nothing.blocks == 0 and nothing.ended
+    nothing.withdraw()
+    assert settled_pins(a) == 0, "the offer's pins were not given back once it ran out"
+    assert offer.ended
     assert c.pull(p, source=a.transceiver_state()).blocks_moved == 12
     assert a.counters.pulls_served == 1
+    # withdrawn before it runs out: the pins come back, and the serving loop answers again
+    again = a.offer(p, timeout_s=600)
+    assert again.blocks == 12
+    again.withdraw()
+    again.withdraw()  # idempotent
+    assert again.ended and settled_pins(a) == 0, "a withdrawn offer's pins were not given back"
+    assert d.pull(p, source=a.transceiver_state()).blocks_moved == 12
+    assert a.counters.pulls_served == 2 and a.backend.stats().pulls_offered == 1
 
 
 def test_a_worker_that_checks_pulls_cannot_offer(workers):

@@ -23,6 +23,7 @@ _WHERE = {
     "wait_all": "kvwire.runtime.holding",
     "wait_any": "kvwire.runtime.holding",
     "Generation": "kvwire.runtime.worker",
+    "PromptOffer": "kvwire.runtime.worker",
     "TransferError": "kvwire.runtime.worker",
     "TransferResult": "kvwire.runtime.worker",
     "TransferStatus": "kvwire.runtime.worker",

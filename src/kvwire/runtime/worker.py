@@ -42,7 +42,7 @@ from kvwire.runtime.holding import (
 from kvwire.runtime.model import ModelConfig, TinyTransformer
 from kvwire.runtime.state import StateError, TransceiverState
 
-__all__ = ["Worker", "Cancel", "Generation", "TransferResult", "TransferStatus", "TransferError", "StateError"]
+__all__ = ["Worker", "Cancel", "Generation", "PromptOffer", "TransferResult", "TransferStatus", "TransferError", "StateError"]
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +111,26 @@ class _Counters:
     refusals: int = 0
 
 
+@dataclass(frozen=True)
+class PromptOffer:
+    """A standing offer made by :meth:`Worker.offer`: how many blocks it holds, and its end."""
+
+    blocks: int
+    attempt: Attempt | None = field(repr=False)
+    worker: Worker = field(repr=False)
+
+    def withdraw(self) -> None:
+        """End the offer now (idempotent; nothing to do for an offer of no block); its pins come
+        back once its answers in flight have stopped reading the rows."""
+        if self.attempt is not None:
+            self.worker._withdraw(self.attempt)
+
+    @property
+    def ended(self) -> bool:
+        """Whether the offer has concluded (run out or withdrawn)."""
+        return self.attempt is None or self.attempt.poll() is not None
+
+
 class Worker:
     """One inference worker: a tiny model, its paged cache (a lender), and a backend chosen by
     configuration. Thread-safe: calls into the backend are serialized (B2)."""
@@ -176,6 +196,7 @@ class Worker:
         self._serve_signal = threading.Event()
         self._replies: list[tuple[Attempt, Lease, PullRequest]] = []
         self._offers: list[tuple[Attempt, Lease]] = []  # standing offers (O1) and the leases pinning them
+        self._offers_lock = threading.Lock()  # offer() appends on the caller's thread, the serving loop sweeps
         self._served = threading.Condition()  # notified after each serving round
         self.pull_filter: Callable[[PullRequest], str | None] | None = None
         if SERVE_PULLS in self.capabilities.protocols and isinstance(self.backend, ServesPulls):
@@ -526,22 +547,28 @@ class Worker:
             else:
                 still.append((attempt, lease, request))
         self._replies = still
-        offers: list[tuple[Attempt, Lease]] = []
-        for attempt, lease in self._offers:
+        with self._offers_lock:
+            offers, self._offers = self._offers, []
+        standing: list[tuple[Attempt, Lease]] = []
+        for attempt, lease in offers:
             with self._lock:
                 done = attempt.poll() is not None and attempt.quiesced()
             if done:
                 lease.release()
             else:
-                offers.append((attempt, lease))
-        self._offers = offers
+                standing.append((attempt, lease))
+        with self._offers_lock:
+            self._offers = standing + self._offers  # and those offered meanwhile
 
-    def offer(self, prompt: Sequence[int] | np.ndarray, *, timeout_s: float | None = None) -> int:
+    def offer(self, prompt: Sequence[int] | np.ndarray, *, timeout_s: float | None = None) -> PromptOffer:
         """Pin the leading whole blocks of ``prompt`` this cache holds, and let the backend answer
         pulls of them on its own thread, without this worker's serving loop (a *standing offer*,
-        contract O1), for ``timeout_s`` (default: the worker's timeout); the pins come back once
-        the offer has ended. Returns how many blocks stand offered (0: none held, nothing
-        offered). A pull of more than the offer holds is answered as before, by the serving loop.
+        contract O1), for ``timeout_s`` (default: the worker's timeout) or until withdrawn; the
+        pins come back once the offer has ended. The returned :class:`PromptOffer` says how many
+        blocks stand offered (0: none held, nothing offered) and withdraws it. A pull of more
+        than the offer holds is answered as before, by the serving loop. Each standing offer
+        takes one of the backend's ``max_in_flight`` slots; when none is free this raises
+        ``SubmissionRejected`` and nothing is pinned.
 
         An offer answers any requester that names its blocks, so a worker that checks pull
         credentials (``pull_secret``, ``allowed_peers``) or filters pulls cannot offer."""
@@ -559,7 +586,7 @@ class Worker:
         lease = self.lender.lend_names(self.lender.names(tokens), staging=self.staged)
         if lease.found == 0:
             lease.release()
-            return 0
+            return PromptOffer(0, None, self)
         try:
             if not lease.wait_ready(self.timeout_s):
                 raise TransferError("staging copies did not complete")
@@ -572,9 +599,15 @@ class Worker:
         except BaseException:
             self._kept.append(lease)  # S4
             raise
-        self._offers.append((attempt, lease))
+        with self._offers_lock:
+            self._offers.append((attempt, lease))
         self._serve_signal.set()
-        return lease.found
+        return PromptOffer(lease.found, attempt, self)
+
+    def _withdraw(self, attempt: Attempt) -> None:
+        with self._lock:
+            attempt.cancel()
+        self._serve_signal.set()  # the serving loop releases the pins once the offer quiesced
 
     def _answer(self, request: PullRequest) -> None:
         assert isinstance(self.backend, ServesPulls)

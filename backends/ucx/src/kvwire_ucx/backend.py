@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import atexit
 import logging
+import math
+import numbers
 import threading
 import time
 from collections.abc import Sequence
@@ -205,7 +207,7 @@ class UcxBackend(Backend, ServesPulls, OffersPulls):
             raise SubmissionRejected("this kvwire-ucx backend is shut down")
         if timeout_s is None:
             timeout = self._settings.timeout_s
-        elif isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or not 0 < timeout_s < float("inf"):
+        elif isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real) or not 0 < timeout_s < math.inf:
             raise InvalidSubmission(f"an offer's timeout_s must be a finite number > 0, got {timeout_s!r} (contract O1.2)")
         else:
             timeout = float(timeout_s)

@@ -119,7 +119,7 @@ class Engine:
         """An attempt that needs no transfer: concluded and quiesced now, woken from the thread."""
         attempt = UcxAttempt(self.cancel, view, kind, wake)
         self.attempts.settled(attempt, outcome)
-        self.submit(self.reactor.wake_later, id(attempt), wake)
+        self.submit(self.reactor.wake_later, attempt, wake)
         return attempt
 
     def fetch(self, view: View, wake: WakeFn, address: PeerAddress, timeout_s: float, groups: tuple[GroupRows, ...],
@@ -161,7 +161,8 @@ class Engine:
         self.attempts.admit(attempt)
         offer = StandingOffer(attempt, groups, time.monotonic() + timeout_s)
         attempt.job = offer
-        self.submit(self.serving.add_offer, offer)
+        self.serving.offers.add(offer)  # standing from here (O1.4); its timer is the thread's
+        self.submit(self.serving.arm_offer, offer)
         return attempt
 
     def decline(self, pull_id: int, reason: str) -> bool:
@@ -205,13 +206,15 @@ class Engine:
         with self._lock:
             self._stats[key] += n
 
+    # Wakes are keyed by the attempt itself, which the pending wake keeps alive: an id() could be
+    # reused within one loop iteration by another attempt, whose wake would then replace this one.
     def conclude(self, attempt: UcxAttempt, outcome: Outcome) -> None:
         if self.attempts.conclude(attempt, outcome):
-            self.reactor.wake_later(id(attempt), attempt.wake)
+            self.reactor.wake_later(attempt, attempt.wake)
 
     def quiesce(self, attempt: UcxAttempt) -> None:
         if self.attempts.quiesce(attempt):
-            self.reactor.wake_later(id(attempt), attempt.wake)
+            self.reactor.wake_later(attempt, attempt.wake)
 
     def feed(self, job: Job, event: Any) -> None:
         """Hand ``event`` to the job's machine and carry out its actions (and the events those
@@ -402,7 +405,10 @@ class Engine:
             return
         problem = self.wires.send(conn, message)
         if problem is not None:
-            self.close_connection(conn, problem, lost=True)
+            if self.reactor.inline:  # a holder's thread (run_here): closing calls UCX, the thread's
+                self.reactor.call_later(0.0, lambda: self.close_connection(conn, problem, lost=True))
+            else:
+                self.close_connection(conn, problem, lost=True)
 
     def _on_readable(self, conn: Connection) -> bool:
         """Read and handle what arrived; whether anything did."""

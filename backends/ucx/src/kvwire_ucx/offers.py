@@ -9,6 +9,7 @@ anything less goes to the holder, who may hold more (O1.5)."""
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -40,10 +41,15 @@ class OfferedGroup:
         if self.names.startswith(names):  # the offered rows' first names, in order
             offsets = self.rows.offsets[:count]
         else:
-            width = self.width
-            found = [self.index.get(names[i * width:(i + 1) * width]) for i in range(count)]
-            if None in found:
+            width, index = self.width, self.index
+            if count > len(index):
                 return None
+            found = []
+            for i in range(count):  # stops at the first name not offered
+                row = index.get(names[i * width:(i + 1) * width])
+                if row is None:
+                    return None
+                found.append(row)
             offsets = self.rows.offsets[np.asarray(found, dtype=np.intp)]
             offsets.flags.writeable = False
         return GroupRows(self.rows.group_id, self.rows.slot_bytes, self.rows.span, offsets)
@@ -105,29 +111,46 @@ class StandingOffer:
 
 
 class OfferIndex:
-    """The standing offers of one engine, newest last (progress thread only)."""
+    """The standing offers of one engine, newest last. ``offer()`` adds to it on the holder's
+    thread, so a pull that arrives once ``offer()`` returned finds the offer (O1.4: it stands
+    from the call); the progress thread reads and removes. One lock guards the list."""
 
     def __init__(self) -> None:
         self._offers: list[StandingOffer] = []
+        self._lock = threading.Lock()
 
     def __bool__(self) -> bool:
         return bool(self._offers)
 
     def __iter__(self):  # type: ignore[no-untyped-def]
-        return iter(list(self._offers))
+        with self._lock:
+            return iter(list(self._offers))
 
     def add(self, offer: StandingOffer) -> None:
-        self._offers.append(offer)
+        with self._lock:
+            self._offers.append(offer)
 
     def remove(self, offer: StandingOffer) -> None:
-        if offer in self._offers:
-            self._offers.remove(offer)
+        with self._lock:
+            if offer in self._offers:
+                self._offers.remove(offer)
 
-    def cover(self, groups: tuple[tuple[int, int], ...], width: int, names: bytes,
-              count: int) -> tuple[StandingOffer, tuple[GroupRows, ...]] | None:
-        """The newest standing offer that covers the pull whole, with its answering rows."""
-        for offer in reversed(self._offers):
+    def cover(self, groups: tuple[tuple[int, int], ...], width: int, names: bytes, count: int,
+              stands_until: float) -> tuple[StandingOffer, tuple[GroupRows, ...]] | None:
+        """The newest offer that still stands at ``stands_until`` (monotonic), has not concluded
+        (a holder's ``cancel()`` concludes it before the progress thread takes it out) and covers
+        the pull whole, with its answering rows."""
+        with self._lock:
+            offers = list(self._offers)
+        for offer in reversed(offers):
+            if offer.deadline < stands_until or offer.attempt.poll() is not None:
+                continue
             rows = offer.cover(groups, width, names, count)
             if rows is not None:
                 return offer, rows
         return None
+
+    def answers(self) -> int:
+        """The answers from offers that have not finished."""
+        with self._lock:
+            return sum(len(offer.answers) for offer in self._offers)

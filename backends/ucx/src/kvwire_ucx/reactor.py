@@ -69,7 +69,11 @@ class Reactor:
         self._loop = threading.Lock()
         self._looping = False  # guarded by _loop
         self._driver: Driver | None = None
-        self._sleep_until = 0.0  # while the progress thread sleeps: when it wakes on its own
+        self._asleep = False  # the progress thread is inside its blocking select (set under _loop)
+        self._sleep_until = 0.0  # while it sleeps: when it wakes on its own
+        #: A command runs on a holder's thread (run_here): what would call UCX is deferred to
+        #: the progress thread (read under _loop).
+        self.inline = False
 
     # ------------------------------------------------------------ any thread
 
@@ -91,12 +95,17 @@ class Reactor:
         if self._loop.acquire(blocking=False):
             ring = False
             try:
-                ran = self._looping and not self.stopping and not self._commands
+                # Asleep, not merely without the lock: a thread that woke and waits for the lock
+                # has fds and due timers to see first.
+                ran = self._looping and self._asleep and not self.stopping and not self._commands
                 if ran:
+                    self.inline = True
                     try:
                         fn(*args)
                     except Exception:
                         log.exception("kvwire-ucx: a command run on the holder's thread failed")
+                    finally:
+                        self.inline = False
                     ring = self._wakes_sooner()
             finally:
                 self._loop.release()
@@ -227,10 +236,12 @@ class Reactor:
         ready."""
         if timeout > 0 and self._looping:
             self._sleep_until = time.monotonic() + timeout
+            self._asleep = True
             self._loop.release()  # asleep: a holder's thread may run a command meanwhile (run_here)
             try:
                 ready = self._selector.select(timeout)
             finally:
+                self._asleep = False  # awake: no command runs elsewhere once the lock is free again
                 self._loop.acquire()
         else:
             ready = self._selector.select(0)

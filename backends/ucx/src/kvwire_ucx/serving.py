@@ -177,14 +177,19 @@ class Serving(Side):
     def _answer_from_offer(self, conn: Connection, message: wire.Pull) -> bool:
         """Answer ``message`` from the standing offer that covers it whole (O1.4); whether one
         did. The answer is a reply like the holder's, owned by the offer instead of a publish."""
-        found = self.offers.cover(message.groups, message.width, message.names, message.count)
+        if self.offers.answers() >= self._settings.max_pending_pulls:
+            return False  # as many answers from offers as pulls may wait for the holder: it decides (O1.12)
+        now = time.monotonic()
+        # An offer that ends within the grace is left out: its answer would be cut at once (O1.12).
+        found = self.offers.cover(message.groups, message.width, message.names, message.count,
+                                  now + self._settings.grace_s)
         if found is None:
             return False
         offer, groups = found
         counts = tuple(message.count for _ in groups)
         job = ReplyJob(0, conn, PullServer(ReplySpec(message.transfer, message.credit, len(groups), message.count,
-                                                     one_sided=message.one_sided, peer=conn.label)),
-                       None, min(time.monotonic() + message.timeout_ms / 1000.0, offer.deadline), message.tag_base)
+                                                     one_sided=message.one_sided, peer=conn.label, offered=True)),
+                       None, min(now + message.timeout_ms / 1000.0, offer.deadline), message.tag_base)
         if self._nixl is not None and self._prepare_read_offer(job, counts) != counts:
             return False  # its addresses need more than one frame: the holder answers a prefix
         if self._nixl is None:
@@ -200,13 +205,13 @@ class Serving(Side):
         self._router.feed(job, ev.Answered(counts, counts, None))
         return True
 
-    def add_offer(self, offer: StandingOffer) -> None:
-        """A standing offer of the holder's (``offer()``) starts answering pulls."""
+    def arm_offer(self, offer: StandingOffer) -> None:
+        """A standing offer ``offer()`` put in the index gets its deadline (or, made as the
+        backend shut down, ends at once)."""
         if self._reactor.stopping:
             self.end_offer(offer, Outcome.cancelled(offer.attempt.view.row_masks(), reason="the backend shut down",
                                                     cause=Cause.SHUTDOWN))
             return
-        self.offers.add(offer)
         self._reactor.call_later(offer.deadline - time.monotonic(), lambda: self._offer_expired(offer))
 
     def _offer_expired(self, offer: StandingOffer) -> None:

@@ -206,8 +206,10 @@ def test_O1_an_offer_of_a_bad_view_or_timeout_is_refused(kvwire_harness: Harness
         out = ex.settle(sub)
         assert out.is_delivered and all(m.all() for m in out.masks), f"N2: the holder's answer must deliver: {out!r}"
         bench.apply_fetch(out, _both([0, 1]))
-        # S3.6: ten refusals kept no slot, so offers up to the bound are still taken
-        offers = [ex.holder().offer(bench.source_view(_both([row])))
+        # S3.6: the refusals kept no slot, so offers up to the bound are still taken; and a
+        # timeout that is a numpy scalar is a real number (O1.2): those offers are taken too
+        timeouts = [None, np.int64(600), np.float32(600.0)]
+        offers = [ex.holder().offer(bench.source_view(_both([row])), timeouts[row % 3])  # type: ignore[arg-type]
                   for row in range(min(ex.caps.max_in_flight, bench.plan.groups[0].rows))]
         for offered in offers:
             _end(ex, offered)
@@ -594,8 +596,13 @@ def test_O1_W1_answering_from_an_offer_wakes_no_holder(kvwire_harness: Harness) 
     nor the serve wake; the offer's wake is called once it concludes and once it quiesces."""
     with _offers(kvwire_harness, 2003) as (_, ex, bench):
         offered = ex.stand(bench, select={0: [0, 1, 2], 1: [0, 1, 2]})
+        served_before = ex.holder().wakes.count
         for row in range(3):
             _answered_by_offer(ex, bench, _both([row]), f"pull {row + 1} of an offered block", "O1.10")
+        served = ex.holder().wakes.count - served_before
+        assert served == 0, (
+            f"O1.10: answering three pulls from a standing offer called the serve wake {served} time(s); a pull an "
+            "offer answers never reaches the holder, so nothing is there to wake it for")
         # A pull no offer covers reaches the holder after a serve wake; any wake the answers above
         # caused came before it from the same serving end.
         sub = ex.fetch(bench.sink_view(_both([3])))

@@ -89,6 +89,7 @@ class ReplySpec:
     blocks: int
     one_sided: bool = False
     peer: str = "the requester"
+    offered: bool = False  #: answered from a standing offer (O1), not by the holder
 
     @property
     def rows(self) -> int:
@@ -337,11 +338,15 @@ class PullServer:
     def _deadline(self, event: DeadlinePassed, out: list[Action]) -> None:
         reason = (f"the deadline passed while serving {self.spec.peer} before it confirmed the {self.total} rows "
                   "offered")
-        self._stop(out, Outcome.failed(reason, self._none(), cause=Cause.DEADLINE), "the serving end's deadline passed")
+        told = ("the standing offer answering this pull ran out" if self.spec.offered
+                else "the serving end's deadline passed")
+        self._stop(out, Outcome.failed(reason, self._none(), cause=Cause.DEADLINE), told)
 
     def _holder_cancelled(self, event: HolderCancelled, out: list[Action]) -> None:
+        told = ("the serving holder withdrew the standing offer answering this pull" if self.spec.offered
+                else "the serving end cancelled its reply")
         self._stop(out, Outcome.cancelled(self._none(), reason="cancelled by the holder", cause=Cause.HOLDER_CANCELLED),
-                   "the serving end cancelled its reply")
+                   told)
 
     def _shutdown(self, event: Shutdown, out: list[Action]) -> None:
         self._stop(out, Outcome.cancelled(self._none(), reason="the backend shut down", cause=Cause.SHUTDOWN),
