@@ -225,3 +225,59 @@ def test_an_offer_of_a_group_with_other_names_per_group_answers_by_group(make_ba
     check_rows(e.pb, slots, e.names[:2])
     attempt.cancel()
     assert np.all(attempt.poll().masks[0] == np.zeros(2, dtype=bool))
+
+
+def test_an_offer_about_to_run_out_leaves_a_pull_to_the_holder(make_backend, holders) -> None:
+    """O1.12: kvwire-ucx answers from no offer that runs out within grace_s (the answer would be
+    cut at once); such a pull goes to the holder, whole, and delivers."""
+    e = ends(make_backend, holders, GROUPS, 8, SLOT, serving={"grace_s": 5.0})
+    attempt, wake = offer(e, list(range(8)), e.names, timeout_s=2.0)
+    outcome, slots = pull(e, e.names[:3])
+    assert outcome.is_delivered and e.holder.requests_seen == 1 and e.a.stats().pulls_offered == 0
+    check_rows(e.pb, slots, e.names[:3])
+    assert wake.until(lambda: attempt.quiesced(), 10) and attempt.poll().is_delivered
+
+
+def test_answers_from_offers_beyond_max_pending_pulls_go_to_the_holder(make_backend, holders) -> None:
+    """O1.12: at most max_pending_pulls answers from offers are in flight; the next covered pull
+    goes to the holder (who may decline it when busy) instead of opening another."""
+    e = ends(make_backend, holders, GROUPS, 8, SLOT, serving={"max_pending_pulls": 1})
+    attempt, wake = offer(e, list(range(8)), e.names)
+    hold = e.b.engine.faults.hold(Direction.OUTGOING, lambda m: isinstance(m, wire.Ack))  # the first stays open
+    first, first_slots = e.req.fetch(e.a.address(), e.names[:2], 10)
+    assert wake.until(lambda: e.a.stats().pulls_offered == 1, 5)
+    second, second_slots = e.req.fetch(e.a.address(), e.names[2:4], 10)
+    assert e.holder.wait_requests(1, 5), "the pull beyond the bound never reached the holder"
+    assert e.a.stats().pulls_offered == 1
+    hold.release()
+    for fetch, slots, names in ((first, first_slots, e.names[:2]), (second, second_slots, e.names[2:4])):
+        assert e.req.wait(fetch, slots, 10).is_delivered
+        check_rows(e.pb, slots, names)
+    attempt.cancel()
+    assert wake.until(lambda: attempt.quiesced(), 10)
+
+
+@pytest.mark.parametrize("end", ["deadline", "shutdown"])
+def test_an_offer_that_ends_with_an_answer_open_quiesces_once_that_answer_ended(make_backend, holders,
+                                                                                end: str) -> None:
+    """O1.7/O1.8: an answer left open (the requester's Ack held back) when its offer runs out or
+    the serving end shuts down: the offer concludes (DELIVERED at its deadline, not delivered at
+    shutdown), and quiesces once the answer has ended, at the latest when the grace closes the
+    requester's connection; shutdown() then returns the empty set."""
+    e = ends(make_backend, holders, GROUPS, 8, SLOT, serving={"grace_s": 0.5})
+    attempt, wake = offer(e, list(range(8)), e.names, timeout_s=3.0)
+    hold = e.b.engine.faults.hold(Direction.OUTGOING, lambda m: isinstance(m, wire.Ack | wire.Cancel))
+    fetch, slots = e.req.fetch(e.a.address(), e.names, 30)
+    assert wake.until(lambda: e.b.stats().rows_received >= 16, 5)  # the rows are in; the Ack is held back
+    assert attempt.poll() is None and not attempt.quiesced()
+    if end == "shutdown":
+        e.a.shutdown()
+    assert wake.until(lambda: attempt.poll() is not None, 10), "the offer never concluded"
+    outcome = attempt.poll()
+    assert outcome.is_delivered if end == "deadline" else (not outcome.is_delivered and outcome.cause is Cause.SHUTDOWN)
+    assert wake.until(lambda: attempt.quiesced(), 10), "the offer never quiesced with its answer's requester mute"
+    deadline = time.monotonic() + 10
+    while e.a.shutdown():
+        assert time.monotonic() < deadline, "shutdown() never let go of the offer"
+    hold.release()
+    e.req.wait(fetch, slots, 10)  # the requester's fetch ends too, whichever way
