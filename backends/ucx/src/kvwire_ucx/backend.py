@@ -139,11 +139,7 @@ class UcxBackend(Backend, ServesPulls, OffersPulls):
         if backend != self._engine.instance:
             raise SubmissionRejected("the ticket belongs to another kvwire-ucx backend; answer it there")
         _check_view_shape(view)
-        for index, group in enumerate(view.groups):
-            if group.rows and group.names is None:  # N1.5, before the request is looked at
-                raise InvalidSubmission(
-                    f"group {index} (id {group.group_id}) carries no block names; an answer names the blocks it "
-                    "serves (the pull's prefix)")
+        _require_names(view, "an answer names the blocks it serves (the pull's prefix)")  # N1.5, before the request
         groups = self._regions.locate(view, writable=False, kinds=MEMORY_KINDS)
         return self._engine.publish(view, wake, pull_id, groups, _refusal, hint.timeout_s)
 
@@ -212,11 +208,7 @@ class UcxBackend(Backend, ServesPulls, OffersPulls):
         else:
             timeout = float(timeout_s)
         _check_view_shape(view)
-        for index, group in enumerate(view.groups):
-            if group.rows and group.names is None:  # N1.5, before the rows are looked at
-                raise InvalidSubmission(
-                    f"group {index} (id {group.group_id}) carries no block names; an offer names every row it offers "
-                    "(contract O1.2)")
+        _require_names(view, "an offer names every row it offers (contract O1.2)")  # before the rows are looked at
         located = self._regions.locate(view, writable=False, kinds=MEMORY_KINDS)
         return self._engine.offer(view, wake, offered_groups(view, located), timeout)
 
@@ -280,6 +272,13 @@ def _check_view_shape(view: View) -> None:
             raise InvalidSubmission(
                 f"group id {group.group_id} does not fit kvwire-ucx's wire, which carries group ids below 2**32 "
                 "(contract V1.8)")
+
+
+def _require_names(view: View, why: str) -> None:
+    """``InvalidSubmission`` for a group with rows and no names (N1.5), saying ``why``."""
+    for index, group in enumerate(view.groups):
+        if group.rows and group.names is None:
+            raise InvalidSubmission(f"group {index} (id {group.group_id}) carries no block names; {why}")
 
 
 def _pull_names(view: View) -> tuple[int, bytes]:

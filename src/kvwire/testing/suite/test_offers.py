@@ -112,6 +112,17 @@ def _reaches_holder(ex: Exchange, sub: Submission, what: str, clause: str = "O1.
     return request
 
 
+def _holder_delivers(ex: Exchange, bench: Bench, take: Select, what: str, clause: str) -> None:
+    """Pull ``take``, which no standing offer covers: it reaches the holder, whose answer
+    delivers every row with the right bytes."""
+    sub = ex.fetch(bench.sink_view(take))
+    request = _reaches_holder(ex, sub, what, clause)
+    ex.holder().finish(ex.holder().answer(request))
+    out = ex.settle(sub)
+    assert out.is_delivered and all(m.all() for m in out.masks), f"N2: the holder's answer to {what} must deliver: {out!r}"
+    bench.apply_fetch(out, take)
+
+
 def _declined(ex: Exchange, sub: Submission, request: PullRequest, reason: str) -> Outcome:
     ex.holder().decline(request, reason)
     out = ex.settle(sub)
@@ -200,12 +211,7 @@ def test_O1_an_offer_of_a_bad_view_or_timeout_is_refused(kvwire_harness: Harness
             refused(functools.partial(holder.offer, good, timeout),  # type: ignore[arg-type]
                     f"O1.2: an offer with timeout_s={timeout!r}")
         assert holder.tree.pinned == 0
-        sub = ex.fetch(bench.sink_view(_both([0, 1])))
-        request = _reaches_holder(ex, sub, "a pull of blocks whose offers were all refused", "O1.2/S3.4")
-        holder.finish(holder.answer(request))
-        out = ex.settle(sub)
-        assert out.is_delivered and all(m.all() for m in out.masks), f"N2: the holder's answer must deliver: {out!r}"
-        bench.apply_fetch(out, _both([0, 1]))
+        _holder_delivers(ex, bench, _both([0, 1]), "a pull of blocks whose offers were all refused", "O1.2/S3.4")
         # S3.6: the refusals kept no slot, so offers up to the bound are still taken; and a
         # timeout that is a numpy scalar is a real number (O1.2): those offers are taken too
         timeouts = [None, np.int64(600), np.float32(600.0)]
@@ -420,7 +426,7 @@ def test_O1_a_cancelled_offer_concludes_cancelled_and_answers_no_more(kvwire_har
     ``HOLDER_CANCELLED``, ``by_peer`` false and every bit false, and it quiesces; its rows are
     unchanged; a later pull of its blocks reaches the holder, who answers it."""
     with _offers(kvwire_harness, 1703) as (_, ex, bench):
-        holder = ex.holder()
+        ex.holder()  # serving (N2.7) before the offer
         offered = ex.stand(bench)
         _answered_by_offer(ex, bench, _both([0, 1]), "a pull of two offered blocks before the cancel")
         out = _end(ex, offered)
@@ -432,12 +438,7 @@ def test_O1_a_cancelled_offer_concludes_cancelled_and_answers_no_more(kvwire_har
             f"O1.7: a cancelled offer marks every row false, got {[m.astype(int).tolist() for m in out.masks]}")
         _source_untouched(bench, "after an offer was cancelled")
         bench.forget_sink()
-        sub = ex.fetch(bench.sink_view(_both([2, 3])))
-        request = _reaches_holder(ex, sub, "a pull of the blocks of a cancelled offer", "O1.7")
-        holder.finish(holder.answer(request))
-        fetched = ex.settle(sub)
-        assert fetched.is_delivered and all(m.all() for m in fetched.masks), f"N2: the holder's answer: {fetched!r}"
-        bench.apply_fetch(fetched, _both([2, 3]))
+        _holder_delivers(ex, bench, _both([2, 3]), "a pull of the blocks of a cancelled offer", "O1.7")
 
 
 # -- O1.8: an answer held half-way ------------------------------------------------------------------
