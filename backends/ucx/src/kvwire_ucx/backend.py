@@ -201,12 +201,7 @@ class UcxBackend(Backend, ServesPulls, OffersPulls):
         attempt quiesces; it concludes delivered at its deadline, cancelled on cancel."""
         if self._closed:
             raise SubmissionRejected("this kvwire-ucx backend is shut down")
-        if timeout_s is None:
-            timeout = self._settings.timeout_s
-        elif isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real) or not 0 < timeout_s < math.inf:
-            raise InvalidSubmission(f"an offer's timeout_s must be a finite number > 0, got {timeout_s!r} (contract O1.2)")
-        else:
-            timeout = float(timeout_s)
+        timeout = self._settings.timeout_s if timeout_s is None else _offer_timeout(timeout_s)
         _check_view_shape(view)
         _require_names(view, "an offer names every row it offers (contract O1.2)")  # before the rows are looked at
         located = self._regions.locate(view, writable=False, kinds=MEMORY_KINDS)
@@ -272,6 +267,20 @@ def _check_view_shape(view: View) -> None:
             raise InvalidSubmission(
                 f"group id {group.group_id} does not fit kvwire-ucx's wire, which carries group ids below 2**32 "
                 "(contract V1.8)")
+
+
+def _offer_timeout(timeout_s: object) -> float:
+    """An offer's ``timeout_s`` as seconds: a real number, not a bool, finite and > 0 (O1.2)."""
+    problem = f"an offer's timeout_s must be a finite real number > 0 (not a bool), got {timeout_s!r} (contract O1.2)"
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real):
+        raise InvalidSubmission(problem)
+    try:
+        seconds = float(timeout_s)
+    except (OverflowError, ValueError):  # an int beyond any float: no finite number of seconds
+        raise InvalidSubmission(problem) from None
+    if not 0 < seconds < math.inf:
+        raise InvalidSubmission(problem)
+    return seconds
 
 
 def _require_names(view: View, why: str) -> None:

@@ -41,11 +41,17 @@ def check_offer(view: View, located: tuple[Located, ...], timeout_s: object, def
                                     "names each block at most once per group (O1.2)")
     if timeout_s is None:
         return default_s
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real) or not math.isfinite(timeout_s) \
-            or timeout_s <= 0:
-        raise InvalidSubmission(f"an offer's timeout_s is a finite number of seconds > 0 (or None for the "
-                                f"backend's deadline), got {timeout_s!r} (O1.2)")
-    return float(timeout_s)
+    problem = (f"an offer's timeout_s is a finite real number of seconds > 0, not a bool (or None for the "
+               f"backend's deadline), got {timeout_s!r} (O1.2)")
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real):
+        raise InvalidSubmission(problem)
+    try:
+        seconds = float(timeout_s)
+    except (OverflowError, ValueError):  # an int beyond any float
+        raise InvalidSubmission(problem) from None
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise InvalidSubmission(problem)
+    return seconds
 
 
 @dataclass(eq=False)

@@ -282,8 +282,12 @@ class ReferencePeer(Backend, ServesPulls, OffersPulls):
         located = self._table.locate_view(view)
         if view.overlapping_rows() is not None:
             raise InvalidSubmission("fetch rows overlap: two rows locate the same memory (V4)")
-        if not view.groups:
-            raise InvalidSubmission("a pull names at least one layer group")
+        if not view.groups:  # V1.7: a view without groups concludes like any other; there is nothing to ask
+            pull = _Pull(reactor, view, wake, self._timeout_s, located, server, next(self._fabric.tickets))
+            with reactor.lock:
+                reactor.admit_locked(pull, "fetch")
+                pull.conclude_locked(OutcomeStatus.DELIVERED)
+            return pull
         first = view.groups[0].names
         for group in view.groups:
             if group.names is None:

@@ -188,7 +188,7 @@ def _repeated(view: View) -> View:
 def test_O1_an_offer_of_a_bad_view_or_timeout_is_refused(kvwire_harness: Harness) -> None:
     """O1.2 / S3: an offer whose rows are not registered, whose group carries no names, that names
     one block twice in a group, that is no ``View``, or whose ``timeout_s`` is zero, negative, a
-    bool, NaN, infinite or a str, raises ``InvalidSubmission``; nothing escaped: no offer stands (the pull of
+    bool, NaN, infinite (or an int beyond any float) or a str, raises ``InvalidSubmission``; nothing escaped: no offer stands (the pull of
     its blocks reaches the holder), no queue slot was kept (S3.6), the memory is untouched."""
     with _offers(kvwire_harness, 1201, in_flight=2) as (_, ex, bench):
         holder = ex.holder()
@@ -207,7 +207,7 @@ def test_O1_an_offer_of_a_bad_view_or_timeout_is_refused(kvwire_harness: Harness
         }
         for what, view in views.items():
             refused(functools.partial(holder.offer, view), f"O1.2: an offer of {what}")  # type: ignore[arg-type]
-        for timeout in (0, -1.0, True, float("nan"), float("inf"), "5"):
+        for timeout in (0, -1.0, True, float("nan"), float("inf"), 10**400, "5"):
             refused(functools.partial(holder.offer, good, timeout),  # type: ignore[arg-type]
                     f"O1.2: an offer with timeout_s={timeout!r}")
         assert holder.tree.pinned == 0
