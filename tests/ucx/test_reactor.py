@@ -52,13 +52,16 @@ def test_a_timer_due_before_the_wake_fires_before_the_message_it_woke_with() -> 
 
 
 class Sleeper:
-    """A driver whose loop sleeps on the fds until told to stop (``cap`` at a time)."""
+    """A driver whose loop sleeps on the fds until told to stop (``cap`` at a time);
+    ``iterated`` is set once the loop has gone round (it then goes to sleep)."""
 
     def __init__(self, cap: float = 0.5) -> None:
         self.cap = cap
         self.stop = False
+        self.iterated = threading.Event()
 
-    def progress(self) -> None: ...
+    def progress(self) -> None:
+        self.iterated.set()
     def reap(self) -> None: ...
     def spinning(self) -> bool: return False
     def arm(self) -> bool: return True
@@ -70,10 +73,7 @@ class Sleeper:
 def running(reactor: Reactor, driver: Sleeper) -> threading.Thread:
     thread = threading.Thread(target=reactor.run, args=(driver, 0), daemon=True)
     thread.start()
-    deadline = time.monotonic() + 5
-    while not reactor._looping:  # the loop has started (then it goes to sleep at once)
-        assert time.monotonic() < deadline, "the loop never started"
-        time.sleep(0.001)
+    assert driver.iterated.wait(5), "the loop never started"
     return thread
 
 
@@ -93,19 +93,22 @@ def test_run_here_runs_on_the_callers_thread_while_the_loop_sleeps_and_keeps_ord
     thread = running(reactor, driver)
     try:
         ran_on: list[str] = []
-        deadline = time.monotonic() + 5
-        while not ran_on or ran_on[-1] != "caller":  # once the loop sleeps, the caller runs it
-            assert time.monotonic() < deadline, f"run_here never ran on the caller's thread: {ran_on}"
-            reactor.run_here(lambda: ran_on.append("caller" if threading.current_thread() is not thread else "loop"))
+        for _ in range(5000):  # once the loop sleeps, the caller runs it (before: the loop does)
+            done = threading.Event()
+            reactor.run_here(lambda d=done: (ran_on.append("loop" if threading.current_thread() is thread
+                                                          else "caller"), d.set()))
+            assert done.wait(5), "a command given to run_here never ran"
+            if ran_on[-1] == "caller":
+                break
+        assert ran_on[-1] == "caller", f"run_here never ran on the caller's thread while the loop slept: {ran_on[-5:]}"
         order: list[str] = []
         # A command queued whose ring the sleeping loop has not seen yet (a holder's other
         # thread between its append and its ring): run_here must not overtake it.
         reactor._commands.append((order.append, ("first",)))
         reactor.run_here(order.append, "second")
-        deadline = time.monotonic() + 5
-        while len(order) < 2:
-            assert time.monotonic() < deadline, f"the commands never ran: {order}"
-            time.sleep(0.001)
+        done = threading.Event()
+        reactor.submit(done.set)  # runs after both
+        assert done.wait(5), f"the commands never ran: {order}"
         assert order == ["first", "second"], "run_here overtook a command queued before it"
     finally:
         stopped(reactor, driver, thread)

@@ -12,7 +12,11 @@ event, and carries out the actions the machine returns (:meth:`Engine.feed`).
 One rule of order: a holder's cancel, once it concluded an attempt, reaches that attempt's
 machine before any later event does. Outcomes and quiescence are set under the engine lock
 (:class:`~kvwire_ucx.attempt.LiveAttempts`), and each attempt's ``wake`` is called after the lock
-is released (W1)."""
+is released (W1).
+
+Why one file of this size (~530 lines): the engine is the one router between the parts above;
+its holder entry points, its action table (:meth:`Engine._do`) and its connection handling all
+feed the same machines and are read together when following one pull."""
 
 from __future__ import annotations
 
