@@ -109,7 +109,7 @@ def test_run_here_runs_on_the_callers_thread_while_the_loop_sleeps_and_keeps_ord
         done = threading.Event()
         reactor.submit(done.set)  # runs after both
         assert done.wait(5), f"the commands never ran: {order}"
-        assert order == ["first", "second"], "run_here overtook a command queued before it"
+        assert order == ["first", "second"], "run_here ran ahead of a command queued before it"
     finally:
         stopped(reactor, driver, thread)
 
