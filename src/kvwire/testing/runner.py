@@ -26,7 +26,7 @@ __all__ = ["run_conformance", "summarize", "RULES", "RuleResult"]
 #: The contract's rules in docs/contract.md order, and the suite's stateful model.
 RULES: tuple[str, ...] = (
     "M1", "M2", "M3", "M4", "V1", "V2", "V3", "V4", "H1", "S1", "S2", "S3", "S4", "S5",
-    "A1", "A2", "A3", "A4", "A5", "A6", "A7", "A8", "A9", "A10", "W1", "B1", "B2", "B3", "B4", "N1", "N2", "L1",
+    "A1", "A2", "A3", "A4", "A5", "A6", "A7", "A8", "A9", "A10", "W1", "B1", "B2", "B3", "B4", "N1", "N2", "L1", "O1",
     "holder model",
 )
 _RULE = re.compile(r"^test_((?:[A-Z][0-9]{1,2}_)+)")
