@@ -277,3 +277,20 @@ def test_an_offer_that_ends_with_an_answer_open_quiesces_once_that_answer_ended(
     assert wake.until(lambda: not e.a.shutdown(), 10), "shutdown() never let go of the offer"
     hold.release()
     e.req.wait(fetch, slots, 10)  # the requester's fetch ends too, whichever way
+
+
+def test_a_withdrawn_offer_is_not_kept_until_its_deadline(make_backend, holders) -> None:
+    """An offer of an hour withdrawn at once lets go of its view and rows' index when its holder
+    drops it, not an hour later (the deadline's timer holds it weakly)."""
+    import gc
+    import weakref
+
+    e = ends(make_backend, holders, GROUPS, 8, SLOT)
+    attempt, wake = offer(e, list(range(8)), e.names, timeout_s=3600.0)
+    outcome, _ = pull(e, e.names[:2])
+    assert outcome.is_delivered and e.a.stats().pulls_offered == 1
+    kept = weakref.ref(attempt.job)
+    attempt.cancel()
+    assert wake.until(lambda a=attempt: a.quiesced(), 10)
+    del attempt
+    assert Wake().until(lambda: (gc.collect(), kept() is None)[1], 5), "the withdrawn offer is still held"

@@ -81,7 +81,7 @@ class StandingOffer:
     """One offer: the holder's attempt, its groups by id, its deadline (monotonic) and the
     answers given from it that have not finished (each still may read its rows)."""
 
-    __slots__ = ("attempt", "groups", "deadline", "answers", "standing")
+    __slots__ = ("attempt", "groups", "deadline", "answers", "standing", "__weakref__")
 
     def __init__(self, attempt: UcxAttempt, groups: dict[int, OfferedGroup], deadline: float) -> None:
         self.attempt = attempt

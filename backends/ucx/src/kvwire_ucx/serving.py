@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
+import weakref
 
 import numpy as np
 
@@ -218,9 +219,15 @@ class Serving(Side):
             self.end_offer(offer, Outcome.cancelled(offer.attempt.view.row_masks(), reason="the backend shut down",
                                                     cause=Cause.SHUTDOWN))
             return
-        self._reactor.call_later(offer.deadline - time.monotonic(), lambda: self._offer_expired(offer))
+        # The timer holds the offer weakly: one withdrawn long before its deadline (an offer of an
+        # hour, withdrawn after a second) is not kept, with its view, until then. While it stands
+        # the index holds it.
+        ref = weakref.ref(offer)
+        self._reactor.call_later(offer.deadline - time.monotonic(), lambda: self._offer_expired(ref()))
 
-    def _offer_expired(self, offer: StandingOffer) -> None:
+    def _offer_expired(self, offer: StandingOffer | None) -> None:
+        if offer is None:
+            return
         # Its answers' deadlines were no later than its own: they end by theirs (O1.8).
         masks = tuple(np.ones(g.rows, dtype=bool) for g in offer.attempt.view.groups)
         self.end_offer(offer, Outcome.delivered(masks))
@@ -341,8 +348,9 @@ class Serving(Side):
         self._read_replies.discard(job)
         self._unlist(job)
         if job.offer is not None:
-            job.offer.answers.discard(job)
-            self._settle_offer(job.offer)
+            offer, job.offer = job.offer, None  # the job's timers may outlive it: they keep no offer
+            offer.answers.discard(job)
+            self._settle_offer(offer)
             return
         with self._lock:
             if self._tickets.get(job.pull_id) is job:
