@@ -15,7 +15,6 @@ from loopback_peer import LoopbackHarness  # beside this file; on sys.path when 
 from mutants import MutantHarness, PeerMutant
 
 from kvwire.contract import OFFER_PULLS, Capabilities, Cause, InvalidSubmission, OutcomeStatus, View, WakeFn
-from kvwire.contract.regions import Located
 from kvwire.testing.reference.core import Access, ReferenceAttempt, write_rows
 from kvwire.testing.reference.offers import OfferedAnswer, OfferIndex, StandingOffer
 from kvwire.testing.reference.peer import Fabric, ReferencePeer, Request, Rows
@@ -95,9 +94,9 @@ class OfferAcceptsRepeatedNames(ReferencePeer):
     """O1.2: an offer naming one block on two rows of a group is taken ("the index keeps one row
     per name anyway"): the later row answers for that name."""
 
-    def _offer_deadline(self, view: View, located: tuple[Located, ...], timeout_s: object) -> float:
+    def _offer_deadline(self, view: View, timeout_s: object) -> float:
         try:
-            return super()._offer_deadline(view, located, timeout_s)
+            return super()._offer_deadline(view, timeout_s)
         except InvalidSubmission as exc:
             if "two rows" not in str(exc):
                 raise
@@ -108,8 +107,8 @@ class OfferTimeoutUnchecked(ReferencePeer):
     """O1.2: an offer's ``timeout_s`` is read with ``float()`` and checked only for ``<= 0``, so
     ``True`` stands for one second and NaN for an offer that never ends."""
 
-    def _offer_deadline(self, view: View, located: tuple[Located, ...], timeout_s: object) -> float:
-        deadline = super()._offer_deadline(view, located, None)
+    def _offer_deadline(self, view: View, timeout_s: object) -> float:
+        deadline = super()._offer_deadline(view, None)
         if timeout_s is None:
             return deadline
         try:

@@ -128,7 +128,10 @@ class PromptOffer:
     @property
     def ended(self) -> bool:
         """Whether the offer has concluded (run out or withdrawn)."""
-        return self.attempt is None or self.attempt.poll() is not None
+        if self.attempt is None:
+            return True
+        with self.worker._lock:  # B2: one call sequence into the backend
+            return self.attempt.poll() is not None
 
 
 class Worker:

@@ -2,8 +2,9 @@
 advance (:class:`StandingOffer`), and the index the progress thread answers pulls from without
 handing them to the holder (:class:`OfferIndex`).
 
-An offer is built on the holder's thread (its names indexed once, its rows located); the index
-is the progress thread's alone. A pull is answered from an offer only when that one offer covers
+An offer is built, and put in the index, on the holder's thread (its names indexed once, its
+rows located), so it stands from the ``offer()`` call; the progress thread looks pulls up in the
+index and takes offers out of it. A pull is answered from an offer only when that one offer covers
 it whole: every group it asks for, with the slot size it expects and every name it names (O1.4);
 anything less goes to the holder, who may hold more (O1.5)."""
 
@@ -56,15 +57,11 @@ class OfferedGroup:
 
 
 def offered_groups(view: View, located: tuple[GroupRows, ...]) -> dict[int, OfferedGroup]:
-    """The view's groups as an offer holds them; ``InvalidSubmission`` for a group without names
-    or with a name twice (O1.2)."""
+    """The view's groups as an offer holds them (every group with rows named: the backend checked
+    that first); ``InvalidSubmission`` for a name twice in a group (O1.2)."""
     out: dict[int, OfferedGroup] = {}
     for position, (group, rows) in enumerate(zip(view.groups, located, strict=True)):
-        if group.names is None:
-            if group.rows:
-                raise InvalidSubmission(
-                    f"group {position} (id {group.group_id}) carries no block names; an offer names every row it "
-                    "offers (contract O1.2)")
+        if group.names is None:  # a group without rows
             width, raw = 1, b""
         else:
             width, raw = int(group.names.shape[1]), group.names.tobytes()

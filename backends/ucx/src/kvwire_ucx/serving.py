@@ -216,8 +216,7 @@ class Serving(Side):
         """A standing offer ``offer()`` put in the index gets its deadline (or, made as the
         backend shut down, ends at once)."""
         if self._reactor.stopping:
-            self.end_offer(offer, Outcome.cancelled(offer.attempt.view.row_masks(), reason="the backend shut down",
-                                                    cause=Cause.SHUTDOWN))
+            self.end_offer(offer, _shut_down(offer))
             return
         # The timer holds the offer weakly: one withdrawn long before its deadline (an offer of an
         # hour, withdrawn after a second) is not kept, with its view, until then. While it stands
@@ -250,8 +249,7 @@ class Serving(Side):
         """Shutdown: every standing offer concludes (its answers hear of the shutdown as every
         reply does)."""
         for offer in self.offers:
-            self.end_offer(offer, Outcome.cancelled(offer.attempt.view.row_masks(), reason="the backend shut down",
-                                                    cause=Cause.SHUTDOWN))
+            self.end_offer(offer, _shut_down(offer))
 
     def _settle_offer(self, offer: StandingOffer) -> None:
         if not offer.standing and not offer.answers:
@@ -368,6 +366,11 @@ class Serving(Side):
         with self._lock:
             self._tickets.clear()
             self._incoming.clear()
+
+
+def _shut_down(offer: StandingOffer) -> Outcome:
+    """A standing offer's outcome when the backend shut down before its deadline (O1.7)."""
+    return Outcome.cancelled(offer.attempt.view.row_masks(), reason="the backend shut down", cause=Cause.SHUTDOWN)
 
 
 def _not_cancelled(attempt: UcxAttempt) -> None:

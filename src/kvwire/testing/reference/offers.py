@@ -25,11 +25,10 @@ from kvwire.testing.reference.core import Access, Reactor, ReferenceAttempt, rea
 __all__ = ["StandingOffer", "OfferedAnswer", "OfferIndex", "check_offer"]
 
 
-def check_offer(view: View, located: tuple[Located, ...], timeout_s: object, default_s: float) -> float:
+def check_offer(view: View, timeout_s: object, default_s: float) -> float:
     """O1.2 beyond what locating the view checked (M1, M4, V1): every group names every row, no
     name twice in a group, and a timeout that is a finite number > 0 (not a bool), as a hint's.
     Returns the offer's deadline in seconds from now (``default_s`` without a timeout)."""
-    del located  # located already: every row is recognized (M4)
     for group in view.groups:
         if not group.rows:
             continue

@@ -421,7 +421,7 @@ class ReferencePeer(Backend, ServesPulls, OffersPulls):
         if reactor.closed:
             raise SubmissionRejected("this peer is shut down; it takes no offer")
         located = self._table.locate_view(view)  # M1, M4, V1: as a publish is checked
-        deadline_s = self._offer_deadline(view, located, timeout_s)
+        deadline_s = self._offer_deadline(view, timeout_s)
         offer = self._offer_type(reactor, view, wake, deadline_s, located, self._offer_ended_locked)
         with reactor.lock:
             reactor.admit_locked(offer, "offer")  # O1.3: one queue slot, taken last
@@ -431,9 +431,9 @@ class ReferencePeer(Backend, ServesPulls, OffersPulls):
     #: The attempt an offer is (a mutant of the reference peer swaps it).
     _offer_type = StandingOffer
 
-    def _offer_deadline(self, view: View, located: tuple[Located, ...], timeout_s: object) -> float:
+    def _offer_deadline(self, view: View, timeout_s: object) -> float:
         """O1.2: refuse what an offer may not be; the offer's deadline in seconds from now."""
-        return check_offer(view, located, timeout_s, self._timeout_s)
+        return check_offer(view, timeout_s, self._timeout_s)
 
     def _offer_ended_locked(self, offer: StandingOffer) -> None:
         """``offer`` concluded: it answers no later pull (O1.7), and the answers it gave that have
