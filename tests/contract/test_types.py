@@ -25,6 +25,7 @@ from kvwire.contract import (
 )
 from kvwire.contract.capabilities import OtherEnd
 from kvwire.contract.errors import SubmissionError
+from kvwire.contract.hint import MAX_HINT_BYTES
 from kvwire.testing.strategies import hints, masks
 
 REGION = SlotRegion(0, 4096, 64, 16, MemoryKind.HOST)
@@ -176,6 +177,32 @@ def test_V4_overlap_detection_matches_brute_force(rows):
         assert (ga, ra) != (gb, rb) and clash(spans[(ga, ra)], spans[(gb, rb)])
 
 
+#: Regions for groups to share or not: two adjacent (one ends where the next begins), one
+#: overlapping the first by a byte, one at the first's addresses in device memory, one far off.
+_POOL = (SlotRegion(1, 4096, 64, 8, MemoryKind.HOST), SlotRegion(2, 4096 + 512, 64, 8, MemoryKind.HOST),
+         SlotRegion(3, 4096 + 511, 32, 4, MemoryKind.HOST), SlotRegion(4, 4096, 64, 8, MemoryKind.DEVICE, device=0),
+         SlotRegion(5, 1 << 40, 16, 8, MemoryKind.HOST))
+
+
+@given(groups=st.lists(st.tuples(st.integers(0, len(_POOL) - 1), st.sets(st.integers(0, 3), max_size=4),
+                                 st.booleans()), max_size=5))
+def test_V4_overlap_detection_with_groups_in_order_matches_brute_force(groups):
+    """Groups whose slots mostly increase, in regions that touch, overlap, repeat or differ in
+    memory: the view's answer is the brute-force one (the check that skips address arrays when
+    every group's slots increase must not miss a clash between groups)."""
+    view = View(tuple(group(sorted(slots, reverse=backwards), gid=i, region=_POOL[r])
+                      for i, (r, slots, backwards) in enumerate(groups)))
+    spans = [((g.region.memory_kind, g.region.device), int(a), int(a) + g.region.slot_bytes, (gi, row))
+             for gi, g in enumerate(view.groups) for row, a in enumerate(g.addresses())]
+    brute = any(x[0] == y[0] and x[1] < y[2] and y[1] < x[2] for i, x in enumerate(spans) for y in spans[i + 1:])
+    found = view.overlapping_rows()
+    assert (found is not None) == brute
+    if found is not None:
+        where = {s[3]: s for s in spans}
+        a, b = where[found[0]], where[found[1]]
+        assert a[0] == b[0] and a[1] < b[2] and b[1] < a[2]
+
+
 # --- TokenRange --------------------------------------------------------------------------------
 
 @given(a=st.integers(-5, 50), b=st.integers(-5, 50))
@@ -249,6 +276,26 @@ def test_H1_hint_round_trips_through_bytes(kind, fields, timeout):
     assert again == hint
     for k, v in fields.items():
         assert again[k] == v and type(again[k]) is type(v)
+
+
+@settings(max_examples=50)
+@given(kind=hint_keys, fields=st.dictionaries(hint_keys, hint_values, max_size=6),
+       timeout=st.one_of(st.none(), st.floats(0.001, 1e6)), wide=st.booleans(), as_text=st.booleans())
+def test_H1_the_size_bound_is_exact(kind, fields, timeout, wide, as_text):
+    """A hint whose encoding is exactly MAX_HINT_BYTES is taken, one byte more is refused,
+    whatever the other fields hold (text padding counts UTF-8 bytes, not characters)."""
+    fields.pop("pad", None)
+    small = Hint(kind, tuple({**fields, "pad": "" if as_text else b""}.items()), timeout)
+    room = MAX_HINT_BYTES - len(small.to_bytes())
+    unit = "é" if wide else "e"  # two bytes or one
+
+    def padded(n: int) -> Hint:
+        text = unit * (n // len(unit.encode())) + "e" * (n % len(unit.encode()))
+        return Hint(kind, tuple({**fields, "pad": text if as_text else text.encode()}.items()), timeout)
+
+    assert len(padded(room).to_bytes()) == MAX_HINT_BYTES
+    with pytest.raises(ValueError, match="at most"):
+        padded(room + 1)
 
 
 @settings(max_examples=300)

@@ -149,6 +149,18 @@ def test_a_host_no_socket_takes_is_refused_with_a_clean_error(host: str) -> None
     host.encode("ascii")  # taken only as ASCII, which a socket can always be asked to reach
 
 
+@given(_HOSTS, st.integers(1, 65535), st.binary(min_size=1, max_size=3))
+def test_an_address_decoded_before_does_not_vouch_for_other_bytes(host: str, port: int, extra: bytes) -> None:
+    """Decoding is remembered by the exact bytes: the same bytes in another buffer type give an
+    equal address, and the good bytes with anything more or less are refused as before."""
+    raw = PeerAddress(host, port, 7).to_bytes()
+    first = PeerAddress.from_bytes(raw)
+    assert PeerAddress.from_bytes(bytearray(raw)) == first == PeerAddress.from_bytes(memoryview(raw))
+    for bad in (raw + extra, raw[:-1]):
+        with pytest.raises(AddressError):
+            PeerAddress.from_bytes(bad)
+
+
 @given(st.binary(max_size=300))
 def test_address_garbage_gives_a_clean_error(data: bytes) -> None:
     try:

@@ -62,9 +62,23 @@ class Hint:
             if not math.isfinite(timeout) or timeout <= 0:
                 raise ValueError(f"Hint.timeout_s must be a finite number > 0, got {self.timeout_s!r}")
             object.__setattr__(self, "timeout_s", timeout)
-        size = len(self.to_bytes())
+        size = self._encoded_size()
         if size > MAX_HINT_BYTES:
             raise ValueError(f"a Hint encodes to at most {MAX_HINT_BYTES} bytes, this one to {size}")
+
+    def _encoded_size(self) -> int:
+        """``len(self.to_bytes())`` without building the bytes (kind and keys are ASCII by
+        their pattern, so a character is a byte)."""
+        size = len(_MAGIC) + 1 + 1 + len(self.kind) + 1 + (0 if self.timeout_s is None else _F64.size) + 1
+        for key, value in self.fields:
+            size += 1 + len(key) + 1
+            if value is None or value is True or value is False:
+                continue
+            if isinstance(value, (int, float)):
+                size += 8
+            else:
+                size += _U32.size + len(value.encode() if isinstance(value, str) else value)
+        return size
 
     @classmethod
     def of(cls, kind: str, *, timeout_s: float | None = None, **fields: HintValue) -> Hint:

@@ -142,12 +142,15 @@ class RegionTable:
         region = group.region
         if not group.rows:
             return Located(None, np.zeros(0, dtype=np.int64))
+        domain = _domain(region)
         with self._lock:
-            entries = [e for e in self._entries if _domain(e[1]) == _domain(region)]
+            entries = [e for e in self._entries if _domain(e[1]) == domain]
         # The usual case: the view's region is (inside) one registered region.
+        base, end = region.base, region.end
         for token, held in entries:
-            if held.base <= region.base and region.end <= held.end:
-                offsets = (region.base - held.base) + group.slots.astype(np.int64) * region.slot_bytes
+            if held.base <= base and end <= held.end:
+                offsets = group.slots * region.slot_bytes  # slots are int64 (LayerGroupRows): a new array
+                offsets += base - held.base
                 return Located(held, offsets, token)
         addresses = group.addresses().astype(np.int64)
         ends = addresses + region.slot_bytes

@@ -23,6 +23,13 @@ _ZONE = re.compile(r"[A-Za-z0-9_.-]+")
 _HOST_NAME = re.compile(r"(?!-)[A-Za-z0-9_-]{1,63}(?:\.(?!-)[A-Za-z0-9_-]{1,63})*\.?")
 
 
+#: Addresses decoded lately, by their bytes: a requester names the same few peers in every
+#: fetch's hint, and the checks of a host (an IP parse, a pattern) cost ~15 us a fetch.
+#: PeerAddress is frozen, so one object serves every caller.
+_decoded: dict[bytes, PeerAddress] = {}
+_DECODED_KEPT = 256
+
+
 class AddressError(ValueError):
     """Bytes that are not a kvwire-ucx address; the message says what is wrong."""
 
@@ -56,6 +63,9 @@ class PeerAddress:
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise AddressError(f"a kvwire-ucx address is bytes, got {type(data).__name__}")
         data = bytes(data)
+        known = _decoded.get(data)
+        if known is not None:  # a peer's address, decoded before: the same answer, minus the checks
+            return known
         if len(data) > MAX_ADDRESS_BYTES:
             raise AddressError(f"a kvwire-ucx address is at most {MAX_ADDRESS_BYTES} bytes, got {len(data)}")
         if len(data) < _HEAD.size:
@@ -71,7 +81,11 @@ class PeerAddress:
             host = data[_HEAD.size :].decode()
         except UnicodeDecodeError:
             raise AddressError("kvwire-ucx address host is not valid UTF-8") from None
-        return cls(host, port, instance)
+        address = cls(host, port, instance)
+        if len(_decoded) >= _DECODED_KEPT:
+            _decoded.clear()
+        _decoded[data] = address
+        return address
 
     @property
     def is_loopback(self) -> bool:

@@ -92,7 +92,7 @@ class HostRegions:
                     raise InvalidSubmission(f"group {index} (id {group.group_id}) lends rows of a registration that "
                                             "was closed; register the region first (register_regions)")
                 span = views[0] if writable else views[1]
-            offsets = located.offsets.astype(np.uint64)
+            offsets = located.offsets.view(np.uint64)  # offsets are >= 0; the table made them for this call
             offsets.flags.writeable = False
             out.append(GroupRows(group.group_id, group.region.slot_bytes, span, offsets))
         return tuple(out)
