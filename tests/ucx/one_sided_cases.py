@@ -36,7 +36,7 @@ from ucx_holders import (  # noqa: E402
     serve_filled,
 )
 
-from kvwire.contract import Cause, InvalidSubmission, MemoryKind, OutcomeStatus, SlotRegion  # noqa: E402
+from kvwire.contract import Cause, Hint, InvalidSubmission, MemoryKind, OutcomeStatus, SlotRegion  # noqa: E402
 
 GROUPS = (0, 1)
 SLOT = 16 << 10
@@ -100,6 +100,40 @@ def test_a_standing_offer_is_read_one_sided_without_the_holder(make_backend, hol
         woken.clear()
     assert offer.quiesced(), "the cancelled offer never quiesced"
     assert offer.poll().status is OutcomeStatus.CANCELLED
+
+
+def test_the_requester_is_woken_before_its_last_word_is_written(make_backend, holders) -> None:
+    """The requester's Ack (its last word, after the reads) is written after the holder's wake:
+    the holder learns the pull concluded without waiting for a socket write. The serving end
+    still hears it: its answer concludes delivered."""
+    a, pa, tree, names, holder = serving_end(make_backend, holders, "one-sided")
+    backend = make_backend(mode="one-sided")
+    pool = Pool(GROUPS, 32, SLOT, first_region_id=10)
+    backend.register_regions(pool.regions)
+    order: list[str] = []
+    wires = backend._engine.wires
+    send = wires.send
+
+    def recorded_send(conn, message):  # type: ignore[no-untyped-def]
+        order.append(type(message).__name__)
+        return send(conn, message)
+
+    wires.send = recorded_send
+    woken = threading.Event()
+
+    def wake() -> None:
+        order.append("wake")
+        woken.set()
+
+    attempt = backend.fetch(pool.view([0, 1, 2], names[:3]), Hint.of("peer", address=a.address()), wake)
+    deadline = time.monotonic() + 10
+    while not (attempt.poll() is not None and attempt.quiesced()) and time.monotonic() < deadline:
+        woken.wait(1)
+        woken.clear()
+    assert attempt.poll() is not None and attempt.poll().is_delivered, attempt.poll()
+    assert holder.wait_settled(1, 5) and holder.answers[0].outcome.is_delivered  # the Ack arrived
+    assert "Ack" in order and order.index("wake") < order.index("Ack"), order
+    check_rows(pool, [0, 1, 2], names[:3])
 
 
 def test_a_one_sided_pulls_timeline_separates_the_round_trip_from_the_read(make_backend, holders) -> None:

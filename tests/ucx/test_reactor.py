@@ -132,3 +132,42 @@ def test_run_here_wakes_the_sleeping_loop_only_for_something_due_before_it_wakes
     driver.cap = 0.001  # a one-sided answer out: NIXL needs progress soon
     assert reactor._wakes_sooner()
     reactor.close()
+
+
+def test_work_after_the_wakes_runs_after_them_and_what_it_owes_is_woken_in_the_same_pass() -> None:
+    """after_wakes: the iteration's wakes first, then the work (a peer's last word), and a wake
+    that work owes (a connection it found gone concluded another attempt) before the thread
+    could go to sleep; a failing piece of work stops neither the others nor the loop."""
+    reactor = Reactor()
+    try:
+        order: list[str] = []
+
+        def last_word() -> None:
+            order.append("last word")
+            reactor.wake_later("other", lambda: order.append("other woken"))
+
+        def broken() -> None:
+            raise RuntimeError("socket gone")
+
+        reactor.wake_later("fetch", lambda: order.append("holder woken"))
+        reactor.after_wakes(broken)
+        reactor.after_wakes(last_word)
+        reactor._flush_wakes()
+        assert order == ["holder woken", "last word", "other woken"]
+        assert not reactor._wakes and not reactor._after_wakes  # nothing left for after a sleep
+    finally:
+        reactor.close()
+
+
+def test_work_after_the_wakes_runs_at_once_on_a_holders_thread() -> None:
+    """Inside run_here the wakes are the progress thread's, later: the work is not held back
+    behind them (nor left for a thread that may sleep on)."""
+    reactor = Reactor()
+    try:
+        order: list[str] = []
+        reactor.inline = True
+        reactor.after_wakes(order.append, "now")
+        reactor.inline = False
+        assert order == ["now"] and not reactor._after_wakes
+    finally:
+        reactor.close()

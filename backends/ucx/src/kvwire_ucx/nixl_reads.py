@@ -48,6 +48,8 @@ class RangeReads:
             local.append(group.offsets[start:hi] + np.uint64(base))
             remote.append(there[start:hi])
             sizes.append(np.full(hi - start, group.slot_bytes, dtype=np.uint64))
+        if len(local) == 1:  # one group in the range (the usual pull of one layer group): nothing to join
+            return coalesce(local[0], remote[0], sizes[0])
         return coalesce(np.concatenate(local), np.concatenate(remote), np.concatenate(sizes))
 
     @property

@@ -58,6 +58,7 @@ class Reactor:
         self._timers: list[tuple[float, int, Callable[[], None]]] = []
         self._timer_seq = itertools.count()
         self._wakes: dict[object, WakeFn] = {}
+        self._after_wakes: list[tuple[Callable[..., None], tuple[Any, ...]]] = []
         self._doorbell_r, self._doorbell_w = os.pipe()
         os.set_blocking(self._doorbell_r, False)
         os.set_blocking(self._doorbell_w, False)
@@ -142,6 +143,16 @@ class Reactor:
         """Call ``wake`` once this iteration's changes are visible (W1); one call per key."""
         self._wakes[key] = wake
 
+    def after_wakes(self, fn: Callable[..., None], *args: Any) -> None:
+        """Run ``fn(*args)`` on this thread right after this iteration's wakes (on a holder's
+        thread, in :meth:`run_here`: now). For work no holder waits for, such as a last word
+        to a peer: a holder woken first need not wait for a socket write, which on a busy host
+        can take a whole time slice of the process it wakes."""
+        if self.inline:
+            fn(*args)
+        else:
+            self._after_wakes.append((fn, args))
+
     def register(self, fileobj: Any, events: int, data: Any) -> None:
         self._selector.register(fileobj, events, data)
 
@@ -218,12 +229,23 @@ class Reactor:
             fn()
 
     def _flush_wakes(self) -> None:
-        wakes, self._wakes = self._wakes, {}
-        for wake in wakes.values():
-            try:
-                wake()
-            except Exception:  # a holder's wake must never stop the engine
-                log.exception("a wake callback raised")
+        while True:
+            wakes, self._wakes = self._wakes, {}
+            for wake in wakes.values():
+                try:
+                    wake()
+                except Exception:  # a holder's wake must never stop the engine
+                    log.exception("a wake callback raised")
+            if not self._after_wakes:
+                return
+            later, self._after_wakes = self._after_wakes, []
+            for fn, args in later:
+                try:
+                    fn(*args)
+                except Exception:
+                    log.exception("kvwire-ucx: work after the wakes failed")
+            if not self._wakes:  # what that work concluded (a connection it found gone) wakes now too
+                return
 
     def _sleep_timeout(self, cap: float) -> float:
         cap = min(cap, MAX_SLEEP_S)
