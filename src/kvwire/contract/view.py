@@ -185,7 +185,7 @@ class View:
                 r = g.region
                 spans.append((r.memory_kind.value, -1 if r.device is None else r.device, r.base, r.end))
         spans.sort()
-        return all(a[:2] != b[:2] or a[3] <= b[2] for a, b in zip(spans, spans[1:]))
+        return all(a[:2] != b[:2] or a[3] <= b[2] for a, b in zip(spans[:-1], spans[1:], strict=True))
 
     def overlapping_rows(self) -> tuple[tuple[int, int], tuple[int, int]] | None:
         """Two ``(group index, row)`` pairs whose memory overlaps, or ``None`` if every row's
