@@ -60,6 +60,9 @@ class Driven:
     def __call__(self, event: object) -> list[ev.Action]:
         DRIVEN.setdefault((self.kind, self.m.state.name, type(event).__name__), _caller())
         actions = self.m.handle(event)
+        for a in actions:  # an Ack (a fetch's last word) goes after the holder's wakes; nothing else waits so
+            if isinstance(a, ev.Send):
+                assert a.after_wakes == isinstance(a.message, wire.Ack), a
         self.log.extend(actions)
         return actions
 

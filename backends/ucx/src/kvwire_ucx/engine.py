@@ -252,13 +252,11 @@ class Engine:
         """Carry out one action; the event it gave rise to at once, if any."""
         conn = job.conn
         if isinstance(action, ev.Send):
-            if conn is None:
-                pass
-            elif isinstance(action.message, wire.Ack):
-                # A fetch's last word, sent with its conclusion: the holder's wake goes first
-                self.reactor.after_wakes(self.send, conn, action.message)
-            else:
-                self.send(conn, action.message)
+            if conn is not None:
+                if action.after_wakes:
+                    self.reactor.after_wakes(self.send, conn, action.message)
+                else:
+                    self.send(conn, action.message)
         elif isinstance(action, ev.PostReceives):
             assert isinstance(job, FetchJob) and job.receives is not None
             self._busy.add(job)

@@ -232,9 +232,12 @@ class SendFailed:
 
 @dataclass(frozen=True, slots=True)
 class Send:
-    """Send this frame on the pull's connection (a no-op once it closed)."""
+    """Send this frame on the pull's connection (a no-op once it closed). ``after_wakes``: a
+    last word no holder waits for (a fetch's Ack as it concludes), written after this pass's
+    wakes so that the holder does not wait for the write."""
 
     message: wire.Message
+    after_wakes: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -312,7 +312,7 @@ class PullRequester:
     def _progress(self, out: list[Action]) -> None:
         """RECEIVING: conclude once every offered row arrived, else refill the window."""
         if self.received == self.total:
-            out.append(Send(wire.Ack(self.spec.transfer, self.received)))
+            out.append(Send(wire.Ack(self.spec.transfer, self.received), after_wakes=True))
             out.append(Conclude(Outcome.delivered(self.masks)))
             self._settle(out)
             return
@@ -332,7 +332,7 @@ class PullRequester:
         if not self._take_counts(out, event.counts):
             return
         if self.total == 0:
-            out.append(Send(wire.Ack(spec.transfer, 0)))
+            out.append(Send(wire.Ack(spec.transfer, 0), after_wakes=True))
             out.append(Conclude(Outcome.delivered(self.masks)))
             self._settle(out)
             return
@@ -437,7 +437,7 @@ class PullRequester:
             self.reads = 1
             out.append(StartRead(self.range_index))
             return
-        out.append(Send(wire.Ack(self.spec.transfer, self.received)))
+        out.append(Send(wire.Ack(self.spec.transfer, self.received), after_wakes=True))
         out.append(Conclude(Outcome.delivered(self.masks)))
         self._settle(out)
 
