@@ -112,3 +112,52 @@ def test_values_a_backend_cannot_use_are_config_errors_naming_them(tmp_path, mon
     with pytest.raises(ConfigError, match=needle):
         load(backend).build(options)
     assert not list(tmp_path.iterdir()), f"building {backend} with {options} left {list(tmp_path.iterdir())}"
+
+
+# --- files that cannot be read or decoded ------------------------------------------------------
+
+
+def _file(directory, name, data):
+    path = directory / name
+    path.write_bytes(data)
+    return path
+
+
+def _loop(path):
+    path.symlink_to(path.name)
+    return path
+
+
+@pytest.mark.parametrize(("make", "needle"), [
+    (lambda d: d, "is a directory"),
+    (lambda d: _file(d, "latin1.toml", b'[backend]\nname = "caf\xe9"\n'), "is not UTF-8 text (byte 21"),
+    (lambda d: _file(d, "utf16.toml", "[backend]".encode("utf-16")), "is not UTF-8 text (byte 0"),
+    (lambda d: d / "nul\0.toml", "cannot be opened: embedded null byte"),
+    (lambda d: _file(d, "plain", b"") / "under-a-file.toml", "cannot be read: Not a directory"),
+    (lambda d: _loop(d / "loop.toml"), "cannot be read: Too many levels of symbolic links"),
+    (lambda d: _file(d, "worker.toml", b"worker = 3\n"), "'worker' must be a table"),
+    (lambda d: _file(d, "worker2.toml", b'worker = "ab"\n'), "'worker' must be a table"),
+], ids=["directory", "latin-1", "utf-16", "nul-byte", "under-a-file", "symlink-loop", "worker-int", "worker-str"])
+def test_a_file_that_cannot_be_read_or_decoded_is_a_config_error_naming_it(tmp_path, make, needle):
+    """A directory, a path the system cannot open, bytes that are not UTF-8, a NUL byte in the
+    path, a [worker] that is no table: each is a ConfigError naming the file and why (given as an
+    argument or in KVWIRE_CONFIG), never an OSError, ValueError or TypeError."""
+    path = make(tmp_path)
+    with pytest.raises(ConfigError) as info:
+        load_config(path, environ={}, validate=False)
+    assert f"config file {str(path)!r}" in str(info.value) and needle in str(info.value), str(info.value)
+    if "\0" not in str(path):  # an environment cannot hold a NUL byte
+        with pytest.raises(ConfigError) as info:
+            load_config(environ={"KVWIRE_CONFIG": str(path)}, validate=False)
+        assert f"config file {str(path)!r}" in str(info.value) and needle in str(info.value), str(info.value)
+
+
+@settings(max_examples=150, suppress_health_check=[HealthCheck.function_scoped_fixture], deadline=None)
+@given(data=st.binary(max_size=200))
+def test_any_file_bytes_give_a_config_or_a_config_error_naming_the_file(tmp_path, data):
+    path = tmp_path / "kvwire.toml"
+    path.write_bytes(data)
+    try:
+        load_config(path, environ={})
+    except ConfigError as exc:
+        assert str(path) in str(exc) or "option" in str(exc) or "backend" in str(exc), str(exc)

@@ -66,13 +66,23 @@ class BackendConfig:
 
 
 def _read_file(path: Path) -> dict[str, Any]:
+    """The file's tables; any file that cannot be opened, read or decoded is a :class:`ConfigError`
+    naming the file and why."""
     try:
         with path.open("rb") as fh:
             data = tomllib.load(fh)
     except FileNotFoundError:
         raise ConfigError(f"config file {str(path)!r} does not exist") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config file {str(path)!r} is a directory; name a TOML file") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {str(path)!r} cannot be read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:  # tomllib decodes the bytes as UTF-8 before parsing
+        raise ConfigError(f"config file {str(path)!r} is not UTF-8 text (byte {exc.start}: {exc.reason})") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
+    except ValueError as exc:  # after its subclasses above: a NUL byte in the path, which os refuses
+        raise ConfigError(f"config file {str(path)!r} cannot be opened: {exc}") from None
     for key in data:
         if key not in _SECTIONS:
             raise ConfigError(f"config file {str(path)!r}: unknown section [{key}]; allowed: {', '.join(_SECTIONS)}")
@@ -89,6 +99,8 @@ def _read_file(path: Path) -> dict[str, Any]:
         raise ConfigError(f"config file {str(path)!r}: 'backend.options' must be a table")
     if "name" in backend and not isinstance(backend["name"], str):
         raise ConfigError(f"config file {str(path)!r}: 'backend.name' must be a string")
+    if not isinstance(data.get("worker", {}), dict):
+        raise ConfigError(f"config file {str(path)!r}: 'worker' must be a table")
     return data
 
 
