@@ -1,0 +1,520 @@
+"""Whole-block copies between paged KV caches and row buffers, on a CUDA device or the CPU: the one
+gather/scatter every device path of kvwire uses (the lender's staging, the vLLM connector's).
+
+Words. A *plane* is a tensor whose dim 0 is the block index and whose every block ``plane[b]`` is
+one contiguous span of bytes, in any dimension order (a layer of the CPU layout ``[blocks, 2,
+bs, heads*dim]``; ``t[0]`` or ``t[1]``, the K or V half of FlashAttention's ``(2, blocks, bs,
+heads, dim)``; FlashInfer's ``(blocks, 2, heads, bs, dim)``; a lender pool). A :class:`PlaneSet`
+is the planes of one registration, all of one device, dtype and block count, checked and
+described once (the device pointer table, each plane's block bytes and its offset in a row). A
+*row* is one block across all planes of a set: plane 0's block bytes, then plane 1's, ... in
+memory order (``row_bytes`` in all). A *row buffer* is a contiguous tensor ``[rows, ...]`` whose
+row holds ``row_bytes`` bytes, of dtype uint8 or the planes' dtype, on the planes' device or,
+for CUDA planes, in pinned host memory.
+
+The API::
+
+    planes = PlaneSet([k0, v0, k1, v1, ...])          # once per registration
+    gather(planes, block_ids, out, out_rows=None)     # row out_rows[i] of out  := block block_ids[i]
+    scatter(inp, in_rows, planes, block_ids)          # block block_ids[i]      := row in_rows[i] of inp
+    implementation()                                  # e.g. "triton 3.6.0", for ``kvwire doctor``
+
+Rows default to ``0, 1, ...`` when ``None``. Indices are host integers (a sequence, numpy array or
+CPU tensor). A gather may read one block into several rows but must write each row once; a
+scatter may read one row into several blocks but must write each block once.
+
+Promises. Every argument is checked before anything is copied: bad input raises ``TypeError``
+or ``ValueError`` naming the plane, index or buffer and what is wrong, and copies nothing. On a
+CUDA device the copy is queued on ``stream`` (default: the device's current stream) behind the
+work already queued there, and the returned ``torch.cuda.Event`` completes with it; the caller
+keeps the buffer and the planes unchanged until then, and nothing here waits for the device. On
+the CPU the copy is done on return (``None``).
+
+How. On CUDA, a Triton kernel where Triton imports (one launch per call for every block and plane:
+programs over (block, plane, chunk) read a pointer table); otherwise torch ops on int64 views of
+the bytes (int32, int16 or uint8 where the block bytes or addresses are not multiples of 8),
+``index_select`` then ``index_copy_`` per plane, never element-typed copies (a bf16
+``index_copy_`` runs at a quarter of a plain copy). The choice is made once, at first use. A CUDA
+gather into pinned host rows goes through a bounded device scratch buffer (gather there, then one
+DMA per run of consecutive rows), a scatter from host rows the other way (one DMA of a span of
+rows, then the scatter): a DMA reaches the pinned-copy ceiling where a kernel touching host
+memory does not (``bench/bench_gpu.py`` measures both). The scratch buffer is one per device,
+:data:`SCRATCH_BYTES` (or one row, if larger), reused by every call, and ordered across streams
+with events."""
+
+from __future__ import annotations
+
+import enum
+import logging
+import math
+import os
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["PlaneSet", "gather", "scatter", "implementation", "SCRATCH_BYTES"]
+
+log = logging.getLogger(__name__)
+
+#: The device scratch buffer a copy between CUDA planes and host rows goes through, per device.
+SCRATCH_BYTES = 64 << 20
+
+# Tuning of the Triton kernel (bench/bench_gpu.py sweeps them): bytes per program, warps.
+_CHUNK_BYTES = 8192
+_NUM_WARPS = 4
+# Whether a CUDA copy to or from pinned host rows runs the kernel on host memory directly (True)
+# or through the device scratch buffer and DMA (False); bench/bench_gpu.py measures both.
+_HOST_DIRECT = False
+
+_WORD_DTYPES = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
+
+
+class _Impl(enum.Enum):
+    TRITON = "triton"
+    TORCH = "torch"
+
+
+# -- the implementation, chosen once ------------------------------------------------------------
+
+_choice_lock = threading.Lock()
+_choice: tuple[_Impl, str] | None = None
+_kernel: Any = None
+
+
+def _choose() -> tuple[_Impl, str]:
+    """The implementation CUDA copies use: Triton where it imports and a device is there (or the
+    environment asks for it, ``KVWIRE_BLOCKCOPY=triton``, with ``TRITON_INTERPRET=1`` on a CPU),
+    else torch; ``KVWIRE_BLOCKCOPY=torch`` forces torch."""
+    global _choice, _kernel
+    with _choice_lock:
+        if _choice is not None:
+            return _choice
+        asked = os.environ.get("KVWIRE_BLOCKCOPY", "").strip().lower()
+        if asked not in ("", "torch", "triton"):
+            log.warning("KVWIRE_BLOCKCOPY=%r is neither 'torch' nor 'triton'; ignored", asked)
+            asked = ""
+        if asked == "torch":
+            _choice = (_Impl.TORCH, "torch (int64 views; KVWIRE_BLOCKCOPY=torch)")
+        elif not torch.cuda.is_available() and not (asked == "triton" and _interpreting()):
+            _choice = (_Impl.TORCH, "torch (int64 views)")
+        else:
+            try:
+                import triton
+
+                _kernel = _build_kernel()
+                _choice = (_Impl.TRITON, f"triton {triton.__version__}")
+            except Exception as exc:  # an absent or broken Triton: the fallback serves
+                log.info("block copies use torch: Triton is not usable here (%s)", exc)
+                _choice = (_Impl.TORCH, f"torch (int64 views; triton not usable: {type(exc).__name__})")
+        log.debug("block copies: %s", _choice[1])
+        return _choice
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "") == "1"
+
+
+def implementation() -> str:
+    """What copies blocks here, as ``kvwire doctor`` shows it: ``"triton <version>"`` or
+    ``"torch (int64 views...)"``."""
+    return _choose()[1]
+
+
+def _build_kernel() -> Any:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def blocks_kernel(table, pairs, n, buf, row_stride, n_planes,
+                      TO_ROWS: tl.constexpr, WORD: tl.constexpr, WTYPE: tl.constexpr,
+                      CHUNK: tl.constexpr, ALIGNED: tl.constexpr):
+        # program (block i x plane p, chunk c): words [c*CHUNK, (c+1)*CHUNK) of block
+        # pairs[0][i] of plane p <-> the same words of plane p's part of row pairs[1][i].
+        # table[p] = (plane address, bytes between blocks, block bytes, offset in a row).
+        pid = tl.program_id(0).to(tl.int64)
+        i = pid // n_planes
+        p = pid - i * n_planes
+        words = tl.load(table + p * 4 + 2) // WORD
+        start = tl.program_id(1).to(tl.int64) * CHUNK
+        if start < words:
+            block = tl.load(pairs + i)
+            row = tl.load(pairs + n + i)
+            plane_at = tl.load(table + p * 4) + block * tl.load(table + p * 4 + 1)
+            row_at = buf + row * row_stride + tl.load(table + p * 4 + 3)
+            plane_ptr = plane_at.to(tl.pointer_type(WTYPE))
+            row_ptr = row_at.to(tl.pointer_type(WTYPE))
+            if ALIGNED:  # every address and size is a multiple of 16: 16-byte accesses
+                plane_ptr = tl.multiple_of(plane_ptr, 16)
+                row_ptr = tl.multiple_of(row_ptr, 16)
+            if TO_ROWS:
+                src, dst = plane_ptr, row_ptr
+            else:
+                src, dst = row_ptr, plane_ptr
+            offs = start + tl.arange(0, CHUNK)
+            if start + CHUNK <= words:  # a whole chunk: no mask, so the accesses stay wide
+                tl.store(dst + offs, tl.load(src + offs))
+            else:
+                mask = offs < words
+                tl.store(dst + offs, tl.load(src + offs, mask=mask), mask=mask)
+
+    return blocks_kernel
+
+
+def _triton_word_type(word: int) -> Any:
+    import triton.language as tl
+
+    return {8: tl.int64, 4: tl.int32, 2: tl.int16, 1: tl.uint8}[word]
+
+
+# -- the planes ----------------------------------------------------------------------------------
+
+
+def _dense(sizes: Sequence[int], strides: Sequence[int]) -> bool:
+    """Whether elements of these sizes and strides fill one span exactly, in some order."""
+    dims = sorted((st, sz) for sz, st in zip(sizes, strides, strict=True) if sz != 1)
+    expected = 1
+    for st, sz in dims:
+        if st != expected:
+            return False
+        expected *= sz
+    return True
+
+
+def _word(*values: int) -> int:
+    """The widest word (8, 4, 2 or 1 bytes) that divides every value."""
+    for w in (8, 4, 2):
+        if all(v % w == 0 for v in values):
+            return w
+    return 1
+
+
+class PlaneSet:
+    """The planes of one registration, checked once: same device, dtype and number of blocks,
+    each block one contiguous span of bytes, blocks not overlapping. The planes must keep their
+    storage while the set is used. ``block_bytes[p]`` and ``offsets[p]`` say where plane ``p``'s
+    block lies in a row of ``row_bytes``."""
+
+    __slots__ = ("planes", "device", "dtype", "num_blocks", "block_bytes", "offsets", "row_bytes",
+                 "_bases", "_strides", "_starts", "_word", "_table", "_views")
+
+    def __init__(self, planes: Sequence[torch.Tensor]) -> None:
+        planes = tuple(planes)
+        if not planes:
+            raise ValueError("a PlaneSet needs at least one plane")
+        for k, t in enumerate(planes):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"plane {k} is a {type(t).__name__}, not a torch.Tensor")
+        first = planes[0]
+        if first.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"plane 0 is on {first.device}; planes live on the CPU or a CUDA device")
+        sizes: list[int] = []
+        bases: list[int] = []
+        strides: list[int] = []
+        starts: list[int] = []
+        for k, t in enumerate(planes):
+            if t.device != first.device:
+                raise ValueError(f"plane {k} is on {t.device} but plane 0 on {first.device}: one set, one device")
+            if t.dtype != first.dtype:
+                raise TypeError(f"plane {k} is {t.dtype} but plane 0 {first.dtype}: one set, one dtype")
+            if t.dim() < 1:
+                raise ValueError(f"plane {k} is a 0-d tensor; dim 0 of a plane is the block index")
+            if t.shape[0] != first.shape[0]:
+                raise ValueError(f"plane {k} has {t.shape[0]} blocks but plane 0 {first.shape[0]}")
+            el = t.element_size()
+            block = int(math.prod(t.shape[1:])) * el
+            if block == 0:
+                raise ValueError(f"plane {k} has empty blocks (shape {tuple(t.shape)})")
+            if not _dense(t.shape[1:], t.stride()[1:]) or any(s < 0 for s in t.stride()):
+                raise ValueError(f"plane {k}: a block (shape {tuple(t.shape[1:])}, strides {t.stride()[1:]}) "
+                                 "is not one contiguous span of bytes")
+            stride = int(t.stride(0)) * el
+            if t.shape[0] > 1 and stride < block:
+                raise ValueError(f"plane {k}: blocks of {block} bytes lie {stride} bytes apart, so they overlap")
+            sizes.append(block)
+            bases.append(t.data_ptr())
+            strides.append(stride)
+            starts.append(int(t.storage_offset()) * el)
+        self.planes = planes
+        self.device = first.device
+        self.dtype = first.dtype
+        self.num_blocks = int(first.shape[0])
+        self.block_bytes = np.array(sizes, dtype=np.int64)
+        self.offsets = np.concatenate([[0], np.cumsum(self.block_bytes)[:-1]]).astype(np.int64)
+        self.block_bytes.flags.writeable = False
+        self.offsets.flags.writeable = False
+        self.row_bytes = int(self.block_bytes.sum())
+        self._bases, self._strides, self._starts = bases, strides, starts
+        self._word = _word(*bases, *strides, *sizes, *starts, *self.offsets.tolist())
+        self._table: torch.Tensor | None = None
+        self._views: dict[int, tuple[torch.Tensor, ...]] = {}
+        if self.device.type == "cuda" or _interpreting():
+            table = np.stack([np.array(bases), np.array(strides), self.block_bytes, self.offsets], axis=1)
+            self._table = torch.from_numpy(np.ascontiguousarray(table, dtype=np.int64)).to(self.device)
+
+    def __len__(self) -> int:
+        return len(self.planes)
+
+    def __repr__(self) -> str:
+        return (f"PlaneSet({len(self.planes)} planes of {self.num_blocks} blocks, {self.row_bytes} bytes a row, "
+                f"{self.dtype}, {self.device})")
+
+    def views(self, word: int) -> tuple[torch.Tensor, ...]:
+        """Each plane as ``[blocks, block_bytes / word]`` words of ``word`` bytes (which must
+        divide the set's own alignment), for the torch ops."""
+        got = self._views.get(word)
+        if got is None:
+            got = tuple(
+                torch.empty(0, dtype=_WORD_DTYPES[word], device=self.device).set_(
+                    t.untyped_storage(), start // word, (self.num_blocks, size // word), (stride // word, 1))
+                for t, start, size, stride in zip(self.planes, self._starts, self.block_bytes.tolist(),
+                                                  self._strides, strict=True))
+            self._views[word] = got
+        return got
+
+
+# -- checks --------------------------------------------------------------------------------------
+
+
+def _indices(value: object, what: str, limit: int, limit_what: str) -> np.ndarray:
+    """``value`` as a 1-d int64 array of values in ``[0, limit)``; raises naming ``what``."""
+    if isinstance(value, torch.Tensor):
+        if value.device.type != "cpu":
+            raise TypeError(f"{what} is a tensor on {value.device}; pass host integers (checking a device "
+                            "tensor's range would wait for the device)")
+        value = value.numpy()
+    arr = np.asarray(value)
+    if arr.ndim != 1:
+        raise ValueError(f"{what} must be 1-d, got shape {arr.shape}")
+    if arr.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if not np.issubdtype(arr.dtype, np.integer):
+        raise TypeError(f"{what} must be integers, got {arr.dtype}")
+    if arr.dtype == np.uint64 and int(arr.max()) > np.iinfo(np.int64).max:
+        raise ValueError(f"{what} holds {int(arr.max())}, out of range [0, {limit}) ({limit_what})")
+    arr = arr.astype(np.int64, copy=False)
+    bad = (arr < 0) | (arr >= limit)
+    if bad.any():
+        raise ValueError(f"{what} holds {arr[bad][:8].tolist()}, out of range [0, {limit}) ({limit_what})")
+    return arr
+
+
+def _distinct(arr: np.ndarray, what: str) -> None:
+    s = np.sort(arr)
+    twice = s[1:][s[1:] == s[:-1]]
+    if twice.size:
+        raise ValueError(f"{what} repeats {np.unique(twice)[:8].tolist()}; each may be written once per call")
+
+
+def _rows(buf: object, planes: PlaneSet, what: str) -> torch.Tensor:
+    """``buf`` checked as a row buffer for ``planes``."""
+    if not isinstance(buf, torch.Tensor):
+        raise TypeError(f"{what} is a {type(buf).__name__}, not a torch.Tensor")
+    if buf.dtype not in (torch.uint8, planes.dtype):
+        raise TypeError(f"{what} is {buf.dtype}; a row buffer is uint8 or the planes' dtype ({planes.dtype})")
+    if buf.dim() < 1:
+        raise ValueError(f"{what} is a 0-d tensor; dim 0 of a row buffer is the row index")
+    row = math.prod(buf.shape[1:]) * buf.element_size()
+    if row != planes.row_bytes:
+        raise ValueError(f"{what} has rows of {row} bytes (shape {tuple(buf.shape)}, {buf.dtype}); "
+                         f"a row of these planes is {planes.row_bytes} bytes")
+    if not buf.is_contiguous():
+        raise ValueError(f"{what} is not contiguous (strides {buf.stride()}); a row buffer's rows are packed")
+    if planes.device.type == "cuda":
+        if buf.device.type == "cpu":
+            if buf.numel() and not buf.is_pinned():
+                raise ValueError(f"{what} is in pageable host memory; CUDA planes copy to pinned host rows only "
+                                 "(allocate it with pin_memory=True)")
+        elif buf.device != planes.device:
+            raise ValueError(f"{what} is on {buf.device} but the planes on {planes.device}")
+    elif buf.device != planes.device:
+        raise ValueError(f"{what} is on {buf.device} but the planes on {planes.device}")
+    return buf
+
+
+def _check(planes: object, block_ids: object, buf: object, rows: object, to_rows: bool,
+           stream: object) -> tuple[np.ndarray, np.ndarray, torch.Tensor]:
+    if not isinstance(planes, PlaneSet):
+        raise TypeError(f"planes must be a PlaneSet, got {type(planes).__name__}")
+    side = "out" if to_rows else "inp"
+    tensor = _rows(buf, planes, side)
+    ids = _indices(block_ids, "block_ids", planes.num_blocks, "the planes' blocks")
+    n_rows = int(tensor.shape[0])
+    if rows is None:
+        if ids.size > n_rows:
+            raise ValueError(f"{ids.size} block ids but {side} has {n_rows} rows")
+        picked = np.arange(ids.size, dtype=np.int64)
+    else:
+        picked = _indices(rows, f"{side}_rows", n_rows, f"the rows of {side}")
+        if picked.size != ids.size:
+            raise ValueError(f"{picked.size} {side}_rows for {ids.size} block ids; one row per block")
+    if to_rows and rows is not None:
+        _distinct(picked, "out_rows")
+    if not to_rows:
+        _distinct(ids, "block_ids of a scatter")
+    if stream is not None:
+        if planes.device.type != "cuda":
+            raise ValueError(f"a stream orders CUDA copies; these planes are on {planes.device}")
+        if not isinstance(stream, torch.cuda.Stream):
+            raise TypeError(f"stream must be a torch.cuda.Stream, got {type(stream).__name__}")
+        if stream.device != planes.device:
+            raise ValueError(f"stream is on {stream.device} but the planes on {planes.device}")
+    return ids, picked, tensor
+
+
+# -- the copies ----------------------------------------------------------------------------------
+
+
+def gather(planes: PlaneSet, block_ids: Any, out: torch.Tensor, out_rows: Any = None, *,
+           stream: torch.cuda.Stream | None = None) -> torch.cuda.Event | None:
+    """Row ``out_rows[i]`` (``i`` when ``None``) of ``out`` := block ``block_ids[i]`` of every
+    plane. Only the listed rows of ``out`` change. On CUDA returns the event that completes with
+    the copy (queued on ``stream``); on the CPU the copy is done on return."""
+    ids, rows, tensor = _check(planes, block_ids, out, out_rows, True, stream)
+    return _run(planes, ids, rows, tensor, True, stream)
+
+
+def scatter(inp: torch.Tensor, in_rows: Any, planes: PlaneSet, block_ids: Any, *,
+            stream: torch.cuda.Stream | None = None) -> torch.cuda.Event | None:
+    """Block ``block_ids[i]`` of every plane := row ``in_rows[i]`` (``i`` when ``None``) of
+    ``inp``. Only the listed blocks change. On CUDA returns the event that completes with the
+    copy (queued on ``stream``); on the CPU the copy is done on return."""
+    ids, rows, tensor = _check(planes, block_ids, inp, in_rows, False, stream)
+    return _run(planes, ids, rows, tensor, False, stream)
+
+
+def _run(planes: PlaneSet, ids: np.ndarray, rows: np.ndarray, buf: torch.Tensor, to_rows: bool,
+         stream: torch.cuda.Stream | None) -> torch.cuda.Event | None:
+    if planes.device.type != "cuda":
+        if ids.size:
+            if _choose()[0] is _Impl.TRITON and _interpreting():
+                _kernel_copy(planes, ids, rows, buf, to_rows)
+            else:
+                _torch_copy(planes, torch.from_numpy(ids), torch.from_numpy(rows), buf, to_rows)
+        return None
+    stream = stream if stream is not None else torch.cuda.current_stream(planes.device)
+    with torch.cuda.stream(stream):
+        if ids.size:
+            if buf.device.type == "cuda":
+                _device_copy(planes, ids, rows, buf, to_rows)
+            elif _HOST_DIRECT and _choose()[0] is _Impl.TRITON:
+                _kernel_copy(planes, ids, rows, buf, to_rows)
+            else:
+                _SCRATCH.through(planes, ids, rows, buf, to_rows, stream)
+        event = torch.cuda.Event()
+        event.record(stream)
+    return event
+
+
+def _device_copy(planes: PlaneSet, ids: np.ndarray, rows: np.ndarray, buf: torch.Tensor, to_rows: bool) -> None:
+    """Between CUDA planes and rows of a device buffer, on the current stream."""
+    if _choose()[0] is _Impl.TRITON:
+        _kernel_copy(planes, ids, rows, buf, to_rows)
+        return
+    pairs = _on_device(np.stack([ids, rows]), planes.device)
+    _torch_copy(planes, pairs[0], pairs[1], buf, to_rows)
+
+
+def _on_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A host array on the device, queued on the current stream: through pinned memory, so the
+    copy neither waits for the stream nor lets the host buffer be reused before it ran."""
+    host = torch.from_numpy(np.ascontiguousarray(array))
+    if device.type != "cuda":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)
+
+
+def _torch_copy(planes: PlaneSet, ids: torch.Tensor, rows: torch.Tensor, buf: torch.Tensor, to_rows: bool) -> None:
+    word = _word(planes._word, buf.data_ptr(), planes.row_bytes)
+    flat = torch.empty(0, dtype=_WORD_DTYPES[word], device=buf.device).set_(
+        buf.untyped_storage(), buf.storage_offset() * buf.element_size() // word,
+        (int(buf.shape[0]), planes.row_bytes // word), (planes.row_bytes // word, 1))
+    for view, off, size in zip(planes.views(word), planes.offsets.tolist(), planes.block_bytes.tolist(), strict=True):
+        part = flat[:, off // word:(off + size) // word]
+        if to_rows:
+            part.index_copy_(0, rows, view.index_select(0, ids))
+        else:
+            view.index_copy_(0, ids, part.index_select(0, rows))
+
+
+def _kernel_copy(planes: PlaneSet, ids: np.ndarray, rows: np.ndarray, buf: torch.Tensor, to_rows: bool) -> None:
+    """One launch of the Triton kernel for every block and plane, on the current stream."""
+    assert planes._table is not None and _kernel is not None
+    addr = buf.data_ptr()
+    word = _word(planes._word, addr, planes.row_bytes)
+    aligned = word == 8 and all(v % 16 == 0 for v in (addr, planes.row_bytes, *planes._bases, *planes._strides,
+                                                    *planes.block_bytes.tolist(), *planes.offsets.tolist()))
+    longest = int(planes.block_bytes.max()) // word
+    # a chunk no longer than a block, so blocks of a power-of-two size copy without masks
+    chunk = min(max(1, _CHUNK_BYTES // word), 1 << (longest.bit_length() - 1))
+    pairs = _on_device(np.stack([ids, rows]), planes.device)
+    grid = (ids.size * len(planes), -(-longest // chunk))
+    _kernel[grid](planes._table, pairs, ids.size, addr, planes.row_bytes, len(planes),
+                  TO_ROWS=to_rows, WORD=word, WTYPE=_triton_word_type(word), CHUNK=chunk, ALIGNED=aligned,
+                  num_warps=_NUM_WARPS)
+
+
+def _runs(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Starts and stops (positions in ``rows``) of the runs of consecutive values in ``rows``."""
+    cuts = np.flatnonzero(np.diff(rows) != 1) + 1
+    return np.concatenate([[0], cuts]), np.concatenate([cuts, [rows.size]])
+
+
+class _Scratch:
+    """The device buffers a copy between CUDA planes and host rows goes through, one per device,
+    allocated on first use and kept. A call holds the lock while it queues its work; a call on
+    another stream first waits (on the device) for the event of the last call's work."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._buffers: dict[int, torch.Tensor] = {}
+        self._last: dict[int, torch.cuda.Event] = {}
+        self._retired: list[torch.Tensor] = []
+
+    def through(self, planes: PlaneSet, ids: np.ndarray, rows: np.ndarray, host: torch.Tensor, to_rows: bool,
+                stream: torch.cuda.Stream) -> None:
+        row = planes.row_bytes
+        index = planes.device.index if planes.device.index is not None else torch.cuda.current_device()
+        order = np.argsort(rows, kind="stable")
+        ids, rows = ids[order], rows[order]
+        host_bytes = torch.empty(0, dtype=torch.uint8).set_(
+            host.untyped_storage(), host.storage_offset() * host.element_size(), (int(host.shape[0]), row), (row, 1))
+        with self._lock:
+            scratch = self._buffers.get(index)
+            if scratch is None or scratch.numel() < row:  # grows to one row, for rows over the bound
+                if scratch is not None:
+                    # kept: work queued on other streams may still use it, unknown to the allocator
+                    self._retired.append(scratch)
+                scratch = self._buffers[index] = torch.empty(max(SCRATCH_BYTES, row), dtype=torch.uint8,
+                                                             device=planes.device)
+            capacity = scratch.numel() // row
+            rows_view = scratch[:capacity * row].view(capacity, row)
+            last = self._last.get(index)
+            if last is not None:
+                stream.wait_event(last)
+            a = 0
+            while a < rows.size:
+                # the next chunk: rows whose span from the chunk's first row fits the scratch
+                b = int(np.searchsorted(rows, rows[a] + capacity, side="left"))
+                low = int(rows[a])
+                chunk_ids, chunk_rows = ids[a:b], rows[a:b] - low
+                if to_rows:
+                    _device_copy(planes, chunk_ids, chunk_rows, rows_view, True)
+                    starts, stops = _runs(chunk_rows)
+                    for s, e in zip(starts.tolist(), stops.tolist(), strict=True):
+                        first = int(chunk_rows[s])
+                        host_bytes[low + first:low + first + e - s].copy_(rows_view[first:first + e - s],
+                                                                          non_blocking=True)
+                else:
+                    span = int(chunk_rows[-1]) + 1
+                    rows_view[:span].copy_(host_bytes[low:low + span], non_blocking=True)
+                    _device_copy(planes, chunk_ids, chunk_rows, rows_view, False)
+                a = b
+            event = torch.cuda.Event()
+            event.record(stream)
+            self._last[index] = event
+
+
+_SCRATCH = _Scratch()
