@@ -6,6 +6,7 @@ plugin, with the reason and the fix, even where the library or its system librar
 from __future__ import annotations
 
 import importlib
+import os
 import re
 from importlib import metadata
 from types import ModuleType
@@ -67,6 +68,10 @@ def _explain(exc: ImportError) -> str:
 def store_module() -> ModuleType:
     """``mooncake.store``, imported on first use. Raises :class:`MooncakeUnavailable` saying
     why it cannot load and what to do."""
+    # The client library reads MC_LOG_LEVEL once, when it loads (setting it before a client's
+    # setup is too late): without it every client logs ~15 INFO lines to stderr. The user's own
+    # value wins; ERROR is the plugin's default ``log_level``.
+    os.environ.setdefault("MC_LOG_LEVEL", "ERROR")
     try:
         return importlib.import_module("mooncake.store")
     except ImportError as exc:
