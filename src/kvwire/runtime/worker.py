@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import enum
 import logging
+import math
+import numbers
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -20,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from kvwire.blob.keys import check_namespace
 from kvwire.contract import Attempt, Backend, CacheKind, Hint, InvalidSubmission, MemoryKind, Outcome, View
 from kvwire.contract.capabilities import OFFER_PULLS, SERVE_PULLS, OtherEnd
 from kvwire.contract.errors import SubmissionError
@@ -42,7 +45,8 @@ from kvwire.runtime.holding import (
 from kvwire.runtime.model import ModelConfig, TinyTransformer
 from kvwire.runtime.state import StateError, TransceiverState
 
-__all__ = ["Worker", "Cancel", "Generation", "PromptOffer", "TransferResult", "TransferStatus", "TransferError", "StateError"]
+__all__ = ["Worker", "Cancel", "Generation", "PromptOffer", "TransferResult", "TransferStatus", "TransferError", "StateError",
+           "WorkerClosed"]
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +66,10 @@ class TransferStatus(enum.StrEnum):
 
 class TransferError(RuntimeError):
     """A transfer could not be submitted, or its attempt never quiesced; the message says why."""
+
+
+class WorkerClosed(TransferError):
+    """The worker was closed: it generates, moves and hands out nothing more."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +144,14 @@ class PromptOffer:
 
 class Worker:
     """One inference worker: a tiny model, its paged cache (a lender), and a backend chosen by
-    configuration. Thread-safe: calls into the backend are serialized (B2)."""
+    configuration. Thread-safe: calls into the backend are serialized (B2).
+
+    Arguments are checked before anything is lent or submitted: a prompt is a 1-D sequence of
+    integer token ids below the model's vocabulary, a timeout a finite number of seconds > 0, a
+    namespace one the stores accept (:func:`kvwire.blob.keys.check_namespace`); anything else is
+    a ``ValueError`` or ``TypeError`` naming it. After :meth:`close`, every method that generates,
+    moves or describes the cache to others raises :class:`WorkerClosed`; ``close``, ``pins``,
+    ``describe`` and ``wait_served`` still answer, to check what the worker left."""
 
     def __init__(
         self,
@@ -162,10 +177,12 @@ class Worker:
                 config = BackendConfig(config.name, {**config.options, **options}, config.source, config.worker)
         self.config = config
         settings = _worker_settings(config.worker)
-        self.name = name or settings.get("name", "worker")
+        self.name = name if name is not None else settings.get("name", "worker")
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"a worker's name is a non-empty str, got {self.name!r}")
         self.model_config = model or ModelConfig()
         self.device = torch.device(device)
-        self.timeout_s = float(timeout_s if timeout_s is not None else settings.get("timeout_s", 30.0))
+        self.timeout_s = _seconds("timeout_s", timeout_s if timeout_s is not None else settings.get("timeout_s", 30.0))
         secret = pull_secret if pull_secret is not None else settings.get("pull_secret")
         self._secret = secret.encode() if isinstance(secret, str) else secret
         allowed = allowed_peers if allowed_peers is not None else settings.get("allowed_peers")
@@ -175,6 +192,14 @@ class Worker:
         # ``instance``: a backend built by the caller (fault injection, embedding) that stands
         # for the configured plugin; the worker owns it from here on.
         self.backend: Backend = instance if instance is not None else config.build()
+        try:
+            self._build(num_blocks, staging_slots, tenant_salt)
+        except BaseException:
+            self.backend.close()  # the worker's own: nobody else would close its threads, files, sockets
+            raise
+
+    def _build(self, num_blocks: int, staging_slots: int | None, tenant_salt: bytes) -> None:
+        """The rest of the constructor, once the backend exists: model, cache, registration, serving."""
         self.capabilities = self.backend.capabilities()
         self.model = TinyTransformer(self.model_config, self.device)
         layout = self.model_config.layout(num_blocks)
@@ -252,11 +277,15 @@ class Worker:
     def generate(self, prompt: Sequence[int] | np.ndarray, max_tokens: int = 1) -> Generation:
         """Greedy generation. Leading whole blocks this cache holds (computed here earlier or
         pulled) are reused and not recomputed; ``cached_tokens`` says how many."""
-        tokens = np.asarray(prompt, dtype=np.int64)
-        if tokens.ndim != 1 or tokens.size == 0:
+        self._check_open()
+        tokens = self._tokens(prompt)
+        if tokens.size == 0:
             raise ValueError("prompt must be a non-empty 1-D sequence of token ids")
-        if tokens.min() < 0 or tokens.max() >= self.model_config.vocab:
-            raise ValueError(f"token ids must lie in [0, {self.model_config.vocab})")
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, numbers.Integral):
+            raise TypeError(f"max_tokens must be an int, got {type(max_tokens).__name__} {max_tokens!r}")
+        if max_tokens < 0:
+            raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
+        max_tokens = int(max_tokens)
         request = self.lender.open_request(tokens, max_new_tokens=max_tokens)
         try:
             cached = int(request.cached_tokens)
@@ -283,12 +312,14 @@ class Worker:
     def cached_tokens(self, prompt: Sequence[int] | np.ndarray) -> int:
         """How many leading tokens of ``prompt`` this cache holds as whole blocks (for a hybrid
         model: up to the last block whose STATE checkpoint it holds, where a request resumes)."""
-        return self.lender.probe_resumable(np.asarray(prompt, dtype=np.int64)) * self.model_config.block_tokens
+        self._check_open()
+        return self.lender.probe_resumable(self._tokens(prompt)) * self.model_config.block_tokens
 
     # --- transceiver state --------------------------------------------------------------------
 
     def transceiver_state(self) -> bytes:
         """Opaque, versioned, bounded bytes another worker passes to ``pull``."""
+        self._check_open()
         address = b""
         if self.capabilities.other_end is OtherEnd.PEER and isinstance(self.backend, ServesPulls):
             with self._lock:
@@ -351,9 +382,11 @@ class Worker:
         For a hybrid model a second fetch brings the STATE checkpoint at the end of the PAGED
         prefix that arrived (named like that prefix's last block); the pull commits up to the
         last checkpoint that arrived whole, or that this cache held already."""
+        self._check_open()
+        tokens = self._tokens(prompt)
+        timeout = self._timeout(timeout_s)
+        _check_cancel(cancel)
         state = self._check_state(source)
-        tokens = np.asarray(prompt, dtype=np.int64)
-        timeout = self.timeout_s if timeout_s is None else float(timeout_s)
         B = self.model_config.block_tokens
         wanted = len(tokens) // B
         resume_at = self._resume_block(len(tokens))
@@ -428,13 +461,17 @@ class Worker:
         """Offer the prompt's whole blocks this cache holds to a store backend; for a hybrid
         model, with the STATE checkpoint at the last block of that prefix that has one and, when
         that is not where a request of this prompt resumes, the checkpoint there too."""
+        self._check_open()
         if self.capabilities.other_end is not OtherEnd.STORE or not self.capabilities.publish:
             raise TransferError(f"backend {self.plugin.name!r} does not publish to a store; peers pull instead")
-        tokens = np.asarray(prompt, dtype=np.int64)
-        timeout = self.timeout_s if timeout_s is None else float(timeout_s)
+        tokens = self._tokens(prompt)
+        timeout = self._timeout(timeout_s)
+        _check_cancel(cancel)
+        if namespace is not None:  # given: used as it is, never replaced by the default
+            check_namespace(namespace)
         B = self.model_config.block_tokens
         wanted = len(tokens) // B
-        hint = Hint.of("store", timeout_s=timeout, namespace=namespace or self._namespace())
+        hint = Hint.of("store", timeout_s=timeout, namespace=self._namespace() if namespace is None else namespace)
         began = time.perf_counter()
         lease = self.lender.lend_names(self.lender.names(tokens), staging=self.staged,
                                        checkpoint=self.lender.checkpoints)
@@ -453,7 +490,7 @@ class Worker:
             extra = self.lender.lend_checkpoint_names(names[resume_at - 1:resume_at], staging=self.staged)
             if extra.found:
                 left = max(timeout - (time.perf_counter() - began), 1e-3)
-                again = Hint.of("store", timeout_s=left, namespace=namespace or self._namespace())
+                again = Hint.of("store", timeout_s=left, namespace=self._namespace() if namespace is None else namespace)
                 more = self._transfer(extra, Direction.PUBLISH, again, left, cancel)
                 state_rows += _state_rows(more, extra.view)
                 nbytes += _bytes_moved(more, extra.view)
@@ -575,17 +612,15 @@ class Worker:
 
         An offer answers any requester that names its blocks, so a worker that checks pull
         credentials (``pull_secret``, ``allowed_peers``) or filters pulls cannot offer."""
+        self._check_open()
         if OFFER_PULLS not in self.capabilities.protocols or not isinstance(self.backend, OffersPulls):
             raise TransferError(f"backend {self.plugin.name!r} does not declare {OFFER_PULLS!r}: pulls of it are "
                                 "answered by the serving loop only")
         if self._secret is not None or self.guard.allowed is not None or self.pull_filter is not None:
             raise TransferError("this worker checks each pull (pull_secret, allowed_peers or pull_filter); a standing "
                                 "offer would answer any requester that names its blocks (contract O1.11)")
-        if self._closed:
-            raise TransferError(f"worker {self.name!r} is closed")
-        tokens = np.asarray(prompt, dtype=np.int64)
-        if tokens.ndim != 1:
-            raise ValueError("prompt must be a 1-D sequence of token ids")
+        tokens = self._tokens(prompt)
+        offer_s = self._timeout(timeout_s)
         lease = self.lender.lend_names(self.lender.names(tokens), staging=self.staged)
         if lease.found == 0:
             lease.release()
@@ -594,8 +629,7 @@ class Worker:
             if not lease.wait_ready(self.timeout_s):
                 raise TransferError("staging copies did not complete")
             with self._lock:
-                attempt = self.backend.offer(lease.view, self._serve_signal.set,
-                                             self.timeout_s if timeout_s is None else timeout_s)
+                attempt = self.backend.offer(lease.view, self._serve_signal.set, offer_s)
         except (SubmissionError, TransferError):
             lease.release()  # S3: nothing escaped
             raise
@@ -659,6 +693,28 @@ class Worker:
         self._replies.append((attempt, lease, request))
         self._serve_signal.set()  # look at the reply again soon, even if it is done already
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise WorkerClosed(f"worker {self.name!r} is closed; make a new Worker")
+
+    def _tokens(self, prompt: Sequence[int] | np.ndarray) -> np.ndarray:
+        """``prompt`` as a 1-D int64 array of token ids this model knows; a ``ValueError`` naming
+        what is wrong otherwise (floats are refused, not truncated; bools are not token ids)."""
+        tokens = np.asarray(prompt)
+        if tokens.ndim != 1:
+            raise ValueError(f"prompt must be a 1-D sequence of token ids, got shape {tokens.shape}")
+        if tokens.size and tokens.dtype.kind not in "iu":
+            raise ValueError(f"prompt must hold integer token ids, got {tokens.dtype} values")
+        tokens = tokens.astype(np.int64, copy=False)
+        if tokens.size and (tokens.min() < 0 or tokens.max() >= self.model_config.vocab):
+            bad = tokens[(tokens < 0) | (tokens >= self.model_config.vocab)][0]
+            raise ValueError(f"token ids must lie in [0, {self.model_config.vocab}); the prompt holds {bad}")
+        return tokens
+
+    def _timeout(self, timeout_s: float | None) -> float:
+        """The worker's timeout, or ``timeout_s`` checked."""
+        return self.timeout_s if timeout_s is None else _seconds("timeout_s", timeout_s)
+
     def _announce_blocks(self) -> None:
         """Tell observers how the reuse tree changed since the last time: blocks stored, evicted."""
         stats = self.lender.stats()
@@ -697,6 +753,21 @@ class Worker:
 
 
 
+def _seconds(what: str, value: object) -> float:
+    """``value`` as seconds: a finite real number > 0 (not a bool, not a str); else an error naming ``what``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{what} must be a number of seconds, got {type(value).__name__} {value!r}")
+    seconds = float(value)
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(f"{what} must be a finite number of seconds > 0, got {value!r}")
+    return seconds
+
+
+def _check_cancel(cancel: object) -> None:
+    if cancel is not None and not isinstance(cancel, Cancel):
+        raise TypeError(f"cancel must be a kvwire.runtime.Cancel or None, got {type(cancel).__name__}")
+
+
 _WORKER_KEYS: dict[str, type | tuple[type, ...]] = {"name": str, "timeout_s": (int, float), "pull_secret": str, "allowed_peers": list}
 
 
@@ -710,6 +781,13 @@ def _worker_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
             raise ConfigError(f"worker.{key} has the wrong type ({type(value).__name__})")
         if key == "allowed_peers" and not (isinstance(value, list) and all(isinstance(p, str) for p in value)):
             raise ConfigError("worker.allowed_peers must be a list of worker names")
+        if key == "timeout_s":
+            try:
+                _seconds("worker.timeout_s", value)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+        if key == "name" and not value:
+            raise ConfigError("worker.name must not be empty")
         out[key] = value
     return out
 
