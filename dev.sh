@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The two commands of the README:
-#   ./dev.sh demo   set up (idempotent) and run the main job: the demo on the in-memory backend
-#   ./dev.sh test   set up (idempotent) and run the whole test suite
+#   ./dev.sh demo   set up .venv (idempotent) and run the main job: the demo on the in-memory backend
+#   ./dev.sh test   set up .venv and .venv-vllm (idempotent) and run the whole test suite
 set -euo pipefail
 top="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$top"
@@ -11,6 +11,9 @@ case "${1:-}" in
   demo) shift; exec kvwire demo "$@" ;;
   test)
     shift
+    # vLLM's own venv (.venv-vllm) for the vLLM connector's engines, stamped on its own: only the
+    # tests use it, so the demo never waits for it.
+    "$top/scripts/bootstrap_vllm.sh"
     # Everything: our tests, and the conformance suite against every installed backend that
     # registers a harness (thorough profile). pytest exits 5 when it collected nothing: that
     # is a broken run, never a pass. Arguments replace the default selection. Two pytest-xdist

