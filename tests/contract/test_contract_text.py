@@ -11,13 +11,14 @@ from pathlib import Path
 import pytest
 
 import kvwire.contract as contract
+import kvwire.contract.clauses as clause_table
 import kvwire.testing.suite as suite
 from kvwire.contract import CONTRACT_VERSION
 
-#: Every rule of contract 1.2, in the text's order.
+#: Every rule of contract 1.3, in the text's order.
 RULES = tuple(
     "M1 M2 M3 M4 V1 V2 V3 V4 H1 S1 S2 S3 S4 S5 A1 A2 A3 A4 A5 A6 A7 A8 A9 A10 W1 B1 B2 B3 B4 "
-    "N1 N2 N3 L1 O1".split()
+    "N1 N2 N3 L1 O1 K1".split()
 )
 SOURCE = Path(__file__).parents[2] / "docs" / "contract.md"
 TITLE = re.compile(r"^# The kvwire contract, version (\d+)\.(\d+)$")
@@ -94,6 +95,51 @@ def test_every_clause_a_suite_test_names_exists(text: str) -> None:
         first = doc.splitlines()[0] if doc else ""
         named = set(CLAUSE_ID.findall(first))
         assert named <= known, f"{node.name} names clauses the text lacks: {sorted(named - known)}"
+
+
+def test_every_clause_says_its_version_and_party(text: str) -> None:
+    """Versions: each clause carries the version it arrived in and the party it binds, no clause
+    is newer than the version the code speaks, and the table the suite reads is this text's."""
+    table = clause_table.parse(text)
+    assert [c.id for c in table.values()] == [f"{rule}.{n}" for rule, n in clauses(text)]
+    assert set(clause_table.clauses()) == set(table)
+    newer = [c.id for c in table.values() if c.since > CONTRACT_VERSION]
+    assert not newer, f"clauses newer than CONTRACT_VERSION {CONTRACT_VERSION}: {newer}"
+    assert {c.since for c in table.values()} == {(1, minor) for minor in range(CONTRACT_VERSION[1] + 1)}, (
+        "every minor version up to this one arrived with at least one clause")
+    for rule in ("L1", "O1", "K1"):  # an optional protocol arrives whole in one version
+        assert len({c.since for c in table.values() if c.rule == rule}) <= 2, rule
+
+
+def test_a_clause_line_without_its_tag_is_refused() -> None:
+    with pytest.raises(ValueError, match="M9.1"):
+        clause_table.parse("### M9 Test\n\n- **M9.1** A clause without a tag.\n")
+    with pytest.raises(ValueError, match="nobody"):
+        clause_table.parse("### M9 Test\n\n- **M9.1** [1.0 · nobody] A clause of an unknown party.\n")
+
+
+def test_a_clause_binds_by_the_declared_version_and_the_protocols_named() -> None:
+    """Versions: a backend is bound by the clauses of its declared version and earlier, and by
+    the clauses a protocol it names arrived with; never by a later clause."""
+    from kvwire.contract import Capabilities, MemoryKind, OtherEnd
+
+    def caps(version: tuple[int, int], *protocols: str) -> Capabilities:
+        return Capabilities(version, True, True, frozenset({MemoryKind.HOST}), OtherEnd.STORE, True, 4, True,
+                            frozenset(protocols))
+
+    assert clause_table.binds(caps((1, 0)), "A8.2")
+    assert not clause_table.binds(caps((1, 0)), "H1.8")
+    assert clause_table.binds(caps((1, 1)), "H1.8")
+    assert not clause_table.binds(caps((1, 1)), "V1.8")
+    assert clause_table.binds(caps((1, 2)), "V1.8")
+    assert not clause_table.binds(caps((1, 2)), "K1.5")
+    assert clause_table.binds(caps((1, 3)), "K1.5")
+    assert not clause_table.binds(caps((1, 0)), "L1.3")
+    assert clause_table.binds(caps((1, 0), "lookup"), "L1.3"), "naming a protocol binds what it arrived with"
+    assert not clause_table.binds(caps((1, 1), "lookup"), "L1.13"), "a later clause of a protocol binds by version"
+    assert clause_table.binds(caps((1, 2), "lookup"), "L1.13")
+    with pytest.raises(KeyError, match="Z9.9"):
+        clause_table.binds(caps((1, 3)), "Z9.9")
 
 
 def test_the_exported_names_are_the_packages(text: str) -> None:

@@ -45,8 +45,10 @@ def test_exports_exactly_the_contract_names():
         "ServesPulls", "PullRequest", "RegionTable", "TableRegistration",
         # the optional protocols lookup (contract 1.1) and offer-pulls (contract 1.2)
         "LOOKUP", "Lookup", "LookupFailed", "OFFER_PULLS", "OffersPulls",
+        # the optional protocol block-objects (contract 1.3)
+        "BLOCK_OBJECTS", "block_layout",
     }
-    assert CONTRACT_VERSION == (1, 2)
+    assert CONTRACT_VERSION == (1, 3)
     for name in c.__all__:
         assert getattr(c, name) is not None, name
 

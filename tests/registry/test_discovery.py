@@ -41,6 +41,22 @@ plugin = Plugin("future", (2, 0), Capabilities((2, 0), True, True, frozenset({Me
                 lambda options: None)
 '''
 
+NEWER = '''
+from kvwire.contract import MemoryKind, Capabilities
+from kvwire.contract.capabilities import OtherEnd
+from kvwire.registry import Plugin
+plugin = Plugin("newer", (1, 99), Capabilities((1, 99), True, True, frozenset({MemoryKind.HOST}), OtherEnd.PEER, True, 1,
+                True), lambda options: None)
+'''
+
+TWOFACED = '''
+from kvwire.contract import MemoryKind, Capabilities
+from kvwire.contract.capabilities import OtherEnd
+from kvwire.registry import Plugin
+plugin = Plugin("twofaced", (1, 0), Capabilities((1, 1), True, True, frozenset({MemoryKind.HOST}), OtherEnd.PEER, True, 1,
+                True), lambda options: None)
+'''
+
 
 def _project(root: Path, dist: str, module: str, name: str, source: str) -> Path:
     proj = root / dist
@@ -68,6 +84,8 @@ def site(tmp_path_factory) -> Path:
         _project(root, "kvwire-good", "kvwire_good", "good", GOOD),
         _project(root, "kvwire-broken", "kvwire_broken", "broken", BROKEN),
         _project(root, "kvwire-future", "kvwire_future", "future", FUTURE),
+        _project(root, "kvwire-newer", "kvwire_newer", "newer", NEWER),
+        _project(root, "kvwire-twofaced", "kvwire_twofaced", "twofaced", TWOFACED),
     ]
     target = root / "site"
     subprocess.run(
@@ -143,6 +161,26 @@ def test_other_contract_major_is_refused_with_a_clear_error(site):
     """)
     assert r.returncode == 0, r.stderr
     assert "contract 2.0" in r.stdout and f"{CONTRACT_VERSION[0]}.{CONTRACT_VERSION[1]}" in r.stdout and "kvwire-future" in r.stdout
+
+
+def test_a_newer_minor_or_two_versions_are_refused_naming_both(site):
+    """Versions: a plugin written for a newer minor than this kvwire's, or declaring one version in
+    its Plugin and another in its capabilities, is refused with both versions named."""
+    r = run(site, """
+        from kvwire.registry import load, PluginError
+        for name in ("newer", "twofaced"):
+            try:
+                load(name)
+            except PluginError as exc:
+                print(exc)
+            else:
+                raise SystemExit(f"accepted {name}")
+    """)
+    assert r.returncode == 0, r.stderr
+    newer, twofaced = r.stdout.strip().splitlines()
+    assert "contract 1.99" in newer and "newer than this kvwire's" in newer and "kvwire-newer" in newer
+    assert "{}.{}".format(*CONTRACT_VERSION) in newer
+    assert "1.0 in its Plugin but 1.1 in its capabilities" in twofaced
 
 
 def test_cli_backends_lists_all_and_explains_broken_without_traceback(site):

@@ -113,13 +113,15 @@ _backend_ids = itertools.count(1)
 
 
 def blob_capabilities(memory_kinds: Iterable[MemoryKind], max_in_flight: int, *,
-                      lookup: bool = False) -> Capabilities:
+                      lookup: bool = False, contract_version: tuple[int, int] = CONTRACT_VERSION) -> Capabilities:
     """What every blob backend declares: a store at the other end, fetch and publish by content
     name, cancellation, and the driver's memory kinds; with ``lookup`` (a driver that offers
     ``contains``) the ``lookup`` protocol too. Plugins use it for their static declaration so it
-    equals what their backends return."""
+    equals what their backends return, passing the same literal ``contract_version`` here and to
+    :class:`BlobBackend` (the blob backend keeps every clause of every version up to this
+    kvwire's, so any version up to it is true of it)."""
     return Capabilities(
-        contract_version=CONTRACT_VERSION,
+        contract_version=_declared_version(contract_version),
         fetch=True,
         publish=True,
         memory_kinds=frozenset(memory_kinds),
@@ -129,6 +131,15 @@ def blob_capabilities(memory_kinds: Iterable[MemoryKind], max_in_flight: int, *,
         cancellation=True,
         protocols=frozenset({LOOKUP}) if lookup else frozenset(),
     )
+
+
+def _declared_version(version: tuple[int, int]) -> tuple[int, int]:
+    declared = tuple(version)
+    if (len(declared) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in declared)
+            or declared[0] != CONTRACT_VERSION[0] or not (0 <= declared[1] <= CONTRACT_VERSION[1])):
+        raise ValueError(f"contract_version must be (major, minor) of contract {CONTRACT_VERSION[0]}.0 to "
+                         f"{CONTRACT_VERSION[0]}.{CONTRACT_VERSION[1]}, got {version!r}")
+    return declared  # type: ignore[return-value]
 
 
 class _Core:
@@ -594,7 +605,9 @@ class BlobBackend(Backend, Lookup):
     :attr:`~kvwire.blob.driver.StoreDriver.inline_bytes`, 0 for a driver that may block) moves
     inside the ``fetch``/``publish`` call and has concluded and quiesced when it returns (a fetch:
     the driver's :attr:`~kvwire.blob.driver.StoreDriver.inline_get_bytes` when it sets one).
-    ``owns_driver``: whether :meth:`close` also closes the driver."""
+    ``owns_driver``: whether :meth:`close` also closes the driver. ``contract_version``: the
+    literal version the plugin declares (docs/contract.md, Versions), the same one it passes to
+    :func:`blob_capabilities`."""
 
     def __init__(
         self,
@@ -607,6 +620,7 @@ class BlobBackend(Backend, Lookup):
         chunk_bytes: int = 64 << 20,
         inline_bytes: int | None = None,
         owns_driver: bool = False,
+        contract_version: tuple[int, int] = CONTRACT_VERSION,
     ) -> None:
         if not isinstance(driver, StoreDriver):
             raise TypeError(f"driver must be a kvwire.blob.StoreDriver, got {type(driver).__name__}")
@@ -635,7 +649,8 @@ class BlobBackend(Backend, Lookup):
         self._owns_driver = owns_driver
         self._id = next(_backend_ids)
         self._lookups = LookupRunner(driver, f"kvwire-blob{self._id}-lookup") if driver.offers_contains else None
-        self._capabilities = blob_capabilities(driver.memory_kinds, max_in_flight, lookup=self._lookups is not None)
+        self._capabilities = blob_capabilities(driver.memory_kinds, max_in_flight, lookup=self._lookups is not None,
+                                               contract_version=contract_version)
         self._core = core = _Core(driver, max_in_flight)
         names = [f"kvwire-blob{self._id}-worker{i}" for i in range(workers)]
         core.threads = [threading.Thread(target=_serve, args=(core,), name=n, daemon=True) for n in names]

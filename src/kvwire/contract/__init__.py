@@ -1,4 +1,4 @@
-"""The kvwire contract, version 1.2: what a lease holder and a backend promise each other.
+"""The kvwire contract, version 1.3: what a lease holder and a backend promise each other.
 
 This package imports numpy and the standard library only. ``docs/contract.md`` (shipped in
 this package as ``kvwire/contract/contract.md``) states the rules, clause by clause; each is a
@@ -8,10 +8,12 @@ The boundary: :class:`Backend`, :class:`Attempt`, :class:`Registration`, :data:`
 types :class:`View`, :class:`LayerGroupRows`, :class:`SlotRegion`, :class:`Hint`,
 :class:`Outcome`, :class:`Capabilities`; the refusals under :class:`SubmissionError`; the optional
 protocols ``serve-pulls`` (:class:`ServesPulls`, :class:`PullRequest`), ``offer-pulls``
-(:class:`OffersPulls`) and ``lookup`` (:class:`Lookup`); and the toolkit a backend
+(:class:`OffersPulls`), ``lookup`` (:class:`Lookup`) and ``block-objects``
+(:data:`BLOCK_OBJECTS`, :func:`block_layout`); and the toolkit a backend
 written directly on the contract uses, :class:`RegionTable` (M3/M4 read once)."""
 
 from kvwire.contract.backend import Attempt, Backend, Registration, WakeFn
+from kvwire.contract.blocks import BLOCK_OBJECTS, block_layout
 from kvwire.contract.capabilities import CONTRACT_VERSION, OFFER_PULLS, SERVE_PULLS, Capabilities, OtherEnd
 from kvwire.contract.errors import InvalidSubmission, LookupFailed, SubmissionError, SubmissionRejected
 from kvwire.contract.hint import Hint
@@ -56,4 +58,7 @@ __all__ = [
     # the optional protocol offer-pulls (O1, contract 1.2)
     "OFFER_PULLS",
     "OffersPulls",
+    # the optional protocol block-objects (K1, contract 1.3)
+    "BLOCK_OBJECTS",
+    "block_layout",
 ]

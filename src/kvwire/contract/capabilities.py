@@ -9,8 +9,9 @@ from kvwire.contract.memory import MemoryKind
 
 __all__ = ["Capabilities", "OtherEnd", "CONTRACT_VERSION", "SERVE_PULLS", "OFFER_PULLS"]
 
-#: ``(major, minor)``. A minor only adds, off by default; the registry refuses another major.
-CONTRACT_VERSION: tuple[int, int] = (1, 2)
+#: ``(major, minor)``: the newest version this kvwire knows. A backend declares the literal version
+#: it implements (docs/contract.md, Versions), never this constant, which moves with kvwire.
+CONTRACT_VERSION: tuple[int, int] = (1, 3)
 
 #: The optional protocol of a peer backend that answers request-free pulls from its reuse tree.
 SERVE_PULLS = "serve-pulls"

@@ -107,6 +107,21 @@ def _load(name: str) -> Plugin:
             f"{CONTRACT_VERSION[0]}.{CONTRACT_VERSION[1]}; install a {entry.distribution} built "
             f"for contract {CONTRACT_VERSION[0]}.x"
         )
+    if tuple(obj.contract_version) > CONTRACT_VERSION:
+        raise PluginError(
+            f"backend {name!r} from {entry.distribution} {entry.version} speaks contract "
+            f"{obj.contract_version[0]}.{obj.contract_version[1]}, newer than this kvwire's "
+            f"{CONTRACT_VERSION[0]}.{CONTRACT_VERSION[1]}: it was written for clauses this kvwire does not know; "
+            f"upgrade kvwire, or install a {entry.distribution} built for contract "
+            f"{CONTRACT_VERSION[0]}.{CONTRACT_VERSION[1]} or earlier"
+        )
+    if tuple(obj.capabilities.contract_version) != tuple(obj.contract_version):
+        raise PluginError(
+            f"backend {name!r} from {entry.distribution} declares contract "
+            f"{obj.contract_version[0]}.{obj.contract_version[1]} in its Plugin but "
+            f"{obj.capabilities.contract_version[0]}.{obj.capabilities.contract_version[1]} in its capabilities; "
+            "declare one literal version in both"
+        )
     if obj.name != name:
         raise PluginError(
             f"backend entry point {name!r} from {entry.distribution} names a plugin called {obj.name!r}"

@@ -19,7 +19,7 @@ from kvwire.contract.errors import SubmissionError
 from kvwire.runtime import holding
 
 __all__ = ["Wakes", "RaisingWakes", "Submission", "submit", "settle", "check_outcome", "same_outcome",
-           "call_briefly", "wait_for", "refused", "check_refusal_message", "speaks_causes", "holder_call",
+           "call_briefly", "wait_for", "refused", "check_refusal_message", "speaks_causes", "declares", "holder_call",
            "BLOCKING_LIMIT_S"]
 
 T = TypeVar("T")
@@ -140,13 +140,21 @@ class Submission(holding.Submission):
 
 
 def speaks_causes(backend: Backend) -> bool:
-    """Whether ``backend`` declares contract 1.1 or later, and so owes a cause (A10) on every
-    failed and cancelled outcome."""
+    """Whether ``backend``'s declared version binds it to give a cause (A10) on every failed and
+    cancelled outcome (contract 1.1 and later)."""
+    return declares(backend, "A10.5")
+
+
+def declares(backend: Backend, clause_id: str) -> bool:
+    """Whether ``backend``'s declared version and protocols bind it to clause ``clause_id``
+    (docs/contract.md, Versions): a test checks a later clause only where this is true."""
+    from kvwire.contract.clauses import binds
+
     try:
-        version = backend.capabilities().contract_version
+        caps = backend.capabilities()
     except Exception:  # B4's tests report a backend whose capabilities() fails
         return False
-    return tuple(version) >= (1, 1)
+    return binds(caps, clause_id)
 
 
 def submit(backend: Backend, op: str, view: View, hint: Hint, wakes: Wakes | None = None) -> Submission:

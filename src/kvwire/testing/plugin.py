@@ -141,6 +141,45 @@ def kvwire_harness(kvwire_target: Any) -> Any:
     return kvwire_target.harness
 
 
+#: A clause id as a suite test's docstring names it ("A8.2").
+_CLAUSE_ID = re.compile(r"\b([A-Z][0-9]+\.[0-9]+)\b")
+
+
+def named_clauses(function: Any) -> list[str]:
+    """The clauses a suite test checks: those its docstring's first line names before its first
+    ``": "`` (``"A8.1 / A8.2: ..."``); a clause mentioned after it is context, not a check."""
+    doc = (getattr(function, "__doc__", None) or "").strip()
+    if not doc:
+        return []
+    head, colon, _ = doc.splitlines()[0].partition(": ")
+    return _CLAUSE_ID.findall(head) if colon else []
+
+
+@pytest.fixture(autouse=True)
+def _kvwire_clauses_in_force(request: pytest.FixtureRequest) -> None:
+    """Skip a suite test that checks a clause the backend's declared version does not bind
+    (docs/contract.md, Versions): a backend is checked against the clauses of the version it
+    declares, never later ones."""
+    if "kvwire_harness" not in request.fixturenames or request.function is None:
+        return
+    named = named_clauses(request.function)
+    if not named:
+        return
+    harness = request.getfixturevalue("kvwire_harness")
+    try:
+        caps = harness.capabilities()
+    except Exception:  # B4's tests report a backend whose capabilities cannot be read
+        return
+    from kvwire.contract.clauses import binds, clause
+
+    for clause_id in named:
+        if not binds(caps, clause_id):
+            found = clause(clause_id)
+            declared = ".".join(map(str, caps.contract_version))
+            pytest.skip(f"{clause_id} arrived in contract {found.since[0]}.{found.since[1]}; the backend declares "
+                        f"contract {declared}")
+
+
 @pytest.fixture(scope="session")
 def kvwire_profile() -> Any:
     """The active :class:`~kvwire.testing.profiles.Profile`."""

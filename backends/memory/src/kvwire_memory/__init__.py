@@ -15,12 +15,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvwire.blob import BlobBackend, blob_capabilities, check_namespace
-from kvwire.contract import CONTRACT_VERSION
 from kvwire.registry import ConfigError, Option, Plugin
 from kvwire_memory.driver import MemoryDriver
 from kvwire_memory.store import MemoryStore, forget_store, named_store
 
 __all__ = ["plugin", "OPTIONS", "create", "MemoryDriver", "MemoryStore", "named_store", "forget_store"]
+
+#: The contract version this plugin implements, a literal (docs/contract.md, Versions): the suite
+#: checks the clauses of this version and of no later one. Raise it only after reading a newer
+#: version's clauses and keeping them; kvwire.contract.CONTRACT_VERSION would claim each new one.
+CONTRACT = (1, 3)
 
 OPTIONS: tuple[Option, ...] = (
     Option("capacity_bytes", int, 1 << 30, "the most object bytes the store holds", minimum=1),
@@ -51,13 +55,15 @@ def create(options: Mapping[str, Any]) -> BlobBackend:
         timeout_s=options["timeout_s"],
         max_in_flight=options["max_in_flight"],
         owns_driver=True,
+        contract_version=CONTRACT,
     )
 
 
 plugin = Plugin(
     name="memory",
-    contract_version=CONTRACT_VERSION,
-    capabilities=blob_capabilities(MemoryDriver.memory_kinds, max_in_flight=64, lookup=True),
+    contract_version=CONTRACT,
+    capabilities=blob_capabilities(MemoryDriver.memory_kinds, max_in_flight=64, lookup=True,
+                                   contract_version=CONTRACT),
     create=create,
     options=OPTIONS,
     summary="in-process blob store (the embedded default; shared by store name within one process)",

@@ -13,7 +13,7 @@ from typing import Any
 
 from kvwire.blob import BlobBackend, blob_capabilities
 from kvwire.blob.keys import check_namespace
-from kvwire.contract import CONTRACT_VERSION, Backend, MemoryKind
+from kvwire.contract import Backend, MemoryKind
 from kvwire.registry import ConfigError, Plugin
 from kvwire_mooncake.library import INSTALL_HINT, problem
 from kvwire_mooncake.options import OPTIONS, ClientSettings
@@ -22,6 +22,11 @@ __all__ = ["plugin", "create", "local_services", "MEMORY_KINDS"]
 __version__ = "0.1.0"
 
 log = logging.getLogger(__name__)
+
+#: The contract version this plugin implements, a literal (docs/contract.md, Versions): the suite
+#: checks the clauses of this version and of no later one. Raise it only after reading a newer
+#: version's clauses and keeping them; kvwire.contract.CONTRACT_VERSION would claim each new one.
+CONTRACT = (1, 3)
 
 #: Host memory: the non-CUDA build moves it over TCP (or RDMA).
 MEMORY_KINDS = frozenset({MemoryKind.HOST})
@@ -47,6 +52,7 @@ def create(options: Mapping[str, Any]) -> Backend:
             workers=options["workers"],
             chunk_bytes=options["chunk_bytes"],
             owns_driver=True,
+            contract_version=CONTRACT,
         )
     except BaseException:
         driver.close()
@@ -76,9 +82,9 @@ def local_services(options: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
 
 plugin = Plugin(
     name="mooncake",
-    contract_version=CONTRACT_VERSION,
+    contract_version=CONTRACT,
     capabilities=blob_capabilities(MEMORY_KINDS, next(o.default for o in OPTIONS if o.name == "max_in_flight"),
-                                   lookup=True),
+                                   lookup=True, contract_version=CONTRACT),
     create=create,
     options=OPTIONS,
     summary="Mooncake Store: a distributed KV store; rows move zero-copy from registered memory",

@@ -9,9 +9,8 @@ import importlib.util
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from kvwire.contract import CONTRACT_VERSION
 from kvwire.registry.plugin import Plugin
-from kvwire_ucx.settings import OPTIONS, UcxSettings, capabilities_for
+from kvwire_ucx.settings import CONTRACT, OPTIONS, UcxSettings, capabilities_for
 
 if TYPE_CHECKING:
     from kvwire_ucx.backend import UcxBackend
@@ -44,7 +43,7 @@ _DEFAULTS = UcxSettings()
 
 plugin = Plugin(
     name="ucx",
-    contract_version=CONTRACT_VERSION,
+    contract_version=CONTRACT,
     capabilities=capabilities_for(_DEFAULTS),
     create=create,
     options=OPTIONS,

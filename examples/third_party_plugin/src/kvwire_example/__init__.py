@@ -15,10 +15,15 @@ from typing import Any
 import numpy as np
 
 from kvwire.blob import BatchResult, BlobBackend, KeyStatus, StoreDriver, blob_capabilities
-from kvwire.contract import CONTRACT_VERSION, MemoryKind, SlotRegion
+from kvwire.contract import MemoryKind, SlotRegion
 from kvwire.registry import Option, Plugin
 
 __all__ = ["DictDriver", "plugin", "stores"]
+
+#: The contract version this plugin implements, a literal (docs/contract.md, Versions): the suite
+#: checks the clauses of this version and of no later one. Raise it only after reading a newer
+#: version's clauses and keeping them; kvwire.contract.CONTRACT_VERSION would claim each new one.
+CONTRACT = (1, 3)
 
 #: Every store of this process, by name: key -> the object's bytes (immutable once stored).
 stores: dict[str, dict[str, bytes]] = {}
@@ -98,13 +103,14 @@ OPTIONS = (
 def create(options: Mapping[str, Any]) -> BlobBackend:
     """A backend on the store named ``options["store"]``, from validated options."""
     return BlobBackend(DictDriver(options["store"]), namespace=options["namespace"],
-                       timeout_s=options["timeout_s"], max_in_flight=options["max_in_flight"], owns_driver=True)
+                       timeout_s=options["timeout_s"], max_in_flight=options["max_in_flight"], owns_driver=True,
+                       contract_version=CONTRACT)
 
 
 plugin = Plugin(
     name="example",
-    contract_version=CONTRACT_VERSION,
-    capabilities=blob_capabilities(DictDriver.memory_kinds, max_in_flight=64),
+    contract_version=CONTRACT,
+    capabilities=blob_capabilities(DictDriver.memory_kinds, max_in_flight=64, contract_version=CONTRACT),
     create=create,
     options=OPTIONS,
     summary="example out-of-tree store backend (a dict in this process)",

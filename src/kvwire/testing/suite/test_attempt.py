@@ -237,8 +237,8 @@ def test_A3_publish_progresses_without_poll(kvwire_harness: Harness, size: str) 
 
 @pytest.mark.parametrize("op", ["fetch", "publish"])
 def test_A4_cancel_is_idempotent_yields_cancelled_and_still_quiesces(kvwire_harness: Harness, op: str) -> None:
-    """A4.1-A4.3, A4.5, A10.6: cancel() twice on a fetch or a publish the other end holds: it
-    concludes CANCELLED, not by the peer (cause HOLDER_CANCELLED for a 1.1 backend), still
+    """A4.1-A4.3, A4.5: cancel() twice on a fetch or a publish the other end holds: it
+    concludes CANCELLED, not by the peer (cause HOLDER_CANCELLED, A10.6, for a 1.1 backend), still
     quiesces once the other end lets go, and the backend works on afterwards."""
     caps = kvwire_harness.capabilities()
     needs.transfer(caps)
@@ -535,9 +535,9 @@ def test_A8_a_held_attempt_fails_by_its_deadline(kvwire_harness: Harness, source
 
 @pytest.mark.parametrize("source", ["options", "hint"])
 def test_A8_a_held_publish_fails_by_its_deadline(kvwire_harness: Harness, source: str) -> None:
-    """A8.4 / A8.2 / H1.6 / A10.7: a publish has a deadline too: with its store not answering, it
+    """A8.4 / A8.2 / H1.6: a publish has a deadline too: with its store not answering, it
     concludes failed by the deadline option, or by the hint's ``timeout_s`` when the option is far
-    longer (cause ``DEADLINE`` for a 1.1 backend), and quiesces within the grace once the store lets
+    longer (cause ``DEADLINE``, A10.7, for a 1.1 backend), and quiesces within the grace once the store lets
     go; the rows it marked held are found."""
     _fails_by_its_deadline(kvwire_harness, source, "publish")
 

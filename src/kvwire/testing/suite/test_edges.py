@@ -424,7 +424,7 @@ def _schedule_or_skip(ex: Exchange) -> None:
 
 @pytest.mark.parametrize("op", ["get", "put"])
 def test_S5_a_store_call_that_raises_fails_the_attempt_with_a_fault(kvwire_harness: Harness, op: str) -> None:
-    """S5.3 / A10.9: a store call that raises (a broken client) is a fault in the outcome: the
+    """S5.3: a store call that raises (a broken client) is a fault in the outcome: the
     attempt fails with cause FAULT and quiesces; nothing raises out of ``poll()``."""
     from kvwire.testing.faults import FailCall
 

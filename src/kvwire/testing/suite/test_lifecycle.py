@@ -220,8 +220,8 @@ def test_B3_shutdown_refuses_later_submissions_and_is_idempotent(kvwire_harness:
 
 
 def test_B3_shutdown_ends_work_in_flight_before_it_returns_empty(kvwire_harness: Harness) -> None:
-    """B3.2, B3.3, B3.5, B3.6, A10.8: with a fetch held at the other end, shutdown() ends or
-    cancels it (cause SHUTDOWN for a 1.1 backend) and keeps returning it until its memory access
+    """B3.2, B3.3, B3.5, B3.6: with a fetch held at the other end, shutdown() ends or
+    cancels it (cause SHUTDOWN, A10.8, for a 1.1 backend) and keeps returning it until its memory access
     has ended; once the other end lets go it returns the empty set within the grace without the
     holder polling; then the holder may reuse the rows, and nothing writes them again."""
     caps = kvwire_harness.capabilities()
@@ -388,7 +388,7 @@ def test_B3_shutdown_after_work_that_quiesced_returns_the_empty_set(kvwire_harne
 
 
 def test_B3_shutdown_concludes_a_publish_its_store_holds(kvwire_harness: Harness) -> None:
-    """B3.2 / A10.8 / B3.3: ``shutdown()`` concludes a publish its store holds without waiting for
+    """B3.2 / B3.3: ``shutdown()`` concludes a publish its store holds without waiting for
     the store (cause ``SHUTDOWN`` for a 1.1 backend), with a wake, and returns it until it
     quiesced; once the store lets go, it comes to the empty set within the grace."""
     caps = kvwire_harness.capabilities()

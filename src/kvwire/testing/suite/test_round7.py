@@ -263,7 +263,7 @@ def test_B1_an_instance_takes_its_whole_bound_while_another_beside_it_is_full(kv
 
 
 def test_H1_a_peer_hint_without_an_address_or_with_credentials_not_bytes_is_refused(kvwire_harness: Harness) -> None:
-    """H1.5 / H1.11 / H1.12: a peer hint must name the serving end by its ``address``, and its
+    """H1.5 / H1.11 / H1.15: a peer hint must name the serving end by its ``address``, and its
     ``credentials``, when given, are bytes: after a good pull, a pull whose hint has no address
     (none at all, or only credentials) or whose credentials are a str or an int raises
     ``InvalidSubmission`` (never a pull to the peer pulled from last, or credentials converted);

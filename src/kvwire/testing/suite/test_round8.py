@@ -40,7 +40,7 @@ SENTINEL = 0x6B
 
 
 def test_B3_shutdown_concludes_a_fetch_the_other_end_holds(kvwire_harness: Harness) -> None:
-    """B3.2 / A10.8 / W1.2: ``shutdown()`` ends or cancels every attempt in flight: a fetch its
+    """B3.2 / W1.2: ``shutdown()`` ends or cancels every attempt in flight: a fetch its
     other end still holds concludes (not delivered; cause ``SHUTDOWN`` for a 1.1 backend) with a
     wake, while the other end goes on holding it; it is returned until it quiesced, and once the
     other end lets go ``shutdown()`` comes to the empty set within the grace."""
