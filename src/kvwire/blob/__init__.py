@@ -5,7 +5,7 @@
 :func:`blob_capabilities`."""
 
 from kvwire.blob.backend import STORE_HINT_KIND, BlobBackend, BlobRegistration, blob_capabilities
-from kvwire.blob.driver import BatchResult, KeyStatus, StoreDriver
+from kvwire.blob.driver import BatchResult, KeyStatus, StoreDriver, call_deadline
 from kvwire.blob.keys import KEY_PREFIX, check_namespace, store_keys
 
 __all__ = [
@@ -16,6 +16,7 @@ __all__ = [
     "StoreDriver",
     "KeyStatus",
     "BatchResult",
+    "call_deadline",
     "KEY_PREFIX",
     "check_namespace",
     "store_keys",

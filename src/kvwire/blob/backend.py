@@ -74,7 +74,7 @@ from typing import Literal, overload
 import numpy as np
 
 from kvwire import waiting
-from kvwire.blob.driver import BatchResult, KeyStatus, StoreDriver
+from kvwire.blob.driver import BatchResult, KeyStatus, StoreDriver, _call
 from kvwire.blob.driver import all_ok as _all_ok
 from kvwire.blob.keys import check_namespace, store_keys
 from kvwire.blob.lookups import LookupRunner, check_timeout
@@ -537,6 +537,7 @@ def _call_driver(driver: StoreDriver, attempt: _BlobAttempt, lo: int, hi: int, n
         call = driver.put
     else:
         call = driver.get_into_now if now else driver.get_into
+    _call.deadline = attempt._deadline  # what call_deadline() answers inside the driver
     try:
         result = call(attempt._keys[lo:hi], attempt._addresses[lo:hi], attempt._sizes[lo:hi])
         if result is None and now and attempt._op == _GET:
@@ -547,6 +548,8 @@ def _call_driver(driver: StoreDriver, attempt: _BlobAttempt, lo: int, hi: int, n
         log.warning("store driver %s raised during a %s: %s", type(driver).__name__, attempt._op, exc)
         result = BatchResult.uniform(
             hi - lo, KeyStatus.FAILED, f"the store driver raised {type(exc).__name__}: {exc}")
+    finally:
+        _call.deadline = None
     return result
 
 

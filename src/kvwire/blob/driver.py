@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import abc
 import enum
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -15,7 +16,18 @@ import numpy as np
 
 from kvwire.contract import MemoryKind, SlotRegion
 
-__all__ = ["KeyStatus", "BatchResult", "StoreDriver"]
+__all__ = ["KeyStatus", "BatchResult", "StoreDriver", "call_deadline"]
+
+#: The deadline of the attempt the current thread's driver call works for (set by the blob backend).
+_call = threading.local()
+
+
+def call_deadline() -> float | None:
+    """Inside a driver call the blob backend made: the ``time.monotonic()`` time by which the
+    attempt it works for concludes; ``None`` elsewhere. A driver that may wait for another party
+    (a lock another process holds, a server) waits no longer, so the attempt quiesces within its
+    grace after the deadline (A8.3, A8.5)."""
+    return getattr(_call, "deadline", None)
 
 
 class KeyStatus(enum.IntEnum):
