@@ -338,7 +338,7 @@ def _check(planes: object, block_ids: object, buf: object, rows: object, to_rows
            stream: object) -> tuple[np.ndarray, np.ndarray, torch.Tensor]:
     if not isinstance(planes, PlaneSet):
         raise TypeError(f"planes must be a PlaneSet, got {type(planes).__name__}")
-    side = "out" if to_rows else "inp"
+    side, rows_name = ("out", "out_rows") if to_rows else ("inp", "in_rows")
     tensor = _rows(buf, planes, side)
     ids = _indices(block_ids, "block_ids", planes.num_blocks, "the planes' blocks")
     n_rows = int(tensor.shape[0])
@@ -347,9 +347,9 @@ def _check(planes: object, block_ids: object, buf: object, rows: object, to_rows
             raise ValueError(f"{ids.size} block ids but {side} has {n_rows} rows")
         picked = np.arange(ids.size, dtype=np.int64)
     else:
-        picked = _indices(rows, f"{side}_rows", n_rows, f"the rows of {side}")
+        picked = _indices(rows, rows_name, n_rows, f"the rows of {side}")
         if picked.size != ids.size:
-            raise ValueError(f"{picked.size} {side}_rows for {ids.size} block ids; one row per block")
+            raise ValueError(f"{picked.size} {rows_name} for {ids.size} block ids; one row per block")
     if to_rows and rows is not None:
         _distinct(picked, "out_rows")
     if not to_rows:
@@ -392,7 +392,7 @@ def _run(planes: PlaneSet, ids: np.ndarray, rows: np.ndarray, buf: torch.Tensor,
             if _choose()[0] is _Impl.TRITON and _interpreting():
                 _kernel_copy(planes, ids, rows, buf, to_rows)
             else:
-                _torch_copy(planes, torch.from_numpy(ids), torch.from_numpy(rows), buf, to_rows)
+                _torch_copy(planes, _host_tensor(ids), _host_tensor(rows), buf, to_rows)
         return None
     stream = stream if stream is not None else torch.cuda.current_stream(planes.device)
     with torch.cuda.stream(stream):
@@ -415,6 +415,11 @@ def _device_copy(planes: PlaneSet, ids: np.ndarray, rows: np.ndarray, buf: torch
         return
     pairs = _on_device(np.stack([ids, rows]), planes.device)
     _torch_copy(planes, pairs[0], pairs[1], buf, to_rows)
+
+
+def _host_tensor(array: np.ndarray) -> torch.Tensor:
+    """An index tensor over ``array`` (torch refuses to share a read-only buffer)."""
+    return torch.from_numpy(array if array.flags.writeable else array.copy())
 
 
 def _on_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -446,9 +451,11 @@ def _kernel_copy(planes: PlaneSet, ids: np.ndarray, rows: np.ndarray, buf: torch
     word = _word(planes._word, addr, planes.row_bytes)
     aligned = word == 8 and all(v % 16 == 0 for v in (addr, planes.row_bytes, *planes._bases, *planes._strides,
                                                     *planes.block_bytes.tolist(), *planes.offsets.tolist()))
-    longest = int(planes.block_bytes.max()) // word
-    # a chunk no longer than a block, so blocks of a power-of-two size copy without masks
-    chunk = min(max(1, _CHUNK_BYTES // word), 1 << (longest.bit_length() - 1))
+    longest = int(planes.block_bytes.max())
+    # A chunk no longer than a block, so blocks of a power-of-two size copy without masks; not
+    # under 512 bytes, so few variants are compiled.
+    chunk = max(512, min(_CHUNK_BYTES, 1 << (longest.bit_length() - 1))) // word
+    longest //= word
     pairs = _on_device(np.stack([ids, rows]), planes.device)
     grid = (ids.size * len(planes), -(-longest // chunk))
     _kernel[grid](planes._table, pairs, ids.size, addr, planes.row_bytes, len(planes),
