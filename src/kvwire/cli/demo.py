@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -47,6 +47,8 @@ class DemoReport:
     #: STATE rows (checkpoints) the pull moved, and the token B's request resumed from
     state_rows_moved: int = 0
     checkpoint_tokens: int = 0
+    #: The backend options the run used (with what its local services set, e.g. a private root)
+    backend_options: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -56,6 +58,7 @@ class DemoReport:
 
     def as_dict(self) -> dict[str, Any]:
         out = {k: getattr(self, k) for k in self.__slots__}
+        out["backend_options"] = dict(self.backend_options)
         out["ok"] = self.ok
         out["gbps"] = self.bytes_moved / self.transfer_seconds / 1e9 if self.transfer_seconds else 0.0
         return out
@@ -72,7 +75,8 @@ def run_demo(
     device: str = "cpu",
     model_name: str = "tiny",
 ) -> DemoReport:
-    """Run the demo; returns what it measured (the CLI prints it)."""
+    """Run the demo; returns what it measured (the CLI prints it). Progress is shown while it
+    runs on a terminal, and nothing of it stays on the screen or lands in a redirected output."""
     from kvwire.runtime import ModelConfig, Worker
 
     if model_name not in MODELS:
@@ -89,7 +93,8 @@ def run_demo(
     blocks = -(-tokens // model.block_tokens) + 4
     with contextlib.ExitStack() as stack:
         progress = stack.enter_context(Progress(SpinnerColumn(), TextColumn("{task.description}"),
-                                                TimeElapsedColumn(), console=console, transient=False))
+                                                TimeElapsedColumn(), console=console, transient=True,
+                                                disable=not console.is_terminal))
         step = progress.add_task(f"starting {config.name} backend services", total=None)
         config = stack.enter_context(config.services())
         progress.update(step, description="starting worker A and worker B")
@@ -110,7 +115,6 @@ def run_demo(
         progress.update(step, description="worker B: pull again (everything is held: nothing moves)")
         again = b.pull(prompt, source=state)
         a.settle()  # A unpins once B's acknowledgement reaches it, just after B's pull returned
-        progress.update(step, description="done", completed=1, total=1)
         logits_equal = bool(torch.allclose(local.logits, remote.logits, rtol=1e-4, atol=1e-4 if device != "cpu" else 1e-5))
         report = DemoReport(
             backend=config.name,
@@ -130,6 +134,7 @@ def run_demo(
             model=model_name,
             state_rows_moved=pulled.state_rows_moved,
             checkpoint_tokens=pulled.cached_tokens if model.recurrent_layers else 0,
+            backend_options=dict(config.options),
         )
     return report
 

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import ctypes.util
+import inspect
 import socket
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 __all__ = ["Finding", "diagnose", "render"]
@@ -56,13 +60,37 @@ def _ports() -> list[Finding]:
                         "free a port or check the network namespace; servers and peers listen on loopback")]
 
 
+def _block_copy() -> list[Finding]:
+    try:
+        from kvwire.lender import blockcopy
+    except ImportError:
+        return [Finding("block copy", True, "not available in this kvwire", essential=False)]
+    try:
+        detail = str(blockcopy.implementation())
+    except Exception as exc:  # noqa: BLE001 - report whatever broke, never fail the doctor
+        return [Finding("block copy", False, f"cannot tell: {type(exc).__name__}: {exc}",
+                        "report it to kvwire's authors", essential=False)]
+    return [Finding("block copy", True, detail, essential=False)]
+
+
+def _configured() -> tuple[Any, list[Finding]]:
+    """The user's backend configuration (file and environment), unvalidated, or a finding
+    saying why it cannot be read."""
+    from kvwire.registry import ConfigError, load_config
+
+    try:
+        return load_config(validate=False), []
+    except ConfigError as exc:
+        return None, [Finding("configuration", False, str(exc), "fix the key the message names")]
+
+
 def _plugins() -> list[Finding]:
-    from kvwire.registry import survey
+    from kvwire.registry import ConfigError, survey
 
     rows = survey()
     if not rows:
         return [Finding("backends", False, "no backend is installed", "pip install -e backends/memory")]
-    found = []
+    config, found = _configured()
     for row in rows:
         label = f"backend {row.entry.name}"
         if row.problem:
@@ -71,19 +99,29 @@ def _plugins() -> list[Finding]:
         else:
             found.append(Finding(label, True, f"{row.entry.distribution} {row.entry.version}: "
                                  f"{row.plugin.capabilities.summary() if row.plugin else ''}"))
-            found.extend(_plugin_checks(label, row.plugin))
+            chosen = config is not None and config.name == row.entry.name
+            try:
+                options = row.plugin.resolve(config.options if chosen else {}) if row.plugin else {}
+            except ConfigError as exc:
+                found.append(Finding(f"{label}: configuration", False, str(exc), "fix the option the message names"))
+                continue
+            found.extend(_plugin_checks(label, row.plugin, options))
     return found
 
 
-def _plugin_checks(label: str, plugin: object) -> list[Finding]:
+def _plugin_checks(label: str, plugin: object, options: Mapping[str, Any] | None = None) -> list[Finding]:
     """A plugin's own optional checks: ``Plugin.extra["doctor"]``, a callable returning
-    ``(check, ok, detail, fix)`` tuples (optional features; never essential)."""
+    ``(check, ok, detail, fix)`` tuples (optional features; never essential). A callable that
+    takes an argument is given the backend's resolved options: the user's configuration when it
+    selects this backend, else the defaults."""
     checks = getattr(plugin, "extra", {}).get("doctor")
     if not callable(checks):
         return []
     try:
+        takes_options = bool(inspect.signature(checks).parameters)
+        results = checks(dict(options or {})) if takes_options else checks()
         return [Finding(f"{label}: {check}", bool(ok), str(detail), str(fix), essential=False)
-                for check, ok, detail, fix in checks()]
+                for check, ok, detail, fix in results]
     except Exception as exc:  # noqa: BLE001 - a broken check is reported, never fatal
         return [Finding(f"{label}: checks", False, f"its doctor checks raised {type(exc).__name__}: {exc}",
                         "report it to the plugin's authors", essential=False)]
@@ -91,7 +129,7 @@ def _plugin_checks(label: str, plugin: object) -> list[Finding]:
 
 def diagnose() -> list[Finding]:
     found = [Finding("python", sys.version_info >= (3, 11), sys.version.split()[0], "use Python 3.11 or newer")]
-    for part in (_torch, _libraries, _ports, _plugins):
+    for part in (_torch, _libraries, _ports, _block_copy, _plugins):
         found.extend(part())
     return found
 
@@ -102,7 +140,8 @@ def render(findings: list[Finding], console: Console) -> int:
         table.add_column(col, overflow="fold")
     for f in findings:
         status = "[green]ok[/]" if f.ok else ("[red]problem[/]" if f.essential else "[yellow]warning[/]")
-        table.add_row(f.check, status, f.detail, "" if f.ok else f.fix)
+        # Every text is the system's or a plugin's, never markup: "[host]" stays "[host]".
+        table.add_row(escape(f.check), status, escape(f.detail), "" if f.ok else escape(f.fix))
     console.print(table)
     bad = [f for f in findings if not f.ok and f.essential]
     if bad:

@@ -17,6 +17,7 @@ from kvwire.blob import BlobBackend, blob_capabilities, check_namespace
 from kvwire.contract import CONTRACT_VERSION
 from kvwire.registry import ConfigError, Option, Plugin
 from kvwire_files.driver import FilesDriver
+from kvwire_files.local import doctor, local_services
 from kvwire_files.store import FileStore, default_root
 
 __all__ = ["plugin", "OPTIONS", "create", "FilesDriver", "FileStore", "default_root"]
@@ -67,4 +68,6 @@ plugin = Plugin(
     create=create,
     options=OPTIONS,
     summary="blob store in a shared directory (default /dev/shm): no server, shared by every process on this machine",
+    local_services=local_services,
+    extra={"doctor": doctor},
 )

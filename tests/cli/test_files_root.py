@@ -1,0 +1,103 @@
+"""Demos and benches never write into the user's real files store (the default root the vLLM
+connector shares, ``/dev/shm/kvwire-files-{uid}``): they run on a private root and remove it on
+every way out (issue 40)."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import IO
+
+from kvwire_files import default_root
+
+from kvwire.testing.require import backend_usable
+
+PRIVATE = re.compile(r"(/\S*kvwire-files-private-\S+)")
+
+
+def kvwire(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    full = dict(os.environ, COLUMNS="200", **(env or {}))
+    full.pop("KVWIRE_BACKEND_ROOT", None)
+    return subprocess.run([sys.executable, "-m", "kvwire.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env=full)
+
+
+def wait_for_line(stream: IO[str], pattern: re.Pattern[str], timeout_s: float) -> re.Match[str]:
+    """The first line of ``stream`` that ``pattern`` finds something in, read as it comes (a
+    reader thread hands lines over a queue, waited on with a deadline)."""
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def read() -> None:
+        for line in stream:
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=read, daemon=True).start()
+    deadline = time.monotonic() + timeout_s
+    seen: list[str] = []
+    while True:
+        line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        if line is None:
+            raise AssertionError("the stream ended before a line matched: " + "".join(seen[-20:]))
+        seen.append(line)
+        if found := pattern.search(line):
+            return found
+
+
+def test_the_files_demo_uses_a_private_root_and_removes_it(tmp_path):
+    backend_usable("files")
+    out = tmp_path / "demo.json"
+    r = kvwire("demo", "--backend", "files", "--tokens", "256", "--layers", "2", "--json", str(out))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    rep = json.loads(out.read_text())
+    root = rep["backend_options"]["root"]
+    assert rep["ok"] and rep["blocks_moved"] == 16        # the blocks went through that store
+    assert os.path.abspath(root) != os.path.abspath(default_root())
+    assert Path(root).parent == Path(default_root()).parent  # beside it: shared memory as well
+    assert not os.path.exists(root), f"the demo left its store root {root} behind"
+
+
+def test_a_root_the_user_names_is_used_as_it_is(tmp_path):
+    backend_usable("files")
+    out, root = tmp_path / "demo.json", tmp_path / "store"
+    r = kvwire("demo", "--backend", "files", "--option", f"root={root}", "--tokens", "64", "--layers", "2",
+               "--json", str(out))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(out.read_text())["backend_options"]["root"] == str(root)
+    assert (root / "FORMAT").exists() and any((root / "packs").iterdir())   # the user's store keeps them
+
+
+def test_a_files_demo_ended_by_sigterm_or_ctrl_c_removes_its_private_root():
+    backend_usable("files")
+    for sig, status in ((15, 143), (2, 130)):
+        proc = subprocess.Popen([sys.executable, "-m", "kvwire.cli", "-v", "demo", "--backend", "files",
+                                 "--tokens", "4096"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={k: v for k, v in dict(os.environ, COLUMNS="400").items()
+                                     if k != "KVWIRE_BACKEND_ROOT"})
+        assert proc.stderr is not None
+        try:
+            root = wait_for_line(proc.stderr, PRIVATE, timeout_s=120).group(1)
+            assert os.path.isdir(root)
+        finally:
+            proc.send_signal(sig)
+            proc.wait(timeout=120)
+        assert proc.returncode == status, proc.returncode
+        assert not os.path.exists(root), f"signal {sig} left the private root {root} behind"
+
+
+def test_the_bench_of_files_runs_on_a_private_root_it_removes(tmp_path):
+    backend_usable("files")
+    r = kvwire("bench", "--backend", "files", "--quick", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    run = json.loads((tmp_path / "bench.json").read_text())
+    root = run["backends"]["files"]["options"]["root"]
+    assert os.path.abspath(root) != os.path.abspath(default_root())
+    assert not os.path.exists(root)
+    assert {p["backend"] for p in run["points"]} == {"files"}
