@@ -6,7 +6,7 @@
 
 from kvwire.blob.backend import STORE_HINT_KIND, BlobBackend, BlobRegistration, blob_capabilities
 from kvwire.blob.driver import BatchResult, KeyStatus, StoreDriver, call_deadline
-from kvwire.blob.keys import KEY_PREFIX, check_namespace, store_keys
+from kvwire.blob.keys import KEY_PREFIX, block_keys, check_namespace, store_keys
 
 __all__ = [
     "BlobBackend",
@@ -20,4 +20,5 @@ __all__ = [
     "KEY_PREFIX",
     "check_namespace",
     "store_keys",
+    "block_keys",
 ]

@@ -47,6 +47,15 @@ How it keeps the contract:
   its attempts due together (W1.8).
 - **Keys.** Rows are addressed by content name: ``kvw1/{namespace}/g{group_id}/{name.hex()}``
   (:func:`~kvwire.blob.keys.store_keys`). A hint of kind ``"store"`` may carry ``namespace``.
+- **Block objects (K1).** A store hint with ``blocks`` (the view's block layout) stores one
+  object per row index instead of one per group and row: row ``j`` of every group, in ascending
+  group id, under ``kvw1/{namespace}/b{layout digest}/{name.hex()}``
+  (:func:`~kvwire.blob.keys.block_keys`), moved by the driver's ``put_parts`` /
+  ``get_parts_into`` with one address per group and block. The view is checked before anything
+  escapes (K1.3); chunks hold whole blocks; one bit per block is the bit of every group's mask
+  (K1.4, K1.5). Every driver of host memory keeps it (the default parts calls go through a
+  bounce buffer, :mod:`kvwire.blob.parts`), so the backend declares ``block-objects`` from
+  contract 1.3 on.
 - **Lookup (L1).** When the driver offers ``contains`` the backend declares the ``lookup``
   protocol and answers it from those same keys (:mod:`kvwire.blob.lookups`); otherwise it does
   not declare it, and :meth:`BlobBackend.lookup` refuses.
@@ -76,7 +85,7 @@ import numpy as np
 from kvwire import waiting
 from kvwire.blob.driver import BatchResult, KeyStatus, StoreDriver, _call
 from kvwire.blob.driver import all_ok as _all_ok
-from kvwire.blob.keys import check_namespace, store_keys
+from kvwire.blob.keys import block_keys, check_namespace, store_keys
 from kvwire.blob.lookups import LookupRunner, check_timeout
 from kvwire.contract import (
     CONTRACT_VERSION,
@@ -93,7 +102,9 @@ from kvwire.contract import (
     WakeFn,
 )
 from kvwire.contract.backend import Attempt, Backend, Registration
+from kvwire.contract.blocks import BLOCK_OBJECTS, BLOCKS_FIELD, block_layout, parse_block_layout
 from kvwire.contract.capabilities import OtherEnd
+from kvwire.contract.hint import HintValue
 from kvwire.contract.lookup import LOOKUP, Lookup
 from kvwire.contract.regions import RegionTable, TableRegistration
 
@@ -101,9 +112,13 @@ __all__ = ["BlobBackend", "BlobRegistration", "STORE_HINT_KIND", "blob_capabilit
 
 log = logging.getLogger(__name__)
 
-#: The hint kind a blob backend takes. Its one optional field is ``namespace``.
+#: The hint kind a blob backend takes. Its optional fields are ``namespace`` and, from contract
+#: 1.3 on (``block-objects``), ``blocks``.
 STORE_HINT_KIND = "store"
 _HINT_FIELDS = ("namespace",)
+_BLOCK_HINT_FIELDS = ("namespace", BLOCKS_FIELD)
+#: The first contract version whose backends name ``block-objects`` (K1).
+_BLOCKS_SINCE = (1, 3)
 
 _PUT = "publish"
 _GET = "fetch"
@@ -113,15 +128,23 @@ _backend_ids = itertools.count(1)
 
 
 def blob_capabilities(memory_kinds: Iterable[MemoryKind], max_in_flight: int, *,
-                      lookup: bool = False, contract_version: tuple[int, int] = CONTRACT_VERSION) -> Capabilities:
+                      lookup: bool = False, contract_version: tuple[int, int] = CONTRACT_VERSION,
+                      block_objects: bool = True) -> Capabilities:
     """What every blob backend declares: a store at the other end, fetch and publish by content
     name, cancellation, and the driver's memory kinds; with ``lookup`` (a driver that offers
-    ``contains``) the ``lookup`` protocol too. Plugins use it for their static declaration so it
+    ``contains``) the ``lookup`` protocol too, and from contract 1.3 on ``block-objects`` (K1)
+    unless ``block_objects`` is false (a driver whose
+    :attr:`~kvwire.blob.driver.StoreDriver.offers_parts` is false: it reaches device memory and
+    does not override the parts calls). Plugins use it for their static declaration so it
     equals what their backends return, passing the same literal ``contract_version`` here and to
     :class:`BlobBackend` (the blob backend keeps every clause of every version up to this
     kvwire's, so any version up to it is true of it)."""
+    declared = _declared_version(contract_version)
+    protocols = {LOOKUP} if lookup else set()
+    if block_objects and declared >= _BLOCKS_SINCE:
+        protocols.add(BLOCK_OBJECTS)
     return Capabilities(
-        contract_version=_declared_version(contract_version),
+        contract_version=declared,
         fetch=True,
         publish=True,
         memory_kinds=frozenset(memory_kinds),
@@ -129,7 +152,7 @@ def blob_capabilities(memory_kinds: Iterable[MemoryKind], max_in_flight: int, *,
         content_addressed=True,
         max_in_flight=max_in_flight,
         cancellation=True,
-        protocols=frozenset({LOOKUP}) if lookup else frozenset(),
+        protocols=frozenset(protocols),
     )
 
 
@@ -276,12 +299,19 @@ class BlobRegistration(Registration):
 
 class _BlobAttempt(Attempt):
     """One fetch or publish. Workers fill ``_delivered`` chunk by chunk; the outcome's masks are
-    cut from it once, when the attempt concludes, and never written again."""
+    cut from it once, when the attempt concludes, and never written again.
+
+    Per group (``parts`` is ``None``): one key, address and size per row, group after group
+    (``offsets``), or block by block across groups (``unorder`` maps back). Block objects
+    (``parts``, K1): one key per block, ``addresses`` of shape ``(blocks, groups)`` in ascending
+    group id and ``parts`` the groups' row sizes in that order; a block's bit is its bit in
+    every group's mask."""
 
     def __init__(self, core: _Core, op: str, view: View, wake: WakeFn, keys: list[str],
                  addresses: np.ndarray, sizes: np.ndarray, offsets: list[int], chunks: int,
-                 timeout_s: float, unorder: np.ndarray | None = None) -> None:
+                 timeout_s: float, unorder: np.ndarray | None = None, parts: np.ndarray | None = None) -> None:
         self._core = core
+        self._parts = parts
         self._op = op
         self._view = view
         self._wake = wake
@@ -322,7 +352,8 @@ class _BlobAttempt(Attempt):
 
     def __repr__(self) -> str:
         state = repr(self._outcome) if self._outcome is not None else "in flight"
-        return (f"<blob {self._op} of {len(self._keys)} rows: {state}"
+        what = "block objects" if self._parts is not None else "rows"
+        return (f"<blob {self._op} of {len(self._keys)} {what}: {state}"
                 f"{', quiesced' if self._quiesced else ''}>")
 
     # -- the backend's side (all *_locked methods run under core.cond) ----------------------
@@ -332,6 +363,13 @@ class _BlobAttempt(Attempt):
         true bits is a shared read-only array, which no one can write: A6.3, A6.5)."""
         offsets = self._offsets
         n = len(self._keys)
+        if self._parts is not None:  # K1.4, K1.5: one bit per block, the same in every group
+            if self._held == n:
+                block_mask = _all_true(n)
+            else:
+                block_mask = self._delivered_bits().copy()
+                block_mask.setflags(write=False)
+            return (block_mask,) * len(self._view.groups)
         if len(offsets) == 2 and self._held == n:
             return (_all_true(n),)
         delivered = self._delivered_bits()
@@ -533,13 +571,20 @@ def _call_driver(driver: StoreDriver, attempt: _BlobAttempt, lo: int, hi: int, n
     if hi == lo:
         return _NO_KEYS
     call: Callable[[Sequence[str], np.ndarray, np.ndarray], BatchResult | None]
-    if attempt._op == _PUT:
+    parts = attempt._parts
+    if parts is not None:  # block objects: each key's parts, one per group (K1)
+        if attempt._op == _PUT:
+            call = driver.put_parts
+        else:
+            call = driver.get_parts_into_now if now else driver.get_parts_into
+    elif attempt._op == _PUT:
         call = driver.put
     else:
         call = driver.get_into_now if now else driver.get_into
     _call.deadline = attempt._deadline  # what call_deadline() answers inside the driver
     try:
-        result = call(attempt._keys[lo:hi], attempt._addresses[lo:hi], attempt._sizes[lo:hi])
+        sizes = attempt._sizes[lo:hi] if parts is None else parts
+        result = call(attempt._keys[lo:hi], attempt._addresses[lo:hi], sizes)
         if result is None and now and attempt._op == _GET:
             return None
         if not isinstance(result, BatchResult):
@@ -653,7 +698,11 @@ class BlobBackend(Backend, Lookup):
         self._id = next(_backend_ids)
         self._lookups = LookupRunner(driver, f"kvwire-blob{self._id}-lookup") if driver.offers_contains else None
         self._capabilities = blob_capabilities(driver.memory_kinds, max_in_flight, lookup=self._lookups is not None,
-                                               contract_version=contract_version)
+                                               contract_version=contract_version,
+                                               block_objects=driver.offers_parts)
+        #: Whether the store hint takes ``blocks`` (K1.1); a backend that does not name the
+        #: protocol refuses the field as it refuses any other it does not understand (H1.9).
+        self._blocks = BLOCK_OBJECTS in self._capabilities.protocols
         self._core = core = _Core(driver, max_in_flight)
         names = [f"kvwire-blob{self._id}-worker{i}" for i in range(workers)]
         core.threads = [threading.Thread(target=_serve, args=(core,), name=n, daemon=True) for n in names]
@@ -722,11 +771,17 @@ class BlobBackend(Backend, Lookup):
             raise InvalidSubmission(f"a {op} takes a kvwire View, got {type(view).__name__}")
         if not callable(wake):
             raise InvalidSubmission(f"wake must be callable, got {type(wake).__name__}")
-        namespace = self._namespace_of(hint)
+        namespace, blocks = self._read_hint(hint)
         timeout_s = self._timeout_s if hint.timeout_s is None else hint.timeout_s
         groups = view.groups
         unorder = None
-        if len(groups) == 1:  # the usual view: one group, no lists to build and join
+        parts = None
+        if blocks is not _NOT_BLOCKS:  # one object per block across groups (K1)
+            keys, flat_addresses, parts = self._blocks_of(op, view, namespace, blocks)
+            flat_sizes = _row_sizes(len(keys), int(parts.sum())) if len(keys) else _NO_ROWS
+            total_bytes = len(keys) * int(parts.sum())
+            offsets = [0, len(keys)]
+        elif len(groups) == 1:  # the usual view: one group, no lists to build and join
             group = groups[0]
             rows = group.slots.size
             offsets = [0, rows]
@@ -780,7 +835,7 @@ class BlobBackend(Backend, Lookup):
                     f"the blob backend's queue is full ({core.max_in_flight} attempts in flight); "
                     "retry once one has concluded and quiesced")
             attempt = _BlobAttempt(core, op, view, wake, keys, flat_addresses, flat_sizes, offsets,
-                                   len(bounds) - 1, timeout_s, unorder)
+                                   len(bounds) - 1, timeout_s, unorder, parts)
             core.active[attempt] = None
             if inline:
                 # The chunk's start, under the same hold of the lock (A8.1: the deadline is
@@ -819,6 +874,17 @@ class BlobBackend(Backend, Lookup):
         backend may move them: a memory kind the driver reaches (M1.4), rows inside one open
         registration (M4) and a name on every row (N1.5); else ``InvalidSubmission``. ``index``
         is the group's place in the view. Only for a group with rows."""
+        names = self._check_rows(group, index)
+        region = group.region
+        rows = group.slots.size
+        return (store_keys(namespace, group.group_id, names), _row_addresses(region, group.slots),
+                _row_sizes(rows, region.slot_bytes), rows * region.slot_bytes)
+
+    def _check_rows(self, group: LayerGroupRows, index: int) -> np.ndarray:
+        """A group's names, once it is known that the backend may move its rows: a memory kind
+        the driver reaches (M1.4), rows inside one open registration (M4) and a name on every row
+        (N1.5); else ``InvalidSubmission``. ``index`` is the group's place in the view. Only for
+        a group with rows."""
         region = group.region
         if region.memory_kind not in self._capabilities.memory_kinds:
             raise InvalidSubmission(
@@ -830,9 +896,63 @@ class BlobBackend(Backend, Lookup):
         if group.names is None:
             raise InvalidSubmission(
                 f"group {group.group_id} carries no content names; a blob backend addresses rows by name")
-        rows = group.slots.size
-        return (store_keys(namespace, group.group_id, group.names), _row_addresses(region, group.slots),
-                _row_sizes(rows, region.slot_bytes), rows * region.slot_bytes)
+        return group.names
+
+    def _blocks_of(self, op: str, view: View, namespace: str, blocks: object
+                   ) -> tuple[list[str], np.ndarray, np.ndarray]:
+        """The block objects of a view (K1): one key per row index, the rows' addresses as a
+        ``(blocks, groups)`` array in ascending group id, and the groups' row sizes in that
+        order. Raises ``InvalidSubmission`` before anything escapes when the view does not fit
+        (K1.3): ``blocks`` is not its block layout, groups of different lengths, a group without
+        names, a row named differently in two groups, or any refusal of a per-group submission
+        (M1.4, M4, V4)."""
+        layout = block_layout(view)
+        if blocks != layout:
+            try:
+                parse_block_layout(blocks)
+            except ValueError as exc:
+                raise InvalidSubmission(f"store hint field {BLOCKS_FIELD!r}: {exc}") from None
+            raise InvalidSubmission(
+                f"store hint field {BLOCKS_FIELD!r} is {_clip(blocks)!r}, not this view's block layout "
+                f"{_clip(layout)!r}; send blocks=kvwire.contract.block_layout(view) (K1.2, K1.3)")
+        groups = sorted(view.groups, key=lambda g: g.group_id)
+        if not groups:
+            return [], np.zeros((0, 0), dtype=np.uint64), np.zeros(0, dtype=np.uint64)
+        rows = groups[0].slots.size
+        for group in groups[1:]:
+            if group.slots.size != rows:
+                raise InvalidSubmission(
+                    f"a block object holds row j of every group, but group {groups[0].group_id} has {rows} rows and "
+                    f"group {group.group_id} {group.slots.size}; block objects need groups of one length (K1.3)")
+        parts = np.fromiter((g.region.slot_bytes for g in groups), dtype=np.uint64, count=len(groups))
+        if rows == 0:  # a view without rows concludes like any other (V1.7)
+            return [], np.zeros((0, len(groups)), dtype=np.uint64), parts
+        index_of = {id(g): i for i, g in enumerate(view.groups)}
+        every = [self._check_rows(group, index_of[id(group)]) for group in groups]
+        names = every[0]
+        for group, other in zip(groups[1:], every[1:], strict=True):
+            if other.shape != names.shape:
+                raise InvalidSubmission(
+                    f"group {groups[0].group_id} names its rows with {names.shape[1]} bytes and group "
+                    f"{group.group_id} with {other.shape[1]}: a block object is stored under one name for every "
+                    "group (K1.3)")
+            differs = np.flatnonzero((other != names).any(axis=1))
+            if differs.size:
+                j = int(differs[0])
+                raise InvalidSubmission(
+                    f"row {j} is named {bytes(names[j]).hex()} in group {groups[0].group_id} but "
+                    f"{bytes(other[j]).hex()} in group {group.group_id}: a block object holds row j of every "
+                    "group under one name (K1.3)")
+        if op == _GET:
+            self._refuse_overlap(view)
+        try:
+            keys = block_keys(namespace, layout, names)
+        except ValueError as exc:  # not reached: the namespace and layout were checked
+            raise InvalidSubmission(str(exc)) from None
+        addresses = np.empty((rows, len(groups)), dtype=np.uint64)
+        for column, group in enumerate(groups):
+            addresses[:, column] = _row_addresses(group.region, group.slots)
+        return keys, addresses, parts
 
     @staticmethod
     def _refuse_overlap(view: View) -> None:
@@ -847,38 +967,58 @@ class BlobBackend(Backend, Lookup):
     def lookup(self, groups: Sequence[int], names: np.ndarray, hint: Hint,
                timeout_s: float | None = None) -> np.ndarray:
         """L1: which of ``names`` the store holds now in every group of ``groups``, under the
-        hint's namespace (one ``contains`` call; no pins, nothing changed). Waits at most
-        ``timeout_s``, else the hint's, else the backend's ``timeout_s``. Refuses with
-        ``InvalidSubmission`` when the driver offers no ``contains`` (``lookup`` undeclared)."""
+        hint's namespace (one ``contains`` call; no pins, nothing changed); with ``blocks`` in
+        the hint, which block objects of that layout it holds, for ``groups`` that are the
+        layout's group ids (K1.7). Waits at most ``timeout_s``, else the hint's, else the
+        backend's ``timeout_s``. Refuses with ``InvalidSubmission`` when the driver offers no
+        ``contains`` (``lookup`` undeclared)."""
         if self._core.closed:
             raise SubmissionRejected("this blob backend is shut down; it answers no lookup")
         if self._lookups is None:
             raise InvalidSubmission(
                 f"this blob backend does not declare {LOOKUP!r}: its store driver "
                 f"{type(self._core.driver).__name__} offers no contains()")
-        namespace = self._namespace_of(hint)
+        namespace, blocks = self._read_hint(hint)
         if timeout_s is None:
             timeout_s = self._timeout_s if hint.timeout_s is None else hint.timeout_s
-        return self._lookups.lookup(namespace, groups, names, check_timeout(timeout_s))
+        layout = None
+        if blocks is not _NOT_BLOCKS:
+            try:
+                parse_block_layout(blocks)
+            except ValueError as exc:
+                raise InvalidSubmission(f"store hint field {BLOCKS_FIELD!r}: {exc}") from None
+            layout = str(blocks)  # a str, since it parsed
+        return self._lookups.lookup(namespace, groups, names, check_timeout(timeout_s), layout=layout)
 
-    def _namespace_of(self, hint: Hint) -> str:
+    def _read_hint(self, hint: Hint) -> tuple[str, HintValue | object]:
+        """The namespace a store hint names (else the configured one) and its ``blocks`` value
+        (:data:`_NOT_BLOCKS` when it has none); ``InvalidSubmission`` for a hint of another
+        kind, a field not understood (``blocks`` too, unless the backend names
+        ``block-objects``) or a namespace not allowed (H1.5, H1.8, H1.9)."""
         if not isinstance(hint, Hint):
             raise InvalidSubmission(f"the hint must be a kvwire Hint, got {type(hint).__name__}")
         if hint.kind != STORE_HINT_KIND:
             raise InvalidSubmission(
                 f"a blob backend takes a hint of kind {STORE_HINT_KIND!r}, got kind {hint.kind!r}")
         if not hint.fields:
-            return self._namespace
-        unknown = [k for k, _ in hint.fields if k not in _HINT_FIELDS]
-        if unknown:
-            raise InvalidSubmission(
-                f"store hint field(s) {', '.join(map(repr, unknown))} are not understood; a store "
-                f"hint may carry: {', '.join(_HINT_FIELDS)}")
-        namespace = hint.get("namespace")
+            return self._namespace, _NOT_BLOCKS
+        allowed = _BLOCK_HINT_FIELDS if self._blocks else _HINT_FIELDS
+        blocks: HintValue | object = _NOT_BLOCKS
+        namespace = None
+        for key, value in hint.fields:
+            if key == "namespace":
+                namespace = value
+            elif key == BLOCKS_FIELD and self._blocks:
+                blocks = value
+            else:
+                unknown = [k for k, _ in hint.fields if k not in allowed]
+                raise InvalidSubmission(
+                    f"store hint field(s) {', '.join(map(repr, unknown))} are not understood; a store "
+                    f"hint to this backend may carry: {', '.join(allowed)}")
         if namespace is None:
-            return self._namespace
+            return self._namespace, blocks
         try:
-            return check_namespace(namespace)
+            return check_namespace(namespace), blocks
         except ValueError as exc:
             raise InvalidSubmission(f"store hint field 'namespace': {exc}") from None
 
@@ -969,6 +1109,16 @@ class BlobBackend(Backend, Lookup):
     def __repr__(self) -> str:
         return (f"BlobBackend({type(self._core.driver).__name__}, namespace={self._namespace!r}, "
                 f"{len(self._core.active)} in flight{', shut down' if self._core.closed else ''})")
+
+
+#: ``_read_hint``'s answer for a hint without ``blocks`` (a hint's value may be ``None``).
+_NOT_BLOCKS = object()
+
+
+def _clip(text: object, most: int = 200) -> str:
+    """``text`` as a str of at most about ``most`` characters, for a message."""
+    shown = str(text)
+    return shown if len(shown) <= most else shown[:most] + "..."
 
 
 def _all_quiesced(attempts: frozenset[Attempt]) -> bool:

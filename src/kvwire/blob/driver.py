@@ -1,6 +1,8 @@
 """The store-driver boundary: what a blob backend needs from a store of named, immutable objects.
 
-A driver moves whole objects between the store and memory the caller names by address. It
+A driver moves whole objects between the store and memory the caller names by address: each
+object from one span (``put``, ``get_into``) or from several, one after another (``put_parts``,
+``get_parts_into``: the block objects of K1, whose default goes through the one-span calls). It
 answers every key with a :class:`KeyStatus`; it raises only for a broken call (bad arguments),
 never for a store fault, which is a ``FAILED`` status with a reason."""
 
@@ -158,6 +160,54 @@ class StoreDriver(abc.ABC):
     def get_into(self, keys: Sequence[str], addresses: np.ndarray, sizes: np.ndarray) -> BatchResult:
         """Read object ``keys[i]`` into ``sizes[i]`` bytes at ``addresses[i]``. ``OK`` only when
         the whole object, of exactly that size, was written there."""
+
+    def put_parts(self, keys: Sequence[str], addresses: np.ndarray, sizes: np.ndarray) -> BatchResult:
+        """Store objects made of several parts (block objects, K1): object ``keys[i]`` is the
+        ``sizes[p]`` bytes read at ``addresses[i, p]`` for each part ``p``, one after another
+        (``addresses`` of shape ``(keys, parts)``, ``sizes`` of ``(parts,)``, each >= 1). The
+        answers are :meth:`put`'s for an object of ``sizes.sum()`` bytes. The default gathers
+        the parts into a bounded bounce buffer it registers with this driver and calls
+        :meth:`put` (:mod:`kvwire.blob.parts`); a driver that can gather by itself overrides it."""
+        from kvwire.blob.parts import put_parts_through
+
+        return put_parts_through(self, keys, addresses, sizes)
+
+    def get_parts_into(self, keys: Sequence[str], addresses: np.ndarray, sizes: np.ndarray) -> BatchResult:
+        """Read objects into several parts: the first ``sizes[0]`` bytes of object ``keys[i]``
+        to ``addresses[i, 0]``, the next ``sizes[1]`` to ``addresses[i, 1]``, and so on. ``OK``
+        only when the whole object, of exactly ``sizes.sum()`` bytes, was written there; an
+        object of another size is not one of this layout: never ``OK`` (``FAILED``, as for
+        :meth:`get_into`), and its parts may hold anything. The default reads into a bounded
+        bounce buffer with :meth:`get_into` and scatters what was read whole; a driver that can
+        scatter by itself overrides it."""
+        from kvwire.blob.parts import get_parts_through
+
+        result = get_parts_through(self, keys, addresses, sizes, self.get_into)
+        if result is None:
+            raise TypeError(f"{type(self).__name__}.get_into answered None, not a BatchResult")
+        return result
+
+    def get_parts_into_now(self, keys: Sequence[str], addresses: np.ndarray, sizes: np.ndarray
+                           ) -> BatchResult | None:
+        """:meth:`get_parts_into` if it can be done waiting for nothing but memory copies, else
+        ``None`` at once, as :meth:`get_into_now` says. The default is :meth:`get_parts_into`
+        for a driver that overrides it (right when its reads never wait), else the bounce
+        buffer's way through :meth:`get_into_now`."""
+        if type(self).get_parts_into is not StoreDriver.get_parts_into:
+            return self.get_parts_into(keys, addresses, sizes)
+        from kvwire.blob.parts import get_parts_through
+
+        return get_parts_through(self, keys, addresses, sizes, self.get_into_now)
+
+    @property
+    def offers_parts(self) -> bool:
+        """Whether :meth:`put_parts` and :meth:`get_parts_into` work for every memory kind the
+        driver reaches, so that a blob backend on it may declare ``block-objects`` (K1): when the
+        driver overrides them, or when it reaches host memory only (the default's bounce buffer
+        and its copies are host memory). A wrapping driver answers for the driver it wraps."""
+        overridden = type(self).put_parts is not StoreDriver.put_parts and (
+            type(self).get_parts_into is not StoreDriver.get_parts_into)
+        return overridden or self.memory_kinds <= {MemoryKind.HOST}
 
     def get_into_now(self, keys: Sequence[str], addresses: np.ndarray, sizes: np.ndarray) -> BatchResult | None:
         """:meth:`get_into` if it can be done waiting for nothing but memory copies, else

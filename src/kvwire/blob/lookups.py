@@ -2,7 +2,8 @@
 
 A lookup is one :meth:`~kvwire.blob.driver.StoreDriver.contains` call over the keys of every
 (group, name) pair, built with the blob key layout (:func:`~kvwire.blob.keys.store_keys`), so it
-asks about exactly the objects a fetch of those rows would read. The call runs on a thread of
+asks about exactly the objects a fetch of those rows would read; a lookup of block objects (K1.7)
+asks about one key per name (:func:`~kvwire.blob.keys.block_keys`). The call runs on a thread of
 the backend's own (started on first use), so the caller waits at most its deadline even when the
 store stops answering (a driver that sets ``inline_contains`` is first asked on the caller's
 thread, with ``contains_now``, which answers only what waits for nothing but memory); a call
@@ -23,7 +24,8 @@ import numpy as np
 
 from kvwire import waiting
 from kvwire.blob.driver import BatchResult, KeyStatus, StoreDriver
-from kvwire.blob.keys import store_keys
+from kvwire.blob.keys import block_keys, store_keys
+from kvwire.contract.blocks import parse_block_layout
 from kvwire.contract.errors import InvalidSubmission, LookupFailed, SubmissionRejected
 from kvwire.contract.lookup import lookup_arguments
 
@@ -65,18 +67,33 @@ class LookupRunner:
         self._thread: threading.Thread | None = None
         self._stopped = False
 
-    def lookup(self, namespace: str, groups: Sequence[int], names: object, timeout_s: float) -> np.ndarray:
+    def lookup(self, namespace: str, groups: Sequence[int], names: object, timeout_s: float,
+               layout: str | None = None) -> np.ndarray:
         """The L1 answer for ``names`` in every group of ``groups`` under ``namespace``: a new
-        read-only bool array. Raises ``InvalidSubmission`` for bad arguments, ``LookupFailed``
-        for a fault or a passed deadline, ``SubmissionRejected`` once stopped."""
+        read-only bool array; with ``layout`` (a block layout, K1.2), for the block objects of
+        that layout, whose group ids ``groups`` must be (K1.7). Raises ``InvalidSubmission`` for
+        bad arguments, ``LookupFailed`` for a fault or a passed deadline, ``SubmissionRejected``
+        once stopped."""
         ids, frozen = lookup_arguments(groups, names)
         timeout_s = check_timeout(timeout_s)
+        if layout is not None:
+            try:
+                laid = [g for g, _ in parse_block_layout(layout)]
+            except ValueError as exc:
+                raise InvalidSubmission(f"store hint field 'blocks': {exc}") from None
+            if len(ids) != len(groups) or sorted(ids) != laid:
+                raise InvalidSubmission(
+                    f"a lookup of block objects names the groups of its block layout, each once, in any order "
+                    f"(K1.7): the layout has groups {_clip_ids(laid)}, the lookup {_clip_ids(list(groups))}")
         n = frozen.shape[0]
         if n == 0:
             return _frozen(np.zeros(0, dtype=bool))
         keys: list[str] = []
-        for group in ids:
-            keys += store_keys(namespace, group, frozen)
+        if layout is not None:
+            keys = block_keys(namespace, layout, frozen)  # one object per name for every group
+        else:
+            for group in ids:
+                keys += store_keys(namespace, group, frozen)
         result = self._ask(keys, timeout_s)
         status = result.status
         if status.shape != (len(keys),):
@@ -86,7 +103,7 @@ class LookupRunner:
             i = int(bad[0])
             why = result.reasons.get(i) or f"the store answered {KeyStatus(int(status[i])).name}"
             raise LookupFailed(f"lookup of {keys[i]!r} failed: {why}")
-        held = (status == _OK).reshape(len(ids), n).all(axis=0)
+        held = (status == _OK).reshape(len(keys) // n, n).all(axis=0)
         return _frozen(held)
 
     def _ask(self, keys: list[str], timeout_s: float) -> BatchResult:
@@ -157,6 +174,12 @@ class LookupRunner:
         with self._cond:
             self._stopped = True
             self._cond.notify_all()
+
+
+def _clip_ids(ids: list[int]) -> str:
+    """Group ids for a message, at most 16 of them shown."""
+    shown = ", ".join(map(str, ids[:16]))
+    return f"[{shown}{', ...' if len(ids) > 16 else ''}]"
 
 
 def _frozen(mask: np.ndarray) -> np.ndarray:
