@@ -28,12 +28,14 @@ def local_services(options: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
     if os.path.abspath(options["root"]) != os.path.abspath(default_root()):
         yield {}
         return
-    root = tempfile.mkdtemp(prefix=f"kvwire-files-private-{os.getpid()}-", dir=os.path.dirname(default_root()))
-    log.info("files store: a private root for this run, %s (removed afterwards)", root)
-    try:
+    root = ""
+    try:  # entered before the directory exists: an interrupt right after it is made still removes it
+        root = tempfile.mkdtemp(prefix=f"kvwire-files-private-{os.getpid()}-", dir=os.path.dirname(default_root()))
+        log.info("files store: a private root for this run, %s (removed afterwards)", root)
         yield {"root": root}
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        if root:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def _size(n: float) -> str:

@@ -114,4 +114,6 @@ plugin = Plugin(
     create=create,
     options=OPTIONS,
     summary="example out-of-tree store backend (a dict in this process)",
+    # A template, not a backend to compare: kvwire bench measures it only when named (--backend).
+    extra={"bench": False},
 )
