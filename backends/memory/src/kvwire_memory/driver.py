@@ -1,7 +1,9 @@
 """The in-memory store driver: a :class:`~kvwire.blob.StoreDriver` over a :class:`MemoryStore`.
 
 A put copies each row's bytes from host memory into the store as a new object; a get copies an
-object's bytes into host memory. The driver checks that every address lies in a region
+object's bytes into host memory. A block object (K1) is one slab holding a block's row of every
+group, one after another: ``put_parts`` copies the parts straight into it and
+``get_parts_into`` straight out of it, with no bounce buffer between. The driver checks that every address lies in a region
 registered with it, so a wrong address is a ``ValueError`` rather than a write to memory nobody
 lent."""
 
@@ -16,6 +18,7 @@ from operator import add
 import numpy as np
 
 from kvwire.blob import BatchResult, KeyStatus, StoreDriver
+from kvwire.blob.parts import check_parts
 from kvwire.contract import MemoryKind, SlotRegion
 from kvwire_memory.store import MemoryStore
 
@@ -148,6 +151,46 @@ class MemoryDriver(StoreDriver):
         if status is None:
             return BatchResult.ok(len(keys))
         return BatchResult(status, reasons)
+
+    def put_parts(self, keys: Sequence[str], addresses: np.ndarray, sizes: np.ndarray) -> BatchResult:
+        """Each block object copied from its parts into one allocation of the store."""
+        at, lengths, total = self._check_parts("put_parts", keys, addresses, sizes)
+        if self._closed:
+            return BatchResult.uniform(len(keys), KeyStatus.FAILED, "the in-memory driver is closed")
+        status = self.store.write_parts(keys, at, lengths)
+        if status is None:
+            return BatchResult.ok(len(keys))
+        reasons: dict[int, str] = {}
+        if (status == _DECLINED).any():
+            reasons = {i: self._no_space(total) for i in np.flatnonzero(status == _DECLINED).tolist()}
+        return BatchResult(status, reasons)
+
+    def get_parts_into(self, keys: Sequence[str], addresses: np.ndarray, sizes: np.ndarray) -> BatchResult:
+        """Each block object copied from the store straight into its parts."""
+        at, lengths, _ = self._check_parts("get_parts_into", keys, addresses, sizes)
+        if self._closed:
+            return BatchResult.uniform(len(keys), KeyStatus.FAILED, "the in-memory driver is closed")
+        status, reasons = self.store.read_parts(keys, at, lengths)
+        if status is None:
+            return BatchResult.ok(len(keys))
+        return BatchResult(status, reasons)
+
+    def _check_parts(self, op: str, keys: Sequence[str], addresses: np.ndarray, sizes: np.ndarray
+                     ) -> tuple[np.ndarray, np.ndarray, int]:
+        """The arguments of a parts call, once every part lies in a registered region (else
+        ``ValueError``, as :meth:`_check` says): each part's rows (one group's) are checked by
+        their hull, and only a part whose hull is not inside one span goes row by row."""
+        at, lengths, total = check_parts(op, keys, addresses, sizes)
+        if at.size:
+            starts, ends = self._bounds
+            lows = at.min(axis=0).tolist()
+            highs = (at.max(axis=0) + lengths.astype(np.uint64)).tolist()
+            for p, (low, high) in enumerate(zip(lows, highs, strict=True)):
+                span = bisect_right(starts, low) - 1
+                if not (span >= 0 and high <= ends[span] and high > low):
+                    column = at[:, p]
+                    self._check(op, keys, column, np.full(column.size, lengths[p], dtype=np.uint64))
+        return at, lengths, total
 
     def exists(self, keys: Sequence[str]) -> np.ndarray:
         store = self.store

@@ -169,6 +169,50 @@ def _copy(targets: Sequence[int], sources: Sequence[int], sizes: Sequence[int], 
     _run(map(_memmove, targets, sources, sizes))
 
 
+class _Parts:
+    """Objects made of several spans (block objects, K1): object ``i``'s part ``p`` is the
+    ``sizes[p]`` bytes at ``addresses[i, p]`` in memory, and lies at ``offsets[p]`` in the
+    object. The store's batch paths then carry row indices where they carry addresses, and
+    :meth:`spans` turns them into the spans to copy."""
+
+    __slots__ = ("addresses", "sizes", "offsets", "total")
+
+    def __init__(self, addresses: np.ndarray, sizes: np.ndarray) -> None:
+        self.addresses = np.asarray(addresses, dtype=np.uint64)
+        self.sizes = np.asarray(sizes, dtype=np.uint64)
+        self.offsets = (np.cumsum(self.sizes) - self.sizes).astype(np.uint64)
+        self.total = int(self.sizes.sum())
+
+    def spans(self, objects: Sequence[int], rows: Sequence[int]) -> tuple[list[int], list[int], list[int]]:
+        """For objects stored at ``objects`` whose parts are those of ``rows``: each part's
+        address in the object, its address in memory, and its size, part after part."""
+        inside = (np.array(objects, dtype=np.uint64)[:, None] + self.offsets[None, :]).ravel().tolist()
+        outside = self.addresses[np.array(rows, dtype=np.int64)].ravel().tolist()
+        return inside, outside, np.tile(self.sizes, len(rows)).tolist()
+
+
+def _copy_in(targets: Sequence[int], sources: Sequence[int], sizes: Sequence[int], total: int,
+             parts: _Parts | None) -> None:
+    """Copy rows into new objects at ``targets``: from the addresses ``sources``, or with
+    ``parts`` from the parts of the rows ``sources``."""
+    if parts is None:
+        _copy(targets, sources, sizes, total)
+    else:
+        inside, outside, lengths = parts.spans(targets, sources)
+        _copy(inside, outside, lengths, total)
+
+
+def _copy_out(targets: Sequence[int], sources: Sequence[int], sizes: Sequence[int], total: int,
+              parts: _Parts | None) -> None:
+    """Copy objects at ``sources`` out: to the addresses ``targets``, or with ``parts`` to the
+    parts of the rows ``targets``."""
+    if parts is None:
+        _copy(targets, sources, sizes, total)
+    else:
+        inside, outside, lengths = parts.spans(sources, targets)
+        _copy(outside, inside, lengths, total)
+
+
 class MemoryStore:
     """At most ``capacity_bytes`` of object bytes (keys are not counted); with the memory kept
     for reuse, never more than that counted by object. Safe to use from many threads at once;
@@ -202,9 +246,21 @@ class MemoryStore:
         """Store ``sizes[i]`` bytes read at ``addresses[i]`` as ``keys[i]``. Answers ``None``
         when every key is ``OK`` (stored anew), else one uint8 :class:`KeyStatus` per key:
         ``OK``, ``ALREADY_THERE`` (the first bytes stay) or ``DECLINED`` (no space)."""
+        return self._write(keys, addresses, sizes, None)
+
+    def write_parts(self, keys: Sequence[str], addresses: np.ndarray, sizes: np.ndarray) -> np.ndarray | None:
+        """Store objects made of parts (block objects): ``keys[i]`` is the ``sizes[p]`` bytes at
+        ``addresses[i, p]`` for each part ``p``, one after another, copied into one allocation
+        per object. Answers as :meth:`write_batch`."""
+        parts = _Parts(addresses, sizes)
+        return self._write(keys, range(len(keys)), [parts.total] * len(keys), parts)
+
+    def _write(self, keys: Sequence[str], addresses: Sequence[int], sizes: Sequence[int],
+               parts: _Parts | None) -> np.ndarray | None:
+        """:meth:`write_batch`; with ``parts``, ``addresses`` are row indices into them."""
         n = len(keys)
         if n == 1:  # one row (a one-block submission): no lists to build
-            status = self._write_row(keys[0], addresses[0], sizes[0])
+            status = self._write_row(keys[0], addresses[0], sizes[0], parts)
             return None if status is KeyStatus.OK else np.array([status], dtype=np.uint8)
         with self._lock:
             if len(set(keys)) != n:
@@ -213,10 +269,10 @@ class MemoryStore:
                 fresh = self._reserve(keys, addresses, sizes)
                 inserted = self._inserted
         if fresh is None:  # a name twice in the batch, or only part of it fits: row by row
-            return np.array([self._write_row(k, a, s) for k, a, s in zip(keys, addresses, sizes, strict=True)],
+            return np.array([self._write_row(k, a, s, parts) for k, a, s in zip(keys, addresses, sizes, strict=True)],
                             dtype=np.uint8)
         there, new_keys, sources, targets, new_sizes, need = fresh
-        _copy(list(map(_address_of, targets)), sources, new_sizes, need)
+        _copy_in(list(map(_address_of, targets)), sources, new_sizes, need, parts)
         with self._lock:
             objects = self._objects
             if self._inserted != inserted and not objects.keys().isdisjoint(new_keys):
@@ -253,6 +309,19 @@ class MemoryStore:
         when every key is ``OK``, else one uint8 status per key: ``OK``, ``MISSING``, or
         ``FAILED`` when the object has another size (nothing is written there), with a reason
         for each ``FAILED`` key."""
+        return self._read(keys, addresses, sizes, None)
+
+    def read_parts(self, keys: Sequence[str], addresses: np.ndarray,
+                   sizes: np.ndarray) -> tuple[np.ndarray | None, dict[int, str]]:
+        """Copy objects into their parts (block objects): the first ``sizes[0]`` bytes of
+        ``keys[i]`` to ``addresses[i, 0]``, the next ``sizes[1]`` to ``addresses[i, 1]``, and so
+        on. Answers as :meth:`read_batch` for objects of ``sizes.sum()`` bytes."""
+        parts = _Parts(addresses, sizes)
+        return self._read(keys, range(len(keys)), [parts.total] * len(keys), parts)
+
+    def _read(self, keys: Sequence[str], addresses: Sequence[int], sizes: Sequence[int],
+              parts: _Parts | None) -> tuple[np.ndarray | None, dict[int, str]]:
+        """:meth:`read_batch`; with ``parts``, ``addresses`` are row indices into them."""
         if len(keys) == 1:  # one row found whole (a one-block submission): no lists to build
             key, size = keys[0], sizes[0]
             with self._lock:
@@ -264,7 +333,11 @@ class MemoryStore:
                     entry = None  # missing, or another size: the path below answers
             if entry is not None:
                 try:
-                    (_memmove_holding_gil if size <= SMALL_COPY_BYTES else _memmove)(addresses[0], entry[_ADDRESS], size)
+                    if parts is None:
+                        (_memmove_holding_gil if size <= SMALL_COPY_BYTES else _memmove)(
+                            addresses[0], entry[_ADDRESS], size)
+                    else:
+                        _copy_out([addresses[0]], [entry[_ADDRESS]], [size], size, parts)
                 finally:
                     self._end_read()
                 return None, {}
@@ -296,7 +369,7 @@ class MemoryStore:
             _run(map(objects.move_to_end, hit_keys))
             self._reading += 1
         try:
-            _copy(targets, list(map(_address_of, entries)), held, sum(held))
+            _copy_out(targets, list(map(_address_of, entries)), held, sum(held), parts)
         finally:
             self._end_read()
         if whole:
@@ -433,9 +506,10 @@ class MemoryStore:
         self._used += need
         return there, new_keys, sources, targets, new_sizes, need
 
-    def _write_row(self, key: str, address: int, size: int) -> KeyStatus:
+    def _write_row(self, key: str, address: int, size: int, parts: _Parts | None = None) -> KeyStatus:
         """A put of one key, or one row of a put the batch path does not take, with the same
-        answers; a small copy holds the GIL, as the batch path's does."""
+        answers; a small copy holds the GIL, as the batch path's does. With ``parts``,
+        ``address`` is the row's index into them."""
         with self._lock:
             if key in self._objects:
                 self._objects.move_to_end(key)
@@ -444,7 +518,10 @@ class MemoryStore:
                 return KeyStatus.DECLINED
             target = self._take_uniform(size, 1)[0]
             self._used += size
-        (_memmove_holding_gil if size <= SMALL_COPY_BYTES else _memmove)(target[_ADDRESS], address, size)
+        if parts is None:
+            (_memmove_holding_gil if size <= SMALL_COPY_BYTES else _memmove)(target[_ADDRESS], address, size)
+        else:
+            _copy_in([target[_ADDRESS]], [address], [size], size, parts)
         with self._lock:
             if key in self._objects:  # another writer of the same name came first
                 self._used -= size
