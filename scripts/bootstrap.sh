@@ -35,7 +35,7 @@ fi
 # 2. The virtual environment and what goes into it.
 shopt -s nullglob
 projects=()
-for p in backends/*/ examples/*/; do
+for p in backends/*/ examples/*/ integrations/vllm/; do  # kvwire-vllm: its vLLM-free core is tested here
   if [ -f "$p/pyproject.toml" ]; then projects+=("$p"); fi
 done
 stamp_src="$(cat scripts/bootstrap.sh pyproject.toml "${projects[@]/%//pyproject.toml}" | sha256sum | cut -d' ' -f1)"

@@ -30,6 +30,8 @@ KEYS: Mapping[str, str] = {
     "load_async": "true (default): a load runs beside the engine's steps and the request waits for it; "
                   "false: the load runs inside the step that computes the rest of the prompt, each layer "
                   "waited for just before its attention (one step fewer; the step waits for the store)",
+    "staging_mib": "MiB of pinned host memory for staging slots (default 1024), used when the KV cache is on a "
+                   "GPU and the backend moves host memory only; one slot holds one block of every layer",
 }
 
 
@@ -43,6 +45,7 @@ class ConnectorConfig:
     load_failure_policy: str = "recompute"
     lookup: bool = True
     load_async: bool = True
+    staging_mib: float = 1024.0
 
     @classmethod
     def parse(cls, extra: Mapping[str, Any] | None) -> ConnectorConfig:
@@ -74,7 +77,11 @@ class ConnectorConfig:
         load_async = extra.get("load_async", True)
         if not isinstance(load_async, bool):
             raise ConfigError(f"kv_connector_extra_config 'load_async' must be true or false, got {load_async!r}")
-        config = cls(backend, dict(options), float(timeout), policy, lookup, load_async)
+        staging = extra.get("staging_mib", 1024)
+        if isinstance(staging, bool) or not isinstance(staging, (int, float)) or not (
+                math.isfinite(staging) and staging > 0):
+            raise ConfigError(f"kv_connector_extra_config 'staging_mib' must be a number of MiB > 0, got {staging!r}")
+        config = cls(backend, dict(options), float(timeout), policy, lookup, load_async, float(staging))
         config.plugin().resolve(config.options)  # unknown backend or option: kvwire's ConfigError
         return config
 

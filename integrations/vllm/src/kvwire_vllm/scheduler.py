@@ -20,6 +20,7 @@ from kvwire.contract.errors import SubmissionError
 from kvwire.runtime.state import StateError
 from kvwire_vllm import peer, trace
 from kvwire_vllm.config import ConnectorConfig
+from kvwire_vllm.kvcache import StoreRows, store_rows
 from kvwire_vllm.metadata import (
     BlockPlan,
     KvwireMetadata,
@@ -47,7 +48,7 @@ except ImportError:  # pragma: no cover - kvwire before L1
     class LookupFailed(Exception):  # type: ignore[no-redef]
         """Stands in for kvwire's own before L1."""
 
-__all__ = ["SchedulerSide", "layout_of", "store_namespace"]
+__all__ = ["SchedulerSide", "layout_of", "store_namespace", "resolved_layout", "rows_of"]
 
 log = logging.getLogger(f"vllm.{__name__}")  # under vLLM's logger: its handler, format and level
 
@@ -69,6 +70,23 @@ def layout_of(kv_cache_config: KVCacheConfig) -> tuple[int, list[str], dict[str,
         "layers": list(groups[0].layer_names),
     }
     return int(spec.block_size), list(groups[0].layer_names), layout
+
+
+def resolved_layout(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> str | None:
+    """The KV cache layout the engine core resolved (a ``KVCacheLayout`` name), or None."""
+    name = getattr(vllm_config.cache_config, "kv_cache_layout", None) or getattr(kv_cache_config, "kv_cache_layout",
+                                                                                None)
+    return str(name) if name else None
+
+
+def rows_of(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, memory_kinds: Any) -> StoreRows:
+    """What the store holds per block for this engine and a backend moving ``memory_kinds``
+    (:func:`kvwire_vllm.kvcache.store_rows`): both sides derive it from the config alike."""
+    spec = kv_cache_config.kv_cache_groups[0].kv_cache_spec
+    cuda = str(getattr(vllm_config.device_config, "device_type", "cpu")) == "cuda"
+    heads = int(getattr(spec, "num_heads", getattr(spec, "num_kv_heads", 1)))
+    return store_rows(resolved_layout(vllm_config, kv_cache_config), cuda=cuda, memory_kinds=memory_kinds,
+                      num_layers=len(kv_cache_config.kv_cache_groups[0].layer_names), num_kv_heads=heads)
 
 
 def store_namespace(namespace: str, tp_rank: int, tp_size: int) -> str:
@@ -111,14 +129,18 @@ class _Tracked:
 class SchedulerSide:
     def __init__(self, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, config: ConnectorConfig) -> None:
         self.config = config
+        plugin = config.plugin()
         self.block_size, self.layers, layout = layout_of(kv_cache_config)
+        # The groups a store holds per name follow the layout and how the worker reaches it
+        # (its own memory, or staging slots of whole blocks): kvwire_vllm.kvcache.
+        rows = rows_of(vllm_config, kv_cache_config, plugin.capabilities.memory_kinds)
+        layout = {**layout, "kv_cache_layout": resolved_layout(vllm_config, kv_cache_config), "rows": rows.describe()}
         self.scope = scope_of(vllm_config, layout)
-        self.groups = tuple(range(len(self.layers)))
+        self.groups = rows.groups
         parallel = vllm_config.parallel_config
         self.namespace = store_namespace(config.namespace(), 0, int(parallel.tensor_parallel_size))
         self.layout = layout
         self.backend: Backend | None = None
-        plugin = config.plugin()
         self.peer = plugin.capabilities.other_end is OtherEnd.PEER
         self.serving = self.peer and SERVE_PULLS in plugin.capabilities.protocols
         # Serving pulls (N2): kvwire name -> vLLM block hash of blocks this engine computed or

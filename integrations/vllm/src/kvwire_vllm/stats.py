@@ -6,19 +6,16 @@ from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
-__all__ = ["KvwireStats", "COUNTERS"]
+from kvwire_vllm.plan import COUNTERS
 
-#: Every counter, summed over workers and intervals.
-COUNTERS = (
-    "loads", "load_blocks", "load_bytes", "load_seconds", "load_error_blocks",
-    "saves", "save_blocks", "save_bytes", "save_seconds", "save_failures", "lookups",
-)
+__all__ = ["KvwireStats", "COUNTERS"]
 
 
 class KvwireStats(KVConnectorStats):
     """Counters of one interval: loads and saves (attempts, whole blocks moved, bytes, seconds
     spent until quiescence), blocks a load missed (reported to vLLM for recompute), saves that
-    did not store every block, and scheduler lookups."""
+    did not store every block, scheduler lookups, and for staged caches the blocks whose save was
+    skipped and the loads that waited for staging slots."""
 
     data: dict[str, Any]  # KVConnectorStats's field, restated for type checkers run without vLLM
 
