@@ -31,3 +31,45 @@ def test_the_mooncake_demo_does_not_flood_stderr_with_the_clients_info_log():
     assert not info, f"{len(info)} INFO lines of Mooncake's log on stderr, e.g. {info[:3]}"
     # Left: glog's one-time banner and one harmless ERROR line per client (two workers).
     assert len(r.stderr.splitlines()) <= 5, r.stderr
+
+
+def rule_row(out: str, rule: str) -> str:
+    """The conformance table's row of ``rule``, its wrapped lines joined column by column."""
+    rows: list[list[str]] = []
+    for line in out.splitlines():
+        if not line.startswith("│"):
+            continue
+        cells = [c.strip() for c in line.strip().strip("│").split("│")]
+        if cells[0] or not rows:
+            rows.append(cells)
+        else:
+            rows[-1] = [f"{a} {b}".strip() for a, b in zip(rows[-1], cells, strict=False)]
+    return next(" │ ".join(cells) for cells in rows if cells[0] == rule)
+
+
+def test_the_conformance_table_says_where_a_rule_was_checked_when_its_own_tests_skip():
+    # A10 (causes): memory declares no serve-pulls, so A10's own test (a pull from a serving end
+    # that is gone) skips; but the A4, A8 and B3 tests check A10.6-A10.8 and pass.
+    r = kvwire("conformance", "memory", "--", "-k", "A4_cancel_is_idempotent or A8_a_held_publish or A10 or M3",
+               columns=200)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    a10 = rule_row(r.stdout, "A10")
+    assert "passed in other rules' tests" in a10 and "skipped" not in a10.split("│")[1], a10
+    assert "A10.6, A10.7 passed in 2 test(s) of A4, A8" in a10, a10
+    assert "its own test(s) skipped: backend does not declare the serve-pulls protocol" in a10, a10
+    m3 = rule_row(r.stdout, "M3")
+    assert m3.split("│")[1].strip() == "passed" and "other rules" not in m3
+    n2 = rule_row(r.stdout, "N2")                   # none of its clauses ran anywhere
+    assert n2.split("│")[1].strip() == "not run", n2
+
+
+def test_a_failed_test_gives_no_credit_to_the_rules_it_also_checks():
+    from kvwire.testing.runner import summarize
+
+    inside = {"test_A4_x": {"A10": ["A10.6"]}}
+    ok = summarize([{"test": "test_A4_x", "backend": "b", "outcome": "passed"}], inside)["b"]
+    assert ok["A10"].status == "passed elsewhere" and ok["A10"].inside == {"A10.6": ["test_A4_x"]}
+    bad = summarize([{"test": "test_A4_x", "backend": "b", "outcome": "failed", "reason": "A4: no"}], inside)["b"]
+    assert "A10" not in bad and bad["A4"].status == "failed"
+    skipped = summarize([{"test": "test_A4_x", "backend": "b", "outcome": "skipped", "reason": "why"}], inside)["b"]
+    assert "A10" not in skipped

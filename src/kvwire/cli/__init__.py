@@ -135,10 +135,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench.add_argument("--backend", action="append", metavar="NAME", help="backend to measure (repeatable; default: all that load)")
     bench.add_argument("--out", default="bench-out", metavar="DIR", help="where bench.json and bench.png go (default bench-out)")
     bench.add_argument("--quick", action="store_true", help="fewer, smaller points (a minute or so)")
-    conf = sub.add_parser("conformance", help="run the conformance suite against installed backends and summarize by rule")
+    conf = sub.add_parser("conformance", help="run the conformance suite against installed backends and summarize by rule",
+                          usage="kvwire conformance [-h] [--profile {quick,thorough}] [NAME ...] [-- PYTEST_ARG ...]",
+                          epilog="Arguments after -- go to pytest, e.g. -- -k M3 -x")
     conf.add_argument("names", nargs="*", metavar="NAME", help="backends to test (default: every one with a harness)")
     conf.add_argument("--profile", choices=("quick", "thorough"), default="quick")
-    conf.add_argument("pytest_args", nargs=argparse.REMAINDER, help="after --: arguments passed to pytest")
     sub.add_parser("doctor", help="check plugins, their libraries, loopback ports and the GPU, with fixes")
     demo = sub.add_parser("demo", help="two workers: prefill on one, move its blocks to the other, decode there")
     _add_config_args(demo)
@@ -155,7 +156,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument("--model", choices=("tiny", "hybrid"), default="tiny",
                       help="tiny (attention only, default) or hybrid (every other layer a gated linear "
                            "recurrence, whose STATE checkpoint moves with the blocks)")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    passed_on: list[str] = []
+    if "conformance" in argv and "--" in argv[argv.index("conformance"):]:
+        cut = argv.index("--", argv.index("conformance"))  # what follows is pytest's, never ours
+        argv, passed_on = argv[:cut], argv[cut + 1:]
     args = parser.parse_args(argv)
+    args.pytest_args = passed_on
     # SIGTERM and SIGHUP end the command as Ctrl-C does, so every 'with' unwinds: servers stop
     # and private store roots are removed on those paths too.
     for sig in (signal.SIGTERM, signal.SIGHUP):

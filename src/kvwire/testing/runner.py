@@ -8,17 +8,20 @@ skipped, and why."""
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import json
 import re
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 __all__ = ["run_conformance", "summarize", "RULES", "RuleResult"]
@@ -30,6 +33,8 @@ RULES: tuple[str, ...] = (
     "holder model",
 )
 _RULE = re.compile(r"^test_((?:[A-Z][0-9]{1,2}_)+)")
+#: A clause named in a docstring: "A10.6" (its rule, A10, is group 1).
+_CLAUSE = re.compile(r"\b([A-Z][0-9]{1,2})\.[0-9]+\b")
 
 
 @dataclass
@@ -39,6 +44,9 @@ class RuleResult:
     passed: int = 0
     failed: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    #: Clauses of this rule that passing tests of other rules check too (their docstrings name
+    #: them): clause -> those tests
+    inside: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def status(self) -> str:
@@ -46,6 +54,8 @@ class RuleResult:
             return "failed"
         if self.passed:
             return "passed"
+        if self.inside:
+            return "passed elsewhere"
         return "skipped" if self.skipped else "not run"
 
 
@@ -57,11 +67,58 @@ def rules_of(test: str) -> list[str]:
     return [r for r in match.group(1).split("_") if r] if match else []
 
 
-def summarize(tests: Sequence[dict[str, Any]]) -> dict[str, dict[str, RuleResult]]:
-    """Per backend, per rule: the results of the suite's report (``--kvwire-report``)."""
+def clauses_inside() -> dict[str, dict[str, list[str]]]:
+    """For each suite test, the clauses of rules other than its own that its docstring or its
+    assert messages say it checks (``test_A4_...`` naming A10.6 checks that cause as well): test
+    name -> rule -> clauses. Read from the suite's source, nothing imported."""
+    spec = importlib.util.find_spec("kvwire.testing.suite")
+    if spec is None or not spec.submodule_search_locations:
+        return {}
+    out: dict[str, dict[str, list[str]]] = {}
+    for path in sorted(Path(next(iter(spec.submodule_search_locations))).glob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
+                own = set(rules_of(node.name))
+                # What it says it checks: its docstring, and the messages of the asserts every run
+                # of it makes (not those in a branch, which may be another kind of backend's).
+                said = [ast.get_docstring(node) or ""] + [
+                    part.value for check in _unconditional(node.body) if isinstance(check, ast.Assert) and check.msg
+                    for part in ast.walk(check.msg) if isinstance(part, ast.Constant) and isinstance(part.value, str)]
+                for match in _CLAUSE.finditer("\n".join(said)):
+                    if match.group(1) not in own:
+                        clauses = out.setdefault(node.name, {}).setdefault(match.group(1), [])
+                        if match.group(0) not in clauses:
+                            clauses.append(match.group(0))
+    return out
+
+
+def _unconditional(body: list[ast.stmt]) -> list[ast.stmt]:
+    """The statements of ``body`` and of the blocks it always enters (``with``, ``try``), not
+    those under an ``if``, a loop or a nested function."""
+    out: list[ast.stmt] = []
+    for stmt in body:
+        out.append(stmt)
+        if isinstance(stmt, (ast.With, ast.AsyncWith)):
+            out += _unconditional(stmt.body)
+        elif isinstance(stmt, ast.Try):
+            out += _unconditional(stmt.body) + _unconditional(stmt.finalbody)
+    return out
+
+
+def summarize(tests: Sequence[dict[str, Any]],
+              inside: Mapping[str, Mapping[str, Sequence[str]]] | None = None) -> dict[str, dict[str, RuleResult]]:
+    """Per backend, per rule: the results of the suite's report (``--kvwire-report``). With
+    ``inside`` (:func:`clauses_inside`), a passing test also counts for the clauses of other
+    rules it checks."""
     out: dict[str, dict[str, RuleResult]] = {}
     for test in tests:
         backend = test.get("backend") or "(no backend)"
+        if test["outcome"] == "passed":
+            for rule, clauses in (inside or {}).get(test["test"], {}).items():
+                result = out.setdefault(backend, {}).setdefault(rule, RuleResult())
+                for clause in clauses:
+                    if test["test"] not in result.inside.setdefault(clause, []):
+                        result.inside[clause].append(test["test"])
         broken = test.get("broken") or [] if test["outcome"] == "failed" else []
         if broken and broken[0].split(".")[0] not in rules_of(test["test"]):
             # A failure is reported under the rule it breaks, not the test that tripped on it.
@@ -92,14 +149,32 @@ def _table(backend: str, results: dict[str, RuleResult], profile: str) -> Table:
     table.add_column("failed", justify="right")
     table.add_column("why skipped / what failed", overflow="fold")
     style = {"passed": "[green]passed[/]", "failed": "[red]failed[/]", "skipped": "[yellow]skipped[/]",
-             "not run": "[dim]not run[/]"}
+             "not run": "[dim]not run[/]", "passed elsewhere": "[green]passed[/] in other rules' tests"}
     for rule in RULES:
         result = results.get(rule, RuleResult())
         if rule == "holder model" and rule not in results:
             continue
-        notes = "; ".join(result.failed) if result.failed else "; ".join(result.skipped)
-        table.add_row(rule, style[result.status], str(result.passed), str(len(result.failed)), notes)
+        if result.failed:
+            notes = "; ".join(result.failed)
+        elif result.passed or not result.inside:
+            notes = "; ".join(result.skipped)
+        else:
+            # Its own tests were skipped, yet some of its clauses were checked, and passed, in
+            # tests named after other rules: say which, and why the rest were not.
+            tests = sorted({t for names in result.inside.values() for t in names})
+            rules = sorted({r for t in tests for r in rules_of(t)}, key=lambda r: (r not in RULES, RULES.index(r)
+                                                                                    if r in RULES else r))
+            notes = (f"{', '.join(sorted(result.inside, key=_clause_order))} passed in {len(tests)} test(s) of "
+                     f"{', '.join(rules)}")
+            if result.skipped:
+                notes += f"; its own test(s) skipped: {'; '.join(result.skipped)}"
+        table.add_row(rule, style[result.status], str(result.passed), str(len(result.failed)), escape(notes))
     return table
+
+
+def _clause_order(clause: str) -> tuple[int, int]:
+    number = clause.split(".")
+    return int(number[0][1:]), int(number[1])
 
 
 def run_conformance(names: list[str], profile: str = "quick", extra_args: Sequence[str] = ()) -> int:
@@ -120,7 +195,7 @@ def run_conformance(names: list[str], profile: str = "quick", extra_args: Sequen
             console.print(f"[red]the conformance suite did not run[/] (pytest exit status {code}); see above")
             return code if code else 4
         data = json.loads(report.read_text())
-    results = summarize(data["tests"])
+    results = summarize(data["tests"], clauses_inside())
     for backend in sorted(results):
         console.print(_table(backend, results[backend], profile))
     failed = sum(len(r.failed) for per in results.values() for r in per.values())
