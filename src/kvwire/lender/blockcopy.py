@@ -44,6 +44,7 @@ with events."""
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 import math
@@ -63,7 +64,7 @@ log = logging.getLogger(__name__)
 SCRATCH_BYTES = 64 << 20
 
 # Tuning of the Triton kernel (bench/bench_gpu.py sweeps them): bytes per program, warps.
-_CHUNK_BYTES = 8192
+_CHUNK_BYTES = 16384
 _NUM_WARPS = 4
 # Whether a CUDA copy to or from pinned host rows runs the kernel on host memory directly (True)
 # or through the device scratch buffer and DMA (False); bench/bench_gpu.py measures both.
@@ -128,11 +129,11 @@ def _build_kernel() -> Any:
     import triton.language as tl
 
     @triton.jit
-    def blocks_kernel(table, pairs, n, buf, row_stride, n_planes,
+    def blocks_kernel(table, pairs, buf, row_stride, n_planes,
                       TO_ROWS: tl.constexpr, WORD: tl.constexpr, WTYPE: tl.constexpr,
                       CHUNK: tl.constexpr, ALIGNED: tl.constexpr):
         # program (block i x plane p, chunk c): words [c*CHUNK, (c+1)*CHUNK) of block
-        # pairs[0][i] of plane p <-> the same words of plane p's part of row pairs[1][i].
+        # pairs[i][0] of plane p <-> the same words of plane p's part of row pairs[i][1].
         # table[p] = (plane address, bytes between blocks, block bytes, offset in a row).
         pid = tl.program_id(0).to(tl.int64)
         i = pid // n_planes
@@ -140,8 +141,8 @@ def _build_kernel() -> Any:
         words = tl.load(table + p * 4 + 2) // WORD
         start = tl.program_id(1).to(tl.int64) * CHUNK
         if start < words:
-            block = tl.load(pairs + i)
-            row = tl.load(pairs + n + i)
+            block = tl.load(pairs + 2 * i)
+            row = tl.load(pairs + 2 * i + 1)
             plane_at = tl.load(table + p * 4) + block * tl.load(table + p * 4 + 1)
             row_at = buf + row * row_stride + tl.load(table + p * 4 + 3)
             plane_ptr = plane_at.to(tl.pointer_type(WTYPE))
@@ -160,13 +161,12 @@ def _build_kernel() -> Any:
                 mask = offs < words
                 tl.store(dst + offs, tl.load(src + offs, mask=mask), mask=mask)
 
+    global _word_types
+    _word_types = {8: tl.int64, 4: tl.int32, 2: tl.int16, 1: tl.uint8}
     return blocks_kernel
 
 
-def _triton_word_type(word: int) -> Any:
-    import triton.language as tl
-
-    return {8: tl.int64, 4: tl.int32, 2: tl.int16, 1: tl.uint8}[word]
+_word_types: dict[int, Any] = {}
 
 
 # -- the planes ----------------------------------------------------------------------------------
@@ -198,7 +198,7 @@ class PlaneSet:
     block lies in a row of ``row_bytes``."""
 
     __slots__ = ("planes", "device", "dtype", "num_blocks", "block_bytes", "offsets", "row_bytes",
-                 "_bases", "_strides", "_starts", "_word", "_table", "_views")
+                 "_bases", "_strides", "_starts", "_word", "_aligned16", "_longest", "_table", "_views")
 
     def __init__(self, planes: Sequence[torch.Tensor]) -> None:
         planes = tuple(planes)
@@ -248,6 +248,8 @@ class PlaneSet:
         self.row_bytes = int(self.block_bytes.sum())
         self._bases, self._strides, self._starts = bases, strides, starts
         self._word = _word(*bases, *strides, *sizes, *starts, *self.offsets.tolist())
+        self._aligned16 = all(v % 16 == 0 for v in (*bases, *strides, *sizes, *self.offsets.tolist()))
+        self._longest = max(sizes)
         self._table: torch.Tensor | None = None
         self._views: dict[int, tuple[torch.Tensor, ...]] = {}
         if self.device.type == "cuda" or _interpreting():
@@ -295,13 +297,21 @@ def _indices(value: object, what: str, limit: int, limit_what: str) -> np.ndarra
     if arr.dtype == np.uint64 and int(arr.max()) > np.iinfo(np.int64).max:
         raise ValueError(f"{what} holds {int(arr.max())}, out of range [0, {limit}) ({limit_what})")
     arr = arr.astype(np.int64, copy=False)
-    bad = (arr < 0) | (arr >= limit)
-    if bad.any():
-        raise ValueError(f"{what} holds {arr[bad][:8].tolist()}, out of range [0, {limit}) ({limit_what})")
+    if int(arr.min()) < 0 or int(arr.max()) >= limit:
+        bad = arr[(arr < 0) | (arr >= limit)]
+        raise ValueError(f"{what} holds {bad[:8].tolist()}, out of range [0, {limit}) ({limit_what})")
     return arr
 
 
-def _distinct(arr: np.ndarray, what: str) -> None:
+def _distinct(arr: np.ndarray, limit: int, what: str) -> None:
+    """Raises unless the values of ``arr`` (all in ``[0, limit)``) are distinct."""
+    if arr.size < 2:
+        return
+    if limit <= 16 * arr.size + 65536:  # a mark per value: linear, no sort
+        seen = np.zeros(limit, dtype=bool)
+        seen[arr] = True
+        if int(np.count_nonzero(seen)) == arr.size:
+            return
     s = np.sort(arr)
     twice = s[1:][s[1:] == s[:-1]]
     if twice.size:
@@ -335,25 +345,26 @@ def _rows(buf: object, planes: PlaneSet, what: str) -> torch.Tensor:
 
 
 def _check(planes: object, block_ids: object, buf: object, rows: object, to_rows: bool,
-           stream: object) -> tuple[np.ndarray, np.ndarray, torch.Tensor]:
+           stream: object) -> tuple[np.ndarray, np.ndarray | None, torch.Tensor]:
+    """The call's arguments, checked: block ids, rows (``None``: 0, 1, ...) and the buffer."""
     if not isinstance(planes, PlaneSet):
         raise TypeError(f"planes must be a PlaneSet, got {type(planes).__name__}")
     side, rows_name = ("out", "out_rows") if to_rows else ("inp", "in_rows")
     tensor = _rows(buf, planes, side)
     ids = _indices(block_ids, "block_ids", planes.num_blocks, "the planes' blocks")
     n_rows = int(tensor.shape[0])
+    picked = None
     if rows is None:
         if ids.size > n_rows:
             raise ValueError(f"{ids.size} block ids but {side} has {n_rows} rows")
-        picked = np.arange(ids.size, dtype=np.int64)
     else:
         picked = _indices(rows, rows_name, n_rows, f"the rows of {side}")
         if picked.size != ids.size:
             raise ValueError(f"{picked.size} {rows_name} for {ids.size} block ids; one row per block")
-    if to_rows and rows is not None:
-        _distinct(picked, "out_rows")
+        if to_rows:
+            _distinct(picked, n_rows, "out_rows")
     if not to_rows:
-        _distinct(ids, "block_ids of a scatter")
+        _distinct(ids, planes.num_blocks, "block_ids of a scatter")
     if stream is not None:
         if planes.device.type != "cuda":
             raise ValueError(f"a stream orders CUDA copies; these planes are on {planes.device}")
@@ -385,50 +396,58 @@ def scatter(inp: torch.Tensor, in_rows: Any, planes: PlaneSet, block_ids: Any, *
     return _run(planes, ids, rows, tensor, False, stream)
 
 
-def _run(planes: PlaneSet, ids: np.ndarray, rows: np.ndarray, buf: torch.Tensor, to_rows: bool,
+def _pairs(ids: np.ndarray, rows: np.ndarray | None) -> np.ndarray:
+    """``[n, 2]`` int64: block id, row."""
+    pairs = np.empty((ids.size, 2), dtype=np.int64)
+    pairs[:, 0] = ids
+    pairs[:, 1] = np.arange(ids.size) if rows is None else rows
+    return pairs
+
+
+def _run(planes: PlaneSet, ids: np.ndarray, rows: np.ndarray | None, buf: torch.Tensor, to_rows: bool,
          stream: torch.cuda.Stream | None) -> torch.cuda.Event | None:
+    impl = _choose()[0]
     if planes.device.type != "cuda":
         if ids.size:
-            if _choose()[0] is _Impl.TRITON and _interpreting():
-                _kernel_copy(planes, ids, rows, buf, to_rows)
+            pairs = torch.from_numpy(_pairs(ids, rows))
+            if impl is _Impl.TRITON and _interpreting():
+                _launch(planes, pairs, ids.size, buf.data_ptr(), to_rows)
             else:
-                _torch_copy(planes, _host_tensor(ids), _host_tensor(rows), buf, to_rows)
+                _torch_copy(planes, pairs[:, 0], pairs[:, 1], buf, to_rows)
         return None
-    stream = stream if stream is not None else torch.cuda.current_stream(planes.device)
-    with torch.cuda.stream(stream):
+    # Each context costs microseconds a call: entered only when the call needs it.
+    index = planes.device.index
+    with contextlib.ExitStack() as scope:
+        if index is not None and index != torch.cuda.current_device():
+            scope.enter_context(torch.cuda.device(index))
+        if stream is not None:
+            scope.enter_context(torch.cuda.stream(stream))
         if ids.size:
             if buf.device.type == "cuda":
-                _device_copy(planes, ids, rows, buf, to_rows)
-            elif _HOST_DIRECT and _choose()[0] is _Impl.TRITON:
-                _kernel_copy(planes, ids, rows, buf, to_rows)
+                _device_copy(planes, _upload(_pairs(ids, rows), planes.device), ids.size, buf, 0, to_rows, impl)
+            elif _HOST_DIRECT and impl is _Impl.TRITON:
+                _device_copy(planes, _upload(_pairs(ids, rows), planes.device), ids.size, buf, 0, to_rows, impl)
             else:
-                _SCRATCH.through(planes, ids, rows, buf, to_rows, stream)
+                _SCRATCH.through(planes, ids, rows, buf, to_rows, impl)
         event = torch.cuda.Event()
-        event.record(stream)
+        event.record()
     return event
 
 
-def _device_copy(planes: PlaneSet, ids: np.ndarray, rows: np.ndarray, buf: torch.Tensor, to_rows: bool) -> None:
-    """Between CUDA planes and rows of a device buffer, on the current stream."""
-    if _choose()[0] is _Impl.TRITON:
-        _kernel_copy(planes, ids, rows, buf, to_rows)
-        return
-    pairs = _on_device(np.stack([ids, rows]), planes.device)
-    _torch_copy(planes, pairs[0], pairs[1], buf, to_rows)
-
-
-def _host_tensor(array: np.ndarray) -> torch.Tensor:
-    """An index tensor over ``array`` (torch refuses to share a read-only buffer)."""
-    return torch.from_numpy(array if array.flags.writeable else array.copy())
-
-
-def _on_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+def _upload(pairs: np.ndarray, device: torch.device) -> torch.Tensor:
     """A host array on the device, queued on the current stream: through pinned memory, so the
     copy neither waits for the stream nor lets the host buffer be reused before it ran."""
-    host = torch.from_numpy(np.ascontiguousarray(array))
-    if device.type != "cuda":
-        return host
-    return host.pin_memory().to(device, non_blocking=True)
+    return torch.from_numpy(pairs).pin_memory().to(device, non_blocking=True)
+
+
+def _device_copy(planes: PlaneSet, pairs: torch.Tensor, n: int, buf: torch.Tensor, shift: int, to_rows: bool,
+                 impl: _Impl) -> None:
+    """Between CUDA planes and rows ``pairs[:, 1] - shift`` of ``buf`` (device rows, or pinned
+    host rows for the kernel), on the current stream; ``pairs`` is on the device."""
+    if impl is _Impl.TRITON:
+        _launch(planes, pairs, n, buf.data_ptr() - shift * planes.row_bytes, to_rows)
+    else:
+        _torch_copy(planes, pairs[:, 0], pairs[:, 1] - shift if shift else pairs[:, 1], buf, to_rows)
 
 
 def _torch_copy(planes: PlaneSet, ids: torch.Tensor, rows: torch.Tensor, buf: torch.Tensor, to_rows: bool) -> None:
@@ -444,22 +463,17 @@ def _torch_copy(planes: PlaneSet, ids: torch.Tensor, rows: torch.Tensor, buf: to
             view.index_copy_(0, ids, part.index_select(0, rows))
 
 
-def _kernel_copy(planes: PlaneSet, ids: np.ndarray, rows: np.ndarray, buf: torch.Tensor, to_rows: bool) -> None:
-    """One launch of the Triton kernel for every block and plane, on the current stream."""
+def _launch(planes: PlaneSet, pairs: torch.Tensor, n: int, addr: int, to_rows: bool) -> None:
+    """One launch of the Triton kernel for ``n`` pairs, every plane, rows at ``addr``."""
     assert planes._table is not None and _kernel is not None
-    addr = buf.data_ptr()
     word = _word(planes._word, addr, planes.row_bytes)
-    aligned = word == 8 and all(v % 16 == 0 for v in (addr, planes.row_bytes, *planes._bases, *planes._strides,
-                                                    *planes.block_bytes.tolist(), *planes.offsets.tolist()))
-    longest = int(planes.block_bytes.max())
+    aligned = word == 8 and planes._aligned16 and addr % 16 == 0 and planes.row_bytes % 16 == 0
     # A chunk no longer than a block, so blocks of a power-of-two size copy without masks; not
     # under 512 bytes, so few variants are compiled.
-    chunk = max(512, min(_CHUNK_BYTES, 1 << (longest.bit_length() - 1))) // word
-    longest //= word
-    pairs = _on_device(np.stack([ids, rows]), planes.device)
-    grid = (ids.size * len(planes), -(-longest // chunk))
-    _kernel[grid](planes._table, pairs, ids.size, addr, planes.row_bytes, len(planes),
-                  TO_ROWS=to_rows, WORD=word, WTYPE=_triton_word_type(word), CHUNK=chunk, ALIGNED=aligned,
+    chunk = max(512, min(_CHUNK_BYTES, 1 << (planes._longest.bit_length() - 1))) // word
+    grid = (n * len(planes.planes), -(-(planes._longest // word) // chunk))
+    _kernel[grid](planes._table, pairs, addr, planes.row_bytes, len(planes.planes),
+                  TO_ROWS=to_rows, WORD=word, WTYPE=_word_types[word], CHUNK=chunk, ALIGNED=aligned,
                   num_warps=_NUM_WARPS)
 
 
@@ -480,14 +494,22 @@ class _Scratch:
         self._last: dict[int, torch.cuda.Event] = {}
         self._retired: list[torch.Tensor] = []
 
-    def through(self, planes: PlaneSet, ids: np.ndarray, rows: np.ndarray, host: torch.Tensor, to_rows: bool,
-                stream: torch.cuda.Stream) -> None:
+    def through(self, planes: PlaneSet, ids: np.ndarray, rows: np.ndarray | None, host: torch.Tensor,
+                to_rows: bool, impl: _Impl) -> None:
+        """The copy, on the current stream, in chunks of rows whose span fits the scratch: a
+        gather fills scratch rows (row - the chunk's first row), then one DMA per run of
+        consecutive rows; a scatter takes one DMA of the chunk's span, then scatters."""
         row = planes.row_bytes
         index = planes.device.index if planes.device.index is not None else torch.cuda.current_device()
-        order = np.argsort(rows, kind="stable")
-        ids, rows = ids[order], rows[order]
+        if rows is None:
+            rows = np.arange(ids.size, dtype=np.int64)
+        else:
+            order = np.argsort(rows, kind="stable")
+            ids, rows = ids[order], rows[order]
         host_bytes = torch.empty(0, dtype=torch.uint8).set_(
             host.untyped_storage(), host.storage_offset() * host.element_size(), (int(host.shape[0]), row), (row, 1))
+        pairs = _upload(_pairs(ids, rows), planes.device)  # one upload; each chunk reads its slice
+        stream = torch.cuda.current_stream()
         with self._lock:
             scratch = self._buffers.get(index)
             if scratch is None or scratch.numel() < row:  # grows to one row, for rows over the bound
@@ -503,21 +525,20 @@ class _Scratch:
                 stream.wait_event(last)
             a = 0
             while a < rows.size:
-                # the next chunk: rows whose span from the chunk's first row fits the scratch
+                # the next chunk: the rows whose span from the chunk's first row fits the scratch
                 b = int(np.searchsorted(rows, rows[a] + capacity, side="left"))
                 low = int(rows[a])
-                chunk_ids, chunk_rows = ids[a:b], rows[a:b] - low
                 if to_rows:
-                    _device_copy(planes, chunk_ids, chunk_rows, rows_view, True)
-                    starts, stops = _runs(chunk_rows)
+                    _device_copy(planes, pairs[a:b], b - a, rows_view, low, True, impl)
+                    starts, stops = _runs(rows[a:b])
                     for s, e in zip(starts.tolist(), stops.tolist(), strict=True):
-                        first = int(chunk_rows[s])
+                        first = int(rows[a + s]) - low
                         host_bytes[low + first:low + first + e - s].copy_(rows_view[first:first + e - s],
                                                                           non_blocking=True)
                 else:
-                    span = int(chunk_rows[-1]) + 1
+                    span = int(rows[b - 1]) - low + 1
                     rows_view[:span].copy_(host_bytes[low:low + span], non_blocking=True)
-                    _device_copy(planes, chunk_ids, chunk_rows, rows_view, False)
+                    _device_copy(planes, pairs[a:b], b - a, rows_view, low, False, impl)
                 a = b
             event = torch.cuda.Event()
             event.record(stream)
