@@ -44,8 +44,8 @@ class Shape:
 
 
 def _random_bytes(count: int, seed: int, device: str) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(-128, 128, (count,), dtype=torch.int8, generator=g).to(device)
+    g = torch.Generator(device=device).manual_seed(seed)  # drawn where they live: GiBs on a GPU in no time
+    return torch.randint(-128, 128, (count,), dtype=torch.int8, generator=g, device=device)
 
 
 def make_cache(layout: str, shape: Shape = Shape(), *, seed: int = 0, device: str = "cpu") -> dict[str, torch.Tensor]:
