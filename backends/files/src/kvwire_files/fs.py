@@ -1,6 +1,6 @@
 """System calls on a file store's directory: locks, vectored reads and writes, unlinks, the
-checks of a root, and whether a path lies in memory (tmpfs). No store logic: that is
-:mod:`kvwire_files.store`'s."""
+checks of a root, its file system's size, and whether a path lies in memory (tmpfs). No store
+logic: that is :mod:`kvwire_files.store`'s."""
 
 from __future__ import annotations
 
@@ -10,12 +10,18 @@ import fcntl
 import itertools
 import os
 import re
+import struct
 import threading
 import time
 
-__all__ = ["FileLock", "WouldWait", "alive", "fsync_dir", "memory_backed", "now_ns", "open_cached", "open_file",
-           "pread", "pread_all", "prepare", "readv", "reads_without_waiting", "unlink", "unlink_sized", "view",
-           "write_all"]
+from kvwire import waiting
+
+__all__ = ["NO_SPACE", "FileLock", "LockBusy", "WouldWait", "alive", "fs_bytes", "free_bytes", "fsync_dir",
+           "memory_backed", "now_ns", "open_cached", "open_file", "pread", "pread_all", "prepare", "pwrite_all",
+           "readv", "reads_without_waiting", "unlink", "unlink_sized", "view", "write_all"]
+
+#: The errors that say a file system (or the user's quota on it) is full.
+NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 _counter = itertools.count(1)
 
@@ -25,29 +31,75 @@ def view(address: int, size: int) -> memoryview:
     return memoryview((ctypes.c_char * size).from_address(address)).cast("B")
 
 
+class LockBusy(TimeoutError):
+    """The store's lock stayed held past the caller's deadline; the message names its holder."""
+
+
+#: Between two tries of a lock another process holds, at first this long, doubling up to
+#: ``_MOST_BETWEEN_TRIES_S``: ``flock`` cannot wait with a timeout, and a writer holds the lock
+#: for well under a millisecond, so a waiter looks often at first and seldom later.
+_FIRST_BETWEEN_TRIES_S = 50e-6
+_MOST_BETWEEN_TRIES_S = 2e-3
+#: What the holder of the lock writes at the lock file's start: its pid, padded.
+_HOLDER = struct.Struct("<16s")
+
+
 class FileLock:
-    """The store's lock across processes (``flock`` on ``fd``) and this process's share of it.
+    """The store's lock across processes (``flock`` on ``fd``) and this process's share of it,
+    waited for until ``deadline`` (``time.monotonic()``) at most; then :class:`LockBusy` names
+    the holder, which records its pid in the lock file once it holds the lock.
 
     ``writers`` (a thread lock) queues this process's writers before the ``flock``, since threads
     sharing one open file share its ``flock``; ``state`` (the thread lock readers take for the
     index held in memory) is taken only once the ``flock`` is held. So a reader never waits for a
     writer of its own process that is waiting for another process."""
 
-    __slots__ = ("_writers", "_fd", "_state")
+    __slots__ = ("_writers", "_fd", "_state", "_deadline", "_path")
 
-    def __init__(self, writers: threading.Lock, fd: int, state: threading.Lock) -> None:
+    def __init__(self, writers: threading.Lock, fd: int, state: threading.Lock, deadline: float, path: str) -> None:
         self._writers = writers
         self._fd = fd
         self._state = state
+        self._deadline = deadline
+        self._path = path
 
     def __enter__(self) -> None:
-        self._writers.acquire()
+        began = time.monotonic()
+        if not _acquire(self._writers, self._deadline):
+            raise self._busy(began)
         try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            self._flock(began)
+            try:
+                if not _acquire(self._state, self._deadline):  # readers hold it for a look at memory only
+                    raise self._busy(began)
+            except BaseException:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+                raise
         except BaseException:
             self._writers.release()
             raise
-        self._state.acquire()
+        try:  # who holds it, for those who wait (best effort: a full file system may refuse the page)
+            os.pwrite(self._fd, _HOLDER.pack(b"%d\n" % os.getpid()), 0)
+        except OSError:
+            pass
+
+    def _flock(self, began: float) -> None:
+        pause = _FIRST_BETWEEN_TRIES_S
+        while True:
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                pass
+            left = self._deadline - time.monotonic()
+            if left <= 0:
+                raise self._busy(began)
+            time.sleep(min(pause, left))
+            pause = min(2 * pause, _MOST_BETWEEN_TRIES_S)
+
+    def _busy(self, began: float) -> LockBusy:
+        return LockBusy(errno.ETIMEDOUT, f"the file store's lock is held by {lock_holder(self._fd)}; waited "
+                        f"{time.monotonic() - began:.3g} s for it, until the deadline", self._path)
 
     def __exit__(self, *exc: object) -> None:
         try:
@@ -55,6 +107,40 @@ class FileLock:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
         finally:
             self._writers.release()
+
+
+def _acquire(lock: threading.Lock, deadline: float) -> bool:
+    """``lock.acquire`` until ``deadline`` (any distance away: kvwire.waiting's pieces)."""
+    if lock.acquire(blocking=False):
+        return True
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        if lock.acquire(timeout=waiting.piece(left)):  # type: ignore[arg-type]
+            return True
+
+
+_STATES = {"R": "running", "S": "sleeping", "D": "waiting for a device", "T": "stopped", "t": "stopped by a debugger",
+           "Z": "exited, not yet reaped", "X": "exiting", "I": "idle"}
+
+
+def lock_holder(fd: int) -> str:
+    """The process the lock file ``fd`` names as its holder, and its state (from /proc): e.g.
+    ``"process 1234 (stopped)"``."""
+    try:
+        pid = int(os.pread(fd, _HOLDER.size, 0).split(b"\n", 1)[0].strip(b"\0 "))
+    except (OSError, ValueError):
+        return "another process (the lock file names none)"
+    if pid == os.getpid():
+        return f"this process (pid {pid}): another of its threads"
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            letter = stat.read().rpartition(b")")[2].split()[0].decode()
+    except (OSError, IndexError, UnicodeDecodeError):
+        return (f"process {pid} as it last recorded, which no longer runs here (a process that does not record "
+                "itself may hold it)")
+    return f"process {pid} ({_STATES.get(letter, letter)})"
 
 
 def now_ns() -> tuple[int, int]:
@@ -190,6 +276,8 @@ def pread_all(fd: int, size: int, offset: int, nowait: bool = False) -> bytes:
 
 
 def write_all(fd: int, buffers: list[bytes | memoryview]) -> None:
+    """``writev`` every byte of ``buffers``; a short write is finished piece by piece, and one
+    that writes nothing (the file system is full) raises ``ENOSPC``."""
     total = sum(len(b) for b in buffers)
     done = os.writev(fd, buffers)
     if done == total:
@@ -202,9 +290,43 @@ def write_all(fd: int, buffers: list[bytes | memoryview]) -> None:
             rest = buf[max(0, done - offset):]
             while len(rest):
                 n = os.write(fd, rest)
+                if not n:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
                 rest = rest[n:]
             done = end
         offset = end
+
+
+def pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    """``pwrite`` every byte of ``data`` at ``offset``: a short write goes on where it stopped,
+    and one that writes nothing (the file system is full) raises ``ENOSPC``. (A short write left
+    unchecked would commit bytes never written.)"""
+    view = memoryview(data)
+    while len(view):
+        n = os.pwrite(fd, view, offset)
+        if not n:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        view = view[n:]
+        offset += n
+
+
+def fs_bytes(path: str) -> int | None:
+    """The bytes the file system holding ``path`` offers an unprivileged user in all (its size,
+    less blocks reserved for root); None where it cannot be asked."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return (st.f_blocks - st.f_bfree + st.f_bavail) * st.f_frsize
+
+
+def free_bytes(path: str) -> int | None:
+    """The bytes still free on the file system holding ``path`` for an unprivileged user."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
 
 
 def unlink(path: str) -> None:

@@ -26,7 +26,8 @@ CAPACITY_BYTES = 256 << 20
 class FilesHarness(StoreHarness):
     name = "files"
     #: At the deadline an attempt concludes at once; it quiesces when the chunk inside the
-    #: driver returns: the reads or writes of at most a few MiB of files in shared memory.
+    #: driver returns: the reads or writes of at most a few MiB of files in shared memory, or a
+    #: wait for the store's lock, which gives up 0.2 s after the deadline.
     quiesce_grace_s = 2.0
 
     def new_store(self) -> str:

@@ -45,22 +45,36 @@ reader closes it), and a reader that comes later misses. A pack is removed when 
 is removed, or whole when the store evicts: when a put would exceed the capacity, the store
 rescans ``packs/`` (repairing the ledger after a writer was killed) and, with eviction on, unlinks
 least-recently-used packs (a get touches the packs it reads) until the store is at most 90 %
-full; with eviction off the put is declined."""
+full; with eviction off the put is declined.
+
+**Faults.** A file system full before the capacity is (``ENOSPC``) counts as a full store: the
+put evicts until the pack fits and writes it again, or declines with a reason; a capacity
+beyond the file system's size is cut to it at open. A wait for the lock ends at the caller's
+deadline with :class:`~kvwire_files.fs.LockBusy` naming the holder (opening takes no lock). A
+damaged ledger is rebuilt from the index and the packs by the next holder of the lock."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import itertools
+import logging
+import math
 import os
 import struct
 import threading
+import time
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import TypeVar
 
 from kvwire.blob import KeyStatus
 from kvwire_files import fs
 
 __all__ = ["FileStore", "default_root"]
+
+log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 _FORMAT = b"kvwire-files 2\n"
 _PACK_MAGIC = b"KVWPACK2"
@@ -79,7 +93,38 @@ _IOV_MAX = 1024
 _EVICT_TO = 0.9
 #: The index is rewritten once it is this long and four times what its live records need.
 _COMPACT_AT = 4 << 20
+#: How often a put whose pack finds the file system full evicts and writes it again.
+_NO_SPACE_TRIES = 3
+#: A rebuilt ledger's next pack number lies this far past every number the directory shows, so
+#: a writer that took a number from the damaged ledger and has not yet renamed its pack into
+#: place never shares it with a later one (same-numbered packs would pass each other's check).
+_PACK_GAP = 1 << 32
+#: Declined rows and lock waits that gave up are logged at most once per this many seconds per
+#: store, each line with a count of those since the last.
+_LOGGED_EVERY_S = 10.0
 _counter = itertools.count(1)
+
+
+class _Reports:
+    """Warnings of one kind, at most one line per ``_LOGGED_EVERY_S``, each saying how many
+    happened since the last line (a store declining every row of a busy server logs a line,
+    not a flood). Counts are approximate across threads; nothing depends on them."""
+
+    def __init__(self, what: str) -> None:
+        self._what = what
+        self._count = 0
+        self._logged = -math.inf
+
+    def note(self, count: int, message: str, *args: object) -> None:
+        self._count += count
+        now = time.monotonic()
+        if now - self._logged >= _LOGGED_EVERY_S:
+            count, self._count, self._logged = self._count, 0, now
+            log.warning(f"{message} ({count} {self._what} since the last such line)", *args)
+
+
+class _LedgerDamaged(OSError):
+    """The ledger does not hold a whole checksummed record: rebuilt by the next holder of the lock."""
 
 
 def default_root() -> str:
@@ -94,18 +139,35 @@ class FileStore:
 
     Raises ``NotADirectoryError`` or ``PermissionError`` naming the path when ``root`` is not a
     directory, or cannot be created or written; ``FileExistsError`` naming it when it holds a
-    store of another layout. A missing root is created (mode 0700)."""
+    store of another layout. A missing root is created (mode 0700). A capacity beyond what the
+    file system holds is cut to its size (and logged). Opening takes no lock, so it never waits
+    for another process; a call waits for the store's lock until its ``deadline``
+    (``time.monotonic()``), or ``lock_timeout_s`` when it has none, and then raises
+    :class:`~kvwire_files.fs.LockBusy` naming the holder."""
 
-    def __init__(self, root: str, *, capacity_bytes: int, eviction: bool = True, fsync: bool = False) -> None:
+    def __init__(self, root: str, *, capacity_bytes: int, eviction: bool = True, fsync: bool = False,
+                 lock_timeout_s: float = 10.0) -> None:
         if isinstance(capacity_bytes, bool) or not isinstance(capacity_bytes, int) or capacity_bytes < 1:
             raise ValueError(f"capacity_bytes must be an int >= 1, got {capacity_bytes!r}")
+        if isinstance(lock_timeout_s, bool) or not isinstance(lock_timeout_s, (int, float)) or not (
+                math.isfinite(lock_timeout_s) and lock_timeout_s > 0):
+            raise ValueError(f"lock_timeout_s must be a finite number of seconds > 0, got {lock_timeout_s!r}")
         self.root = os.path.abspath(os.fspath(root))
-        self.capacity_bytes = capacity_bytes
         self.eviction = bool(eviction)
         self.fsync = bool(fsync)
+        self.lock_timeout_s = float(lock_timeout_s)
         self._packs = os.path.join(self.root, "packs")
         self._tmp = os.path.join(self.root, "tmp")
         fs.prepare(self.root, self._packs, self._tmp, layout=_FORMAT)
+        held = fs.fs_bytes(self.root)
+        if held is not None and capacity_bytes > held:
+            # Beyond it the file system fills before the store counts itself full, and a put that
+            # finds no space would only find out by failing (out of space is also handled, for
+            # space other files take).
+            log.warning("the file store at %s: capacity_bytes %d exceeds the %d bytes its file system holds; "
+                        "the store holds at most %d", self.root, capacity_bytes, held, held)
+            capacity_bytes = held
+        self.capacity_bytes = capacity_bytes
         #: Whether the root lies on a file system held in memory (tmpfs, ramfs): then a read only
         #: copies memory (unless the machine swapped the pages out).
         self.in_memory = fs.memory_backed(self.root)
@@ -113,8 +175,14 @@ class FileStore:
         # _writers before it, and the index held in memory is _lock's (readers take only that).
         self._writers = threading.Lock()
         self._lock = threading.Lock()
+        self._lock_fd = self._ledger_fd = self._log_fd = -1
         self._lock_fd = os.open(os.path.join(self.root, "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        self._ledger_fd = os.open(os.path.join(self.root, "ledger"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            self._ledger_fd = os.open(os.path.join(self.root, "ledger"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
+                                      0o600)
+        except BaseException:
+            os.close(self._lock_fd)
+            raise
         # On a disk, reads asked not to wait take what is in memory or give up at once
         # (read_batch and holds_batch with ``now``); on tmpfs every read is memory already.
         self._nowait = not self.in_memory and fs.reads_without_waiting(self._ledger_fd, os.path.join(self.root, "lock"))
@@ -130,8 +198,16 @@ class FileStore:
         self._members: dict[int, set[str]] = {}  # pack -> its live keys
         self._live_record_bytes = 0
         self._closed = False
-        with self._locked():
+        self._owner: int | None = None  # the thread that holds the store's lock now
+        self._declines = _Reports("row(s) declined")
+        self._lock_waits = _Reports("wait(s) for the lock given up")
+        try:
+            # No lock: a dead writer's temp file is nobody's (its name holds its pid), and
+            # opening must not wait for a process that holds the lock and is stopped.
             self._sweep_temp()
+        except BaseException:
+            self.close()
+            raise
 
     # -- where objects are ----------------------------------------------------------------------
 
@@ -141,33 +217,41 @@ class FileStore:
 
     def locate(self, key: str) -> tuple[str, int, int] | None:
         """Where the object of ``key`` lies now: its pack file, offset and size; None if none."""
-        with self._reading():
-            self._refresh()
-            place = self._where.get(key)
+        place = self._look(lambda: self._where.get(key))
         return None if place is None else (self.pack_path(place[0]), place[1], place[2])
 
     def keys(self) -> list[str]:
         """Every key the store holds now."""
-        with self._reading():
-            self._refresh()
-            return list(self._where)
+        return self._look(lambda: list(self._where))
 
-    def holds_batch(self, keys: Sequence[str], *, now: bool = False) -> list[bool] | None:
+    def _look(self, answer: Callable[[], _T], deadline: float | None = None) -> _T:
+        """``answer()`` from the index as it stands now, read without the store's lock, unless
+        the ledger is damaged: then under the lock (waited for until ``deadline``), which
+        rebuilds it."""
+        try:
+            with self._reading():
+                self._refresh()
+                return answer()
+        except _LedgerDamaged:
+            with self._locked(deadline):
+                self._refresh()
+                return answer()
+
+    def holds_batch(self, keys: Sequence[str], *, now: bool = False, deadline: float | None = None
+                    ) -> list[bool] | None:
         """For each key, whether an object is stored under it now (one look at the index). Raises
         ``OSError`` when the index cannot be read. ``now``: ``None`` instead of waiting for
         anything but memory (another thread of this process reading the index, or index pages
-        on the disk)."""
-        places = self._places(keys, now)
+        on the disk). ``deadline``: for rebuilding a damaged ledger, which takes the lock."""
+        places = self._places(keys, now, deadline)
         return None if places is None else [place is not None for place in places]
 
-    def _places(self, keys: Sequence[str], now: bool) -> list[tuple[int, int, int] | None] | None:
+    def _places(self, keys: Sequence[str], now: bool, deadline: float | None = None
+                ) -> list[tuple[int, int, int] | None] | None:
         """Each key's (pack, offset, size) in the index as it stands now, or None for a key not
         held; with ``now``, ``None`` instead of waiting for anything but memory."""
         if not now:
-            with self._reading():
-                self._refresh()
-                get = self._where.get
-                return [get(key) for key in keys]
+            return self._look(lambda: [self._where.get(key) for key in keys], deadline)
         if not self._lock.acquire(blocking=False):
             return None
         try:
@@ -175,22 +259,27 @@ class FileStore:
             self._refresh(now=True)
             get = self._where.get
             return [get(key) for key in keys]
-        except fs.WouldWait:
+        except (fs.WouldWait, _LedgerDamaged):  # a worker reads it (and rebuilds a damaged ledger)
             return None
         finally:
             self._lock.release()
 
     # -- objects ----------------------------------------------------------------------------------
 
-    def write_from(self, keys: Sequence[str], buffers: Sequence[memoryview]) -> tuple[list[KeyStatus], dict[int, str]]:
+    def write_from(self, keys: Sequence[str], buffers: Sequence[memoryview], *, deadline: float | None = None
+                   ) -> tuple[list[KeyStatus], dict[int, str]]:
         """Store the bytes of ``buffers[i]`` (byte views) as ``keys[i]``, all in one pack:
-        ``OK``, ``ALREADY_THERE`` (the first bytes stay), ``DECLINED`` (no space) or ``FAILED``,
-        with reasons."""
+        ``OK``, ``ALREADY_THERE`` (the first bytes stay), ``DECLINED`` (no space: the store is
+        full and cannot evict, or the file system is full) or ``FAILED``, with reasons. Waits for
+        the store's lock until ``deadline`` at most, then raises
+        :class:`~kvwire_files.fs.LockBusy` (or answers ``FAILED`` for what it had begun)."""
         if len(keys) != len(buffers):
             raise ValueError(f"write_from: {len(keys)} keys and {len(buffers)} buffers")
+        if deadline is None:
+            deadline = time.monotonic() + self.lock_timeout_s
         status: list[KeyStatus] = [KeyStatus.OK] * len(keys)
         reasons: dict[int, str] = {}
-        with self._locked():
+        with self._locked(deadline):
             self._refresh()
             first: dict[str, int] = {}
             twins: list[tuple[int, int]] = []
@@ -207,7 +296,7 @@ class FileStore:
                     first[key] = i
                     todo.append(i)
         if todo:
-            self._write_batch(keys, buffers, todo, status, reasons)
+            self._write_batch(keys, buffers, todo, status, reasons, deadline)
         for i, j in twins:  # a key twice in one batch: the second answers as the first did
             status[i] = KeyStatus.ALREADY_THERE if status[j] in (KeyStatus.OK, KeyStatus.ALREADY_THERE) else status[j]
             if j in reasons:
@@ -215,14 +304,17 @@ class FileStore:
         return status, reasons
 
     def _write_batch(self, keys: Sequence[str], buffers: Sequence[memoryview], todo: list[int],
-                     status: list[KeyStatus], reasons: dict[int, str]) -> None:
+                     status: list[KeyStatus], reasons: dict[int, str], deadline: float) -> None:
         """Write the objects ``todo`` (indices into the batch) as one pack, filling in their
-        status and reasons."""
+        status and reasons. A file system that is full counts as a full store: the put evicts
+        and writes again (when eviction is on), and declines what still finds no space."""
         costs = [len(buffers[i]) for i in todo]
-        granted, pack, reserved = self._reserve(costs)
+        granted, pack, reserved = self._reserve(costs, deadline)
         for j in range(granted, len(todo)):
             status[todo[j]] = KeyStatus.DECLINED
             reasons[todo[j]] = self._no_space(costs[j])
+        if granted < len(todo):
+            self._note_declines(len(todo) - granted, reasons[todo[granted]])
         if not granted:
             return
         # Lay the pack out group by group (keys that differ only past their last "/", in the
@@ -236,22 +328,30 @@ class FileStore:
         for cost in costs:
             offsets.append(at)
             at += cost
-        try:
-            self._write_pack(temp, pack, [buffers[i] for i in todo])
-        except OSError as exc:
-            fs.unlink(temp)
-            self._release(reserved)
-            for i in todo:
-                if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                    status[i] = KeyStatus.DECLINED
-                    reasons[i] = f"the file store at {self.root} is out of space: {exc.strerror}"
-                else:
-                    status[i] = KeyStatus.FAILED
-                    reasons[i] = f"writing {keys[i]!r} under {self.root} failed: {exc}"
-            return
+        for tries in itertools.count(1):
+            try:
+                self._write_pack(temp, pack, [buffers[i] for i in todo])
+                break
+            except OSError as exc:
+                fs.unlink(temp)
+                full = exc.errno in fs.NO_SPACE
+                if full and self.eviction and tries <= _NO_SPACE_TRIES:
+                    try:
+                        if self._make_room(at, deadline):
+                            continue
+                    except OSError as why:  # the lock stayed held, or the index cannot be read
+                        log.debug("the file store at %s: no room made for a pack: %s", self.root, why)
+                self._release(reserved, deadline)
+                for i in todo:
+                    status[i] = KeyStatus.DECLINED if full else KeyStatus.FAILED
+                    reasons[i] = (self._out_of_space(exc) if full
+                                  else f"writing {keys[i]!r} under {self.root} failed: {exc}")
+                if full:
+                    self._note_declines(len(todo), reasons[todo[0]])
+                return
         placed = False
         try:
-            with self._locked():
+            with self._locked(deadline):
                 self._refresh()
                 fresh = [j for j, i in enumerate(todo) if keys[i] not in self._where]
                 for i in todo:
@@ -269,11 +369,15 @@ class FileStore:
                                       for j in fresh))
         except OSError as exc:
             fs.unlink(self.pack_path(pack) if placed else temp)
-            self._release(reserved)
+            self._release(reserved, deadline)
+            full = exc.errno in fs.NO_SPACE  # the index could not grow
             for i in todo:
                 if status[i] is KeyStatus.OK:
-                    status[i] = KeyStatus.FAILED
-                    reasons[i] = f"committing {keys[i]!r} under {self.root} failed: {exc}"
+                    status[i] = KeyStatus.DECLINED if full else KeyStatus.FAILED
+                    reasons[i] = (self._out_of_space(exc) if full
+                                  else f"committing {keys[i]!r} under {self.root} failed: {exc}")
+            if full:
+                self._note_declines(len(todo), self._out_of_space(exc))
 
     def _write_pack(self, temp: str, pack: int, parts: list[memoryview]) -> None:
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
@@ -288,8 +392,8 @@ class FileStore:
         finally:
             os.close(fd)
 
-    def read_batch(self, keys: Sequence[str], buffers: Sequence[memoryview], *, now: bool = False
-                   ) -> list[tuple[KeyStatus, str | None]] | None:
+    def read_batch(self, keys: Sequence[str], buffers: Sequence[memoryview], *, now: bool = False,
+                   deadline: float | None = None) -> list[tuple[KeyStatus, str | None]] | None:
         """Read object ``keys[i]`` straight into ``buffers[i]``, a writable byte view (no copy
         through Python bytes): ``OK``, ``MISSING``, or ``FAILED`` with a reason when the store
         holds it at another size or its pack is not whole. Per pack the keys lie in: open, a
@@ -299,22 +403,23 @@ class FileStore:
         ``now`` (only where :attr:`reads_without_waiting`): ``None`` instead of waiting for
         anything but memory: another thread of this process reading the index, or on a disk a
         path, index page or object page that is not in memory (the buffers may then hold
-        anything). On a disk the LRU touch of such a read waits for this process's next put."""
+        anything). On a disk the LRU touch of such a read waits for this process's next put.
+        ``deadline``: for rebuilding a damaged ledger, which takes the lock."""
         n = len(keys)
         if n != len(buffers):
             raise ValueError(f"read_batch: {n} keys and {len(buffers)} buffers")
         try:
-            return self._read_batch(keys, buffers, now)
+            return self._read_batch(keys, buffers, now, deadline)
         except fs.WouldWait:  # raised with ``now`` only
             return None
 
-    def _read_batch(self, keys: Sequence[str], buffers: Sequence[memoryview], now: bool
+    def _read_batch(self, keys: Sequence[str], buffers: Sequence[memoryview], now: bool, deadline: float | None
                     ) -> list[tuple[KeyStatus, str | None]] | None:
         n = len(keys)
         sizes = [len(b) for b in buffers]
         missing = (KeyStatus.MISSING, None)
         out: list[tuple[KeyStatus, str | None]] = [missing] * n
-        places = self._places(keys, now)
+        places = self._places(keys, now, deadline)
         if places is None:
             return None
         nowait = now and self._nowait
@@ -364,11 +469,12 @@ class FileStore:
                 os.close(fd)
         return out
 
-    def discard_batch(self, keys: Sequence[str]) -> list[bool]:
+    def discard_batch(self, keys: Sequence[str], *, deadline: float | None = None) -> list[bool]:
         """Remove the objects under ``keys``; for each, whether there was one. A pack whose last
-        object goes is unlinked; a reader that opened it already still reads it whole."""
+        object goes is unlinked; a reader that opened it already still reads it whole. Waits for
+        the store's lock until ``deadline`` (or ``lock_timeout_s``) at most."""
         done: list[bool] = []
-        with self._locked():
+        with self._locked(deadline):
             self._refresh()
             records = []
             emptied = []
@@ -426,22 +532,33 @@ class FileStore:
         raise OSError(errno.EAGAIN, f"the file store's index under {self.root} was rewritten {_RETRIES} times "
                       "while this process read it")
 
-    def _apply(self, data: bytes) -> None:
+    def _apply(self, data: bytes, *, to_damage: bool = False) -> int:
+        """Apply the records of ``data``; the bytes applied. Bytes that are no record raise
+        (naming the index), or with ``to_damage`` end the records (a rebuild keeps what lies
+        before them)."""
         unpack = _RECORD.unpack_from
         head = _RECORD.size
         at, end = 0, len(data)
         where, members = self._where, self._members
         while at < end:
+            damage = None
             if at + head > end:
-                raise self._corrupt(at, "a record cut short")
-            kind, pack, offset, size, key_len = unpack(data, at)
-            if at + head + key_len > end or kind not in (_ADD, _DROP_KEY, _DROP_PACK):
-                raise self._corrupt(at, "a record cut short" if kind in (_ADD, _DROP_KEY, _DROP_PACK)
-                                    else f"a record of unknown kind {kind}")
-            try:
-                key = data[at + head:at + head + key_len].decode()
-            except UnicodeDecodeError:
-                raise self._corrupt(at, "a key that is not UTF-8") from None
+                damage = "a record cut short"
+            else:
+                kind, pack, offset, size, key_len = unpack(data, at)
+                if kind not in (_ADD, _DROP_KEY, _DROP_PACK):
+                    damage = f"a record of unknown kind {kind}"
+                elif at + head + key_len > end:
+                    damage = "a record cut short"
+                else:
+                    try:
+                        key = data[at + head:at + head + key_len].decode()
+                    except UnicodeDecodeError:
+                        damage = "a key that is not UTF-8"
+            if damage is not None:
+                if to_damage:
+                    return at
+                raise self._corrupt(at, damage)
             at += head + key_len
             if kind == _ADD:
                 if key not in where:  # the first record of a key wins
@@ -456,6 +573,7 @@ class FileStore:
                 for gone in list(members.get(pack, ())):
                     self._forget_key(gone)
                 members.pop(pack, None)
+        return at
 
     def _corrupt(self, at: int, what: str) -> OSError:
         return OSError(errno.EIO, f"the file store's index {self.root}/index.{self._gen} holds {what} at offset "
@@ -473,7 +591,7 @@ class FileStore:
         """Under the lock, after :meth:`_refresh`: commit ``records``, then apply them here (or,
         with ``ahead``, they were applied already)."""
         used, next_pack, gen, length = self._read_ledger()
-        os.pwrite(self._log_fd, records, length)
+        fs.pwrite_all(self._log_fd, records, length)
         if self.fsync:
             os.fsync(self._log_fd)
         length += len(records)
@@ -482,30 +600,46 @@ class FileStore:
             self._apply(records)
         self._read_to = length
         if length >= _COMPACT_AT and length > 4 * self._live_record_bytes:
-            self._compact()
+            try:
+                self._compact()
+            except OSError as exc:  # the records are committed: the put stands, on the longer log
+                log.warning("the file store at %s could not rewrite its index (it stays %d bytes long): %s",
+                            self.root, length, exc)
 
     def _compact(self) -> None:
         """Under the lock: write the live records to the next generation's index and switch to it."""
         _, _, gen, _ = self._read_ledger()
-        path = f"{self.root}/index.{gen + 1}"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        fd, records = self._write_index(gen + 1)
         try:
-            records = b"".join(_record(_ADD, pack, offset, size, key)
-                               for key, (pack, offset, size) in self._where.items())
-            os.pwrite(fd, records, 0)
-            if self.fsync:
-                os.fsync(fd)
+            self._write_ledger(gen=gen + 1, length=len(records))
         except BaseException:
             os.close(fd)
+            fs.unlink(f"{self.root}/index.{gen + 1}")
             raise
-        self._write_ledger(gen=gen + 1, length=len(records))
         os.close(self._log_fd)
         self._log_fd, self._gen, self._read_to = fd, gen + 1, len(records)
         fs.unlink(f"{self.root}/index.{gen}")
 
+    def _write_index(self, gen: int) -> tuple[int, bytes]:
+        """Under the lock: the live records written whole to ``index.{gen}`` (not yet named by
+        the ledger); its open file and the records. On failure nothing is left of it."""
+        path = f"{self.root}/index.{gen}"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            records = b"".join(_record(_ADD, pack, offset, size, key)
+                               for key, (pack, offset, size) in self._where.items())
+            fs.pwrite_all(fd, records, 0)
+            if self.fsync:
+                os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            fs.unlink(path)
+            raise
+        return fd, records
+
     # -- capacity ---------------------------------------------------------------------------------
 
-    def _reserve(self, costs: list[int]) -> tuple[int, int, int]:
+    def _reserve(self, costs: list[int], deadline: float) -> tuple[int, int, int]:
         """Count a pack of the leading ``costs`` against the capacity (evicting if allowed): how
         many fit, the pack's number, and the bytes reserved."""
         overhead = _PACK_HEADER.size
@@ -518,7 +652,7 @@ class FileStore:
                 break
             need += cost
             fitting += 1
-        with self._locked():
+        with self._locked(deadline):
             self._refresh()
             self._touch_deferred()
             used, next_pack, _, _ = self._read_ledger()
@@ -536,17 +670,51 @@ class FileStore:
             self._write_ledger(used=used + taken, next_pack=next_pack + 1)
         return granted, next_pack, taken
 
-    def _release(self, cost: int) -> None:
-        with self._locked():
-            self._write_ledger(used=max(0, self._read_ledger()[0] - cost))
+    def _release(self, cost: int, deadline: float) -> None:
+        """Give back bytes reserved for a pack that was not placed. Best effort: while the lock
+        stays held past ``deadline`` the ledger over-counts, until a rescan counts the directory."""
+        try:
+            with self._locked(deadline):
+                self._write_ledger(used=max(0, self._read_ledger()[0] - cost))
+        except OSError as exc:
+            log.debug("the file store at %s keeps %d bytes counted until its next rescan: %s", self.root, cost, exc)
+
+    def _make_room(self, need: int, deadline: float) -> bool:
+        """Under the lock: for a pack of ``need`` bytes the file system had no room for, unlink
+        least-recently-used packs until it has that and a tenth of the capacity more free (so the
+        next puts fit too); whether it has room for ``need`` now."""
+        with self._locked(deadline):
+            self._refresh()
+            self._touch_deferred()
+            free = fs.free_bytes(self.root)
+            if free is None:
+                return False
+            want = need + int(self.capacity_bytes * (1 - _EVICT_TO))
+            packs = sorted((mtime, pack, size) for pack, size, mtime in self._pack_files() if pack in self._members)
+            records = []
+            freed = 0
+            for _, pack, size in packs:
+                if free + freed >= want:
+                    break
+                fs.unlink(self.pack_path(pack))
+                records.append(_record(_DROP_PACK, pack, 0, 0, ""))
+                freed += size
+            if records:
+                self._append(b"".join(records))
+                self._write_ledger(used=max(0, self._read_ledger()[0] - freed))
+                log.info("the file store at %s found its file system full and evicted %d pack(s), %d bytes",
+                         self.root, len(records), freed)
+            # Unlinked packs a reader still has open free their space only when it closes them.
+            return (fs.free_bytes(self.root) or 0) >= need
 
     def _rescan(self, need: int) -> int:
         """Under the lock, after :meth:`_refresh`: the bytes the directory really holds (packs and
         live temp files), after evicting least-recently-used packs to make room for ``need`` when
-        allowed. A pack the index has no live object of (its writer died committing) goes."""
+        allowed. A pack the index has no live object of (its writer died committing) goes, and
+        so do the index's objects whose pack is gone."""
         self._sweep_temp()
         packs = []
-        records = []
+        records: list[bytes] = []
         used = self._temp_bytes()
         for pack, size, mtime in self._pack_files():
             if pack in self._members:
@@ -554,6 +722,11 @@ class FileStore:
                 used += size
             else:
                 fs.unlink(self.pack_path(pack))
+        # Objects whose pack file is gone (removed by hand, or a commit whose rename stood and
+        # whose records did not) would be held forever: lookups say held, fetches miss, and a
+        # put of the key answers ALREADY_THERE.
+        on_disk = {pack for _, pack, _ in packs}
+        records.extend(_record(_DROP_PACK, pack, 0, 0, "") for pack in self._members if pack not in on_disk)
         if self.eviction and used + need > self.capacity_bytes:
             target = max(0, min(self.capacity_bytes - need, int(self.capacity_bytes * _EVICT_TO)))
             for _, pack, size in sorted(packs):
@@ -601,6 +774,13 @@ class FileStore:
             if pid.isdigit() and not fs.alive(int(pid)):
                 fs.unlink(item.path)
 
+    def _out_of_space(self, exc: OSError) -> str:
+        return (f"the file system under {self.root} is full ({exc.strerror or exc})"
+                f"{'' if self.eviction else ', and eviction is off'}")
+
+    def _note_declines(self, rows: int, why: str) -> None:
+        self._declines.note(rows, "the file store at %s declines rows (not stored): %s", self.root, why)
+
     def _no_space(self, cost: int) -> str:
         if cost + _PACK_HEADER.size > self.capacity_bytes:
             return f"an object of {cost} bytes exceeds the file store's capacity of {self.capacity_bytes} bytes"
@@ -611,6 +791,7 @@ class FileStore:
     def used_bytes(self) -> int:
         """The bytes the ledger counts now (packs, and packs being written)."""
         with self._locked():
+            self._refresh()
             return self._read_ledger()[0]
 
     def _reading(self) -> threading.Lock:
@@ -622,24 +803,112 @@ class FileStore:
         if self._closed:
             raise OSError(errno.EBADF, f"the file store at {self.root} is closed")
 
-    def _locked(self) -> fs.FileLock:
+    @contextlib.contextmanager
+    def _locked(self, deadline: float | None = None) -> Iterator[None]:
+        """The store's lock, waited for until ``deadline`` (``time.monotonic()``; None: for
+        ``lock_timeout_s``), then :class:`~kvwire_files.fs.LockBusy` naming its holder."""
         self._check_open()
-        return fs.FileLock(self._writers, self._lock_fd, self._lock)
+        if deadline is None:
+            deadline = time.monotonic() + self.lock_timeout_s
+        try:
+            lock = fs.FileLock(self._writers, self._lock_fd, self._lock, deadline, f"{self.root}/lock")
+            lock.__enter__()
+        except fs.LockBusy as exc:
+            self._lock_waits.note(1, "the file store at %s: %s", self.root, exc.strerror)
+            raise
+        self._owner = threading.get_ident()
+        try:
+            yield
+        finally:
+            self._owner = None
+            lock.__exit__(None, None, None)
 
     def _read_ledger(self, nowait: bool = False) -> tuple[int, int, int, int]:
         """The ledger's four numbers. A reader holds no lock, so its read may overlap a writer's
         and see part of each: the checksum tells, and it reads again. ``nowait``: ``WouldWait``
         rather than wait for the disk."""
+        why = "it does not hold a whole record whose checksum matches"
         for _ in range(_RETRIES):
             raw = fs.pread(self._ledger_fd, _LEDGER.size, 0, nowait)
             if not raw:
-                return 0, 0, 0, 0  # a new store
+                if nowait:
+                    raise fs.WouldWait()  # a new store, or an emptied ledger: a worker looks
+                if not self._holds_objects():
+                    return 0, 0, 0, 0  # a new store
+                why = "it is empty, though the store holds objects"
+                break
             if len(raw) == _LEDGER.size:
                 *values, crc = _LEDGER.unpack(raw)
                 if zlib.crc32(raw[:-4]) == crc:
                     return values[0], values[1], values[2], values[3]
-        raise OSError(errno.EIO, f"the file store's ledger {self.root}/ledger is damaged; remove the store's "
-                      "directory to start it afresh")
+        if self._owner == threading.get_ident():
+            return self._rebuild_ledger(why)
+        raise _LedgerDamaged(errno.EIO, f"the file store's ledger {self.root}/ledger is damaged ({why})")
+
+    def _holds_objects(self) -> bool:
+        """Whether an index with records, or a pack, is in the directory (an empty ledger then
+        is damage, not a new store: the first put writes the ledger before either)."""
+        with os.scandir(self.root) as items:
+            if any(i.name.startswith("index.") and i.stat(follow_symlinks=False).st_size for i in items):
+                return True
+        with os.scandir(self._packs) as items:
+            return any(True for _ in items)
+
+    def _rebuild_ledger(self, why: str) -> tuple[int, int, int, int]:
+        """Under the lock: a new ledger from what the directory holds, and the index rewritten
+        to what it can still serve. The newest index's records up to the first bytes that are no
+        record are kept whose object lies whole in a pack on disk; every other object is lost
+        (and logged). The next pack number skips far past every number in sight (see
+        ``_PACK_GAP``); the bytes used are counted from the directory."""
+        gens = sorted(int(name[6:]) for name in os.listdir(self.root)
+                      if name.startswith("index.") and name[6:].isdigit())
+        gen = gens[-1] if gens else 0
+        try:
+            with open(f"{self.root}/index.{gen}", "rb") as index:
+                data = index.read()
+        except FileNotFoundError:
+            data = b""
+        self._where.clear()
+        self._members.clear()
+        self._live_record_bytes = 0
+        self._read_to = 0
+        applied = self._apply(data, to_damage=True)
+        sizes = {pack: size for pack, size, _ in self._pack_files()}
+        listed = len(self._where)
+        for key, (pack, offset, size) in list(self._where.items()):
+            if offset < _PACK_HEADER.size or offset + size > sizes.get(pack, -1):
+                self._forget_key(key)
+        lost = listed - len(self._where)
+        used = self._temp_bytes()
+        for pack, size in sizes.items():
+            if pack in self._members:
+                used += size
+            else:  # no object of it is listed: nobody can read it
+                fs.unlink(self.pack_path(pack))
+        next_pack = max([*sizes, *self._members, -1]) + 1 + _PACK_GAP
+        fd, records = self._write_index(gen + 1)
+        values = (used, next_pack, gen + 1, len(records))
+        try:
+            fs.pwrite_all(self._ledger_fd, _ledger_bytes(*values), 0)
+            os.ftruncate(self._ledger_fd, _LEDGER.size)
+            if self.fsync:
+                os.fsync(self._ledger_fd)
+        except BaseException:
+            os.close(fd)
+            fs.unlink(f"{self.root}/index.{gen + 1}")
+            self._gen = -1  # read again from the start, whatever the ledger names
+            raise
+        if self._log_fd >= 0:
+            os.close(self._log_fd)
+        self._log_fd, self._gen, self._read_to = fd, gen + 1, len(records)
+        for old in gens:
+            fs.unlink(f"{self.root}/index.{old}")
+        log.warning("the file store's ledger %s/ledger was damaged (%s): rebuilt from index.%d and packs/. Kept "
+                    "%d object(s) in %d pack(s); lost %d object(s) whose pack is gone or cut short%s",
+                    self.root, why, gen, len(self._where), len(self._members), lost,
+                    f", and {len(data) - applied} bytes of the index past its last whole record"
+                    if applied < len(data) else "")
+        return values
 
     def _write_ledger(self, *, used: int | None = None, next_pack: int | None = None, gen: int | None = None,
                       length: int | None = None) -> None:

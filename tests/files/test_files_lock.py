@@ -1,0 +1,258 @@
+"""A writer stopped (SIGSTOP) while it holds the files store's lock, a real second process in the
+middle of a put: everyone else's waits for that lock end by their deadline. Opening the store
+does not wait at all; a publish fails at its deadline with cause DEADLINE and quiesces within the
+harness's grace; a call without a deadline of its own gives up after ``lock_timeout_s`` with an
+error naming the stopped process; gets go on. Once the writer is continued, everything works."""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from kvwire_files import FileStore, plugin
+from kvwire_files.fs import LockBusy
+from kvwire_files.harness import FilesHarness
+
+from kvwire.contract import CacheKind, Cause, Hint, LayerGroupRows, MemoryKind, SlotRegion, TokenRange, View
+from kvwire.runtime import ModelConfig, TransferStatus, Worker
+from kvwire.testing.holder import wait_for
+
+SLOT = 4096
+ROWS = 4
+GRACE_S = FilesHarness.quiesce_grace_s
+
+#: Publishes one batch of rows; stops itself (SIGSTOP) at its second write into a file of the
+#: store's own (the ledger, after the lock's record of its holder), which it makes holding the
+#: lock.
+STOPPED_WRITER = textwrap.dedent('''
+    import os, signal, sys, threading
+    import numpy as np
+    from kvwire.contract import CacheKind, Hint, LayerGroupRows, MemoryKind, SlotRegion, TokenRange, View
+    from kvwire.registry import load
+
+    real = os.pwrite
+    writes = []
+    def stop_inside_the_lock(fd, data, offset):
+        writes.append(fd)
+        if len(writes) < 2:
+            return real(fd, data, offset)
+        os.pwrite = real
+        print("holding", flush=True)
+        # At this thread: a SIGSTOP sent to the process may be taken by another thread, and this
+        # one would run on (out of the lock) until the stop reached it.
+        signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
+        return real(fd, data, offset)
+    os.pwrite = stop_inside_the_lock
+
+    backend = load("files").build({"root": sys.argv[1]})
+    memory = np.full((4, 4096), 7, dtype=np.uint8)
+    names = np.arange(64, dtype=np.uint8).reshape(4, 16) + 100
+    region = SlotRegion(1, memory.ctypes.data, 4096, 4, MemoryKind.HOST)
+    view = View((LayerGroupRows(0, CacheKind.PAGED, region, np.arange(4), TokenRange(0, 64), names),))
+    woken = threading.Event()
+    with backend.register_regions([region]):
+        attempt = backend.publish(view, Hint.of("store", namespace="lock", timeout_s=120), woken.set)
+        while not (attempt.poll() is not None and attempt.quiesced()):
+            woken.wait(1)
+            woken.clear()
+    print("published", attempt.poll().is_delivered, flush=True)
+    backend.close()
+''')
+
+
+def _line(proc: subprocess.Popen[str], seconds: float) -> str:
+    """The next line the process prints, waited for ``seconds`` at most ("" if none came)."""
+    assert proc.stdout is not None
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        if not sel.select(seconds):
+            return ""
+    return proc.stdout.readline().strip()
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat", "rb") as stat:
+        return stat.read().rpartition(b")")[2].split()[0].decode()
+
+
+def _lock_is_held(root: Path) -> bool:
+    import fcntl
+
+    fd = os.open(root / "lock", os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing the only descriptor of this open file lets go of a lock taken
+    return False
+
+
+def _rows(seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return (rng.integers(0, 256, size=(ROWS, SLOT), dtype=np.uint8),
+            rng.integers(0, 256, size=(ROWS, 16), dtype=np.uint8))
+
+
+def _view(memory: np.ndarray, names: np.ndarray) -> tuple[SlotRegion, View]:
+    region = SlotRegion(1, memory.ctypes.data, SLOT, ROWS, MemoryKind.HOST)
+    return region, View((LayerGroupRows(0, CacheKind.PAGED, region, np.arange(ROWS), TokenRange(0, 16 * ROWS),
+                                        names),))
+
+
+def _in_a_thread(call: object, seconds: float) -> tuple[bool, object]:
+    """Run ``call()`` on a thread; whether it returned within ``seconds``, and what it returned
+    or raised. A call that hangs is left running (the test then fails saying so)."""
+    answer: list[object] = []
+
+    def run() -> None:
+        try:
+            answer.append(call())  # type: ignore[operator]
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            answer.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    return (not thread.is_alive()), (answer[0] if answer else None)
+
+
+@pytest.fixture
+def stopped_writer(tmp_path: Path):
+    """A second process stopped inside the store's lock, mid-put; continued (and reaped) at the
+    end, or killed if it does not end."""
+    root = tmp_path / "store"
+    script = tmp_path / "stopped_writer.py"
+    script.write_text(STOPPED_WRITER)
+    proc = subprocess.Popen([sys.executable, str(script), str(root)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert _line(proc, 60) == "holding", proc.stderr.read() if proc.poll() is not None else "no line"  # type: ignore[union-attr]
+        wait_for(lambda: _state(proc.pid) == "T", 10, "the writer stopping")
+        assert _lock_is_held(root), "the stopped writer does not hold the store's lock"
+        yield root, proc
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(30)
+
+
+def test_a_writer_stopped_inside_the_lock_stalls_nobody_past_their_deadline(stopped_writer) -> None:
+    root, proc = stopped_writer
+    # Opening the store takes no lock: it does not wait for the stopped process.
+    opened, backend = _in_a_thread(lambda: plugin.build({"root": str(root)}), 20)
+    assert opened, "opening the store waited for the stopped process"
+    assert not isinstance(backend, BaseException), backend
+    try:
+        data, names = _rows(1)
+        region, view = _view(data, names)
+        woken = threading.Event()
+        with backend.register_regions([region]):  # type: ignore[union-attr]
+            submitted = time.monotonic()
+            attempt = backend.publish(view, Hint.of("store", namespace="lock", timeout_s=2.0),  # type: ignore[union-attr]
+                                      woken.set)
+            # Concludes by its deadline, and quiesces within the grace after it (A8.2, A8.3).
+            while not (attempt.poll() is not None and attempt.quiesced()):
+                left = submitted + 2.0 + GRACE_S - time.monotonic()
+                assert left > 0, f"the publish had not quiesced {GRACE_S} s after its deadline: {attempt!r}"
+                woken.wait(left)
+                woken.clear()
+        outcome = attempt.poll()
+        assert not outcome.is_delivered and outcome.cause is Cause.DEADLINE, outcome
+        assert not outcome.masks[0].any()
+
+        # Gets take no lock: the rows the stopped writer has not committed are misses, not a wait.
+        sink = np.zeros_like(data)
+        region, view = _view(sink, np.arange(64, dtype=np.uint8).reshape(4, 16) + 100)
+        with backend.register_regions([region]):  # type: ignore[union-attr]
+            fetched = backend.fetch(view, Hint.of("store", namespace="lock", timeout_s=5.0), woken.set)  # type: ignore[union-attr]
+            wait_for(lambda: fetched.poll() is not None and fetched.quiesced(), 10, "the fetch ending")
+        assert fetched.poll().is_delivered and not fetched.poll().masks[0].any()
+    finally:
+        backend.close()  # type: ignore[union-attr]
+
+    # A call with no deadline of its own gives up after lock_timeout_s, naming the stopped process.
+    store = FileStore(str(root), capacity_bytes=1 << 20, lock_timeout_s=0.5)
+    try:
+        with pytest.raises(LockBusy) as info:
+            store.used_bytes  # noqa: B018 - the property takes the lock
+        assert f"held by process {proc.pid} (stopped)" in str(info.value), str(info.value)
+        assert f"{root}/lock" in str(info.value)
+    finally:
+        store.close()
+
+    # Continued, the writer finishes its put, and this process's puts land again.
+    os.kill(proc.pid, signal.SIGCONT)
+    assert _line(proc, 60) == "published True"
+    assert proc.wait(60) == 0
+    backend = plugin.build({"root": str(root)})
+    try:
+        region, view = _view(data, names)
+        with backend.register_regions([region]):
+            attempt = backend.publish(view, Hint.of("store", namespace="lock", timeout_s=10.0), woken.set)
+            wait_for(lambda: attempt.poll() is not None and attempt.quiesced(), 30, "the publish ending")
+        assert attempt.poll().is_delivered and attempt.poll().masks[0].all()
+    finally:
+        backend.close()
+
+
+def test_a_worker_opens_and_its_publish_fails_at_its_deadline_while_a_writer_is_stopped(stopped_writer) -> None:
+    """``Worker(backend="files")`` used to block until the stopped process was killed, and a
+    publish with a 2 s deadline raised after 12 s ("did not quiesce ... its lease is kept").
+    Now the worker opens, the publish returns a failed result whose reason says the deadline
+    passed, no pin is left, and the lease came back (nothing kept)."""
+    root, _ = stopped_writer
+    model = ModelConfig(layers=2, layers_per_group=1, heads=2, head_dim=8, block_tokens=16, max_tokens=256, seed=1)
+    opened, worker = _in_a_thread(lambda: Worker(model, backend="files", options={"root": str(root)},
+                                                 num_blocks=16, timeout_s=10), 20)
+    assert opened, "Worker(backend='files') waited for the stopped process"
+    assert isinstance(worker, Worker), worker
+    try:
+        prompt = np.arange(48) % model.vocab
+        worker.generate(prompt)
+        result = worker.publish(prompt, timeout_s=2.0)
+        assert result.status is TransferStatus.FAILED and "deadline passed" in (result.reason or ""), result
+        assert worker.pins() == 0 and not worker._kept
+    finally:
+        worker.close()
+    assert worker.pins() == 0
+
+
+def test_a_lock_another_process_holds_is_named_and_a_lock_of_nobody_known_is_said_so(tmp_path: Path) -> None:
+    """The error names the holder the lock file records, as long as it runs; a holder that does
+    not record itself is called so."""
+    import fcntl
+
+    store = FileStore(str(tmp_path / "s"), capacity_bytes=1 << 20, lock_timeout_s=0.2)
+    holder = os.open(os.path.join(store.root, "lock"), os.O_RDWR)
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        os.pwrite(holder, b"\0" * 16, 0)  # a holder that records nothing
+        with pytest.raises(LockBusy, match="held by another process \\(the lock file names none\\)"):
+            store.discard_batch(["k"])
+        sleeper = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+        try:
+            os.pwrite(holder, b"%d\n" % sleeper.pid, 0)
+            with pytest.raises(LockBusy, match=f"held by process {sleeper.pid} \\(sleeping\\)"):
+                store.discard_batch(["k"])
+        finally:
+            sleeper.communicate(b"", timeout=30)
+        with pytest.raises(LockBusy, match=f"process {sleeper.pid} as it last recorded, which no longer runs"):
+            store.discard_batch(["k"])
+    finally:
+        os.close(holder)
+    assert store.discard_batch(["k"]) == [False]  # free again: it answers
+    store.close()
