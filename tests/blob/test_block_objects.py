@@ -278,9 +278,10 @@ def test_chunking_moves_whole_blocks_and_changes_no_result(data, blocks, chunk_b
         reader.close()
 
 
-def test_the_drivers_key_bound_counts_blocks(store, make_backend):
+def test_the_drivers_key_bound_counts_each_part_of_a_block(store, make_backend):
+    """A driver's max_batch_keys bounds the spans of a parts call: 7 // 3 groups = 2 blocks."""
     driver = store.driver()
-    driver.max_batch_keys = 2
+    driver.max_batch_keys = 7
     asked: list[int] = []
     inner_put = driver.put_parts
 

@@ -822,10 +822,13 @@ class BlobBackend(Backend, Lookup):
                 unorder = np.argsort(order)
             else:
                 flat_addresses = flat_sizes = _NO_ROWS
-        if total_bytes <= self._chunk_bytes and (self._chunk_rows is None or len(keys) <= self._chunk_rows):
+        most = self._chunk_rows
+        if most is not None and parts is not None:  # the driver's bound counts each part (a span)
+            most = max(1, most // max(1, parts.size))
+        if total_bytes <= self._chunk_bytes and (most is None or len(keys) <= most):
             bounds = [0, len(keys)]  # one chunk; an empty submission still concludes on a worker
         else:
-            bounds = self._chunk_bounds(flat_sizes).tolist()
+            bounds = self._chunk_bounds(flat_sizes, most).tolist()
         inline = total_bytes <= self._inline_bytes[op] and len(bounds) == 2  # one chunk, moved in the call
         with core.cond:
             if core.closed:
@@ -1022,15 +1025,14 @@ class BlobBackend(Backend, Lookup):
         except ValueError as exc:
             raise InvalidSubmission(f"store hint field 'namespace': {exc}") from None
 
-    def _chunk_bounds(self, sizes: np.ndarray) -> np.ndarray:
+    def _chunk_bounds(self, sizes: np.ndarray, most: int | None) -> np.ndarray:
         """Row indices where chunks start, plus the end: a row belongs to the chunk of the
-        ``chunk_bytes`` window its first byte falls in."""
+        ``chunk_bytes`` window its first byte falls in, and a chunk holds at most ``most`` rows."""
         n = sizes.size
         starts = np.cumsum(sizes, dtype=np.int64) - sizes.astype(np.int64)
         window = starts // self._chunk_bytes
         cuts = np.flatnonzero(window[1:] != window[:-1]) + 1
         bounds = np.concatenate(([0], cuts, [n])).astype(np.int64)
-        most = self._chunk_rows
         if most is not None and n and int(np.diff(bounds).max()) > most:
             # and at most the driver's max_batch_keys rows each: cut long chunks every that many rows
             bounds = np.unique(np.concatenate([np.arange(a, b, most) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]

@@ -136,7 +136,9 @@ class StoreDriver(abc.ABC):
 
     #: The most keys one ``put`` or ``get_into`` call is given, or ``None`` for no bound: the blob
     #: backend cuts a submission into chunks of at most this many rows, besides its byte bound.
-    #: A store whose client queues one request per key and refuses or stalls past some depth
+    #: A parts call counts each part of each key (``keys x parts`` spans): block objects of 32
+    #: groups come at most ``max_batch_keys // 32`` to a call (at least one).
+    #: A store whose client queues one request per span and refuses or stalls past some depth
     #: (Mooncake's transfer queue) sets it, so one call never asks more than it takes.
     max_batch_keys: int | None = None
 

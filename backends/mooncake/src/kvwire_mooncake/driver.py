@@ -3,7 +3,9 @@
 
 Rows move zero-copy: regions are registered with the client (``register_buffer``), puts read
 them with ``batch_put_from`` and gets write them with ``batch_get_into``; no Python bytes are
-made on the way. Mooncake answers with status codes, never exceptions; :mod:`kvwire_mooncake.codes`
+made on the way. A block object (K1) is one Mooncake object holding a block's row of every group,
+one after another: ``batch_put_from_multi_buffers`` gathers it from the rows and
+``batch_get_into_multi_buffers`` scatters it back, each with one buffer per group and block. Mooncake answers with status codes, never exceptions; :mod:`kvwire_mooncake.codes`
 maps them to per-key statuses.
 
 Time bounds (measured with 0.3.13 over TCP): a call against a master that died returns
@@ -25,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from kvwire.blob.driver import BatchResult, KeyStatus, StoreDriver
+from kvwire.blob.parts import check_parts
 from kvwire.contract import MemoryKind, SlotRegion
 from kvwire_mooncake import codes
 from kvwire_mooncake.library import store_module
@@ -58,7 +61,11 @@ class MooncakeDriver(StoreDriver):
     #: One put or get of 8192 small objects overflowed the client's TCP transfer queue here ("TCP
     #: lane queue-full rejection"): about half the rows failed, and the call stayed inside the
     #: client for 30 s and more, past any deadline; 4096 moved in 0.1 s on a quiet machine, and
-    #: 2048 per call (two workers' calls at once) still lost a few rows on a loaded one.
+    #: 2048 per call (two workers' calls at once) still lost a few rows on a loaded one. The queue
+    #: holds one request per buffer: a multi-buffer call of 128 block objects of 32 parts (4096
+    #: buffers) to another client's segment failed most of them (-800), as 4096 single-buffer
+    #: keys did, and 2048 objects of 32 stayed 60 s inside the client; so a parts call counts
+    #: each part against this bound (the blob backend sends 1024 // 32 = 32 such objects a call).
     max_batch_keys = 1024
 
     def __init__(self, client: Any, *, master: str, owned_master: MasterProcess | None = None,
@@ -233,17 +240,36 @@ class MooncakeDriver(StoreDriver):
                 self._cond.notify_all()
 
     def put(self, keys: Sequence[str], addresses: np.ndarray, sizes: np.ndarray) -> BatchResult:
-        return self._batch(len(keys), lambda n: self._put(keys, addresses, sizes, n))
+        def put_rows(chosen: list[str], rows: np.ndarray | None) -> list[int]:
+            at, lengths = np.asarray(addresses, dtype=np.uint64), np.asarray(sizes, dtype=np.uint64)
+            if rows is not None:
+                at, lengths = at[rows], lengths[rows]
+            return self._client.batch_put_from(chosen, at.tolist(), lengths.tolist())  # type: ignore[no-any-return]
 
-    def _put(self, keys: Sequence[str], addresses: np.ndarray, sizes: np.ndarray, n: int) -> BatchResult:
+        return self._batch(len(keys), lambda n: self._put(keys, put_rows, n))
+
+    def put_parts(self, keys: Sequence[str], addresses: np.ndarray, sizes: np.ndarray) -> BatchResult:
+        """Block objects, each gathered from its parts by one ``batch_put_from_multi_buffers``
+        call for the batch (no copy on this side)."""
+        at, lengths, _ = check_parts("put_parts", keys, addresses, sizes)
+        each = lengths.tolist()
+
+        def put_rows(chosen: list[str], rows: np.ndarray | None) -> list[int]:
+            buffers = (at if rows is None else at[rows]).tolist()
+            return self._client.batch_put_from_multi_buffers(  # type: ignore[no-any-return]
+                chosen, buffers, [each] * len(chosen))
+
+        return self._batch(len(keys), lambda n: self._put(keys, put_rows, n))
+
+    def _put(self, keys: Sequence[str], put_rows: Callable[[list[str], np.ndarray | None], list[int]],
+             n: int) -> BatchResult:
+        """A put of ``keys``: ``put_rows(keys, rows)`` stores the keys of ``rows`` (``None``:
+        all) and answers the client's codes."""
         keys = _as_list(keys)
         found = self._client.batch_is_exist(keys) if self._check_existing else None
         fresh = found is None or not any(found)  # no key there yet (a negative code is an error)
         if fresh:  # the common case: nothing there yet, put every key
-            answer = self._client.batch_put_from(
-                keys, np.asarray(addresses, dtype=np.uint64).tolist(),
-                np.asarray(sizes, dtype=np.uint64).tolist(),
-            )
+            answer = put_rows(keys, None)
             if not any(answer):  # every key stored; checked on the list, before any numpy
                 return BatchResult.ok(n)
             return codes.put_result(np.asarray(answer, dtype=np.int64))
@@ -255,11 +281,7 @@ class MooncakeDriver(StoreDriver):
             reasons[i] = codes.describe("exists check before put", int(exist[i]))
         todo = np.flatnonzero(exist == 0)
         if todo.size:
-            answer = self._client.batch_put_from(
-                [keys[i] for i in todo.tolist()],
-                np.asarray(addresses, dtype=np.uint64)[todo].tolist(),
-                np.asarray(sizes, dtype=np.uint64)[todo].tolist(),
-            )
+            answer = put_rows([keys[i] for i in todo.tolist()], todo)
             sub = codes.put_result(np.asarray(answer, dtype=np.int64))
             status[todo] = sub.status
             for j, why in sub.reasons.items():
@@ -267,17 +289,25 @@ class MooncakeDriver(StoreDriver):
         return BatchResult(status, reasons)
 
     def get_into(self, keys: Sequence[str], addresses: np.ndarray, sizes: np.ndarray) -> BatchResult:
-        return self._batch(len(keys), lambda n: self._get_into(keys, addresses, sizes, n))
+        spans = _Spans(np.asarray(addresses, dtype=np.uint64), np.asarray(sizes, dtype=np.int64), None)
+        return self._batch(len(keys), lambda n: self._get(keys, spans, n))
 
-    def _get_into(self, keys: Sequence[str], addresses: np.ndarray, sizes: np.ndarray, n: int) -> BatchResult:
+    def get_parts_into(self, keys: Sequence[str], addresses: np.ndarray, sizes: np.ndarray) -> BatchResult:
+        """Block objects, each scattered into its parts by one ``batch_get_into_multi_buffers``
+        call for the batch (no copy on this side). An object of another size fails its key."""
+        at, lengths, total = check_parts("get_parts_into", keys, addresses, sizes)
+        spans = _Spans(at, np.full(len(keys), total, dtype=np.int64), lengths)
+        return self._batch(len(keys), lambda n: self._get(keys, spans, n))
+
+    def _get(self, keys: Sequence[str], spans: _Spans, n: int) -> BatchResult:
         keys = _as_list(keys)
         if len(set(keys)) != n:
-            return self._get_repeated(keys, addresses, sizes, n)
-        wanted = np.asarray(sizes, dtype=np.int64).tolist()
-        answer = self._client.batch_get_into(keys, np.asarray(addresses, dtype=np.uint64).tolist(), wanted)
+            return self._get_repeated(keys, spans, n)
+        wanted = spans.sizes.tolist()
+        answer = spans.read(self._client, keys)
         if type(answer) is list and answer == wanted:  # every row read whole; compared before any numpy
             return BatchResult.ok(n)
-        sizes = np.asarray(wanted, dtype=np.int64)
+        sizes = spans.sizes
         got = np.asarray(answer, dtype=np.int64)
         result = codes.get_result(got, sizes)
         if not result.reasons:  # every row whole, or only misses
@@ -295,18 +325,18 @@ class MooncakeDriver(StoreDriver):
                 )
         return BatchResult(result.status, reasons)
 
-    def _get_repeated(self, keys: list[str], addresses: np.ndarray, sizes: np.ndarray, n: int) -> BatchResult:
+    def _get_repeated(self, keys: list[str], spans: _Spans, n: int) -> BatchResult:
         """A get that names one object on several rows (a fetch may, V4.5): Mooncake's
-        ``batch_get_into`` writes only one destination of a repeated key yet reports every one
-        read whole, so each object is read once, into its first row, and copied from there to
-        its other rows. A key names one group's object, so its rows have one size."""
+        ``batch_get_into`` (and its multi-buffer form) writes only one destination of a repeated
+        key yet reports every one read whole, so each object is read once, into its first row,
+        and copied from there to its other rows. A key names one object, so its rows have one
+        size (and, for block objects, one layout)."""
         first_row: dict[str, int] = {}
         for i, key in enumerate(keys):
             first_row.setdefault(key, i)
         read_rows = sorted(first_row.values())
-        at = np.asarray(addresses, dtype=np.uint64)
-        lengths = np.asarray(sizes, dtype=np.int64)
-        read = self._get_into([keys[i] for i in read_rows], at[read_rows], lengths[read_rows], len(read_rows))
+        read = self._get([keys[i] for i in read_rows], spans.select(np.asarray(read_rows, dtype=np.int64)),
+                         len(read_rows))
         answer_of = {row: j for j, row in enumerate(read_rows)}  # a read row -> its place in ``read``
         status = np.empty(n, dtype=np.uint8)
         reasons: dict[int, str] = {}
@@ -317,7 +347,7 @@ class MooncakeDriver(StoreDriver):
             if j in read.reasons:
                 reasons[i] = read.reasons[j]
             if i != source and status[i] == KeyStatus.OK:
-                ctypes.memmove(int(at[i]), int(at[source]), int(lengths[i]))
+                spans.copy(i, source)
         return BatchResult(status, reasons)
 
     def exists(self, keys: Sequence[str]) -> np.ndarray:
@@ -392,6 +422,37 @@ class MooncakeDriver(StoreDriver):
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
         return f"MooncakeDriver(master={self._master}, {state}, {len(self._registered)} region(s))"
+
+
+class _Spans:
+    """Where a get writes each key's object: ``addresses[i]`` (``sizes[i]`` bytes), or for block
+    objects (``parts``, the part sizes) ``addresses[i, p]``, part after part; ``sizes[i]`` is
+    then the object's size."""
+
+    __slots__ = ("addresses", "sizes", "parts")
+
+    def __init__(self, addresses: np.ndarray, sizes: np.ndarray, parts: np.ndarray | None) -> None:
+        self.addresses = addresses
+        self.sizes = sizes
+        self.parts = parts
+
+    def select(self, rows: np.ndarray) -> _Spans:
+        return _Spans(self.addresses[rows], self.sizes[rows], self.parts)
+
+    def read(self, client: Any, keys: list[str]) -> Any:
+        """The client's answer for a get of ``keys`` into these spans: bytes read, or a code."""
+        if self.parts is None:
+            return client.batch_get_into(keys, self.addresses.tolist(), self.sizes.tolist())
+        return client.batch_get_into_multi_buffers(keys, self.addresses.tolist(), [self.parts.tolist()] * len(keys))
+
+    def copy(self, row: int, source: int) -> None:
+        """Copy what was read into row ``source`` to row ``row`` as well."""
+        if self.parts is None:
+            ctypes.memmove(int(self.addresses[row]), int(self.addresses[source]), int(self.sizes[row]))
+            return
+        for to, fro, size in zip(self.addresses[row].tolist(), self.addresses[source].tolist(),
+                                 self.parts.tolist(), strict=True):
+            ctypes.memmove(to, fro, size)
 
 
 def _as_list(keys: Sequence[str]) -> list[str]:
