@@ -174,6 +174,19 @@ def kernel_section(repeat: int, sweep: bool) -> None:
         say(f"   {chunk >> 10:>4}Ki {blocks:>6} {planes_n:>6} {total >> 20:>4}Mi {2 * total / copy1 / 1e6:>9.0f} |"
             f" {copy1 / g1:>8.2f} {copy1 / s1:>5.2f} | {res[0]:>10.2f} {res[1]:>5.2f} |"
             f" {copy5 / kern[0]:>6.2f} {copy5 / kern[1]:>5.2f} | {copy1 / tg:>11.2f} {copy1 / ts:>5.2f}")
+    small = PlaneSet([torch.zeros((32768, 256), dtype=torch.bfloat16, device="cuda") for _ in range(2)])
+    out = torch.empty((16384, small.row_bytes), dtype=torch.uint8, device="cuda")
+    spent = []
+    for n in (16, 16384):
+        ids = np.random.default_rng(n).permutation(32768)[:n]
+        gather(small, ids, out)
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(100):
+            gather(small, ids, out)
+        spent.append((time.perf_counter() - t) / 100 * 1e6)
+        torch.cuda.synchronize()
+    say(f"   host time to enqueue one gather: {spent[0]:.0f} us with 16 block ids, {spent[1]:.0f} us with 16384")
     say("   (ratios to the copy of the same bytes: one call each, events around it, its enqueue included;")
     say("    5 calls in a row against 5 copies; the kernel alone, its block table already on the device;")
     say("    copy GB/s counts bytes read and written)")
