@@ -47,6 +47,9 @@ def create(options: Mapping[str, Any]) -> BlobBackend:
     if not options["root"].strip():
         raise ConfigError("option 'root' of backend 'files' is empty; name the store's directory (an empty root "
                           "would put the store in the current directory)")
+    if "\0" in options["root"]:
+        raise ConfigError(f"option 'root' of backend 'files' ({options['root']!r}) holds a NUL byte, which no path "
+                          "can hold")
     try:
         store = FileStore(options["root"], capacity_bytes=options["capacity_bytes"], eviction=options["eviction"],
                           fsync=options["fsync"])

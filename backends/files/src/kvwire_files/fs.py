@@ -79,7 +79,7 @@ class FileLock:
             self._writers.release()
             raise
         try:  # who holds it, for those who wait (best effort: a full file system may refuse the page)
-            os.pwrite(self._fd, _HOLDER.pack(b"%d\n" % os.getpid()), 0)
+            pwrite_all(self._fd, _HOLDER.pack(b"%d\n" % os.getpid()), 0)
         except OSError:
             pass
 

@@ -915,7 +915,7 @@ class FileStore:
         """Under the lock: change some of the ledger's numbers (one ``pwrite`` of all of them)."""
         old = self._read_ledger()
         new = tuple(o if v is None else v for o, v in zip(old, (used, next_pack, gen, length), strict=True))
-        os.pwrite(self._ledger_fd, _ledger_bytes(*new), 0)
+        fs.pwrite_all(self._ledger_fd, _ledger_bytes(*new), 0)
 
     def close(self) -> None:
         """Close the store's files; its objects stay for other processes. Idempotent."""
