@@ -26,7 +26,7 @@ if [ -x "$venv/bin/python" ] && [ -f "$venv/.kvwire-stamp" ] && [ "$(cat "$venv/
   exit 0
 fi
 start=$SECONDS
-say "setting up $venv for the vLLM connector's tests (vLLM's CPU build and what it pins): about two"
+say "setting up $venv for the vLLM connector's tests (vLLM's CPU build and what it pins): two to five"
 say "minutes the first time; later runs skip this step until a pyproject.toml or this script changes"
 [ -x "$venv/bin/python" ] || { say "creating $venv"; "$py" -m venv "$venv"; }
 pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
