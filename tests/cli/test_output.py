@@ -73,3 +73,21 @@ def test_a_failed_test_gives_no_credit_to_the_rules_it_also_checks():
     assert "A10" not in bad and bad["A4"].status == "failed"
     skipped = summarize([{"test": "test_A4_x", "backend": "b", "outcome": "skipped", "reason": "why"}], inside)["b"]
     assert "A10" not in skipped
+
+
+def test_the_demo_output_opens_with_its_table_when_stdout_is_not_a_terminal():
+    r = kvwire("demo", "--tokens", "64", "--layers", "2")
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = [line for line in r.stdout.splitlines() if line.strip()]
+    assert lines[0].strip() == "kvwire demo · backend memory", lines[:3]   # no bare 'done 0:00:01' first
+    assert "done" not in r.stdout and "worker A: prefill" not in r.stdout
+
+
+def test_backends_says_how_to_see_each_backends_options():
+    r = kvwire("backends")
+    assert r.returncode == 0 and "kvwire backends --options" in r.stdout, r.stdout
+    assert "capacity_bytes" not in r.stdout
+    r = kvwire("backends", "--options", columns=200)
+    assert r.returncode == 0, r.stderr
+    assert "memory options:" in r.stdout and "capacity_bytes (int >= 1, default 1073741824)" in r.stdout
+    assert "--option KEY=VALUE" in r.stdout
