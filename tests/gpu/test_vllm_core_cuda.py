@@ -18,8 +18,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "vllm_core"))
 
-from core_driver import IDLE, load, names, save, start_load  # noqa: E402
+from core_driver import load, names, save, start_load  # noqa: E402
 from kvwire_vllm.core import WorkerCore  # noqa: E402
+from kvwire_vllm.plan import StepPlan  # noqa: E402
 from vllm_layouts import Shape, block_bytes, make_cache  # noqa: E402
 
 from kvwire.contract import MemoryKind, OtherEnd  # noqa: E402
@@ -72,7 +73,7 @@ def test_a_staged_load_is_reported_only_after_its_scatter_completed_on_the_devic
     b.pool.scatter = slow_scatter  # type: ignore[method-assign]
     start_load(b, "b", list(range(20, 28)), block_names)
     b.wait_for_save()
-    b.bind(IDLE)
+    b.bind(StepPlan())  # steps that compute other requests: get_finished only looks, never dozes
     pending_seen = False
     received: set[str] = set()
     deadline = time.monotonic() + 60
@@ -133,14 +134,14 @@ def test_a_backend_that_declares_device_memory_gets_vllms_tensors() -> None:
     """Direct registration of CUDA tensors, with whichever installed store backend declares
     DEVICE memory (skipped, saying so, where none does)."""
     device_stores = []
-    for name in available():
+    for entry in available():
         try:
-            plugin = load_backend(name)
+            plugin = load_backend(entry.name)
         except PluginError:  # a broken plugin is the registry's to report, not this test's
             continue
         caps = plugin.capabilities
         if MemoryKind.DEVICE in caps.memory_kinds and caps.other_end is OtherEnd.STORE:
-            device_stores.append(name)
+            device_stores.append(entry.name)
     if not device_stores:
         pytest.skip("no installed store backend declares DEVICE memory (kvwire-ucx's device rows are a peer's: "
                     "tests/vllm_core/test_core_pulls.py)")

@@ -342,3 +342,61 @@ def test_saves_of_several_requests_through_one_slot_are_all_stored_in_turn(
     steps_until(core, lambda *_: not core.state()["draining"])
     counts = core.take_counts()
     assert counts is not None and counts["save_blocks"] == 6 and counts["save_failures"] == 0
+
+
+def test_a_staged_request_moves_in_chunks_and_arrives_whole(
+        device: str, faulty: Callable, make_core: Callable[..., WorkerCore], monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvwire_vllm import holder
+
+    monkeypatch.setattr(holder, "CHUNK_BYTES", 2 * ROW)  # two blocks a chunk
+    a_backend, a_driver = faulty(())
+    b_backend, b_driver = faulty(())
+    a_cache, b_cache = make_cache(LAYOUT, SHAPE, seed=1, device=device), make_cache(LAYOUT, SHAPE, seed=2, device=device)
+    a = make_core(a_backend, SHAPE.layer_names(), stage=True)
+    b = make_core(b_backend, SHAPE.layer_names(), stage=True)
+    a.register_kv_caches(a_cache, SHAPE.blocks)
+    b.register_kv_caches(b_cache, SHAPE.blocks)
+    saved, loaded = [2, 4, 6, 8, 10, 12, 14], [3, 5, 7, 9, 11, 13, 15]
+    block_names = names(7, seed=40)
+
+    save(a, "a", saved, block_names)
+    assert load(b, "b", loaded, block_names) == set()
+
+    assert a_driver.calls["put"] == 4 and b_driver.calls["get"] == 4
+    for src, dst in zip(saved, loaded, strict=True):
+        assert block_bytes(b_cache, LAYOUT, dst) == block_bytes(a_cache, LAYOUT, src)
+
+
+def test_a_staged_save_the_backend_cannot_take_now_is_submitted_again_later(
+        device: str, faulty: Callable, make_core: Callable[..., WorkerCore]) -> None:
+    """A backend at its ``max_in_flight`` answers "not now" (S3.1): the save keeps its slots and
+    is submitted once the queue has room, instead of being lost."""
+    stuck = Block("put", call=1)
+    store = faulty.store
+    driver = FaultyDriver(MemoryDriver(named_store(store, capacity_bytes=1 << 26, eviction=True)), [stuck])
+    core = make_core(BlobBackend(driver, timeout_s=10.0, max_in_flight=1, owns_driver=True), SHAPE.layer_names(),
+                     stage=True)
+    try:
+        core.register_kv_caches(make_cache(LAYOUT, SHAPE, seed=2, device=device), SHAPE.blocks)
+        second = names(2, seed=42)
+        core.bind(StepPlan(saves=(BlockPlan("first", 0, (1,), names(1, seed=41).tobytes()),
+                                  BlockPlan("second", 0, (2, 3), second.tobytes()))))
+        core.start_load_kv()
+        core.wait_for_save()
+        assert driver.wait_blocked(1, timeout_s=10)
+        core.bind(IDLE)
+        core.get_finished(())
+        assert core.state()["staging_in_use"] == 3  # the second save holds its gathered slots
+        stuck.release.set()
+        steps_until(core, lambda sent, _: sent >= {"first", "second"}, finished={"first", "second"})
+        steps_until(core, lambda *_: not core.state()["draining"])
+        counts = core.take_counts()
+        assert counts is not None and counts["save_blocks"] == 3 and counts["save_failures"] == 0
+    finally:
+        driver.release_all()
+    probe = load_backend("memory").build({"store": store, "capacity_bytes": 1 << 26})
+    try:
+        assert list(probe.lookup((0,), second, Hint.of("store", namespace="t"), timeout_s=5.0)) == [True, True]
+    finally:
+        assert probe.shutdown() == frozenset()
+        probe.close()

@@ -10,8 +10,11 @@ preemption, a load inside the step, shutdown). Imports no vLLM.
   never reads a block the forward is still computing and a fetch never writes a block a queued
   kernel still reads for its previous owner.
 - :class:`StagedSave` and :class:`StagedLoad`: the backend moves pinned host slots
-  (:class:`~kvwire_vllm.staging.StagingPool`), in chunks of as many slots as are free. A save
-  gathers each chunk into slots and publishes them once the gather's event completed; vLLM's
+  (:class:`~kvwire_vllm.staging.StagingPool`), in chunks of at most :data:`CHUNK_BYTES` (as many
+  slots as are free), so one chunk's copy on the device overlaps another's transfer; a chunk the
+  backend answers "not now" (S3.1: its queue is full) keeps its slots and is submitted again at a
+  later look. A save gathers each chunk into slots and publishes them once the gather's event
+  completed; vLLM's
   blocks are free again as soon as every chunk is gathered, the publish then holds only slots. A
   load fetches each chunk into slots and, once the attempt concluded and quiesced, scatters the
   rows that arrived whole into vLLM's blocks; the load is over only when every scatter's event
@@ -42,7 +45,7 @@ import torch
 
 from kvwire.contract import CacheKind, Hint, LayerGroupRows, TokenRange, View
 from kvwire.contract.backend import Backend
-from kvwire.contract.errors import SubmissionError
+from kvwire.contract.errors import SubmissionError, SubmissionRejected
 from kvwire.runtime.holding import QUIESCE_GRACE_S, Direction, Submission, Wakes, submit, wait_any
 from kvwire_vllm.plan import BlockPlan
 from kvwire_vllm.staging import StagingPool
@@ -52,6 +55,12 @@ __all__ = ["Move", "Direct", "StagedSave", "StagedLoad", "StepLoad", "UNSENT", "
 log = logging.getLogger(f"vllm.{__name__}")
 
 Event = torch.cuda.Event
+
+
+#: A staged move goes in chunks of at most this many bytes (at least one block): a chunk's gather
+#: or scatter on the device overlaps the store's work on another, and a chunk's slots come back
+#: as soon as it ends.
+CHUNK_BYTES = 256 << 20
 
 
 def _done(event: Event | None) -> bool:
@@ -184,6 +193,7 @@ class Direct(Move):
 
 class _Phase(enum.Enum):
     GATHER = "gather"    # a save's gather is queued on the device
+    READY = "ready"      # its slots are ready; the backend said "not now" (S3.1): submitted again later
     MOVE = "move"        # the attempt is in flight
     SCATTER = "scatter"  # a load's scatter is queued on the device
     DONE = "done"
@@ -237,6 +247,14 @@ class _Staged(Move):
     def _submit(self, chunk: _Chunk) -> None:
         try:
             chunk.sub = submit(self.backend, self.op, self._view(chunk), self.hint, wakes=self.wakes)
+        except SubmissionRejected as exc:  # "not now" (its queue is full): again at a later look
+            if not self.cancelled and time.monotonic() < self.queue_deadline:
+                chunk.phase = _Phase.READY
+                self.deferred = True
+                return
+            self.failures.append(f"refused: {type(exc).__name__}: {exc}")
+            self._finish(chunk)
+            return
         except SubmissionError as exc:  # nothing escaped (S3): the slots are free at once
             self.failures.append(f"refused: {type(exc).__name__}: {exc}")
             log.warning("kvwire staged %s of request %s refused: %s", self.op.value, self.req_id, exc)
@@ -285,21 +303,25 @@ class _Staged(Move):
             if chunk.phase is not _Phase.DONE:
                 self._step(chunk)
         self.chunks = [c for c in self.chunks if c.phase is not _Phase.DONE]
-        left = len(self.block_ids) - self.next
-        if left <= 0:
-            return
-        if self.cancelled or time.monotonic() >= self.queue_deadline:
+        if self.queued and (self.cancelled or time.monotonic() >= self.queue_deadline):
             self.give_up_queued()
-            return
-        want = left if not self.whole_only else (left if self.pool.free >= left else 0)
-        slots = self.pool.take(want)
-        if slots.size < left:
-            self.deferred = True
-        if slots.size:
+        while self.queued:
+            left = self.queued
+            if self.whole_only:
+                want = left if self.pool.free >= left else 0
+            else:  # chunks, so one chunk's copy on the device overlaps another's transfer
+                want = min(left, max(1, CHUNK_BYTES // self.pool.region.slot_bytes))
+            slots = self.pool.take(want)
+            if not slots.size:
+                self.deferred = True
+                return
             chunk = _Chunk(self.next, self.ids[self.next:self.next + slots.size], slots, _Phase.MOVE)
             self.next += slots.size
             self.chunks.append(chunk)
             self._start(chunk)
+            if chunk.phase is _Phase.READY:
+                break  # the backend takes no more now
+        self.chunks = [c for c in self.chunks if c.phase is not _Phase.DONE]
 
     def _start(self, chunk: _Chunk) -> None:
         raise NotImplementedError
@@ -367,6 +389,8 @@ class StagedSave(_Staged):
             if not _done(chunk.event):
                 return
             chunk.event = None
+            chunk.phase = _Phase.READY
+        if chunk.phase is _Phase.READY:
             if self.cancelled:
                 self._finish(chunk)
                 return
@@ -393,6 +417,11 @@ class StagedLoad(_Staged):
         self._submit(chunk)
 
     def _step(self, chunk: _Chunk) -> None:
+        if chunk.phase is _Phase.READY:
+            if self.cancelled:
+                self._finish(chunk)
+                return
+            self._submit(chunk)
         if chunk.phase is _Phase.MOVE:
             if not self._look(chunk):
                 return
