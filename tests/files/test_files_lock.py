@@ -30,9 +30,8 @@ SLOT = 4096
 ROWS = 4
 GRACE_S = FilesHarness.quiesce_grace_s
 
-#: Publishes one batch of rows; stops itself (SIGSTOP) at its second write into a file of the
-#: store's own (the ledger, after the lock's record of its holder), which it makes holding the
-#: lock.
+#: Publishes one batch of rows; stops itself (SIGSTOP) at its first write into a file of the
+#: store's own (the ledger, as it reserves room for the pack), which it makes holding the lock.
 STOPPED_WRITER = textwrap.dedent('''
     import os, signal, sys, threading
     import numpy as np
@@ -40,11 +39,7 @@ STOPPED_WRITER = textwrap.dedent('''
     from kvwire.registry import load
 
     real = os.pwrite
-    writes = []
     def stop_inside_the_lock(fd, data, offset):
-        writes.append(fd)
-        if len(writes) < 2:
-            return real(fd, data, offset)
         os.pwrite = real
         print("holding", flush=True)
         # At this thread: a SIGSTOP sent to the process may be taken by another thread, and this
@@ -231,28 +226,30 @@ def test_a_worker_opens_and_its_publish_fails_at_its_deadline_while_a_writer_is_
     assert worker.pins() == 0
 
 
-def test_a_lock_another_process_holds_is_named_and_a_lock_of_nobody_known_is_said_so(tmp_path: Path) -> None:
-    """The error names the holder the lock file records, as long as it runs; a holder that does
-    not record itself is called so."""
+def test_the_holder_of_the_lock_is_named_as_the_kernel_lists_it(tmp_path: Path) -> None:
+    """A call that gives up names the process holding the lock and its state: another process
+    (here sleeping), or this process through another open file of the lock."""
     import fcntl
 
     store = FileStore(str(tmp_path / "s"), capacity_bytes=1 << 20, lock_timeout_s=0.2)
-    holder = os.open(os.path.join(store.root, "lock"), os.O_RDWR)
+    lock = os.path.join(store.root, "lock")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR); "
+         "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); sys.stdin.read()", lock],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
-        fcntl.flock(holder, fcntl.LOCK_EX)
-        os.pwrite(holder, b"\0" * 16, 0)  # a holder that records nothing
-        with pytest.raises(LockBusy, match="held by another process \\(the lock file names none\\)"):
-            store.discard_batch(["k"])
-        sleeper = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
-        try:
-            os.pwrite(holder, b"%d\n" % sleeper.pid, 0)
-            with pytest.raises(LockBusy, match=f"held by process {sleeper.pid} \\(sleeping\\)"):
-                store.discard_batch(["k"])
-        finally:
-            sleeper.communicate(b"", timeout=30)
-        with pytest.raises(LockBusy, match=f"process {sleeper.pid} as it last recorded, which no longer runs"):
+        assert _line(holder, 60) == "held"
+        wait_for(lambda: _state(holder.pid) == "S", 10, "the holder sleeping")
+        with pytest.raises(LockBusy, match=f"held by process {holder.pid} \\(sleeping\\)"):
             store.discard_batch(["k"])
     finally:
-        os.close(holder)
+        holder.communicate("", timeout=30)
+    own = os.open(lock, os.O_RDWR)
+    try:
+        fcntl.flock(own, fcntl.LOCK_EX)
+        with pytest.raises(LockBusy, match=f"held by this process \\(pid {os.getpid()}\\)"):
+            store.discard_batch(["k"])
+    finally:
+        os.close(own)
     assert store.discard_batch(["k"]) == [False]  # free again: it answers
     store.close()

@@ -10,14 +10,13 @@ import fcntl
 import itertools
 import os
 import re
-import struct
 import threading
 import time
 
 from kvwire import waiting
 
 __all__ = ["NO_SPACE", "FileLock", "LockBusy", "WouldWait", "alive", "fs_bytes", "free_bytes", "fsync_dir",
-           "memory_backed", "now_ns", "open_cached", "open_file", "pread", "pread_all", "prepare", "pwrite_all",
+           "lock_holder", "memory_backed", "now_ns", "open_cached", "open_file", "pread", "pread_all", "prepare", "pwrite_all",
            "readv", "reads_without_waiting", "unlink", "unlink_sized", "view", "write_all"]
 
 #: The errors that say a file system (or the user's quota on it) is full.
@@ -40,83 +39,78 @@ class LockBusy(TimeoutError):
 #: for well under a millisecond, so a waiter looks often at first and seldom later.
 _FIRST_BETWEEN_TRIES_S = 50e-6
 _MOST_BETWEEN_TRIES_S = 2e-3
-#: What the holder of the lock writes at the lock file's start: its pid, padded.
-_HOLDER = struct.Struct("<16s")
 
 
 class FileLock:
-    """The store's lock across processes (``flock`` on ``fd``) and this process's share of it,
-    waited for until ``deadline`` (``time.monotonic()``) at most; then :class:`LockBusy` names
-    the holder, which records its pid in the lock file once it holds the lock.
+    """The store's lock across processes (``flock`` on ``fd``) and this process's share of it;
+    :meth:`acquire` waits until a deadline at most, then raises :class:`LockBusy` naming the
+    holder (the kernel records it: ``/proc/locks``).
 
     ``writers`` (a thread lock) queues this process's writers before the ``flock``, since threads
     sharing one open file share its ``flock``; ``state`` (the thread lock readers take for the
     index held in memory) is taken only once the ``flock`` is held. So a reader never waits for a
     writer of its own process that is waiting for another process."""
 
-    __slots__ = ("_writers", "_fd", "_state", "_deadline", "_path")
+    __slots__ = ("_writers", "_fd", "_state", "_path")
 
-    def __init__(self, writers: threading.Lock, fd: int, state: threading.Lock, deadline: float, path: str) -> None:
+    def __init__(self, writers: threading.Lock, fd: int, state: threading.Lock, path: str) -> None:
         self._writers = writers
         self._fd = fd
         self._state = state
-        self._deadline = deadline
         self._path = path
 
-    def __enter__(self) -> None:
-        began = time.monotonic()
-        if not _acquire(self._writers, self._deadline):
-            raise self._busy(began)
+    def acquire(self, deadline: float) -> None:
+        """Hold the lock, waiting until ``deadline`` (``time.monotonic()``) at most."""
+        if not self._writers.acquire(blocking=False) and not _acquire(self._writers, deadline):
+            raise self._busy()
         try:
-            self._flock(began)
             try:
-                if not _acquire(self._state, self._deadline):  # readers hold it for a look at memory only
-                    raise self._busy(began)
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                self._flock(deadline)
+            try:
+                # Readers hold it for a look at memory only.
+                if not self._state.acquire(blocking=False) and not _acquire(self._state, deadline):
+                    raise self._busy()
             except BaseException:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
                 raise
         except BaseException:
             self._writers.release()
             raise
-        try:  # who holds it, for those who wait (best effort: a full file system may refuse the page)
-            pwrite_all(self._fd, _HOLDER.pack(b"%d\n" % os.getpid()), 0)
-        except OSError:
-            pass
 
-    def _flock(self, began: float) -> None:
-        pause = _FIRST_BETWEEN_TRIES_S
-        while True:
-            try:
-                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return
-            except BlockingIOError:
-                pass
-            left = self._deadline - time.monotonic()
-            if left <= 0:
-                raise self._busy(began)
-            time.sleep(min(pause, left))
-            pause = min(2 * pause, _MOST_BETWEEN_TRIES_S)
-
-    def _busy(self, began: float) -> LockBusy:
-        return LockBusy(errno.ETIMEDOUT, f"the file store's lock is held by {lock_holder(self._fd)}; waited "
-                        f"{time.monotonic() - began:.3g} s for it, until the deadline", self._path)
-
-    def __exit__(self, *exc: object) -> None:
+    def release(self) -> None:
         try:
             self._state.release()
             fcntl.flock(self._fd, fcntl.LOCK_UN)
         finally:
             self._writers.release()
 
+    def _flock(self, deadline: float) -> None:
+        pause = _FIRST_BETWEEN_TRIES_S
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise self._busy()
+            time.sleep(min(pause, left))
+            pause = min(2 * pause, _MOST_BETWEEN_TRIES_S)
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                pass
+
+    def _busy(self) -> LockBusy:
+        return LockBusy(errno.ETIMEDOUT, f"the file store's lock is held by {lock_holder(self._fd)}; gave up "
+                        "waiting for it at the deadline", self._path)
+
 
 def _acquire(lock: threading.Lock, deadline: float) -> bool:
     """``lock.acquire`` until ``deadline`` (any distance away: kvwire.waiting's pieces)."""
-    if lock.acquire(blocking=False):
-        return True
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
-            return False
+            return lock.acquire(blocking=False)
         if lock.acquire(timeout=waiting.piece(left)):  # type: ignore[arg-type]
             return True
 
@@ -126,20 +120,28 @@ _STATES = {"R": "running", "S": "sleeping", "D": "waiting for a device", "T": "s
 
 
 def lock_holder(fd: int) -> str:
-    """The process the lock file ``fd`` names as its holder, and its state (from /proc): e.g.
-    ``"process 1234 (stopped)"``."""
+    """Who holds the ``flock`` of the open file ``fd``, as the kernel lists it (/proc/locks),
+    and that process's state: e.g. ``"process 1234 (stopped)"``."""
     try:
-        pid = int(os.pread(fd, _HOLDER.size, 0).split(b"\n", 1)[0].strip(b"\0 "))
+        st = os.fstat(fd)
+        name = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+        with open("/proc/locks", encoding="ascii", errors="replace") as locks:
+            pids = [int(f[4]) for f in (line.split() for line in locks)
+                    if len(f) > 5 and f[1] == "FLOCK" and f[5] == name]
     except (OSError, ValueError):
-        return "another process (the lock file names none)"
+        return "another process (/proc/locks cannot be read here)"
+    if not pids:
+        return "another process (it let go as this one gave up)"
+    pid = pids[0]
+    if pid <= 0:
+        return "a process of another pid namespace"
     if pid == os.getpid():
-        return f"this process (pid {pid}): another of its threads"
+        return f"this process (pid {pid}), through another of its open files of the lock"
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
             letter = stat.read().rpartition(b")")[2].split()[0].decode()
     except (OSError, IndexError, UnicodeDecodeError):
-        return (f"process {pid} as it last recorded, which no longer runs here (a process that does not record "
-                "itself may hold it)")
+        return f"process {pid}"
     return f"process {pid} ({_STATES.get(letter, letter)})"
 
 

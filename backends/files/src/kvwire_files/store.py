@@ -39,6 +39,10 @@ when two writers race: the later one finds the key held when it commits. When th
 to four times what its live records need, the writer that notices writes them to
 ``index.{gen + 1}``; readers that see the new generation read it from its start.
 
+**Block objects.** An object may be given as several byte views, its parts (a block's row of
+every group, K1): they are written back to back as one entry of the pack, and read back with one
+``preadv`` iovec per part, so a block of 32 layers is one index record and one run of a read.
+
 **Eviction never removes an object mid-read.** Removing a pack unlinks its file; a reader that
 already opened it keeps reading the same whole bytes (POSIX keeps an unlinked file until its last
 reader closes it), and a reader that comes later misses. A pack is removed when its last object
@@ -55,7 +59,6 @@ damaged ledger is rebuilt from the index and the packs by the next holder of the
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import itertools
 import logging
@@ -75,6 +78,9 @@ __all__ = ["FileStore", "default_root"]
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
+
+#: An object's memory: one byte view, or a block object's parts, one after another.
+Memory = memoryview | tuple[memoryview, ...]
 
 _FORMAT = b"kvwire-files 2\n"
 _PACK_MAGIC = b"KVWPACK2"
@@ -121,6 +127,31 @@ class _Reports:
         if now - self._logged >= _LOGGED_EVERY_S:
             count, self._count, self._logged = self._count, 0, now
             log.warning(f"{message} ({count} {self._what} since the last such line)", *args)
+
+
+class _Held:
+    """One hold of a store's lock (``with store._locked(deadline):``): the thread holding it is
+    the store's ``_owner`` meanwhile (a damaged ledger is rebuilt only under the lock)."""
+
+    __slots__ = ("_store", "_deadline")
+
+    def __init__(self, store: FileStore, deadline: float | None) -> None:
+        self._store = store
+        self._deadline = deadline
+
+    def __enter__(self) -> None:
+        store = self._store
+        deadline = self._deadline
+        try:
+            store._file_lock.acquire(time.monotonic() + store.lock_timeout_s if deadline is None else deadline)
+        except fs.LockBusy as exc:
+            store._lock_waits.note(1, "the file store at %s: %s", store.root, exc.strerror)
+            raise
+        store._owner = threading.get_ident()
+
+    def __exit__(self, *exc: object) -> None:
+        self._store._owner = None
+        self._store._file_lock.release()
 
 
 class _LedgerDamaged(OSError):
@@ -177,6 +208,7 @@ class FileStore:
         self._lock = threading.Lock()
         self._lock_fd = self._ledger_fd = self._log_fd = -1
         self._lock_fd = os.open(os.path.join(self.root, "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        self._file_lock = fs.FileLock(self._writers, self._lock_fd, self._lock, os.path.join(self.root, "lock"))
         try:
             self._ledger_fd = os.open(os.path.join(self.root, "ledger"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
                                       0o600)
@@ -266,9 +298,10 @@ class FileStore:
 
     # -- objects ----------------------------------------------------------------------------------
 
-    def write_from(self, keys: Sequence[str], buffers: Sequence[memoryview], *, deadline: float | None = None
+    def write_from(self, keys: Sequence[str], buffers: Sequence[Memory], *, deadline: float | None = None
                    ) -> tuple[list[KeyStatus], dict[int, str]]:
-        """Store the bytes of ``buffers[i]`` (byte views) as ``keys[i]``, all in one pack:
+        """Store the bytes of ``buffers[i]`` (a byte view, or a tuple of them: the object's
+        parts, one after another) as ``keys[i]``, all in one pack:
         ``OK``, ``ALREADY_THERE`` (the first bytes stay), ``DECLINED`` (no space: the store is
         full and cannot evict, or the file system is full) or ``FAILED``, with reasons. Waits for
         the store's lock until ``deadline`` at most, then raises
@@ -303,12 +336,12 @@ class FileStore:
                 reasons[i] = reasons[j]
         return status, reasons
 
-    def _write_batch(self, keys: Sequence[str], buffers: Sequence[memoryview], todo: list[int],
+    def _write_batch(self, keys: Sequence[str], buffers: Sequence[Memory], todo: list[int],
                      status: list[KeyStatus], reasons: dict[int, str], deadline: float) -> None:
         """Write the objects ``todo`` (indices into the batch) as one pack, filling in their
         status and reasons. A file system that is full counts as a full store: the put evicts
         and writes again (when eviction is on), and declines what still finds no space."""
-        costs = [len(buffers[i]) for i in todo]
+        costs = [_size(buffers[i]) for i in todo]
         granted, pack, reserved = self._reserve(costs, deadline)
         for j in range(granted, len(todo)):
             status[todo[j]] = KeyStatus.DECLINED
@@ -321,7 +354,7 @@ class FileStore:
         # order given), so the rows of one layer lie back to back: a get of one layer's rows,
         # the way a load inside the step asks, is then one read, not one read per row.
         todo = sorted(todo[:granted], key=lambda i: keys[i].rpartition("/")[0])
-        costs = [len(buffers[i]) for i in todo]
+        costs = [_size(buffers[i]) for i in todo]
         temp = f"{self._tmp}/{os.getpid()}.{threading.get_ident()}.{next(_counter)}.tmp"
         offsets = []
         at = _PACK_HEADER.size
@@ -379,11 +412,11 @@ class FileStore:
             if full:
                 self._note_declines(len(todo), self._out_of_space(exc))
 
-    def _write_pack(self, temp: str, pack: int, parts: list[memoryview]) -> None:
+    def _write_pack(self, temp: str, pack: int, parts: list[Memory]) -> None:
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
             buffers: list[bytes | memoryview] = [_PACK_HEADER.pack(_PACK_MAGIC, pack)]
-            buffers.extend(part for part in parts if len(part))
+            buffers.extend(part for part in _views(parts) if len(part))
             for lo in range(0, len(buffers), _IOV_MAX):
                 fs.write_all(fd, buffers[lo:lo + _IOV_MAX])
             os.utime(fd, ns=fs.now_ns())
@@ -392,10 +425,10 @@ class FileStore:
         finally:
             os.close(fd)
 
-    def read_batch(self, keys: Sequence[str], buffers: Sequence[memoryview], *, now: bool = False,
+    def read_batch(self, keys: Sequence[str], buffers: Sequence[Memory], *, now: bool = False,
                    deadline: float | None = None) -> list[tuple[KeyStatus, str | None]] | None:
-        """Read object ``keys[i]`` straight into ``buffers[i]``, a writable byte view (no copy
-        through Python bytes): ``OK``, ``MISSING``, or ``FAILED`` with a reason when the store
+        """Read object ``keys[i]`` straight into ``buffers[i]``, a writable byte view or a tuple
+        of them (its parts, filled one after another; no copy through Python bytes): ``OK``, ``MISSING``, or ``FAILED`` with a reason when the store
         holds it at another size or its pack is not whole. Per pack the keys lie in: open, a
         check of its header, one ``preadv`` per run of adjacent objects (in the order they lie in
         the pack), the LRU touch, close.
@@ -413,10 +446,10 @@ class FileStore:
         except fs.WouldWait:  # raised with ``now`` only
             return None
 
-    def _read_batch(self, keys: Sequence[str], buffers: Sequence[memoryview], now: bool, deadline: float | None
+    def _read_batch(self, keys: Sequence[str], buffers: Sequence[Memory], now: bool, deadline: float | None
                     ) -> list[tuple[KeyStatus, str | None]] | None:
         n = len(keys)
-        sizes = [len(b) for b in buffers]
+        sizes = [_size(b) for b in buffers]
         missing = (KeyStatus.MISSING, None)
         out: list[tuple[KeyStatus, str | None]] = [missing] * n
         places = self._places(keys, now, deadline)
@@ -447,9 +480,9 @@ class FileStore:
                         out[i] = (KeyStatus.FAILED, f"the pack file of {keys[i]!r} under {self.root} is not that pack")
                     continue
                 members.sort(key=lambda i: places[i][1])  # type: ignore[index]
-                for run in _runs(members, places):
+                for run in _runs(members, places, _parts(buffers[members[0]])):
                     start = places[run[0]][1]  # type: ignore[index]
-                    got = fs.readv(fd, [buffers[i] for i in run if sizes[i]], start, nowait)
+                    got = _readv(fd, [v for v in _views([buffers[i] for i in run]) if len(v)], start, nowait)
                     for i in run:
                         end = places[i][1] + sizes[i]  # type: ignore[index]
                         out[i] = ok if end - start <= got else (
@@ -803,25 +836,11 @@ class FileStore:
         if self._closed:
             raise OSError(errno.EBADF, f"the file store at {self.root} is closed")
 
-    @contextlib.contextmanager
-    def _locked(self, deadline: float | None = None) -> Iterator[None]:
+    def _locked(self, deadline: float | None = None) -> _Held:
         """The store's lock, waited for until ``deadline`` (``time.monotonic()``; None: for
         ``lock_timeout_s``), then :class:`~kvwire_files.fs.LockBusy` naming its holder."""
         self._check_open()
-        if deadline is None:
-            deadline = time.monotonic() + self.lock_timeout_s
-        try:
-            lock = fs.FileLock(self._writers, self._lock_fd, self._lock, deadline, f"{self.root}/lock")
-            lock.__enter__()
-        except fs.LockBusy as exc:
-            self._lock_waits.note(1, "the file store at %s: %s", self.root, exc.strerror)
-            raise
-        self._owner = threading.get_ident()
-        try:
-            yield
-        finally:
-            self._owner = None
-            lock.__exit__(None, None, None)
+        return _Held(self, deadline)
 
     def _read_ledger(self, nowait: bool = False) -> tuple[int, int, int, int]:
         """The ledger's four numbers. A reader holds no lock, so its read may overlap a writer's
@@ -941,14 +960,15 @@ def _record(kind: int, pack: int, offset: int, size: int, key: str) -> bytes:
     return _RECORD.pack(kind, pack, offset, size, len(raw)) + raw
 
 
-def _runs(members: list[int], places: list[tuple[int, int, int] | None]) -> Iterator[list[int]]:
-    """Split ``members`` (sorted by offset) into runs of objects that lie back to back, at most
-    ``_IOV_MAX`` to a run."""
+def _runs(members: list[int], places: list[tuple[int, int, int] | None], parts: int = 1) -> Iterator[list[int]]:
+    """Split ``members`` (sorted by offset) into runs of objects that lie back to back, of at
+    most ``_IOV_MAX`` buffers (objects of ``parts`` buffers each) to a run."""
+    most = max(1, _IOV_MAX // parts)
     run: list[int] = []
     end = -1
     for i in members:
         _, offset, size = places[i]  # type: ignore[misc]
-        if run and (offset != end or len(run) == _IOV_MAX):
+        if run and (offset != end or len(run) == most):
             yield run
             run = []
         run.append(i)
@@ -957,3 +977,33 @@ def _runs(members: list[int], places: list[tuple[int, int, int] | None]) -> Iter
         yield run
 
 
+def _size(memory: Memory) -> int:
+    """The bytes of an object's memory."""
+    return len(memory) if isinstance(memory, memoryview) else sum(map(len, memory))
+
+
+def _parts(memory: Memory) -> int:
+    """How many byte views an object's memory is."""
+    return 1 if isinstance(memory, memoryview) else len(memory)
+
+
+def _views(memories: Sequence[Memory]) -> list[memoryview]:
+    """The byte views of objects' memories, object after object, part after part."""
+    if all(isinstance(m, memoryview) for m in memories):
+        return list(memories)  # type: ignore[arg-type]
+    return list(itertools.chain.from_iterable((m,) if isinstance(m, memoryview) else m for m in memories))
+
+
+def _readv(fd: int, views: list[memoryview], offset: int, nowait: bool) -> int:
+    """:func:`fs.readv` of consecutive bytes into ``views``, in pieces of at most ``_IOV_MAX``
+    views (one object of more parts than that still reads whole); the bytes read."""
+    if len(views) <= _IOV_MAX:
+        return fs.readv(fd, views, offset, nowait)
+    done = 0
+    for lo in range(0, len(views), _IOV_MAX):
+        piece = views[lo:lo + _IOV_MAX]
+        got = fs.readv(fd, piece, offset + done, nowait)
+        done += got
+        if got < sum(map(len, piece)):
+            break
+    return done
