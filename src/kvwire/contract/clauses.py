@@ -20,7 +20,8 @@ PARTIES = ("backend", "holder", "lender", "runtime", "types")
 
 _CLAUSE = re.compile(
     r"^- \*\*(?P<id>(?P<rule>[A-Z][0-9]+)\.[0-9]+)\*\* "
-    r"\[(?P<major>[0-9]+)\.(?P<minor>[0-9]+) · (?P<party>[a-z]+)(?P<unchecked> · unchecked)?\] \S",
+    r"\[(?P<major>[0-9]+)\.(?P<minor>[0-9]+) · (?P<party>[a-z]+)(?: · (?P<protocol>(?!unchecked)[a-z][a-z0-9-]*))?"
+    r"(?P<unchecked> · unchecked)?\] \S",
     re.MULTILINE)
 _SECTION = re.compile(r"^### (?P<rule>[A-Z][0-9]+) (?P<title>.*)$", re.MULTILINE)
 _PROTOCOL = re.compile(r"\(protocol `(?P<protocol>[a-z][a-z0-9-]*)`")
@@ -35,7 +36,8 @@ class Clause:
     since: tuple[int, int]
     binds: str
     checked: bool
-    #: The optional protocol whose section holds the clause, or ``None`` for the core.
+    #: The optional protocol the clause belongs to (its section's, or the one its tag names), or
+    #: ``None`` for the core.
     protocol: str | None
 
 
@@ -56,7 +58,7 @@ def parse(text: str) -> dict[str, Clause]:
         if m["party"] not in PARTIES:
             raise ValueError(f"clause {m['id']} binds {m['party']!r}, not one of {PARTIES}")
         table[m["id"]] = Clause(m["id"], m["rule"], (int(m["major"]), int(m["minor"])), m["party"],
-                                m["unchecked"] is None, protocol_of.get(m["rule"]))
+                                m["unchecked"] is None, m["protocol"] or protocol_of.get(m["rule"]))
     return table
 
 

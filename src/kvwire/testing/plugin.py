@@ -173,8 +173,10 @@ def _kvwire_clauses_in_force(request: pytest.FixtureRequest) -> None:
     from kvwire.contract.clauses import binds, clause
 
     for clause_id in named:
+        found = clause(clause_id)
+        if found.protocol is not None and found.protocol not in caps.protocols:
+            pytest.skip(f"backend does not declare the {found.protocol} protocol ({clause_id})")
         if not binds(caps, clause_id):
-            found = clause(clause_id)
             declared = ".".join(map(str, caps.contract_version))
             pytest.skip(f"{clause_id} arrived in contract {found.since[0]}.{found.since[1]}; the backend declares "
                         f"contract {declared}")

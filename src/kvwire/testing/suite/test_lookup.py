@@ -258,6 +258,9 @@ def test_L1_unusable_hints_and_bad_arguments_refused(kvwire_harness: Harness) ->
             ("a bool group id", lambda: asker.lookup([True], names, hint)),
             ("a zero timeout", lambda: asker.lookup([0], names, hint, 0.0)),
         ]
+        def clause_of(what: str) -> str:
+            return "L1.13" if what == "a bool group id" else "L1.9"
+
         if not declares(ex.ends.sink, "L1.13"):  # a bool group id is refused from contract 1.2
             bad = [(what, call) for what, call in bad if what != "a bool group id"]
         for what, call in bad:
@@ -266,10 +269,10 @@ def test_L1_unusable_hints_and_bad_arguments_refused(kvwire_harness: Harness) ->
             except InvalidSubmission:
                 continue
             except Exception as exc:
-                raise AssertionError(f"L1.9: lookup() with {what} raised {type(exc).__name__}: {exc}; the contract "
-                                     "refuses it with InvalidSubmission") from exc
-            raise AssertionError(f"L1.9: lookup() with {what} was answered; the contract refuses it with "
-                                 "InvalidSubmission")
+                raise AssertionError(f"{clause_of(what)}: lookup() with {what} raised {type(exc).__name__}: {exc}; "
+                                     "the contract refuses it with InvalidSubmission") from exc
+            raise AssertionError(f"{clause_of(what)}: lookup() with {what} was answered; the contract refuses it "
+                                 "with InvalidSubmission")
 
 
 def test_L1_lookup_after_shutdown_rejected(kvwire_harness: Harness) -> None:
