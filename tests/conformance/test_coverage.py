@@ -12,7 +12,7 @@ from test_mutants import MUTANTS
 import kvwire.testing.suite as suite
 
 #: Every rule a backend must keep (N1 is the lender's, N3 the runtime's).
-RULES = ("M1 M2 M3 M4 V1 V2 V3 V4 H1 S1 S2 S3 S4 S5 A1 A2 A3 A4 A5 A6 A7 A8 A9 W1 B1 B2 B3 B4 N2 O1").split()
+RULES = ("M1 M2 M3 M4 V1 V2 V3 V4 H1 S1 S2 S3 S4 S5 A1 A2 A3 A4 A5 A6 A7 A8 A9 W1 B1 B2 B3 B4 N2 O1 K1").split()
 DOC = Path(__file__).parents[2] / "docs" / "conformance.md"
 
 

@@ -149,7 +149,7 @@ def test_suite_passes_the_memory_backend(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("harness", ["mutants.py:faithful", "mutants.py:faithful_peer", "loopback_peer.py:harness",
-                                     "mutants_capacity.py:faithful"])
+                                     "mutants_capacity.py:faithful", "mutants_blocks.py:faithful"])
 def test_suite_passes_correct_backends(tmp_path: Path, harness: str) -> None:
     """The mutants' wrappers break nothing by themselves (so each mutant's failure is its one
     change), and the loopback serving peer, which runs the N2 tests, is correct."""

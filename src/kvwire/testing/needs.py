@@ -8,15 +8,15 @@ from collections.abc import Iterator
 
 import pytest
 
-from kvwire.contract import Capabilities, MemoryKind
+from kvwire.contract import BLOCK_OBJECTS, Capabilities, MemoryKind
 from kvwire.contract.capabilities import OFFER_PULLS, SERVE_PULLS, OtherEnd
 from kvwire.testing import profiles
 from kvwire.testing.exchange import Exchange
 from kvwire.testing.harness import Ends, FaultPlan, Harness, Unavailable
 from kvwire.testing.regions import cuda_devices
 
-__all__ = ["transfer", "fetch", "publish", "cancellation", "names", "serve_pulls", "offer_pulls", "usable_kind",
-           "usable_kinds", "shares_names", "open_exchange", "misses", "in_flight", "LONG_TIMEOUT_S"]
+__all__ = ["transfer", "fetch", "publish", "cancellation", "names", "serve_pulls", "offer_pulls", "block_objects",
+           "usable_kind", "usable_kinds", "shares_names", "open_exchange", "misses", "in_flight", "LONG_TIMEOUT_S"]
 
 #: The deadline set through options when a test is not about deadlines: long enough never to
 #: interfere, since the suite's patience fails a stuck attempt first.
@@ -60,6 +60,13 @@ def offer_pulls(caps: Capabilities) -> None:
     ``OffersPulls`` is what the O1.1 test checks, so this asks only for the declaration."""
     if caps.other_end is not OtherEnd.PEER or OFFER_PULLS not in caps.protocols:
         pytest.skip(f"backend does not declare the {OFFER_PULLS} protocol")
+
+
+def block_objects(caps: Capabilities) -> None:
+    """The backend declares block objects (K1). Whether it is a content-addressed store, as the
+    protocol asks, is what the K1.1 test checks, so this asks only for the declaration."""
+    if BLOCK_OBJECTS not in caps.protocols:
+        pytest.skip(f"backend does not declare the {BLOCK_OBJECTS} protocol")
 
 
 def misses(caps: Capabilities) -> None:

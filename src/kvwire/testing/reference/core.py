@@ -31,6 +31,8 @@ import numpy as np
 
 from kvwire import waiting
 from kvwire.contract import (
+    BLOCK_OBJECTS,
+    LOOKUP,
     SERVE_PULLS,
     Attempt,
     Capabilities,
@@ -57,7 +59,8 @@ CONTRACT = (1, 3)
 
 def reference_capabilities(other_end: OtherEnd, max_in_flight: int) -> Capabilities:
     """What a reference backend declares: fetch and publish of named blocks in host memory, with
-    cancellation; a peer also serves pulls (N2)."""
+    cancellation; a peer also serves pulls (N2); a store also answers lookups (L1) and keeps block
+    objects (K1)."""
     return Capabilities(
         contract_version=CONTRACT,
         fetch=True,
@@ -67,7 +70,7 @@ def reference_capabilities(other_end: OtherEnd, max_in_flight: int) -> Capabilit
         content_addressed=True,
         max_in_flight=max_in_flight,
         cancellation=True,
-        protocols=frozenset({SERVE_PULLS}) if other_end is OtherEnd.PEER else frozenset(),
+        protocols=frozenset({SERVE_PULLS}) if other_end is OtherEnd.PEER else frozenset({LOOKUP, BLOCK_OBJECTS}),
     )
 
 log = logging.getLogger(__name__)

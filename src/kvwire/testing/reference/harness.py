@@ -32,6 +32,7 @@ from kvwire.testing.reference.store import (
     ReferenceStore,
     ReferenceStoreBackend,
     RowStatus,
+    Space,
     StoreReply,
     store_capabilities,
 )
@@ -58,34 +59,47 @@ class ControlledStore:
         self.plan = plan
         self.schedule = schedule
 
-    def put(self, namespace: str, group_id: int, names: np.ndarray, rows: np.ndarray) -> StoreReply:
+    def put(self, namespace: str, space: Space, names: np.ndarray, rows: np.ndarray) -> StoreReply:
         with self.gate.passage():
-            verdict = self.schedule.arrive("put", len(names), self._evict(namespace, group_id, names))
+            verdict = self.schedule.arrive("put", len(names), self._evict(namespace, space, names))
             if verdict.raises:
                 raise RuntimeError(verdict.raises)
             failed = verdict.failed | faulted_rows(self.plan, "publish", names)
             go = ~(failed | verdict.declined)
             status = np.full(len(names), RowStatus.FAILED, dtype=np.uint8)
             status[verdict.declined & ~failed] = RowStatus.DECLINED
-            status[go] = self.store.put(namespace, group_id, names[go], rows[go]).status
+            status[go] = self.store.put(namespace, space, names[go], rows[go]).status
             return StoreReply(status, None, verdict.reason if failed.any() else "")
 
-    def get(self, namespace: str, group_id: int, names: np.ndarray, slot_bytes: int) -> StoreReply:
+    def get(self, namespace: str, space: Space, names: np.ndarray, row_bytes: int) -> StoreReply:
         with self.gate.passage():
-            verdict = self.schedule.arrive("get", len(names), self._evict(namespace, group_id, names))
+            verdict = self.schedule.arrive("get", len(names), self._evict(namespace, space, names))
             if verdict.raises:
                 raise RuntimeError(verdict.raises)
             failed = verdict.failed | faulted_rows(self.plan, "fetch", names)
-            reply = self.store.get(namespace, group_id, names[~failed], slot_bytes)
+            reply = self.store.get(namespace, space, names[~failed], row_bytes)
             status = np.full(len(names), RowStatus.FAILED, dtype=np.uint8)
-            data = np.zeros((len(names), slot_bytes), dtype=np.uint8)
+            data = np.zeros((len(names), row_bytes), dtype=np.uint8)
             status[~failed] = reply.status
             assert reply.data is not None
             data[~failed] = reply.data
             return StoreReply(status, data, verdict.reason if failed.any() else reply.reason)
 
-    def _evict(self, namespace: str, group_id: int, names: np.ndarray) -> Callable[[np.ndarray], None]:
-        return lambda rows: self.store.remove(namespace, group_id, names[rows])
+    def contains(self, namespace: str, space: Space, names: np.ndarray) -> StoreReply:
+        """A lookup's call (L1): held like every other; the names the plan lists for lookups
+        answer ``FAILED``, and a schedule's ``exists`` records apply to it."""
+        with self.gate.passage():
+            verdict = self.schedule.arrive("exists", len(names))
+            if verdict.raises:
+                raise RuntimeError(verdict.raises)
+            failed = verdict.failed | (np.array([n.tobytes() in self.plan.lookup for n in names], dtype=bool)
+                                       if self.plan is not None else np.zeros(len(names), dtype=bool))
+            status = self.store.contains(namespace, space, names).status.copy()
+            status[failed] = RowStatus.FAILED
+            return StoreReply(status, None, verdict.reason if failed.any() else "")
+
+    def _evict(self, namespace: str, space: Space, names: np.ndarray) -> Callable[[np.ndarray], None]:
+        return lambda rows: self.store.remove(namespace, space, names[rows])
 
 
 class ReferenceStoreHarness(Harness):
@@ -94,6 +108,8 @@ class ReferenceStoreHarness(Harness):
     #: returns (one copy of a group's rows in this process).
     quiesce_grace_s = 2.0
     max_in_flight = 64
+    #: :class:`ControlledStore` fails the names of :attr:`FaultPlan.lookup` (L1.8).
+    lookup_faults = True
 
     def capabilities(self) -> Capabilities:
         return store_capabilities(self.max_in_flight)
