@@ -32,7 +32,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
 
 SHAPE = Shape(layers=4, blocks=64, heads=2, block_size=16, head_dim=64)
 LAYOUT = "LBNHC"
-SLEEP_CYCLES = 500_000_000  # a kernel that keeps a stream busy for a fraction of a second
+SLEEP_CYCLES = 2_000_000_000  # a kernel that keeps a stream busy for about a second
 
 
 @pytest.fixture
@@ -58,6 +58,8 @@ def test_a_staged_load_is_reported_only_after_its_scatter_completed_on_the_devic
     b.register_kv_caches(b_cache, SHAPE.blocks)
     block_names = names(8, seed=1)
     save(a, "a", list(range(8)), block_names)
+    # A first load compiles the scatter kernel: compiling after the sleep was queued would hide it.
+    assert load(b, "warm-up", list(range(40, 48)), block_names) == set()
     assert b.pool is not None and b.pool.stream is not None
     scatters: list[torch.cuda.Event] = []
     real = b.pool.scatter
