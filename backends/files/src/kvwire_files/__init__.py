@@ -14,13 +14,17 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvwire.blob import BlobBackend, blob_capabilities, check_namespace
-from kvwire.contract import CONTRACT_VERSION
 from kvwire.registry import ConfigError, Option, Plugin
 from kvwire_files.driver import FilesDriver
 from kvwire_files.local import doctor, local_services
 from kvwire_files.store import FileStore, default_root
 
 __all__ = ["plugin", "OPTIONS", "create", "FilesDriver", "FileStore", "default_root"]
+
+#: The contract version this plugin implements, a literal (docs/contract.md, Versions): the suite
+#: checks the clauses of this version and of no later one. Raise it only after reading a newer
+#: version's clauses and keeping them; kvwire.contract.CONTRACT_VERSION would claim each new one.
+CONTRACT = (1, 3)
 
 OPTIONS: tuple[Option, ...] = (
     Option("root", str, default_root(),
@@ -61,13 +65,14 @@ def create(options: Mapping[str, Any]) -> BlobBackend:
         timeout_s=options["timeout_s"],
         max_in_flight=options["max_in_flight"],
         owns_driver=True,
+        contract_version=CONTRACT,
     )
 
 
 plugin = Plugin(
     name="files",
-    contract_version=CONTRACT_VERSION,
-    capabilities=blob_capabilities(FilesDriver.memory_kinds, max_in_flight=64, lookup=True),
+    contract_version=CONTRACT,
+    capabilities=blob_capabilities(FilesDriver.memory_kinds, max_in_flight=64, lookup=True, contract_version=CONTRACT),
     create=create,
     options=OPTIONS,
     summary="blob store in a shared directory (default /dev/shm): no server, shared by every process on this machine",

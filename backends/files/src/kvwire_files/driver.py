@@ -2,8 +2,11 @@
 
 A put writes each row's bytes from host memory into an object file; a get reads an object file
 straight into the row (``preadv`` on a view of the row's memory; no Python bytes on the way).
-The driver checks that every address lies in a region registered with it, so a wrong address
-is a ``ValueError`` rather than a read or write of memory nobody lent."""
+A block object (K1) is one entry of a pack holding a block's row of every group, one after
+another: ``put_parts`` writes it with one ``writev`` iovec per part, ``get_parts_into`` reads it
+with one ``preadv`` iovec per part. The driver checks that every address lies in a region
+registered with it, so a wrong address is a ``ValueError`` rather than a read or write of memory
+nobody lent."""
 
 from __future__ import annotations
 
@@ -14,9 +17,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from kvwire.blob import BatchResult, KeyStatus, StoreDriver, call_deadline
+from kvwire.blob.parts import check_parts
 from kvwire.contract import MemoryKind, SlotRegion
 from kvwire_files import fs
-from kvwire_files.store import FileStore
+from kvwire_files.store import FileStore, Memory
 
 __all__ = ["FilesDriver"]
 
@@ -117,7 +121,13 @@ class FilesDriver(StoreDriver):
     # -- objects -------------------------------------------------------------------------------
 
     def put(self, keys: Sequence[str], addresses: np.ndarray, sizes: np.ndarray) -> BatchResult:
-        buffers = self._check("put", keys, addresses, sizes)
+        return self._put(keys, self._check("put", keys, addresses, sizes))
+
+    def put_parts(self, keys: Sequence[str], addresses: np.ndarray, sizes: np.ndarray) -> BatchResult:
+        """Each block object written from its parts as one entry of the batch's pack."""
+        return self._put(keys, self._check_parts("put_parts", keys, addresses, sizes))
+
+    def _put(self, keys: Sequence[str], buffers: Sequence[Memory]) -> BatchResult:
         if self._closed:
             return BatchResult.uniform(len(keys), KeyStatus.FAILED, "the file store driver is closed")
         try:
@@ -138,8 +148,30 @@ class FilesDriver(StoreDriver):
         :meth:`FileStore.read_batch`)."""
         return self._get(keys, addresses, sizes, now=self.store.reads_without_waiting)
 
+    def get_parts_into(self, keys: Sequence[str], addresses: np.ndarray, sizes: np.ndarray) -> BatchResult:
+        """Each block object read straight into its parts, one ``preadv`` iovec per part."""
+        result = self._read(keys, self._check_parts("get_parts_into", keys, addresses, sizes), now=False)
+        assert result is not None
+        return result
+
+    def get_parts_into_now(self, keys: Sequence[str], addresses: np.ndarray, sizes: np.ndarray
+                           ) -> BatchResult | None:
+        """:meth:`get_parts_into` from what is in memory, or ``None`` where it would wait."""
+        buffers = self._check_parts("get_parts_into", keys, addresses, sizes)
+        return self._read(keys, buffers, now=self.store.reads_without_waiting)
+
+    def _check_parts(self, op: str, keys: Sequence[str], addresses: np.ndarray, sizes: np.ndarray
+                     ) -> list[Memory]:
+        """The parts of each key as a tuple of byte views (each checked as :meth:`_check` does)."""
+        at, lengths, _ = check_parts(op, keys, addresses, sizes)
+        columns = [self._check(op, keys, at[:, p], np.full(len(keys), size, dtype=np.uint64))
+                   for p, size in enumerate(lengths.tolist())]
+        return list(zip(*columns, strict=True)) if len(keys) else []
+
     def _get(self, keys: Sequence[str], addresses: np.ndarray, sizes: np.ndarray, now: bool) -> BatchResult | None:
-        buffers = self._check("get_into", keys, addresses, sizes)
+        return self._read(keys, self._check("get_into", keys, addresses, sizes), now)
+
+    def _read(self, keys: Sequence[str], buffers: Sequence[Memory], now: bool) -> BatchResult | None:
         if self._closed:
             return BatchResult.uniform(len(keys), KeyStatus.FAILED, "the file store driver is closed")
         try:
