@@ -253,3 +253,33 @@ def test_the_holder_of_the_lock_is_named_as_the_kernel_lists_it(tmp_path: Path) 
         os.close(own)
     assert store.discard_batch(["k"]) == [False]  # free again: it answers
     store.close()
+
+
+def test_closing_a_store_waits_for_its_writer_waiting_for_the_lock(tmp_path: Path) -> None:
+    """A put of this process waits for the lock another open file holds when the store is
+    closed: the put gives up at once, failing with a reason that says the store is closed, and
+    close() returns only after it did, never while the put still polls the lock through a file
+    number close() frees for reuse."""
+    import fcntl
+
+    from kvwire_files import FilesDriver
+
+    memory = np.zeros((1, SLOT), dtype=np.uint8)
+    driver = FilesDriver(FileStore(str(tmp_path / "s"), capacity_bytes=1 << 20, lock_timeout_s=60.0), owns_store=True)
+    driver.register([SlotRegion(1, memory.ctypes.data, SLOT, 1, MemoryKind.HOST)])
+    holder = os.open(os.path.join(driver.store.root, "lock"), os.O_RDWR)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    answers: list[object] = []
+    put = threading.Thread(target=lambda: answers.append(
+        driver.put(["k"], np.array([memory.ctypes.data], np.uint64), np.array([SLOT], np.uint64))))
+    try:
+        put.start()
+        wait_for(lambda: driver.store._writers.locked(), 10, "the put waiting for the lock")
+        driver.close()
+        # The put holds this process's writers' lock while it waits for the file lock.
+        assert not driver.store._writers.locked(), "close() returned while the put still waited for the lock"
+        put.join(30)
+        assert answers[0].status.tolist() == [5] and "the file store is closed" in answers[0].reasons[0], answers
+    finally:
+        os.close(holder)
+        put.join(30)

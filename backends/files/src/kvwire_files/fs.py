@@ -12,10 +12,11 @@ import os
 import re
 import threading
 import time
+from collections.abc import Callable
 
 from kvwire import waiting
 
-__all__ = ["NO_SPACE", "FileLock", "LockBusy", "WouldWait", "alive", "fs_bytes", "free_bytes", "fsync_dir",
+__all__ = ["NO_SPACE", "FileLock", "LockBusy", "WouldWait", "acquire_until", "alive", "fs_bytes", "free_bytes", "fsync_dir",
            "lock_holder", "memory_backed", "now_ns", "open_cached", "open_file", "pread", "pread_all", "prepare", "pwrite_all",
            "readv", "reads_without_waiting", "unlink", "unlink_sized", "view", "write_all"]
 
@@ -44,33 +45,38 @@ _MOST_BETWEEN_TRIES_S = 2e-3
 class FileLock:
     """The store's lock across processes (``flock`` on ``fd``) and this process's share of it;
     :meth:`acquire` waits until a deadline at most, then raises :class:`LockBusy` naming the
-    holder (the kernel records it: ``/proc/locks``).
+    holder (the kernel records it: ``/proc/locks``), and gives up at once (``EBADF``) once
+    ``closed()`` says the store is closing, so that its close need not wait for the deadline.
 
     ``writers`` (a thread lock) queues this process's writers before the ``flock``, since threads
     sharing one open file share its ``flock``; ``state`` (the thread lock readers take for the
     index held in memory) is taken only once the ``flock`` is held. So a reader never waits for a
     writer of its own process that is waiting for another process."""
 
-    __slots__ = ("_writers", "_fd", "_state", "_path")
+    __slots__ = ("_writers", "_fd", "_state", "_path", "_closed")
 
-    def __init__(self, writers: threading.Lock, fd: int, state: threading.Lock, path: str) -> None:
+    def __init__(self, writers: threading.Lock, fd: int, state: threading.Lock, path: str,
+                 closed: Callable[[], bool]) -> None:
         self._writers = writers
         self._fd = fd
         self._state = state
         self._path = path
+        self._closed = closed
 
     def acquire(self, deadline: float) -> None:
         """Hold the lock, waiting until ``deadline`` (``time.monotonic()``) at most."""
-        if not self._writers.acquire(blocking=False) and not _acquire(self._writers, deadline):
+        if not self._writers.acquire(blocking=False) and not acquire_until(self._writers, deadline):
             raise self._busy()
         try:
+            if self._closed():
+                raise self._gone()
             try:
                 fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 self._flock(deadline)
             try:
                 # Readers hold it for a look at memory only.
-                if not self._state.acquire(blocking=False) and not _acquire(self._state, deadline):
+                if not self._state.acquire(blocking=False) and not acquire_until(self._state, deadline):
                     raise self._busy()
             except BaseException:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
@@ -94,18 +100,23 @@ class FileLock:
                 raise self._busy()
             time.sleep(min(pause, left))
             pause = min(2 * pause, _MOST_BETWEEN_TRIES_S)
+            if self._closed():
+                raise self._gone()
             try:
                 fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 return
             except BlockingIOError:
                 pass
 
+    def _gone(self) -> OSError:
+        return OSError(errno.EBADF, "the file store is closed", self._path)
+
     def _busy(self) -> LockBusy:
         return LockBusy(errno.ETIMEDOUT, f"the file store's lock is held by {lock_holder(self._fd)}; gave up "
                         "waiting for it at the deadline", self._path)
 
 
-def _acquire(lock: threading.Lock, deadline: float) -> bool:
+def acquire_until(lock: threading.Lock, deadline: float) -> bool:
     """``lock.acquire`` until ``deadline`` (any distance away: kvwire.waiting's pieces)."""
     while True:
         left = deadline - time.monotonic()

@@ -208,7 +208,8 @@ class FileStore:
         self._lock = threading.Lock()
         self._lock_fd = self._ledger_fd = self._log_fd = -1
         self._lock_fd = os.open(os.path.join(self.root, "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        self._file_lock = fs.FileLock(self._writers, self._lock_fd, self._lock, os.path.join(self.root, "lock"))
+        self._file_lock = fs.FileLock(self._writers, self._lock_fd, self._lock, os.path.join(self.root, "lock"),
+                                      lambda: self._closed)
         try:
             self._ledger_fd = os.open(os.path.join(self.root, "ledger"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
                                       0o600)
@@ -937,14 +938,26 @@ class FileStore:
         fs.pwrite_all(self._ledger_fd, _ledger_bytes(*new), 0)
 
     def close(self) -> None:
-        """Close the store's files; its objects stay for other processes. Idempotent."""
+        """Close the store's files; its objects stay for other processes. Idempotent. Waits for
+        this process's writer in flight (one waiting for the lock gives up at once), so that no
+        call uses a file number after it was closed (and perhaps given to another file); one
+        still in after ``lock_timeout_s`` leaves the files open (logged) rather than risk that."""
         with self._lock:
             if self._closed:
                 return
-            self._closed = True
-            for fd in (self._lock_fd, self._ledger_fd, self._log_fd):
-                if fd >= 0:
-                    os.close(fd)
+            self._closed = True  # no call begins from here on
+        if not fs.acquire_until(self._writers, time.monotonic() + self.lock_timeout_s):
+            log.error("the file store at %s: a writer of this process is still in after %g s; its files stay open",
+                      self.root, self.lock_timeout_s)
+            return
+        try:
+            with self._lock:
+                for fd in (self._lock_fd, self._ledger_fd, self._log_fd):
+                    if fd >= 0:
+                        os.close(fd)
+                self._lock_fd = self._ledger_fd = self._log_fd = -1
+        finally:
+            self._writers.release()
 
     def __repr__(self) -> str:
         return f"FileStore({self.root!r}, capacity {self.capacity_bytes} bytes, eviction {'on' if self.eviction else 'off'})"
