@@ -38,6 +38,7 @@ CATCHES = [
     ("layout_in_view_order", "K1", "K1 and does_not_fit"),
     ("misfit_publish_stores_first", "K1", "K1 and does_not_fit"),
     ("misfit_refusal_keeps_a_slot", "K1", "K1 and no_queue_slot"),
+    ("block_view_without_rows_refused", "K1", "K1 and without_rows"),
     ("block_stored_per_group", "K1", "K1 and declines"),
     ("decline_in_one_group_only", "K1", "K1 and declines"),
     ("declined_block_marked_held", "K1", "K1 and declines"),
@@ -46,6 +47,7 @@ CATCHES = [
     ("block_bytes_in_view_order", "K1", "K1 and only_under_the_layout"),
     ("block_fetch_falls_back_to_per_group", "K1", "K1 and never_meet"),
     ("block_publish_also_per_group", "K1", "K1 and never_meet"),
+    ("one_group_block_as_per_group_object", "K1", "K1 and never_meet"),
     ("lookup_ignores_the_layout", "K1", "K1 and lookup_with_blocks"),
     ("lookup_takes_any_groups", "K1", "K1 and lookup_with_blocks"),
     ("block_hint_deadline_ignored", "K1", "K1 and held_block_submission"),
@@ -212,6 +214,16 @@ class MisfitRefusalKeepsASlot(ReferenceStoreBackend):
             raise
 
 
+class BlockViewWithoutRowsRefused(ReferenceStoreBackend):
+    """K1.3 (V1.7): a block view without rows (no groups, or groups of no rows) is refused ("block
+    objects need at least one block")."""
+
+    def _check_blocks(self, view: View, blocks: object) -> None:  # type: ignore[override]
+        ReferenceStoreBackend._check_blocks(view, blocks)
+        if not view.rows:
+            raise InvalidSubmission("block objects need at least one block")
+
+
 # -- K1.4 ------------------------------------------------------------------------------------------
 
 class BlockStoredPerGroup(ReferenceStoreBackend):
@@ -369,6 +381,15 @@ class BlockPublishAlsoPerGroup(ReferenceStoreBackend):
     without ``blocks`` find it too")."""
 
 
+class OneGroupBlockAsPerGroupObject(ReferenceStoreBackend):
+    """K1.6: a block of one group is kept as that group's per-group object ("its object holds
+    the same single row"), so per-group and block fetches of one group find each other's."""
+
+    @staticmethod
+    def _calls(view: View, layout: str | None) -> tuple[_Call, ...]:
+        return ReferenceStoreBackend._calls(view, None if layout is not None and len(view.groups) == 1 else layout)
+
+
 # -- K1.7 ------------------------------------------------------------------------------------------
 
 class LookupIgnoresTheLayout(ReferenceStoreBackend):
@@ -497,6 +518,7 @@ layout_checked_by_group_ids = _mutant("layout_checked_by_group_ids", LayoutCheck
 layout_in_view_order = _mutant("layout_in_view_order", LayoutInViewOrder)
 misfit_publish_stores_first = _mutant("misfit_publish_stores_first", MisfitPublishStoresFirst)
 misfit_refusal_keeps_a_slot = _mutant("misfit_refusal_keeps_a_slot", MisfitRefusalKeepsASlot)
+block_view_without_rows_refused = _mutant("block_view_without_rows_refused", BlockViewWithoutRowsRefused)
 block_stored_per_group = _mutant("block_stored_per_group", BlockStoredPerGroup)
 decline_in_one_group_only = _mutant("decline_in_one_group_only", DeclineInOneGroupOnly)
 declined_block_marked_held = _mutant("declined_block_marked_held", DeclinedBlockMarkedHeld)
@@ -505,6 +527,7 @@ part_of_a_block_found = _mutant("part_of_a_block_found", PartOfABlockFound)
 block_bytes_in_view_order = _mutant("block_bytes_in_view_order", BlockBytesInViewOrder)
 block_fetch_falls_back_to_per_group = _mutant("block_fetch_falls_back_to_per_group", BlockFetchFallsBackToPerGroup)
 block_publish_also_per_group = _mutant("block_publish_also_per_group", BlockPublishAlsoPerGroup)
+one_group_block_as_per_group_object = _mutant("one_group_block_as_per_group_object", OneGroupBlockAsPerGroupObject)
 lookup_ignores_the_layout = _mutant("lookup_ignores_the_layout", LookupIgnoresTheLayout)
 lookup_takes_any_groups = _mutant("lookup_takes_any_groups", LookupTakesAnyGroups)
 block_hint_deadline_ignored = _mutant("block_hint_deadline_ignored", BlockHintDeadlineIgnored)

@@ -446,14 +446,21 @@ def test_K1_a_fetch_finds_a_block_only_under_the_layout_it_was_published_with(kv
 
 def test_K1_blocks_of_many_groups_many_rows_and_odd_sizes_move_whole(kvwire_harness: Harness) -> None:
     """K1.4 / K1.5 / A9.6: a view's size changes nothing: 80 groups (a model's layers) of rows
-    from 1 byte to 4097 bytes, and 3 groups of 1000 blocks each, publish blocks held whole and
-    fetch exactly the published ones, byte for byte; a fetch of the same rows without ``blocks``
-    finds none (K1.6)."""
+    from 1 byte to 4097 bytes, 3 groups of 1000 blocks each, and one block of two PAGED groups
+    and a STATE group (V1.6: no row is keyed by its tokens), publish blocks held whole and fetch
+    exactly the published ones, byte for byte; a fetch of the same rows without ``blocks`` finds
+    none (K1.6)."""
     sizes = (1, 7, 64, 100, 257, 4097)
     shapes = (([sizes[g % len(sizes)] for g in range(80)], 6, [0, 2, 3, 5]),
-              ([3, 33, 1], 1000, [b for b in range(1000) if b % 3 != 1]))
+              ([3, 33, 1], 1000, [b for b in range(1000) if b % 3 != 1]),
+              ([64, 48, 256], 1, [0]))
     for seed, (group_sizes, rows, offered) in enumerate(shapes, start=1501):
         plan = _plan(group_sizes, rows, seed)
+        if rows == 1:  # the last group stands for the request's state (V1.4)
+            last = plan.groups[-1]
+            plan = ViewPlan(plan.groups[:-1] + (GroupPlan(last.group_id, CacheKind.STATE, last.slot_bytes, 1,
+                                                          last.source_slots, last.sink_slots, last.region_slots),),
+                            plan.seed, True)
         with _blocks_exchange(kvwire_harness, plan) as (ex, bench):
             what = f"{len(group_sizes)} groups of {rows} blocks"
             published, held = _publish(ex, bench, offered)
@@ -488,12 +495,14 @@ def test_K1_a_block_the_store_declines_for_space_is_a_false_bit_in_every_group(k
 
 # -- K1.6 ------------------------------------------------------------------------------------------
 
-def test_K1_block_objects_and_per_group_objects_never_meet(kvwire_harness: Harness) -> None:
+@pytest.mark.parametrize("sizes", [[64], [64, 48]], ids=["one group", "two groups"])
+def test_K1_block_objects_and_per_group_objects_never_meet(kvwire_harness: Harness, sizes: list[int]) -> None:
     """K1.6: a fetch without ``blocks`` never finds a block object, and a fetch with it never a
-    per-group object: blocks published only as block objects are a miss to a per-group fetch,
-    and rows published only per group a miss to a block fetch; with both kinds stored under the
-    same names with different bytes, each fetch reads its own kind's bytes."""
-    plan = _plan([64, 48], 4, 1701)
+    per-group object, also when a block has one group (its object holds one row, as a per-group
+    object does): blocks published only as block objects are a miss to a per-group fetch, and
+    rows published only per group a miss to a block fetch; with both kinds stored under the same
+    names with different bytes, each fetch reads its own kind's bytes."""
+    plan = _plan(sizes, 4, 1701)
     with _blocks_exchange(kvwire_harness, plan) as (ex, bench):
         _, held = _publish(ex, bench)
         assert held.all(), "K1.4: a publish to a store with room to spare must hold every block"
@@ -502,9 +511,9 @@ def test_K1_block_objects_and_per_group_objects_never_meet(kvwire_harness: Harne
             f"K1.6: the blocks were published as block objects only, yet a fetch without {BLOCKS_FIELD!r} found "
             f"rows of them: {out!r}")
         kind = needs.usable_kind(kvwire_harness, ex.caps)
-        with _renamed(Bench(kvwire_harness, ex.ends.source, ex.ends.sink, _plan([64, 48], 4, 1702), kind),
+        with _renamed(Bench(kvwire_harness, ex.ends.source, ex.ends.sink, _plan(sizes, 4, 1702), kind),
                       bench.names[0]) as twin, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
-                                                     _plan([64, 48], 4, 1703), kind) as loose:
+                                                     _plan(sizes, 4, 1703), kind) as loose:
             for per_group in (twin, loose):
                 put = ex.settle(ex.publish(per_group.source_view()))
                 assert put.is_delivered and all(m.all() for m in put.masks), f"S1: a per-group publish: {put!r}"
@@ -589,6 +598,24 @@ def test_K1_a_lookup_with_blocks_answers_for_block_objects_of_that_layout(kvwire
 
 
 # -- K1.8 ------------------------------------------------------------------------------------------
+
+def test_K1_block_views_without_rows_conclude_like_any_other(kvwire_harness: Harness) -> None:
+    """K1.8 / V1.7: a block publish and a block fetch of a view with no groups (``blocks`` the
+    empty layout) and of groups with no rows are taken and deliver with zero-length masks,
+    touching no memory."""
+    plan = _plan([64, 16], 2, 2301)
+    with _blocks_exchange(kvwire_harness, plan) as (ex, bench):
+        empty = {gi: [] for gi in range(len(plan.groups))}
+        for what, source, sink in (("no groups", View(()), View(())),
+                                   ("groups of no rows", bench.source_view(empty), bench.sink_view(empty))):
+            for op, view in (("publish", source), ("fetch", sink)):
+                end, hint = (ex.ends.source, ex.ends.publish_hint) if op == "publish" else (ex.ends.sink,
+                                                                                              ex.ends.fetch_hint)
+                out = ex.settle(_taken(functools.partial(submit, end, op, view, _blocks_hint(hint, view)), op, view))
+                assert out.is_delivered and [m.size for m in out.masks] == [0] * len(view.groups), (
+                    f"K1.8/V1.7: a block {op} of a view with {what} concludes like any other, delivered with "
+                    f"{len(view.groups)} zero-length mask(s); got {out!r}")
+        bench.verify("V1.7: after block submissions of views without rows")
 
 @pytest.mark.parametrize("op", ["fetch", "publish"])
 @pytest.mark.parametrize("end", ["deadline", "cancel", "shutdown"])
