@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from kvwire import waiting
+from kvwire.waiting import LONGEST_WAIT_S
 
 __all__ = ["NO_SPACE", "FileLock", "LockBusy", "WouldWait", "acquire_until", "alive", "fs_bytes", "free_bytes", "fsync_dir",
            "lock_holder", "memory_backed", "now_ns", "open_cached", "open_file", "pread", "pread_all", "prepare", "pwrite_all",
@@ -122,7 +122,7 @@ def acquire_until(lock: threading.Lock, deadline: float) -> bool:
         left = deadline - time.monotonic()
         if left <= 0:
             return lock.acquire(blocking=False)
-        if lock.acquire(timeout=waiting.piece(left)):  # type: ignore[arg-type]
+        if lock.acquire(timeout=min(left, LONGEST_WAIT_S)):
             return True
 
 
