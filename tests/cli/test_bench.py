@@ -27,7 +27,7 @@ def test_bench_at_80_columns_prints_whole_tables_and_writes_the_run(tmp_path):
     assert "…" not in r.stdout and all(len(line) <= 80 for line in lines), r.stdout
     assert sum(line.split()[:1] == ["memory"] for line in lines) == 5   # 2 row sizes, 2 prompts, 1 TTFT
     run = json.loads((tmp_path / "bench.json").read_text())
-    assert run["repeat"] == 3 and run["machine"] and run["date"]
+    assert run["repeat"] == 3 and run["machine"] and run["date"] and len(run["load"]) == 2
     assert run["backends"]["memory"]["distribution"] == "kvwire-memory"
     assert {p["sweep"] for p in run["points"]} == {"row", "prompt", "ttft"}
     assert [p["row_bytes"] for p in run["points"] if p["sweep"] == "row"] == [64 << 10, 1 << 20]
@@ -62,12 +62,12 @@ def point(backend: str, sweep: str, size: int, gbps: float, raw: float | None = 
 
 @pytest.fixture
 def figure():
-    run = BenchRun("Test CPU, 2 cores, 24 GiB, load 0.1 at the start", "2026-12-04 10:00 UTC", 5,
+    run = BenchRun("Test CPU, 2 cores, 24 GiB", "2026-12-04 10:00 UTC", 5,
                    {"alpha": {}, "beta": {}},
                    [point("alpha", "row", 64 << 10, 3.0), point("alpha", "row", 1 << 20, 4.0),
                     point("beta", "row", 64 << 10, 1.0, raw=2.0), point("beta", "row", 1 << 20, 2.0, raw=3.0),
                     point("alpha", "prompt", 1024, 3.0), point("alpha", "prompt", 16384, 4.0),
-                    point("beta", "prompt", 1024, 1.0), point("beta", "prompt", 16384, 2.0)])
+                    point("beta", "prompt", 1024, 1.0), point("beta", "prompt", 16384, 2.0)], load=(0.5, 1.5))
     import matplotlib.pyplot as plt
 
     fig = plot(run)
@@ -110,5 +110,7 @@ def test_the_legend_lies_outside_both_panels_and_the_title_says_where_when_and_h
         assert not box.overlaps(ax.get_window_extent(renderer))
     title = figure._suptitle.get_text()
     assert "Test CPU, 2 cores" in title and "2026-12-04" in title and "median of 5 pulls" in title
+    assert "load 0.5 at the start, 1.5 at the end" in title
     labels = [t.get_text() for t in legend.get_texts()]
-    assert labels[-1].startswith("numpy memory copy") and "raw transport · beta" in labels
+    assert labels == ["kvwire · alpha", "kvwire · beta", "raw transport · beta",
+                      "numpy memory copy of the same bytes"]    # each raw beside its backend

@@ -77,16 +77,24 @@ class BenchRun:
     repeat: int
     backends: dict[str, dict[str, Any]]
     points: list[Point]
+    #: the machine's one-minute load average when the run started and when it ended: other work
+    #: running beside the bench, which widens the spread and lowers the medians
+    load: tuple[float, float] | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"machine": self.machine, "date": self.date, "repeat": self.repeat, "backends": self.backends,
+        return {"machine": self.machine, "date": self.date, "repeat": self.repeat,
+                "load": list(self.load) if self.load else None, "backends": self.backends,
                 "points": [dict(asdict(p), gbps=p.gbps, vs_memcpy=p.vs_memcpy, vs_raw=p.vs_raw)
                            for p in self.points]}
 
+    def where(self) -> str:
+        """Machine, load and date in one line, for titles."""
+        load = f" · load {self.load[0]:.1f} at the start, {self.load[1]:.1f} at the end" if self.load else ""
+        return f"{self.machine}{load} · {self.date}"
+
 
 def machine() -> str:
-    """The machine in a few words: CPU model, cores, memory, GPUs, and its load (other work
-    running beside the bench) when the run started."""
+    """The machine in a few words: CPU model, cores, memory and GPUs."""
     cpu = platform.processor() or platform.machine()
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -99,7 +107,6 @@ def machine() -> str:
         words.append(f"{kib / 2**20:.0f} GiB")
     if torch.cuda.is_available():
         words.append(", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())))
-    words.append(f"load {os.getloadavg()[0]:.1f} at the start")
     return ", ".join(words)
 
 
@@ -216,6 +223,7 @@ def run_bench(
     backends: dict[str, dict[str, Any]] = {}
     steps = len(names) * (len(rows) + len(prompts) + len(ttft_prompts))
     date = datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
+    started_load = os.getloadavg()[0]
     with Progress(console=console, transient=True, disable=not console.is_terminal) as progress:
         task = progress.add_task("bench", total=steps)
         for name in names:
@@ -242,7 +250,7 @@ def run_bench(
                     times, local, moved = _ttft(config, tokens)
                     points.append(_point(name, "ttft", 0, tokens, moved, times, repeat, prefill_s=local))
                     progress.advance(task)
-    return BenchRun(machine(), date, repeat, backends, points)
+    return BenchRun(machine(), date, repeat, backends, points, load=(started_load, os.getloadavg()[0]))
 
 
 def _size(n: int) -> str:
@@ -252,7 +260,7 @@ def _size(n: int) -> str:
 def render(run: BenchRun, console: Console) -> None:
     """Three tables, one per sweep, each narrow enough for a terminal of 80 columns."""
     points = run.points
-    console.print(f"kvwire bench · {run.machine} · {run.date}", highlight=False, markup=False)
+    console.print(f"kvwire bench · {run.where()}", highlight=False, markup=False)
 
     def caption(sweep: list[Point]) -> str:
         counts = " or ".join(dict.fromkeys(str(p.repeat) for p in sweep))
@@ -321,16 +329,19 @@ def plot(run: BenchRun) -> Any:
     names = list(dict.fromkeys(p.backend for p in points if p.sweep in ("row", "prompt")))
     colours = {name: f"C{i % 10}" for i, name in enumerate(names)}  # matplotlib's default cycle
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 5.2))
-    for name in names:
+    for i, name in enumerate(names):
         colour = colours[name]
+        # Each backend a little to the side of the measured value (a log axis: a factor), so
+        # bars of the same size or length do not hide one another.
+        dodge = 1.05 ** (i - (len(names) - 1) / 2)
         rows = [p for p in points if p.backend == name and p.sweep == "row"]
         if rows:
-            x = [p.row_bytes for p in rows]
+            x = [p.row_bytes * dodge for p in rows]
             y = [p.gbps for p in rows]
             err = [[p.gbps - p.bytes / p.seconds_max / 1e9 for p in rows], [p.bytes / p.seconds_min / 1e9 - p.gbps for p in rows]]
             left.errorbar(x, y, yerr=err if rows[0].seconds_min else None, fmt="o-", color=colour, capsize=3,
                           label=f"kvwire · {name}")
-            raws = [(p.row_bytes, p.bytes / seconds / 1e9) for p in rows if (seconds := p.raw_seconds)]
+            raws = [(p.row_bytes * dodge, p.bytes / seconds / 1e9) for p in rows if (seconds := p.raw_seconds)]
             if raws:
                 left.plot([a for a, _ in raws], [b for _, b in raws], "x--", color=colour, label=f"raw transport · {name}")
         prompts = [p for p in points if p.backend == name and p.sweep == "prompt"]
@@ -338,7 +349,7 @@ def plot(run: BenchRun) -> Any:
             k = [p.tokens / p.seconds / 1e3 for p in prompts]
             err = [[a - p.tokens / p.seconds_max / 1e3 for a, p in zip(k, prompts, strict=True)],
                    [p.tokens / p.seconds_min / 1e3 - a for a, p in zip(k, prompts, strict=True)]]
-            right.errorbar([p.tokens for p in prompts], k, yerr=err if prompts[0].seconds_min else None, fmt="o-",
+            right.errorbar([p.tokens * dodge for p in prompts], k, yerr=err if prompts[0].seconds_min else None, fmt="o-",
                            color=colour, capsize=3, label=f"kvwire · {name}")
     rows = [p for p in points if p.sweep == "row"]
     if rows:
@@ -362,13 +373,18 @@ def plot(run: BenchRun) -> Any:
         ax.set_ylim(bottom=0)
         ax.grid(True, alpha=0.3)
     handles, labels = left.get_legend_handles_labels()
-    order = sorted(range(len(labels)), key=lambda i: labels[i].startswith("numpy"))  # the reference last
+    # Each backend's kvwire curve beside its raw transport, in the order of the backends; the
+    # memory copy, the reference, last.
+    rank = {name: i for i, name in enumerate(names)}
+    order = sorted(range(len(labels)), key=lambda i: (labels[i].startswith("numpy"),
+                                                       rank.get(labels[i].split(" · ")[-1], 0),
+                                                       labels[i].startswith("raw")))
     handles, labels = [handles[i] for i in order], [labels[i] for i in order]
     fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)) or 1, frameon=False)
     def repeats(sweep: str) -> str:
         return " or ".join(dict.fromkeys(str(p.repeat) for p in points if p.sweep == sweep)) or "-"
 
-    fig.suptitle(f"kvwire bench · {run.machine} · {run.date}\neach point the median of {repeats('row')} pulls "
+    fig.suptitle(f"kvwire bench · {run.where()}\neach point the median of {repeats('row')} pulls "
                  f"(left) and {repeats('prompt')} (right); bars from the slowest to the fastest", fontsize=11)
     rows_of_legend = -(-len(labels) // 4) if labels else 0
     fig.tight_layout(rect=(0, 0.05 * rows_of_legend + 0.02, 1, 1))
