@@ -28,6 +28,7 @@ _WHERE = {
     "TransferResult": "kvwire.runtime.worker",
     "TransferStatus": "kvwire.runtime.worker",
     "Worker": "kvwire.runtime.worker",
+    "WorkerClosed": "kvwire.runtime.worker",
     "ModelConfig": "kvwire.runtime.model",
     "TinyTransformer": "kvwire.runtime.model",
     "StateError": "kvwire.runtime.state",
