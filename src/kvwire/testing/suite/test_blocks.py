@@ -493,6 +493,24 @@ def test_K1_a_block_the_store_declines_for_space_is_a_false_bit_in_every_group(k
         _fetch(ex, bench, want=np.ones(4, bool), what="a fetch of every block once all are held")
 
 
+def test_K1_a_block_evicted_in_part_is_a_miss_in_every_group(kvwire_harness: Harness) -> None:
+    """K1.5 / A5.7: when the store loses the first object of a fetch's first store call behind
+    the backend's back (evicted just before the call), the fetch still delivers, and each block
+    is found or missed in every group alike (never read in part, whatever objects the backend
+    keeps a block in); a later fetch finds the same blocks. (A store whose objects are leased
+    for a while after a put, as Mooncake's are, may refuse the eviction: then every block is
+    found.)"""
+    from kvwire.testing.faults import Evict
+
+    plan = _plan([64, 100, 1], 4, 1651)
+    with _blocks_exchange(kvwire_harness, plan, faults=FaultPlan(schedule=(Evict(op="get", call=1, stop=1),))) as (
+            ex, bench):
+        _, held = _publish(ex, bench)
+        assert held.all(), "K1.4: a publish to a store with room to spare must hold every block"
+        fetched, found = _fetch(ex, bench, what="a block fetch after the store lost the first object it asks for")
+        assert fetched.is_delivered, f"K1.5/A5.8: an evicted block is a miss, and a miss no failure: {fetched!r}"
+        _fetch(ex, bench, want=found, what="a second block fetch after part of the store was lost")
+
 # -- K1.6 ------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("sizes", [[64], [64, 48]], ids=["one group", "two groups"])
