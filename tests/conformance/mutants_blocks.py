@@ -34,6 +34,7 @@ CATCHES = [
     ("fetch_refuses_the_blocks_field", "K1", "K1 and takes_the_blocks_field"),
     ("lookup_refuses_the_blocks_field", "K1", "K1 and takes_the_blocks_field"),
     ("misfit_names_taken", "K1", "K1 and does_not_fit"),
+    ("one_block_names_unchecked", "K1", "K1 and does_not_fit"),
     ("layout_checked_by_group_ids", "K1", "K1 and does_not_fit"),
     ("layout_in_view_order", "K1", "K1 and does_not_fit"),
     ("misfit_publish_stores_first", "K1", "K1 and does_not_fit"),
@@ -156,6 +157,16 @@ class MisfitNamesTaken(ReferenceStoreBackend):
         groups = [dataclasses.replace(g, names=first[: g.rows] if first is not None and g.names is not None
                                       and g.names.shape == first.shape else g.names) for g in view.groups]
         ReferenceStoreBackend._check_blocks(View(tuple(groups)), blocks)
+
+
+class OneBlockNamesUnchecked(ReferenceStoreBackend):
+    """K1.3: names are compared across groups only for a view of several blocks ("one block has
+    one name anyway")."""
+
+    def _check_blocks(self, view: View, blocks: object) -> None:  # type: ignore[override]
+        if view.groups and all(g.rows == 1 for g in view.groups):
+            view = View(tuple(dataclasses.replace(g, names=view.groups[0].names) for g in view.groups))
+        ReferenceStoreBackend._check_blocks(view, blocks)
 
 
 class LayoutCheckedByGroupIds(ReferenceStoreBackend):
@@ -514,6 +525,7 @@ blocks_declared_for_nameless_rows = _mutant("blocks_declared_for_nameless_rows",
 fetch_refuses_the_blocks_field = _mutant("fetch_refuses_the_blocks_field", FetchRefusesTheBlocksField)
 lookup_refuses_the_blocks_field = _mutant("lookup_refuses_the_blocks_field", LookupRefusesTheBlocksField)
 misfit_names_taken = _mutant("misfit_names_taken", MisfitNamesTaken)
+one_block_names_unchecked = _mutant("one_block_names_unchecked", OneBlockNamesUnchecked)
 layout_checked_by_group_ids = _mutant("layout_checked_by_group_ids", LayoutCheckedByGroupIds)
 layout_in_view_order = _mutant("layout_in_view_order", LayoutInViewOrder)
 misfit_publish_stores_first = _mutant("misfit_publish_stores_first", MisfitPublishStoresFirst)

@@ -284,10 +284,24 @@ def _misfits(bench: Bench, view: View) -> list[tuple[str, View, object]]:
                       ("groups of different lengths (one block fewer in one group)",
                        regroup(2, slots=shorter.slots[:-1], tokens=TokenRange(0, BLOCK_TOKENS * (shorter.rows - 1)),
                                names=names[2][:-1])),
+                      ("a group of no rows and no names beside groups of blocks",
+                       regroup(2, slots=shorter.slots[:0], tokens=TokenRange(0, 0), names=None)),
                       ("block 2 named one byte apart in one group", regroup(1, names=renamed)),
-                      ("one group's names a trailing zero byte longer", regroup(2, names=wider))):
+                      ("one group's names a trailing zero byte longer", regroup(2, names=wider)),
+                      ("a view of one block, named one byte apart in one group", _one_block(view, renamed))):
         out.append((what, bad, block_layout(bad)))
     return out
+
+
+def _one_block(view: View, renamed: np.ndarray) -> View:
+    """The view's block 2 alone, group 1 naming it ``renamed[2]``."""
+    groups = []
+    for gi, g in enumerate(view.groups):
+        names = renamed if gi == 1 else g.names
+        assert names is not None
+        groups.append(LayerGroupRows(g.group_id, g.kind, g.region, g.slots[2:3], TokenRange(0, BLOCK_TOKENS),
+                                     names[2:3]))
+    return View(tuple(groups))
 
 
 def _refused_wakes(call: Callable[[Wakes], object], what: str) -> Wakes:
@@ -301,8 +315,9 @@ def test_K1_a_view_that_does_not_fit_block_objects_is_refused_before_anything_es
     """K1.3 / S3.4 / S3.5 / S3.7: a publish and a fetch whose ``blocks`` is not the view's block
     layout (another row size, a group left out or added, another group id, the groups in
     descending id, spaces, a leading zero, ';', empty, an int, bytes, None), or whose view it
-    cannot describe (a group without names, groups of different lengths, block 2 named apart in
-    one group, names of another width in one group), are refused with ``InvalidSubmission``:
+    cannot describe (a group without names, groups of different lengths, a group of no rows and
+    no names beside groups of blocks, block 2 named apart in one group, also in a view of that
+    block alone, names of another width in one group), are refused with ``InvalidSubmission``:
     no wake, memory untouched, nothing stored (neither block nor per-group objects), and a
     refused fetch writes nothing of the blocks the store holds. A view whose groups are not in
     ascending id, with its own layout, fits."""
