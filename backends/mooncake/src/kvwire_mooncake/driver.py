@@ -271,8 +271,8 @@ class MooncakeDriver(StoreDriver):
         if fresh:  # the common case: nothing there yet, put every key
             answer = put_rows(keys, None)
             if not any(answer):  # every key stored; checked on the list, before any numpy
-                return BatchResult.ok(n)
-            return codes.put_result(np.asarray(answer, dtype=np.int64))
+                return self._confirm(keys, BatchResult.ok(n))
+            return self._confirm(keys, codes.put_result(np.asarray(answer, dtype=np.int64)))
         exist = np.asarray(found, dtype=np.int64)
         status = np.full(n, int(KeyStatus.FAILED), dtype=np.uint8)
         reasons: dict[int, str] = {}
@@ -286,6 +286,31 @@ class MooncakeDriver(StoreDriver):
             status[todo] = sub.status
             for j, why in sub.reasons.items():
                 reasons[int(todo[j])] = why
+        return self._confirm(keys, BatchResult(status, reasons))
+
+    def _confirm(self, keys: list[str], result: BatchResult) -> BatchResult:
+        """``result`` with each key the put stored (``OK``) asked for once more. Mooncake answers
+        0 to a put of a key that an unfinished put holds (its writer died mid-put) and stores
+        nothing until the master discards that put (``put_start_discard_timeout_sec``, 30 s by
+        default); a full store may also evict a key within the batch that put it. A key the
+        store does not hold after its put is ``DECLINED`` (not stored), never read held."""
+        stored = np.flatnonzero(result.status == KeyStatus.OK)
+        if stored.size == 0:
+            return result
+        there = self._client.batch_is_exist([keys[i] for i in stored.tolist()])
+        if type(there) is list and all(t == 1 for t in there):  # the common case, before any numpy
+            return result
+        there_codes = np.asarray(there, dtype=np.int64)
+        status = np.array(result.status, dtype=np.uint8, copy=True)
+        status[stored[there_codes == 0]] = KeyStatus.DECLINED
+        reasons = dict(result.reasons)
+        for i, code in zip(stored.tolist(), there_codes.tolist(), strict=True):
+            if code == 0:
+                reasons[i] = ("Mooncake answered 0 to the put but holds no object under the key: an unfinished put of "
+                              "it (by a writer that died mid-put) blocks it, or the full store evicted it at once")
+            elif code != 1:
+                status[i] = KeyStatus.FAILED
+                reasons[i] = codes.describe("exists check after put", code)
         return BatchResult(status, reasons)
 
     def get_into(self, keys: Sequence[str], addresses: np.ndarray, sizes: np.ndarray) -> BatchResult:
