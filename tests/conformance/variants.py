@@ -79,8 +79,10 @@ from kvwire.contract import (
     SubmissionRejected,
     View,
     WakeFn,
+    block_layout,
 )
 from kvwire.contract.backend import Registration
+from kvwire.contract.blocks import BLOCKS_FIELD
 from kvwire.contract.lookup import LOOKUP
 from kvwire.contract.regions import RegionTable, TableRegistration
 from kvwire.testing.harness import Ends, FaultPlan
@@ -680,6 +682,19 @@ class _Mirrored(Registration):
         self.inner.close()
 
 
+def _fits_block_objects(view: View, hint: Hint) -> None:
+    """K1.3 for a whole view with the store hint field ``blocks``, before any part of it escapes
+    (each part, a subset of the blocks in every group, fits when the whole does)."""
+    fields = dict(hint.fields) if isinstance(hint, Hint) else {}
+    if BLOCKS_FIELD not in fields:
+        return
+    names = [g.names for g in view.groups if g.rows]
+    if fields[BLOCKS_FIELD] != block_layout(view) or len({g.rows for g in view.groups}) > 1 or any(
+            n is None or n.shape != names[0].shape or (n != names[0]).any() for n in names):  # type: ignore[union-attr]
+        raise InvalidSubmission(f"this view does not fit block objects (K1.3): {BLOCKS_FIELD} must be its layout "
+                                f"{block_layout(view)!r}, its groups of one length and named alike")
+
+
 class SplitsViews(Mutant):
     """Moves each view of a store as three inner submissions, rows and groups reordered (A9.1-A9.4:
     batching, splitting and order are the backend's), and checks the whole view (its own region
@@ -720,6 +735,7 @@ class SplitsViews(Mutant):
         self.table.locate_view(view)  # every row recognized (M4), before any part escapes
         if op == "fetch" and view.overlapping_rows() is not None:
             raise InvalidSubmission("rows of this fetch overlap; a fetch writes each byte once (V4)")
+        _fits_block_objects(view, hint)
         call = self.inner.fetch if op == "fetch" else self.inner.publish
         parts: list[Attempt] = []
         rows: list[list[tuple[int, np.ndarray]]] = []
