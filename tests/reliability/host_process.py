@@ -188,13 +188,14 @@ class Host:
                 "attempts_open": _attempts_open(worker.backend), "registered_regions": _registered_regions(worker.backend),
                 "store_registrations": _store_registrations(worker.backend), "pins": worker.pins()}
 
-    def op_master(self, action: str, lease_ttl_ms: int = 1000, client_ttl_s: int = 2) -> dict:
+    def op_master(self, action: str, lease_ttl_ms: int = 1000, client_ttl_s: int = 2,
+                  extra_args: tuple[str, ...] = ()) -> dict:
         """``start`` (a master on this host's address), ``kill``, ``restart`` (the same ports) or ``stop``."""
         from kvwire_mooncake.master import MasterProcess
 
         if action == "start":
             self.master = MasterProcess(host=os.environ["KVWR_ADDRESS"], lease_ttl_ms=lease_ttl_ms,
-                                        client_ttl_s=client_ttl_s).start()
+                                        client_ttl_s=client_ttl_s, extra_args=extra_args).start()
         elif action == "kill":
             self.master.kill()
         elif action == "restart":
