@@ -38,7 +38,7 @@ from kvwire.contract.lookup import LOOKUP, Lookup
 from kvwire.testing import needs, profiles
 from kvwire.testing.exchange import Exchange
 from kvwire.testing.faults import Decline
-from kvwire.testing.harness import FaultPlan, Harness
+from kvwire.testing.harness import FaultPlan, Harness, Unavailable
 from kvwire.testing.holder import (
     Submission,
     Wakes,
@@ -506,6 +506,46 @@ def test_K1_a_block_the_store_declines_for_space_is_a_false_bit_in_every_group(k
         assert again.is_delivered and now.all(), (
             f"K1.4/A5.11: with room in the store, a publish of the declined block must hold it: {again!r}")
         _fetch(ex, bench, want=np.ones(4, bool), what="a fetch of every block once all are held")
+
+
+def test_K1_a_full_store_declines_whole_blocks(kvwire_harness: Harness) -> None:
+    """K1.4 / A5.11: with the store itself full (``Ends.fill``: it takes no object of a block's
+    size more), a block publish of a block it holds and two it has no room for delivers: the
+    held block true, the others false bits in every group, never a failure; a fetch finds
+    exactly the held block and no part of the others. Once the store has room again, a publish
+    delivers and every block it marks held is found whole."""
+    sizes = [64, 100, 1]
+    plan = _plan(sizes, 3, 1611)
+    with _blocks_exchange(kvwire_harness, plan) as (ex, bench):
+        fill = getattr(ex.ends, "fill", None)
+        if fill is None:
+            pytest.skip("harness cannot fill its store (Ends.fill)")
+        _, held = _publish(ex, bench, [0])
+        assert held.all(), "K1.4: a publish to a store with room to spare must hold every block"
+        try:
+            free = fill(sum(sizes))
+        except Unavailable as exc:
+            pytest.skip(f"harness cannot provide it: {exc}")
+        try:
+            full, held = _publish(ex, bench)
+            assert full.is_delivered, (
+                f"K1.4/A5.11: a block publish to a full store delivers, the blocks it has no room for false bits; a "
+                f"full store is no fault: {full!r}")
+            assert held.tolist() == [True, False, False], (
+                f"K1.4/A5.11: the full store held block 0 and takes no object of a block's size ({sum(sizes)} bytes) "
+                f"more, so blocks 1 and 2 are false bits in every group; the publish marks {held.astype(int).tolist()}")
+            _fetch(ex, bench, want=held, what="a block fetch from a full store")
+        finally:
+            free()
+        # The store may still decline a block it has room for (A5.11 promises nothing else), but
+        # what it marks held is held whole.
+        again, now = _publish(ex, bench)
+        assert again.is_delivered and now[0], (
+            f"K1.4/A5.11: a block publish once the store has room again delivers, block 0 (held all along) "
+            f"true: {again!r}")
+        _, found = _fetch(ex, bench, what="a block fetch once the store had room again")
+        lost = np.flatnonzero(now & ~found)
+        assert lost.size == 0, f"S1.3/K1.4: block(s) {lost.tolist()} the publish marked held were not found"
 
 
 def test_K1_a_block_evicted_in_part_is_a_miss_in_every_group(kvwire_harness: Harness) -> None:
