@@ -58,14 +58,15 @@ class Proxy:
 
     def apply(self, command: dict[str, object]) -> dict[str, object]:
         s = self.settings
-        for key in ("delay_s", "rate_bps", "loss", "rto_s"):
-            if key in command:
-                value = float(command[key])  # type: ignore[arg-type]
-                if not value >= 0:
-                    raise ValueError(f"{key} must be >= 0, got {value}")
-                setattr(s, key, value)
-        if not 0 <= s.loss <= 1:
-            raise ValueError(f"loss is a probability, got {s.loss}")
+        values = {key: float(command[key]) for key in ("delay_s", "rate_bps", "loss", "rto_s")  # type: ignore[arg-type]
+                  if key in command}
+        for key, value in values.items():  # every value checked before any is applied
+            if not value >= 0:
+                raise ValueError(f"{key} must be >= 0, got {value}")
+        if not 0 <= values.get("loss", s.loss) <= 1:
+            raise ValueError(f"loss is a probability, got {values['loss']}")
+        for key, value in values.items():
+            setattr(s, key, value)
         if "seed" in command:
             s.seed = int(command["seed"])  # type: ignore[call-overload]
             self.rng.seed(s.seed)
