@@ -678,7 +678,7 @@ def test_K1_block_views_without_rows_conclude_like_any_other(kvwire_harness: Har
     touching no memory."""
     plan = _plan([64, 16], 2, 2301)
     with _blocks_exchange(kvwire_harness, plan) as (ex, bench):
-        empty = {gi: [] for gi in range(len(plan.groups))}
+        empty: dict[int, list[int]] = {gi: [] for gi in range(len(plan.groups))}
         for what, source, sink in (("no groups", View(()), View(())),
                                    ("groups of no rows", bench.source_view(empty), bench.sink_view(empty))):
             for op, view in (("publish", source), ("fetch", sink)):
