@@ -133,6 +133,46 @@ def test_a_block_of_every_group_is_one_mooncake_object_read_back_by_another_clie
         assert dst.block(slot) == src.block(source)
 
 
+@pytest.fixture(scope="module")
+def second_holder(master: MasterProcess) -> Iterator[BlobBackend]:
+    """Another client with a segment: the master places objects in either."""
+    backend = build(master.address)
+    yield backend
+    backend.close()
+
+
+def test_blocks_in_the_readers_own_segment_and_in_anothers_both_arrive_whole(
+        holder: BlobBackend, second_holder: BlobBackend, client: BlobBackend,
+        request: pytest.FixtureRequest) -> None:
+    """A block in the reader's own segment is read straight into its rows; one in another
+    client's segment whole into a bounce buffer and scattered: bytes, bits and misses alike."""
+    sinks = {reader: Model(reader, request, 66) for reader in (holder, second_holder, client)}  # segments mounted
+    src = Model(client, request, 64, seed=7)
+    names = names_for(65)
+    sent = run(client, "publish", src.view(names[:64]))
+    assert sent.is_delivered and all(m.all() for m in sent.masks), sent
+    store = mooncake(second_holder)
+    keys = block_keys(NAMESPACE, block_layout(src.view(names[:64])), names[:64])
+    places = {_place(r) for key in keys for r in store.get_replica_desc(key)}
+    assert len(places) >= 2, "the master put every block in one segment; the test needs several"
+    for reader in (second_holder, client):  # some blocks in its own segment / none
+        dst = sinks[reader]
+        # Name j (64: the unknown one, asked among the others) into slot order[j].
+        asked = np.r_[np.arange(30), 64, np.arange(30, 64)]
+        order = np.arange(65)[::-1] + 1
+        got = run(reader, "fetch", dst.view(names[asked], order))
+        assert got.is_delivered, got
+        expected = asked != 64
+        assert all(np.array_equal(m, expected) for m in got.masks)
+        for name, slot in zip(asked.tolist(), order.tolist(), strict=True):
+            if name != 64:
+                assert dst.block(slot) == src.block(name)
+
+
+def _place(replica: Any) -> str:
+    return str(replica.get_memory_descriptor().buffer_descriptor.transport_endpoint)
+
+
 def test_many_blocks_cross_tcp_whole_within_the_clients_queue(
         holder: BlobBackend, client: BlobBackend, request: pytest.FixtureRequest) -> None:
     """256 blocks of 32 groups (8192 buffers) from a client without a segment, and back: one

@@ -16,6 +16,7 @@ whatever the number of blocks)."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -25,8 +26,8 @@ import numpy as np
 from kvwire.blob.driver import BatchResult, KeyStatus, StoreDriver
 from kvwire.contract import MemoryKind, SlotRegion
 
-__all__ = ["BOUNCE_BYTES", "KEPT_BOUNCES", "check_parts", "gather", "scatter", "put_parts_through",
-           "get_parts_through"]
+__all__ = ["BOUNCE_BYTES", "KEPT_BOUNCES", "check_parts", "gather", "scatter", "lend", "pieces",
+           "put_parts_through", "get_parts_through"]
 
 #: The most bytes of objects one call of the default moves through its bounce buffer at once.
 BOUNCE_BYTES = 16 << 20
@@ -173,6 +174,20 @@ def _bounces(driver: StoreDriver) -> _Bounces:
                 pool = _Bounces()
                 setattr(driver, _POOL, pool)
     return pool
+
+
+def lend(driver: StoreDriver, nbytes: int) -> contextlib.AbstractContextManager[_Bounce]:
+    """A bounce buffer of at least ``nbytes`` registered with ``driver`` (its ``base`` address),
+    for a ``with`` block: one of the driver's kept buffers when ``nbytes`` is at most
+    :data:`BOUNCE_BYTES`, else one made for the block and given back after it. For a driver's
+    own parts calls that stage some objects (see :func:`pieces`)."""
+    return _bounces(driver).lend(driver, nbytes)
+
+
+def pieces(count: int, total: int) -> Iterator[tuple[int, int]]:
+    """``(lo, hi)`` of ``count`` objects of ``total`` bytes in loads of one bounce buffer: as
+    many whole objects as :data:`BOUNCE_BYTES` holds, at least one."""
+    return _pieces(count, total)
 
 
 def _pieces(count: int, total: int) -> Iterator[tuple[int, int]]:
