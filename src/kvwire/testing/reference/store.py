@@ -119,18 +119,30 @@ class StoreEnd(Protocol):
 
 class ReferenceStore:
     """Named, immutable objects keyed by (namespace, space, name), in this process. Thread-safe.
-    An object, once stored, keeps its bytes: a second put of the same key is already held."""
+    An object, once stored, keeps its bytes: a second put of the same key is already held. With
+    ``capacity_bytes`` it holds at most that many bytes of objects and declines a row that does
+    not fit (``DECLINED``: not stored, no fault); it never evicts."""
 
-    def __init__(self) -> None:
+    def __init__(self, capacity_bytes: int | None = None) -> None:
         self._objects: dict[tuple[str, Space, bytes], bytes] = {}
         self._lock = threading.Lock()
+        self.capacity_bytes = capacity_bytes
+        self._used = 0
 
     def put(self, namespace: str, space: Space, names: np.ndarray, rows: np.ndarray) -> StoreReply:
         rows = np.ascontiguousarray(rows, dtype=np.uint8)
+        status = np.full(len(names), RowStatus.HELD, dtype=np.uint8)
         with self._lock:
-            for name, row in zip(names, rows, strict=True):
-                self._objects.setdefault((namespace, space, name.tobytes()), row.tobytes())
-        return StoreReply(np.full(len(names), RowStatus.HELD, dtype=np.uint8))
+            for i, (name, row) in enumerate(zip(names, rows, strict=True)):
+                key = (namespace, space, name.tobytes())
+                if key in self._objects:
+                    continue
+                if self.capacity_bytes is not None and self._used + row.nbytes > self.capacity_bytes:
+                    status[i] = RowStatus.DECLINED
+                    continue
+                self._objects[key] = row.tobytes()
+                self._used += row.nbytes
+        return StoreReply(status)
 
     def get(self, namespace: str, space: Space, names: np.ndarray, row_bytes: int) -> StoreReply:
         status = np.full(len(names), RowStatus.MISSING, dtype=np.uint8)
@@ -160,7 +172,9 @@ class ReferenceStore:
     def remove(self, namespace: str, space: Space, names: np.ndarray) -> None:
         with self._lock:
             for name in names:
-                self._objects.pop((namespace, space, name.tobytes()), None)
+                gone = self._objects.pop((namespace, space, name.tobytes()), None)
+                if gone is not None:
+                    self._used -= len(gone)
 
     def __len__(self) -> int:
         with self._lock:
