@@ -19,7 +19,10 @@ What a harness does:
   memory as numpy arrays and DEVICE memory as torch CUDA tensors, when a GPU exists).
 - Optionally, :attr:`Ends.hold` makes the other end stop answering until released, and
   :meth:`Harness.open` honours a :class:`FaultPlan`. Tests that need either skip when the harness
-  cannot provide it (they say so), so a first harness can leave both out.
+  cannot provide it (they say so), so a first harness can leave both out. So are the other
+  optional hooks of :class:`Ends`: :attr:`Ends.fill` (make a store really full),
+  :attr:`Ends.another_sink` (one more backend reaching the same other end) and
+  :attr:`Ends.other_process` (a backend in another process on the same store).
 - :meth:`Harness.close` tears the ends down (the default shuts both backends down until nothing
   is in flight and then runs :attr:`Ends.cleanup`).
 
@@ -39,7 +42,7 @@ from typing import Any
 from kvwire.contract import Backend, Capabilities, Hint, MemoryKind
 from kvwire.testing.regions import DeviceMemory, HostMemory, RegionMemory, cuda_devices
 
-__all__ = ["Harness", "Ends", "Hold", "FaultPlan", "Unavailable", "shut_down"]
+__all__ = ["Harness", "Ends", "Hold", "FaultPlan", "Unavailable", "shut_down", "close_spawned"]
 
 
 class Unavailable(Exception):
@@ -106,11 +109,25 @@ class Ends:
     ``hold``, when given, starts holding the other end and returns the :class:`Hold`.
     ``cleanup`` runs after both backends shut down (drop the store, stop a server).
 
-    ``extra`` is the harness's own, with one key the suite reads when present:
-    ``extra["namespace"]``, for a store backend, the namespace (a ``str``) both backends were
-    configured with, which a store hint without a ``namespace`` field uses (H1.7). The test of
-    H1.7 needs it and skips, naming the key, when a harness leaves it out (or ``extra`` holds
-    no ``str`` there). :class:`kvwire.testing.stores.StoreHarness` sets it."""
+    For a store, ``hold`` holds every call the backends make to the store. For a peer that serves
+    pulls, the suite holds a pull itself by not answering it; ``hold``, when given, holds what the
+    serving end sends towards a requester (an answer's rows, or its offer of them: the answer is
+    then on the wire, published and not yet received), so tests can cross a requester's cancel, or
+    the end of a standing offer, with an answer in flight. Tests that need it skip without it.
+
+    ``extra`` is the harness's own, with keys the suite reads when present:
+
+    - ``extra["namespace"]``, for a store backend, the namespace (a ``str``) both backends were
+      configured with, which a store hint without a ``namespace`` field uses (H1.7). The test of
+      H1.7 needs it and skips, naming the key, when a harness leaves it out (or ``extra`` holds no
+      ``str`` there). :class:`kvwire.testing.stores.StoreHarness` sets it.
+    - ``extra["pending_pulls"]``, for a peer that serves pulls and declines pulls as busy once this
+      many wait for its holder (an ``int``): the bound the serving end was built with. Below it no
+      pull may be declined for being busy (N2.4); beyond it each one is declined (cause
+      ``DECLINED``). Without the key the suite expects no busy decline at all.
+
+    The optional hooks below are what some tests need beyond a hold and faults; each such test
+    skips, naming the hook, when a harness leaves it ``None``."""
 
     source: Backend
     sink: Backend
@@ -118,14 +135,63 @@ class Ends:
     fetch_hint: Hint
     hold: Callable[[], Hold] | None = None
     cleanup: Callable[[], None] | None = None
-    #: Anything else the harness wants to keep with these ends; the suite reads only the key
-    #: ``"namespace"`` (see above), and only when it is there.
+    #: Anything else the harness wants to keep with these ends; the suite reads only the keys
+    #: ``"namespace"`` and ``"pending_pulls"`` (see above), and only when they are there.
     extra: dict[str, object] = field(default_factory=dict)
+    #: For a store: make the store itself really full, the way its own limits make it (not
+    #: through these ends): store objects of the harness's own until the store takes no object of
+    #: ``row_bytes`` bytes more. Returns a callable that removes what it stored. A store that
+    #: cannot be filled (it has no bound) raises :class:`Unavailable`. The test of a full store
+    #: (A5.11) needs it: a publish to a full store delivers, its rows false bits, never a failure.
+    fill: Callable[[int], Callable[[], None]] | None = None
+    #: One more backend built like ``sink``, reaching the same other end with ``fetch_hint`` (for
+    #: a serving peer another requester of ``source``; for a store another end on the same
+    #: store). Call it through :meth:`make_another_sink`, which the harness's :meth:`Harness.close`
+    #: shuts down and closes with the ends.
+    another_sink: Callable[[], Backend] | None = None
+    #: For a store that several processes share (a directory): start a backend on the same store
+    #: in another process (:class:`kvwire.testing.processes.StoreProcess`), configured with the
+    #: same namespace. Call it through :meth:`make_other_process`; the harness stops what it
+    #: started with the ends.
+    other_process: Callable[[], Any] | None = None
+    #: What :meth:`make_another_sink` and :meth:`make_other_process` started, stopped by
+    #: :func:`close_spawned` (the default :meth:`Harness.close` calls it).
+    spawned: list[Any] = field(default_factory=list)
 
     @property
     def backends(self) -> tuple[Backend, ...]:
         """Each distinct backend of the pair, once."""
         return (self.source,) if self.sink is self.source else (self.source, self.sink)
+
+    def make_another_sink(self) -> Backend:
+        """:attr:`another_sink`, kept to be shut down with the ends; :class:`Unavailable`
+        without it."""
+        if self.another_sink is None:
+            raise Unavailable("the harness builds no further backend reaching the same other end (Ends.another_sink)")
+        backend = self.another_sink()
+        self.spawned.append(backend)
+        return backend
+
+    def make_other_process(self) -> Any:
+        """:attr:`other_process`, kept to be stopped with the ends; :class:`Unavailable`
+        without it."""
+        if self.other_process is None:
+            raise Unavailable("the harness runs no backend of another process on the same store (Ends.other_process)")
+        process = self.other_process()
+        self.spawned.append(process)
+        return process
+
+
+def close_spawned(ends: Ends, timeout_s: float) -> None:
+    """Stop what :meth:`Ends.make_another_sink` and :meth:`Ends.make_other_process` started:
+    each backend shut down until nothing is in flight and closed, each process stopped."""
+    spawned, ends.spawned = list(ends.spawned), []
+    for thing in spawned:
+        if isinstance(thing, Backend):
+            shut_down(thing, timeout_s=timeout_s)
+            thing.close()
+        else:
+            thing.stop()
 
 
 class Harness(abc.ABC):
@@ -169,6 +235,7 @@ class Harness(abc.ABC):
         (B3), closes it (``Backend.close()``), then runs ``ends.cleanup``. The suite closes its
         registrations itself, before this."""
         try:
+            close_spawned(ends, max(10.0, self.quiesce_grace_s))
             for backend in ends.backends:
                 shut_down(backend, timeout_s=max(10.0, self.quiesce_grace_s))
             for backend in ends.backends:

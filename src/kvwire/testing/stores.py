@@ -9,7 +9,9 @@ schedule."""
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+import itertools
+import os
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -18,9 +20,34 @@ from kvwire.blob import BatchResult, BlobBackend, KeyStatus, StoreDriver
 from kvwire.contract import Backend, Hint, SlotRegion
 from kvwire.testing.faults import FaultyDriver
 from kvwire.testing.gate import Gate
-from kvwire.testing.harness import Ends, FaultPlan, Harness, shut_down
+from kvwire.testing.harness import Ends, FaultPlan, Harness, Unavailable, close_spawned, shut_down
+from kvwire.testing.processes import StoreProcess
+from kvwire.testing.regions import HostMemory
 
-__all__ = ["StoreHarness", "ControlledDriver", "StoreControl"]
+__all__ = ["StoreHarness", "ControlledDriver", "StoreControl", "fill_until_full", "FILL_CHUNK"]
+
+#: The largest object a fill stores (it halves from here down to a row's size).
+FILL_CHUNK = 8 << 20
+_fills = itertools.count(1)
+
+
+def fill_until_full(put: Callable[[int], bool], row_bytes: int, limit_bytes: int) -> int:
+    """Store objects through ``put(size) -> stored``, :data:`FILL_CHUNK` bytes each and then
+    halving, until the store takes no object of ``row_bytes`` more; the bytes stored. A store
+    that took ``limit_bytes`` without refusing one has no bound the suite can reach:
+    :class:`~kvwire.testing.harness.Unavailable`."""
+    size = max(FILL_CHUNK, row_bytes)
+    stored = 0
+    while True:
+        if put(size):
+            stored += size
+            if stored > limit_bytes:
+                raise Unavailable(f"the store took {stored >> 20} MiB of objects without refusing one; it has no "
+                                  "bound the suite can reach (Ends.fill)")
+        elif size == row_bytes:
+            return stored  # it takes no object of a row's size more: full
+        else:
+            size = max(size // 2, row_bytes)
 
 
 class StoreControl(Gate):
@@ -112,6 +139,12 @@ class StoreHarness(Harness):
 
     lookup_faults = True  # the controlled driver fails a lookup's listed names
 
+    #: ``"module:object"`` of this harness, importable in a fresh interpreter, when the stores
+    #: :meth:`new_store` makes are shared by processes (a directory: ``new_store()`` returns a
+    #: ``str`` the other process can open): the cross-process tests then start a backend on the
+    #: same store in another process (:attr:`Ends.other_process`). ``None`` (the default): they skip.
+    process_harness: str | None = None
+
     @abc.abstractmethod
     def new_store(self) -> Any:
         """A fresh, empty store that nothing else uses, that takes 32 MiB without evicting or
@@ -137,26 +170,35 @@ class StoreHarness(Harness):
         namespace = "conformance"
         hint = Hint.of("store", namespace=namespace)
         control: StoreControl | None = None
+        plain = not faults and not hold
+
+        def end() -> Backend:
+            """One more end on ``store``: as the plugin builds it where the test controls nothing,
+            else a blob backend on a controlled driver."""
+            if control is None:
+                built = self.plugin_end(store, namespace=namespace, timeout_s=timeout_s, max_in_flight=max_in_flight)
+                if built is not None:
+                    return built
+                raise AssertionError("plugin_end() gave no end after it gave one")  # never: it is deterministic
+            options = dict(self.blob_options)
+            if max_in_flight is not None:
+                options["max_in_flight"] = max_in_flight
+            driver = self.driver(store)
+            if faults is not None and faults.schedule:
+                driver = FaultyDriver(driver, faults.schedule, owns_inner=True)
+            return BlobBackend(ControlledDriver(driver, control), namespace=namespace, timeout_s=timeout_s,
+                               owns_driver=True, **options)
+
         backends: list[Backend] = []
         try:
-            if not faults and not hold:
-                for _ in range(2):
-                    end = self.plugin_end(store, namespace=namespace, timeout_s=timeout_s,
-                                          max_in_flight=max_in_flight)
-                    if end is None:
-                        break
-                    backends.append(end)
-            if len(backends) < 2:
+            if plain:
+                first = self.plugin_end(store, namespace=namespace, timeout_s=timeout_s, max_in_flight=max_in_flight)
+                if first is not None:
+                    backends.append(first)
+            if not backends:
                 control = StoreControl(faults)
-                options = dict(self.blob_options)
-                if max_in_flight is not None:
-                    options["max_in_flight"] = max_in_flight
-                while len(backends) < 2:
-                    driver = self.driver(store)
-                    if faults is not None and faults.schedule:
-                        driver = FaultyDriver(driver, faults.schedule, owns_inner=True)
-                    backends.append(BlobBackend(ControlledDriver(driver, control), namespace=namespace,
-                                                timeout_s=timeout_s, owns_driver=True, **options))
+            while len(backends) < 2:
+                backends.append(end())
         except BaseException:
             for backend in backends:
                 backend.shutdown()
@@ -171,13 +213,67 @@ class StoreHarness(Harness):
             hold=control.hold if control is not None else None,
             cleanup=lambda: self.drop_store(store),
             extra={"store": store, "control": control, "namespace": namespace},
+            fill=lambda row_bytes: self.fill_store(store, row_bytes),
+            another_sink=end,
+            other_process=(lambda: self.start_process(store, namespace, timeout_s))
+            if self.process_harness is not None else None,
         )
+
+    def start_process(self, store: Any, namespace: str, timeout_s: float) -> StoreProcess:
+        """:attr:`Ends.other_process`: a child process with a backend on ``store``."""
+        assert self.process_harness is not None
+        if not isinstance(store, str):
+            raise Unavailable(f"the harness's store is a {type(store).__name__}, not a str another process can open")
+        return StoreProcess(self.process_harness, store, namespace, timeout_s)
+
+    #: Objects a fill stores at most before it decides the store has no bound.
+    fill_limit_bytes: int = 512 << 20
+
+    def fill_store(self, store: Any, row_bytes: int) -> Callable[[], None]:
+        """:attr:`Ends.fill` for any driver: put objects of the harness's own (keys under
+        ``kvwire-fill/``, never a namespace's) through a fresh driver, 8 MiB each and then halving,
+        until the store takes no object of ``row_bytes`` more: a put answers ``DECLINED`` (or
+        anything but stored) at that size. Returns the undo, which removes them all. A store that
+        took :attr:`fill_limit_bytes` without refusing one has no bound: :class:`Unavailable`."""
+        if not isinstance(row_bytes, int) or row_bytes < 1:
+            raise ValueError(f"row_bytes must be an int >= 1, got {row_bytes!r}")
+        driver = self.driver(store)
+        memory = HostMemory(max(FILL_CHUNK, row_bytes), 1)
+        region = memory.region
+        driver.register([region])
+        keys: list[str] = []
+        prefix = f"kvwire-fill/{os.getpid()}-{next(_fills)}/"
+        base = np.array([region.base], dtype=np.uint64)
+
+        def put(size: int) -> bool:
+            key = f"{prefix}{len(keys)}"
+            stored = int(driver.put([key], base, np.array([size], dtype=np.uint64)).status[0]) == int(KeyStatus.OK)
+            if stored:
+                keys.append(key)
+            return stored
+
+        def free() -> None:
+            try:
+                for start in range(0, len(keys), 256):
+                    driver.remove(keys[start:start + 256])
+            finally:
+                keys.clear()
+                driver.unregister([memory.region])  # the junk buffer lives until the store let go of it
+                driver.close()
+
+        try:
+            fill_until_full(put, row_bytes, self.fill_limit_bytes)
+        except BaseException:
+            free()
+            raise
+        return free
 
     def close(self, ends: Ends) -> None:
         control = ends.extra.get("control")
         if isinstance(control, StoreControl):
             control.release()
         try:
+            close_spawned(ends, max(10.0, self.quiesce_grace_s))
             for backend in ends.backends:
                 shut_down(backend, timeout_s=max(10.0, self.quiesce_grace_s))
             for backend in ends.backends:

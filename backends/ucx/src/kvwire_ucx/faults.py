@@ -77,6 +77,13 @@ class Faults:
                 return True
         return False
 
+    def inject(self, direction: Direction, conn: Connection, message: wire.Message) -> None:
+        """A frame a test makes up, from the progress thread after what it is doing now: sent on
+        ``conn`` (OUTGOING), or routed as if it had arrived on ``conn`` (INCOMING), by the engine's
+        own paths (a hold of that direction may take it). Nothing happens on a closed connection."""
+        go = self._send if direction is Direction.OUTGOING else self._route
+        self._reactor.submit(lambda: None if conn.closed else go(conn, message))
+
     def _release(self, hold: Hold, after_s: float) -> None:
         if hold in self._holds:
             self._holds.remove(hold)

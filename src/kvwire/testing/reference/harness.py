@@ -36,6 +36,7 @@ from kvwire.testing.reference.store import (
     StoreReply,
     store_capabilities,
 )
+from kvwire.testing.stores import FILL_CHUNK, fill_until_full
 
 __all__ = ["ReferenceStoreHarness", "ReferencePeerHarness", "ControlledStore", "ControlledLink", "store_harness",
            "peer_harness"]
@@ -43,6 +44,11 @@ __all__ = ["ReferenceStoreHarness", "ReferencePeerHarness", "ControlledStore", "
 NAMESPACE = "conformance"
 #: The namespace the reference store backends are configured with: a hint without one uses it.
 CONFIGURED_NAMESPACE = "default"
+#: The bytes of objects a pair's store holds: twice what the harness API asks a store to take
+#: (32 MiB) without declining, and small enough to fill (Ends.fill).
+STORE_CAPACITY_BYTES = 64 << 20
+#: The namespace a fill stores its objects under (never one the suite uses).
+FILL_NAMESPACE = "kvwire-fill"
 
 #: Numbers the peer pairs the peer harness opens, so every peer's address is unique in the process.
 _pairs = itertools.count(1)
@@ -119,15 +125,19 @@ class ReferenceStoreHarness(Harness):
 
     def open(self, *, timeout_s: float, max_in_flight: int | None = None, faults: FaultPlan | None = None,
              hold: bool = False) -> Ends:
-        store = ReferenceStore()
+        store = ReferenceStore(capacity_bytes=STORE_CAPACITY_BYTES)
         gate = Gate()
         schedule = CallFaults(faults.schedule if faults is not None else ())
         end = ControlledStore(store, gate, faults, schedule)
-        source, sink = (self.make_backend(end, timeout_s=timeout_s, max_in_flight=max_in_flight or self.max_in_flight)
-                        for _ in range(2))
+
+        def another() -> ReferenceStoreBackend:
+            return self.make_backend(end, timeout_s=timeout_s, max_in_flight=max_in_flight or self.max_in_flight)
+
+        source, sink = another(), another()
         hint = Hint.of("store", namespace=NAMESPACE)
         return Ends(source, sink, hint, hint, hold=gate.hold,
-                    extra={"store": store, "gate": gate, "schedule": schedule, "namespace": CONFIGURED_NAMESPACE})
+                    extra={"store": store, "gate": gate, "schedule": schedule, "namespace": CONFIGURED_NAMESPACE},
+                    fill=lambda row_bytes: fill_reference_store(store, row_bytes), another_sink=another)
 
     def make_backend(self, end: ControlledStore, *, timeout_s: float, max_in_flight: int) -> ReferenceStoreBackend:
         """One end. Mutants of the reference backend override this."""
@@ -141,10 +151,18 @@ class ReferenceStoreHarness(Harness):
 
 class ControlledLink(Link):
     """The fabric's link under a harness: messages handled by the serving peer wait at ``gate``
-    while it is held (it answers nothing), and the rows of names a :class:`FaultPlan` lists
-    reach the requester as a fault instead. A pull waits in :meth:`answering`, after the serving
-    peer has looked for a standing offer that covers it (O1): a pull an offer answers is held
-    with the offer claimed, before it reads the offer's rows."""
+    while it is held (it answers nothing), and so do the rows it sends a requester (an answer on
+    the wire: published, its rows copied out, not yet received); the rows of names a
+    :class:`FaultPlan` lists reach the requester as a fault instead. A pull waits in
+    :meth:`answering`, after the serving peer has looked for a standing offer that covers it
+    (O1): a pull an offer answers is held with the offer claimed, before it reads the offer's
+    rows."""
+
+    def send(self, fabric: Fabric, to: bytes, message: Message) -> bool:
+        if isinstance(message, Rows) and message.reply_to == self.serving:
+            with self.gate.passage():
+                return super().send(fabric, to, message)
+        return super().send(fabric, to, message)
 
     def __init__(self, gate: Gate, plan: FaultPlan | None, serving: bytes) -> None:
         self.gate = gate
@@ -201,8 +219,13 @@ class ReferencePeerHarness(Harness):
         source = self.make_peer(fabric, f"serving-{pair}", timeout_s=timeout_s, max_in_flight=bound)
         sink = self.make_peer(fabric, f"pulling-{pair}", timeout_s=timeout_s, max_in_flight=bound)
         fabric.link = ControlledLink(gate, faults, source.address())
+        more = itertools.count(2)
+
+        def another() -> ReferencePeer:
+            return self.make_peer(fabric, f"pulling-{pair}-{next(more)}", timeout_s=timeout_s, max_in_flight=bound)
+
         return Ends(source, sink, Hint.of("ticket", id=0), Hint.of("peer", address=source.address()),
-                    hold=gate.hold, extra={"gate": gate, "fabric": fabric})
+                    hold=gate.hold, extra={"gate": gate, "fabric": fabric}, another_sink=another)
 
     def make_peer(self, fabric: Fabric, name: str, *, timeout_s: float, max_in_flight: int) -> ReferencePeer:
         """One end. Mutants of the reference peer override this."""
@@ -211,6 +234,28 @@ class ReferencePeerHarness(Harness):
     def close(self, ends: Ends) -> None:
         _release(ends)
         super().close(ends)
+
+
+def fill_reference_store(store: ReferenceStore, row_bytes: int) -> Callable[[], None]:
+    """:attr:`Ends.fill` for a :class:`ReferenceStore` with a capacity: objects of the harness's
+    own, under a namespace no test uses, until it takes no object of ``row_bytes`` more."""
+    names: list[np.ndarray] = []
+    junk = np.zeros((1, FILL_CHUNK), dtype=np.uint8)
+
+    def put(size: int) -> bool:
+        name = np.frombuffer(len(names).to_bytes(8, "little"), dtype=np.uint8)[None, :]
+        stored = store.put(FILL_NAMESPACE, 0, name, junk[:, :size]).status[0] == RowStatus.HELD
+        if stored:
+            names.append(name)
+        return bool(stored)
+
+    def free() -> None:
+        if names:
+            store.remove(FILL_NAMESPACE, 0, np.concatenate(names))
+        names.clear()
+
+    fill_until_full(put, row_bytes, 2 * STORE_CAPACITY_BYTES)
+    return free
 
 
 def _release(ends: Ends) -> None:
