@@ -29,6 +29,9 @@ class FilesHarness(StoreHarness):
     #: driver returns: the reads or writes of at most a few MiB of files in shared memory, or a
     #: wait for the store's lock, which gives up 0.2 s after the deadline.
     quiesce_grace_s = 2.0
+    #: A store is a directory other processes open too: the suite's cross-process cases run a
+    #: backend of another process on it through this harness.
+    process_harness = "kvwire_files.harness:harness"
 
     def new_store(self) -> str:
         # KVWIRE_FILES_CONFORMANCE_DIR: run the suite on a root elsewhere (a disk, whose reads
