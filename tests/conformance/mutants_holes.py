@@ -19,6 +19,8 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from kvwire_files import FilesDriver, FileStore
+from kvwire_files.harness import FilesHarness
 from kvwire_memory import MemoryDriver, named_store
 from kvwire_memory.harness import MemoryHarness
 from loopback_peer import LoopbackHarness  # beside this file; on sys.path when loaded as a harness
@@ -30,6 +32,7 @@ from kvwire.contract import (
     Attempt,
     Backend,
     Hint,
+    InvalidSubmission,
     Outcome,
     OutcomeStatus,
     SlotRegion,
@@ -54,6 +57,8 @@ CATCHES = [
     ("takes_work_while_draining", "B3", "B3 and while_shutdown_drains"),
     ("overlap_in_own_slot_size", "M3", "M3 and other_slot_sizes"),
     ("full_store_fails_the_publish", "A5", "A5 and full_store"),
+    ("group_ids_tighter_than_stated", "V1", "V1 and limit_holds_at_the_limit"),
+    ("publish_trusts_a_stale_index", "A5", "A5 and another_process_removed"),
 ]
 
 
@@ -67,6 +72,7 @@ class HoleHarness(MutantHarness):
         ends = super().open(timeout_s=timeout_s, max_in_flight=max_in_flight, faults=faults, hold=hold)
         inner: Ends = ends.extra["inner"]  # type: ignore[assignment]
         ends.fill = inner.fill
+        ends.other_process = inner.other_process
         make = inner.another_sink
         if make is not None:
             ends.another_sink = lambda: self.mutant(make(), self)
@@ -360,6 +366,66 @@ class _FullIsAFaultHarness(MemoryHarness):
         return None  # every end on the broken client
 
 
+# -- V1.8: a group-id limit tighter than the one the refusal states ------------------------------------
+
+class GroupIdsTighterThanStated(Mutant):
+    """V1.8: refuses a view with a group id of 2**31 or more, saying its wire carries ids below
+    2**32 (a signed 32-bit field where the message says unsigned): ids it promises are refused."""
+
+    def submit(self, op: str, view: View, hint: Hint, wake: WakeFn) -> Attempt:
+        if isinstance(view, View):
+            for group in view.groups:
+                if group.group_id >= 1 << 31:
+                    raise InvalidSubmission(f"group id {group.group_id} does not fit the wire, which carries group "
+                                            "ids below 2**32 (contract V1.8)")
+        return super().submit(op, view, hint, wake)
+
+
+# -- A5.6: a publish answered from this process's memory of what the store held ----------------------
+
+class _RemembersWhatItStored(FilesDriver):
+    """Remembers, for this process, every key the store held when one of its drivers of that
+    store stored or read it, and answers a put of one ``ALREADY_THERE`` from that memory without
+    asking the store, which another process may have removed it from since."""
+
+    #: store root -> keys this process saw held there
+    seen: dict[str, set[str]] = {}
+
+    def __init__(self, store: FileStore, **kwargs: Any) -> None:
+        super().__init__(store, **kwargs)
+        self.stored = self.seen.setdefault(str(store.root), set())
+
+    def put(self, keys: Any, addresses: np.ndarray, sizes: np.ndarray) -> BatchResult:
+        known = np.array([k in self.stored for k in keys], dtype=bool)
+        status = np.full(len(keys), int(KeyStatus.ALREADY_THERE), dtype=np.uint8)
+        reasons: dict[int, str] = {}
+        rest = np.flatnonzero(~known)
+        if rest.size:
+            result = super().put([keys[i] for i in rest.tolist()], np.asarray(addresses)[rest], np.asarray(sizes)[rest])
+            status[rest] = result.status
+            reasons = {int(rest[j]): text for j, text in result.reasons.items()}
+        self.stored.update(k for k, s in zip(keys, status.tolist(), strict=True)
+                           if s in (int(KeyStatus.OK), int(KeyStatus.ALREADY_THERE)))
+        return BatchResult(status, reasons)
+
+    def get_into(self, keys: Any, addresses: np.ndarray, sizes: np.ndarray) -> BatchResult:
+        result = super().get_into(keys, addresses, sizes)
+        self.stored.update(k for k, s in zip(keys, np.asarray(result.status).tolist(), strict=True)
+                           if s == int(KeyStatus.OK))
+        return result
+
+
+class _StaleFilesHarness(FilesHarness):
+    def driver(self, store: Any) -> StoreDriver:
+        from kvwire_files.harness import CAPACITY_BYTES
+
+        return _RemembersWhatItStored(FileStore(store, capacity_bytes=CAPACITY_BYTES, eviction=False), owns_store=True)
+
+    def plugin_end(self, store: Any, *, namespace: str, timeout_s: float,
+                   max_in_flight: int | None) -> Backend | None:
+        return None  # every end on the remembering driver; the other process runs the real one
+
+
 answer_ignores_a_late_cancel = HoleHarness("answer-ignores-a-late-cancel", AnswerIgnoresALateCancel,
                                            inner=_peer_harness(_IgnoresLateCancel))
 busy_count_never_drops = HoleHarness("busy-count-never-drops", BusyCountNeverDrops,
@@ -373,3 +439,5 @@ deadline_needs_other_fields = HoleHarness("deadline-needs-other-fields", Deadlin
 takes_work_while_draining = HoleHarness("takes-work-while-draining", TakesWorkWhileDraining)
 overlap_in_own_slot_size = HoleHarness("overlap-in-own-slot-size", Mutant, setup=_overlap_in_own_slot_size)
 full_store_fails_the_publish = HoleHarness("full-store-fails-the-publish", Mutant, inner=_FullIsAFaultHarness())
+group_ids_tighter_than_stated = HoleHarness("group-ids-tighter-than-stated", GroupIdsTighterThanStated)
+publish_trusts_a_stale_index = HoleHarness("publish-trusts-a-stale-index", Mutant, inner=_StaleFilesHarness())

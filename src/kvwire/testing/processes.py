@@ -128,6 +128,17 @@ class StoreProcess:
             if answer.get("round") == number:
                 return
 
+    def publishing_done(self) -> bool:
+        """Without waiting: whether the rounds :meth:`start_publishing` began have all been
+        published (what the child said meanwhile is read and dropped)."""
+        while True:
+            with self._cond:
+                if not self._lines:
+                    return False
+            answer = self._next(0.0)
+            if answer.get("done") == "publish_rounds":
+                return True
+
     def kill(self) -> None:
         """SIGKILL the child: it dies wherever it is, a write or a lock of the store included."""
         if self._proc.poll() is None:

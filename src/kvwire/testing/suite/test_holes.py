@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 
 import numpy as np
 import pytest
 
 from kvwire.contract import (
+    CacheKind,
     Cause,
     Hint,
     InvalidSubmission,
@@ -42,7 +44,7 @@ from kvwire.testing.holder import (
     submit,
     wait_for,
 )
-from kvwire.testing.layout import Bench
+from kvwire.testing.layout import Bench, GroupPlan, ViewPlan
 from kvwire.testing.plans import drain_queue, fill_queue, fillable_queue, paged_exchange, pages, store_only
 from kvwire.testing.regions import next_region_id
 
@@ -533,3 +535,63 @@ def test_A5_a_publish_to_a_full_store_delivers_with_false_bits(kvwire_harness: H
         assert (fetched.masks[0] >= later.masks[0]).all(), (
             f"S1.3: rows a publish marked held once the store had room were not found: publish "
             f"{later.masks[0].astype(int).tolist()}, fetch {fetched.masks[0].astype(int).tolist()}")
+
+
+# -- V1.8: a group-id limit holds at the limit and one past it ------------------------------------------------
+
+#: A limit named in a refusal: ``2**32`` / ``2^32``, or a number of at least 256.
+_POWER = re.compile(r"\b2\s*(?:\*\*|\^)\s*(\d{1,3})\b")
+_NUMBER = re.compile(r"(?<![\w.*^])(\d{3,})(?![\w.])")
+
+
+def _stated_limit(message: str, group_id: int) -> int | None:
+    """The group-id limit a V1.8 refusal names (the largest number it states below the refused
+    id, a power of two written ``2**N`` included), or ``None``."""
+    found = [1 << int(n) for n in _POWER.findall(message)]
+    found += [int(n) for n in _NUMBER.findall(_POWER.sub(" ", message)) if int(n) != group_id]
+    below = [n for n in found if 256 <= n <= group_id]
+    return max(below) if below else None
+
+
+def _large_group_transfer(ex: Exchange, harness: Harness, kind: MemoryKind, group_id: int) -> InvalidSubmission | None:
+    """Move three rows of group 0 and of ``group_id``: ``None`` when that delivered every row,
+    the refusal when the submission raised ``InvalidSubmission`` (nothing escaped)."""
+    plan = ViewPlan((GroupPlan(0, CacheKind.PAGED, 32, 3, (1, 2, 3), (3, 2, 1), 5),
+                     GroupPlan(group_id, CacheKind.PAGED, 32, 3, (0, 2, 4), (4, 0, 2), 5)), 3919, shared_names=True)
+    with Bench(harness, ex.ends.source, ex.ends.sink, plan, kind) as bench:
+        try:
+            result = ex.transfer(bench)
+        except InvalidSubmission as exc:
+            bench.verify(f"S3.5: after a view with group id {group_id} was refused")
+            return exc
+        assert result.fetched.is_delivered and all(m.all() for m in result.fetched.masks), (
+            f"V1.8: a view with group id {group_id} was taken, so its rows move like any others: {result.fetched!r}")
+        return None
+
+
+def test_V1_a_group_id_limit_holds_at_the_limit_and_one_past_it(kvwire_harness: Harness) -> None:
+    """V1.8 / S3.2: a backend that refuses a large group id (2**62) names its limit in the
+    refusal, and keeps it exactly: a view with the id just below the limit it names moves every
+    row, and one just past it is refused with ``InvalidSubmission``. A limit kept tighter than the
+    one stated (a wire of 32 bits that refuses ids from 2**31) refuses ids it promised to carry.
+    A backend that takes 2**62 has no limit to check."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    huge = 1 << 62
+    with needs.open_exchange(kvwire_harness) as ex:
+        refusal = _large_group_transfer(ex, kvwire_harness, kind, huge)
+        if refusal is None:
+            return
+        limit = _stated_limit(str(refusal), huge)
+        assert limit is not None, (
+            f"V1.8: a view with group id {huge} was refused without naming the limit it passed ({refusal}); the "
+            "refusal names the id and its limit")
+        below, past = limit - 1, limit + 1
+        refused_below = _large_group_transfer(ex, kvwire_harness, kind, below)
+        assert refused_below is None, (
+            f"V1.8: the backend names {limit} as its group-id limit, yet refused group id {below} just below it "
+            f"({refused_below}); it carries every id its limit admits")
+        assert _large_group_transfer(ex, kvwire_harness, kind, past) is not None, (
+            f"V1.8: the backend names {limit} as its group-id limit, yet took group id {past} just past it; a view "
+            "with an id beyond it is refused when it is submitted")
