@@ -336,8 +336,14 @@ class Pending:
         self.proc, self.ident, self.op = proc, ident, op
 
     def done(self) -> bool:
+        """Whether the answer came, or the process ended without it."""
         with self.proc._cond:
             return self.ident in self.proc._answers or self.proc._ended
+
+    def answered(self) -> bool:
+        """Whether the answer came (a process killed first never answers)."""
+        with self.proc._cond:
+            return self.ident in self.proc._answers
 
     def result(self, timeout_s: float = 60.0) -> dict[str, Any]:
         """The answer; :class:`RemoteError` if the command raised, :class:`HostGone` if the

@@ -35,7 +35,8 @@ def ucx_options(host: Host, mode: str, **more: Any) -> dict[str, Any]:
 
 
 def mooncake_options(master: str, segment_bytes: int, **more: Any) -> dict[str, Any]:
-    return {"master": master, "segment_bytes": segment_bytes, "setup_retries": 1, "rpc_timeout_s": 2.0, **more}
+    # a master call may wait for a busy master (2 cores shared by the whole test run) up to 5 s
+    return {"master": master, "segment_bytes": segment_bytes, "setup_retries": 1, "rpc_timeout_s": 5.0, **more}
 
 
 @dataclass
@@ -117,17 +118,23 @@ def check_result(result: dict[str, Any], worker: Worker, seed: int, tokens: int,
 
 
 def check_nothing_held(worker: Worker, settle_s: float = 10.0) -> dict[str, Any]:
-    """Once the pulls ``worker`` answered have ended (within ``settle_s``): no pin, lease, open
-    request, staging slot, kept lease, reply or open attempt, and no registration beyond the
-    worker's own regions."""
-    acc = worker.call("accounting", settle_s=settle_s)
-    assert acc["settled"], f"{worker.host.name}: pulls it answered did not end within {settle_s:g} s: {acc}"
-    for key in ("pins", "leases_open", "requests_open", "staging_in_use", "kept_leases", "replies_open",
-                "attempts_open"):
-        assert acc[key] == 0, f"{worker.host.name} still holds {key}={acc[key]}: {acc}"
-    assert acc["registered_regions"] == acc["own_regions"], acc
-    assert acc["store_registrations"] in (None, acc["own_regions"]), acc
-    return acc
+    """Within ``settle_s`` (the pulls ``worker`` answered end when their requesters' last word
+    comes): no pin, lease, open request, staging slot, kept lease, reply or open attempt, and no
+    registration beyond the worker's own. Returns the last accounting."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        acc = worker.call("accounting", settle_s=max(0.0, min(1.0, deadline - time.monotonic())))
+        left = {key: acc[key] for key in ("pins", "leases_open", "requests_open", "staging_in_use", "kept_leases",
+                                          "replies_open", "attempts_open") if acc[key]}
+        if acc["registered_regions"] != acc["own_regions"]:
+            left["registered_regions"] = acc["registered_regions"]
+        if acc["store_registrations"] not in (None, acc["own_regions"]):
+            left["store_registrations"] = acc["store_registrations"]
+        if not left or time.monotonic() >= deadline:
+            break
+        time.sleep(0.05)  # asking another process again: it has no event to wait on
+    assert not left, f"{worker.host.name} still holds {left} after {settle_s:g} s: {acc}"
+    return acc  # type: ignore[no-any-return]
 
 
 def until(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:

@@ -146,22 +146,25 @@ def test_the_publishing_host_killed_mid_publish(store):
     seed = store.next_seed()
     store.b.call("fill", seed=seed, tokens=TOKENS)
     store.network.shape(store.b.host, SLOW_BITS)
+    dead = store.b
     try:
-        pending = store.b.proc.begin("publish", seed=seed, tokens=TOKENS, timeout_s=DEADLINE_S)
-        until(lambda: in_flight(store.b), 10, "B's publish under way")
-        killed = store.b.host.kill_all()
-        assert store.b.proc.pid in killed and not pending.done()
+        pending = dead.proc.begin("publish", seed=seed, tokens=TOKENS, timeout_s=DEADLINE_S)
+        until(lambda: in_flight(dead), 10, "B's publish under way")
+        killed = dead.host.kill_all()
+        ended_first = pending.answered()
     finally:
-        store.network.unshape(store.b.host)
-    state = store.b.state
-    store.b.proc.stop()
+        store.network.unshape(dead.host)
+        dead.proc.stop()
+        store.b = store.start_b()  # for the tests after this one, whatever happens here
+    assert dead.proc.pid in killed
+    assert not ended_first, f"the publish ended before its host was killed: {pending.result(1)}"
+    state = dead.state
     # what the dead publisher finished is whole; what it did not finish is never read as held
     result = store.a.call("pull", seed=seed, tokens=TOKENS, source=state)
     check_result(result, store.a, seed, TOKENS, deadline_s=DEADLINE_S)
     check_nothing_held(store.a)
-    # the host comes back and publishes the prompt again: Mooncake stores nothing under the rows its
+    # the host came back and publishes the prompt again: Mooncake stores nothing under the rows its
     # dead process left unfinished until the master discards those puts, and none of them reads held
-    store.b = store.start_b()
     store.b.call("fill", seed=seed, tokens=TOKENS)
     first = store.b.call("publish", seed=seed, tokens=TOKENS)
     check_result(first, store.b, seed, TOKENS, deadline_s=DEADLINE_S)
