@@ -189,13 +189,15 @@ class Host:
                 "store_registrations": _store_registrations(worker.backend), "pins": worker.pins()}
 
     def op_master(self, action: str, lease_ttl_ms: int = 1000, client_ttl_s: int = 2,
-                  extra_args: tuple[str, ...] = ()) -> dict:
-        """``start`` (a master on this host's address), ``kill``, ``restart`` (the same ports) or ``stop``."""
+                  extra_args: tuple[str, ...] = (), rpc_port: int = 0, metrics_port: int = 0) -> dict:
+        """``start`` (a master on this host's address; ports 0 pick free ones), ``kill``,
+        ``restart`` (the same ports) or ``stop``."""
         from kvwire_mooncake.master import MasterProcess
 
         if action == "start":
             self.master = MasterProcess(host=os.environ["KVWR_ADDRESS"], lease_ttl_ms=lease_ttl_ms,
-                                        client_ttl_s=client_ttl_s, extra_args=extra_args).start()
+                                        client_ttl_s=client_ttl_s, extra_args=extra_args, rpc_port=rpc_port,
+                                        metrics_port=metrics_port).start()
         elif action == "kill":
             self.master.kill()
         elif action == "restart":
@@ -204,7 +206,8 @@ class Host:
             self.master.stop()
         else:
             raise ValueError(f"unknown master action {action!r}")
-        return {"address": self.master.address, "running": self.master.running()}
+        return {"address": self.master.address, "metrics_port": self.master.metrics_port,
+                "running": self.master.running()}
 
     def op_ping(self) -> dict:
         return {"pid": os.getpid()}
