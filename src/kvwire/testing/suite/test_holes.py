@@ -28,9 +28,11 @@ from kvwire.contract import (
     MemoryKind,
     SlotRegion,
     SubmissionRejected,
+    TokenRange,
     View,
 )
 from kvwire.contract.backend import Backend
+from kvwire.contract.lookup import LOOKUP, Lookup
 from kvwire.testing import needs, profiles
 from kvwire.testing.exchange import Exchange
 from kvwire.testing.harness import Harness, Hold, Unavailable, shut_down
@@ -413,9 +415,9 @@ def test_H1_A8_a_hint_with_only_a_deadline_keeps_it(kvwire_harness: Harness, op:
 
 def test_B3_nothing_is_taken_while_shutdown_drains(kvwire_harness: Harness) -> None:
     """B3.1 / S3.1 / M3.10: with a fetch held at the other end, ``shutdown()`` of the fetching end
-    may return it as not yet quiesced; from the first call on, a fetch (and a publish, and a
-    registration from contract 1.1) raises ``SubmissionRejected`` and nothing escapes (its rows stay
-    as they were), also while that shutdown still drains."""
+    may return it as not yet quiesced; from the first call on, a fetch (and a publish, a
+    registration from contract 1.1, and a lookup where declared, L1.10) raises
+    ``SubmissionRejected`` and nothing escapes, also while that shutdown still drains."""
     caps = kvwire_harness.capabilities()
     needs.transfer(caps)
     kind = needs.usable_kind(kvwire_harness, caps)
@@ -435,6 +437,10 @@ def test_B3_nothing_is_taken_while_shutdown_drains(kvwire_harness: Harness) -> N
             if caps.publish:
                 refused(lambda: submit(sink, "publish", bench.sink_view({0: [1]}), ex.ends.publish_hint),
                         f"B3.1: a publish {when}", SubmissionRejected)
+            if LOOKUP in caps.protocols and isinstance(sink, Lookup):
+                names = bench.names[0][:1]
+                refused(lambda: sink.lookup([bench.plan.groups[0].group_id], names, ex.ends.fetch_hint),
+                        f"L1.10: a lookup {when}", SubmissionRejected)
             if declares(sink, "M3.10"):
                 memory = kvwire_harness.allocate(kind, 64, 2)
                 refused(functools.partial(sink.register_regions, [memory.region]), f"M3.10: a registration {when}",
@@ -595,3 +601,152 @@ def test_V1_a_group_id_limit_holds_at_the_limit_and_one_past_it(kvwire_harness: 
         assert _large_group_transfer(ex, kvwire_harness, kind, past) is not None, (
             f"V1.8: the backend names {limit} as its group-id limit, yet took group id {past} just past it; a view "
             "with an id beyond it is refused when it is submitted")
+
+
+# -- found by mutation testing of the shipped backends (issue 39) ---------------------------------------------
+
+def test_M4_a_region_reaching_past_its_registration_is_checked_row_by_row(kvwire_harness: Harness) -> None:
+    """M4.1 / M4.4 / M4.2: a view's region may describe more memory than is registered, as long as
+    its rows lie inside a registration: a fetch of rows inside is taken; the same region object
+    then naming a row outside the registration is refused with ``InvalidSubmission`` and that row
+    is not touched (a backend that remembers the region as recognized after the first view lets
+    the second read or write memory nobody registered)."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = pages([(64, 2)], 3921, needs.shares_names(caps), spare=0)
+    with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, None, plan, kind) as bench:
+        memory = kvwire_harness.allocate(kind, 64, 8)
+        whole = memory.region
+        registered = SlotRegion(next_region_id(), whole.base, 64, 4, whole.memory_kind, whole.device)
+        wide = SlotRegion(next_region_id(), whole.base, 64, 8, whole.memory_kind, whole.device)  # reaches past it
+        names = bench.names[0]
+        with ex.ends.sink.register_regions([registered]):
+            ex.offer(bench)
+            inside = View((LayerGroupRows(0, CacheKind.PAGED, wide, np.array([0, 1]), TokenRange(0, 32), names),))
+            out = ex.fetch_settled(inside)
+            assert out.is_delivered, f"M4.2: rows inside a registration, described by a wider region: {out!r}"
+            memory.fill([5, 6], SENTINEL)
+            outside = View((LayerGroupRows(0, CacheKind.PAGED, wide, np.array([5, 6]), TokenRange(0, 32), names),))
+            refused(lambda: ex.fetch(outside), "M4.4: a fetch whose rows lie past the registration of their region's "
+                    "memory (the same region object that earlier named rows inside it)")
+            got = memory.read([5, 6])
+            assert (got == SENTINEL).all(), "S3.5/M4.4: a refused fetch of rows outside any registration wrote them"
+
+
+def test_A9_rows_of_two_sizes_published_apart_arrive_in_adjacent_slots(kvwire_harness: Harness) -> None:
+    """A9.2 / A7.1 / A9.4: four 64 KiB rows of one group and four 32 KiB rows of another, each
+    published on its own in reverse order (so the store holds them apart), fetched in one view
+    whose rows follow each other in memory (the two groups' regions are the two touching halves
+    of one allocation): every row arrives with its own bytes (a copy that merges rows adjacent at
+    one end only moves the wrong bytes), and nothing around them changes."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    needs.names(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    if kind is not MemoryKind.HOST:
+        pytest.skip("the test lays rows out in HOST memory")
+    big, small, rows = 64 << 10, 32 << 10, 4
+    rng = np.random.default_rng(3923)
+    with needs.open_exchange(kvwire_harness) as ex:
+        store_only(ex, "rows a store holds apart")
+        source = [kvwire_harness.allocate(kind, size, rows) for size in (big, small)]
+        data = [rng.integers(0, 256, (rows, size), dtype=np.uint8) for size in (big, small)]
+        for memory, rows_data in zip(source, data, strict=True):
+            memory.write(np.arange(rows), rows_data)
+        names = [rng.integers(0, 256, (rows, 16), dtype=np.uint8) for _ in range(2)]
+        sink = kvwire_harness.allocate(kind, big, rows * 2)  # both halves: rows * (big + small) fit
+        whole = sink.region
+        halves = (SlotRegion(next_region_id(), whole.base, big, rows, whole.memory_kind, whole.device),
+                  SlotRegion(next_region_id(), whole.base + rows * big, small, rows, whole.memory_kind, whole.device))
+        sink.fill(np.arange(rows * 2), SENTINEL)
+        with ex.ends.source.register_regions([m.region for m in source]), \
+                ex.ends.sink.register_regions([whole]):
+            for row in reversed(range(rows)):
+                for gi in (1, 0):
+                    view = View((LayerGroupRows(gi, CacheKind.PAGED, source[gi].region, np.array([row]),
+                                                TokenRange(0, 16), names[gi][[row]]),))
+                    out = ex.settle(ex.publish(view))
+                    assert out.is_delivered and out.masks[0].all(), f"S1.2: publish of group {gi} row {row}: {out!r}"
+            view = View(tuple(LayerGroupRows(gi, CacheKind.PAGED, halves[gi], np.arange(rows), TokenRange(0, 16 * rows),
+                                             names[gi]) for gi in (0, 1)))
+            fetched = ex.settle(ex.fetch(view))
+            assert fetched.is_delivered and all(m.all() for m in fetched.masks), (
+                f"S1.3: rows published apart, fetched in one view: {fetched!r}")
+        raw = sink.read(np.arange(rows * 2)).reshape(-1)
+        for gi, size in ((0, big), (1, small)):
+            offset = 0 if gi == 0 else rows * big
+            got = raw[offset:offset + rows * size].reshape(rows, size)
+            wrong = np.flatnonzero((got != data[gi]).any(axis=1))
+            assert wrong.size == 0, (
+                f"A7.1/A9.2: group {gi} row(s) {wrong.tolist()} are marked delivered but hold other bytes than were "
+                "published (rows that follow each other in the fetch's memory, held apart by the store)")
+        rest = raw[rows * (big + small):]
+        assert (rest == SENTINEL).all(), "S2.4: the fetch wrote past its rows"
+        assert sink.guards_intact(), "S2.4: the fetch wrote outside its region"
+
+
+# -- O1 under load: many pulls of one offer in flight at once ------------------------------------------------
+
+def test_O1_many_pulls_in_flight_at_once_are_answered_from_one_offer(kvwire_harness: Harness) -> None:
+    """O1.4 / O1.12 / O1.10: three requesters each fill their queue bound with pulls of blocks one
+    standing offer covers, all in flight at once: every pull delivers with the offered bytes (those
+    beyond a bound the backend keeps on answers from offers reach the holder whole, who answers
+    them), the offer's wake is not called, and the offer stands on."""
+    caps = kvwire_harness.capabilities()
+    needs.offer_pulls(caps)
+    needs.serve_pulls(caps)
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    with needs.open_exchange(kvwire_harness, max_in_flight=4) as ex:
+        bound = min(ex.caps.max_in_flight, 4)
+        plan = pages([(64, 4), (32, 4)], 3925, True)
+        try:
+            requesters = _requesters(ex, kvwire_harness, plan, kind, 3)
+        except Unavailable as exc:
+            pytest.skip(f"harness cannot provide it: {exc}")
+        with Bench(kvwire_harness, ex.ends.source, None, plan, kind) as served:
+            offered = ex.stand(served)
+            holder = ex.holder()
+            serve_wakes = holder.wakes.count
+            subs = []
+            for backend, bench in requesters:
+                bench.forget_sink()
+                for i in range(bound):
+                    rows = [i % 4, (i + 1) % 4]
+                    subs.append((submit(backend, "fetch", bench.sink_view({0: rows, 1: rows}), ex.ends.fetch_hint),
+                                 bench, rows))
+            # A backend may bound the answers from offers in flight (O1.12): a pull beyond it goes to the
+            # holder whole, who answers it from the reuse tree.
+            seen, handed = serve_wakes, 0
+            while True:
+                wait_for(lambda seen=seen: all(sub.attempt.poll() is not None for sub, _, _ in subs)  # type: ignore[misc]
+                         or holder.wakes.count > seen,
+                         _patience(), "O1.4: pulls of offered blocks, many in flight, concluding")
+                if holder.wakes.count == seen:
+                    break
+                seen = holder.wakes.count
+                for request in holder.incoming():
+                    assert holder.tree.held_prefix(request) == request.blocks, "O1.5: a pull reached the holder in part"
+                    holder.finish(holder.answer(request))
+                    handed += 1
+            busy_ok = isinstance(ex.ends.extra.get("pending_pulls"), int)
+            delivered = 0
+            for sub, bench, rows in subs:
+                out = settle(sub, _patience(), purpose="O1.4: a pull of offered blocks, one of many in flight")
+                if busy_ok and out.is_failed and out.cause in (None, Cause.DECLINED):
+                    pass  # beyond the pulls the serving end keeps waiting for its holder (N2.4)
+                else:
+                    assert out.is_delivered and all(m.all() for m in out.masks), (
+                        f"O1.4: {len(subs)} pulls of blocks one standing offer covers were in flight at once ({handed} "
+                        f"handed to the holder, O1.12); one gave {out!r}")
+                    delivered += 1
+                bench.apply_fetch(out, {0: rows, 1: rows})
+                bench.forget_sink()  # the next pull of these rows writes them again
+            assert delivered >= bound, f"O1.4: only {delivered} of {len(subs)} pulls an offer covers delivered"
+            assert offered.offer.poll() is None, f"O1.9: the offer concluded under load: {offered.offer.poll()!r}"
+            assert offered.offer.wakes.count == 0, "O1.10: answering pulls from an offer called the offer's wake"
+            call_briefly(offered.offer.attempt.cancel, "A4.1: cancel() of an offer")
+            holder.withdraw(offered)
+        for _, bench in requesters:
+            bench.close()
