@@ -136,13 +136,14 @@ def in_annotation(row, col):
     return any(a <= (row, col) < b for a, b in spans)
 positions = dict(((j, (r, c)) for j, r, c in db.execute("SELECT job_id, start_pos_row, start_pos_col FROM mutation_specs")))
 ids = sorted(row[0] for row in db.execute("SELECT job_id FROM work_items"))
+every = list(ids)
 annotations = [j for j in ids if in_annotation(*positions[j])]
 total = len(ids)
 ids = [j for j in ids if j not in set(annotations)]
 random.Random(seed).shuffle(ids)
 chosen = ids[:sample] if 0 < sample < len(ids) else ids
 keep = set(chosen[shard::shards])
-drop = [(i,) for i in ids if i not in keep]
+drop = [(i,) for i in every if i not in keep]
 db.executemany("DELETE FROM mutation_specs WHERE job_id = ?", drop)
 db.executemany("DELETE FROM work_items WHERE job_id = ?", drop)
 db.commit()
