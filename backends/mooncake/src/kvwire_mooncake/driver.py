@@ -20,6 +20,7 @@ tries to unmount its segment)."""
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import logging
 import os
@@ -32,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from kvwire.blob import parts as blob_parts
-from kvwire.blob.driver import BatchResult, KeyStatus, StoreDriver
+from kvwire.blob.driver import BatchResult, KeyStatus, StoreDriver, call_deadline
 from kvwire.blob.parts import check_parts, lend, pieces, scatter
 from kvwire.contract import MemoryKind, SlotRegion
 from kvwire_mooncake import codes
@@ -47,6 +48,9 @@ log = logging.getLogger(__name__)
 _HEALTHY, _NOT_INITIALISED, _MASTER_UNREACHABLE = 0, 1, 2
 #: A get refused with -600 is explained by asking the object's size, for this many keys at most.
 _EXPLAIN_AT_MOST = 8
+#: The longest a put waits for another put of this driver writing the same key (Mooncake answers
+#: the second 0 and holds the first's object once it ends).
+_OTHER_PUT_WAIT_S = 5.0
 
 
 class MooncakeSetupError(RuntimeError):
@@ -95,6 +99,9 @@ class MooncakeDriver(StoreDriver):
         self._registered: dict[int, SlotRegion] = {}
         self._cond = threading.Condition()
         self._active = 0
+        #: Keys with a put of this driver in progress, by how many (under ``_cond``): a put that
+        #: finds its key absent after Mooncake answered 0 waits for these before it decides.
+        self._putting: collections.Counter[str] = collections.Counter()
         self._closed = False
         self._holds_segment = holds_segment
         #: The transport endpoint of this client's own segment ("" when it holds none, None when
@@ -279,13 +286,27 @@ class MooncakeDriver(StoreDriver):
         """A put of ``keys``: ``put_rows(keys, rows)`` stores the keys of ``rows`` (``None``:
         all) and answers the client's codes."""
         keys = _as_list(keys)
+        with self._cond:
+            self._putting.update(keys)
+        try:
+            result = self._put_now(keys, put_rows, n)
+        finally:
+            with self._cond:
+                self._putting.subtract(keys)
+                self._putting += collections.Counter()  # drop the keys at zero
+                self._cond.notify_all()
+        return self._confirm(keys, result)
+
+    def _put_now(self, keys: list[str], put_rows: Callable[[list[str], np.ndarray | None], list[int]],
+                 n: int) -> BatchResult:
+        """The put itself: its codes, not yet confirmed."""
         found = self._client.batch_is_exist(keys) if self._check_existing else None
         fresh = found is None or not any(found)  # no key there yet (a negative code is an error)
         if fresh:  # the common case: nothing there yet, put every key
             answer = put_rows(keys, None)
             if not any(answer):  # every key stored; checked on the list, before any numpy
-                return self._confirm(keys, BatchResult.ok(n))
-            return self._confirm(keys, codes.put_result(np.asarray(answer, dtype=np.int64)))
+                return BatchResult.ok(n)
+            return codes.put_result(np.asarray(answer, dtype=np.int64))
         exist = np.asarray(found, dtype=np.int64)
         status = np.full(n, int(KeyStatus.FAILED), dtype=np.uint8)
         reasons: dict[int, str] = {}
@@ -299,14 +320,19 @@ class MooncakeDriver(StoreDriver):
             status[todo] = sub.status
             for j, why in sub.reasons.items():
                 reasons[int(todo[j])] = why
-        return self._confirm(keys, BatchResult(status, reasons))
+        return BatchResult(status, reasons)
 
     def _confirm(self, keys: list[str], result: BatchResult) -> BatchResult:
         """``result`` with each key the put stored (``OK``) asked for once more. Mooncake answers
         0 to a put of a key that an unfinished put holds (its writer died mid-put) and stores
         nothing until the master discards that put (``put_start_discard_timeout_sec``, 30 s by
         default); a full store may also evict a key within the batch that put it. A key the
-        store does not hold after its put is ``DECLINED`` (not stored), never read held."""
+        store does not hold after its put is ``DECLINED`` (not stored), never read held.
+
+        Mooncake also answers 0 to a put of a key that another put of this driver is still
+        writing (two attempts publishing the same name at once), and holds it a moment later: a
+        key found absent while such a put is in progress is asked for again once that put has
+        ended (waiting no longer than the attempt's deadline allows)."""
         stored = np.flatnonzero(result.status == KeyStatus.OK)
         if stored.size == 0:
             return result
@@ -314,6 +340,10 @@ class MooncakeDriver(StoreDriver):
         if type(there) is list and all(t == 1 for t in there):  # the common case, before any numpy
             return result
         there_codes = np.asarray(there, dtype=np.int64)
+        absent = stored[there_codes == 0]
+        if absent.size and self._wait_for_other_puts([keys[i] for i in absent.tolist()]):
+            again = np.asarray(self._client.batch_is_exist([keys[i] for i in absent.tolist()]), dtype=np.int64)
+            there_codes[there_codes == 0] = again
         status = np.array(result.status, dtype=np.uint8, copy=True)
         status[stored[there_codes == 0]] = KeyStatus.DECLINED
         reasons = dict(result.reasons)
@@ -325,6 +355,23 @@ class MooncakeDriver(StoreDriver):
                 status[i] = KeyStatus.FAILED
                 reasons[i] = codes.describe("exists check after put", code)
         return BatchResult(status, reasons)
+
+    def _wait_for_other_puts(self, keys: list[str]) -> bool:
+        """Waits until no put of this driver is writing any of ``keys`` (at most until the
+        calling attempt's deadline, and never past :data:`_OTHER_PUT_WAIT_S`); true if one was."""
+        deadline = call_deadline()
+        until = time.monotonic() + _OTHER_PUT_WAIT_S
+        if deadline is not None:
+            until = min(until, deadline)
+        waited = False
+        with self._cond:
+            while any(self._putting[k] for k in keys):
+                waited = True
+                left = until - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+        return waited
 
     def get_into(self, keys: Sequence[str], addresses: np.ndarray, sizes: np.ndarray) -> BatchResult:
         spans = _Spans(np.asarray(addresses, dtype=np.uint64), np.asarray(sizes, dtype=np.int64), None)
