@@ -1,7 +1,8 @@
 """One vLLM engine in its own process, driven over stdin/stdout with JSON lines.
 
 Run with ``.venv-vllm/bin/python engine_driver.py SPEC_JSON``. SPEC: ``model`` (a folder with a
-config.json: dummy weights), ``kv_transfer_config`` (or null for no connector), ``max_model_len``.
+config.json: dummy weights), ``kv_transfer_config`` (or null for no connector), ``max_model_len``,
+and optionally ``dtype`` (default float32), ``block_size`` (default 32) and ``kv_cache_gib``.
 Requests are lines ``{"op": "generate", "prompts": [[ids...]], "max_tokens": n}``,
 ``{"op": "reset_prefix_cache"}`` or ``{"op": "quit"}``; and, for requests the test steers one at a
 time, ``{"op": "add", "id": ..., "prompt": [ids...], "max_tokens": n}`` (returns at once),
@@ -50,7 +51,8 @@ def main() -> int:
 
     kwargs = dict(
         model=spec["model"], load_format="dummy", skip_tokenizer_init=True, enforce_eager=True,
-        dtype="float32", block_size=32, gpu_memory_utilization=0.3, enable_prefix_caching=True,
+        dtype=spec.get("dtype", "float32"), block_size=int(spec.get("block_size", 32)), gpu_memory_utilization=0.3,
+        enable_prefix_caching=True,
         max_model_len=int(spec.get("max_model_len", 4096)), seed=0,
         max_num_batched_tokens=int(spec.get("max_num_batched_tokens", spec.get("max_model_len", 4096))),
     )

@@ -29,6 +29,27 @@ TINY_LLAMA = {
 }
 
 
+#: Dummy-weight models with the KV geometry of real ones (hidden size and weights stay small: what
+#: a connector moves is the KV cache): an 8B-class model (Llama-3-8B: 32 layers, 8 KV heads x 128)
+#: and a 0.5B-class one (Qwen2.5-0.5B: 24 layers, 2 KV heads x 64), in bf16 as served.
+REAL_SHAPES: dict[str, dict[str, Any]] = {
+    "32L-8x128": {**TINY_LLAMA, "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 32,
+                  "num_attention_heads": 8, "num_key_value_heads": 8, "head_dim": 128, "torch_dtype": "bfloat16"},
+    "24L-2x64": {**TINY_LLAMA, "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 24,
+                 "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "torch_dtype": "bfloat16"},
+}
+#: The block size of the real-shape engines. Real deployments on GPUs run 16; vLLM's CPU build
+#: refuses it ("No common block size for 16 (CPU_ATTN: [MultipleOf(32)])"), so 32, its smallest.
+REAL_BLOCK = 32
+
+
+def kv_bytes_per_block(config: dict[str, Any], block: int) -> int:
+    """One block of every layer: K and V of each KV head, in the model's dtype."""
+    size = 2 if config["torch_dtype"] in ("bfloat16", "float16") else 4
+    head_dim = config.get("head_dim", config["hidden_size"] // config["num_attention_heads"])
+    return config["num_hidden_layers"] * 2 * block * config["num_key_value_heads"] * head_dim * size
+
+
 def write_model(folder: Path, config: dict[str, Any] | None = None) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config or TINY_LLAMA))
@@ -50,13 +71,14 @@ class Engine:
 
     def __init__(self, name: str, model: Path, kv_transfer_config: dict[str, Any] | None,
                  env: dict[str, str] | None = None, max_model_len: int = 4096, log_dir: Path | None = None,
-                 shutdown_timeout: int = 0, new_session: bool = False) -> None:
+                 shutdown_timeout: int = 0, new_session: bool = False, dtype: str = "float32", block_size: int = 32,
+                 kv_cache_gib: int = 1) -> None:
         self.name = name
         spec = {"model": str(model), "kv_transfer_config": kv_transfer_config, "max_model_len": max_model_len,
-                "shutdown_timeout": shutdown_timeout}
+                "shutdown_timeout": shutdown_timeout, "dtype": dtype, "block_size": block_size}
         self.log_path = (log_dir or model.parent) / f"engine-{name}.log"
         self._log = self.log_path.open("w")
-        environ = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONUNBUFFERED": "1",
+        environ = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib), "PYTHONUNBUFFERED": "1",
                    "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "INFO"), **(env or {})}
         environ.pop("VIRTUAL_ENV", None)
         self.proc = subprocess.Popen([str(VLLM_PYTHON), str(DRIVER), json.dumps(spec)], stdin=subprocess.PIPE,

@@ -36,7 +36,10 @@ from kvwire.testing.holder import wait_for
 pytestmark = pytest.mark.xdist_group("vllm")
 
 BLOCK = 32
-LAYERS = 2  # the tiny model's: the store holds one object per block and layer
+LAYERS = 2  # the tiny model's
+#: Objects a store holds per block: files, mooncake and the gated files store name the
+#: block-objects protocol (contract K1), so a block of every layer is one object.
+OBJECTS = 1
 NAMESPACE = "vllm-test"
 #: Deadline of the waits for something an engine does in the background (saves, frees).
 BACKGROUND_S = 120.0
@@ -109,7 +112,7 @@ def test_a_then_b_over_mooncake(engines: dict[str, Engine], master: Any) -> None
     p = prompt(1, 9 * BLOCK + 9)
     keys = store_key_count(master.metrics_port)
     a = engines["A"].generate([p])
-    wait_for_keys(master.metrics_port, keys + 9 * LAYERS)  # A's saves end after its output returns
+    wait_for_keys(master.metrics_port, keys + 9 * OBJECTS)  # A's saves end after its output returns
     b = engines["B"].generate([p])
     plain = engines["P"].generate([p])
     tokens = plain["outputs"][0]["tokens"]
@@ -142,19 +145,19 @@ def test_partial_store_is_recomputed(engines: dict[str, Engine], master: Any) ->
     tokens = engines["P"].generate([p])["outputs"][0]["tokens"]
     keys = store_key_count(master.metrics_port)
     assert a.generate([p])["outputs"][0]["tokens"] == tokens
-    wait_for_keys(master.metrics_port, keys + 16 * LAYERS)
-    assert remove_all_objects(master.address) >= 16 * LAYERS
+    wait_for_keys(master.metrics_port, keys + 16 * OBJECTS)
+    assert remove_all_objects(master.address) >= 16 * OBJECTS
     keys = store_key_count(master.metrics_port)
     # The store now gets only the first 8 blocks back.
     a.call({"op": "reset_prefix_cache"})
     assert kvwire_params(a.generate([p[: 8 * BLOCK + 5]]))["save_blocks"] == 8
-    wait_for_keys(master.metrics_port, keys + 8 * LAYERS)
+    wait_for_keys(master.metrics_port, keys + 8 * OBJECTS)
     # B assumes the store holds all 16 blocks: 8 arrive, 8 are load errors vLLM recomputes.
     out = b.generate([p])
     assert out["outputs"][0]["tokens"] == tokens
     assert kvwire_params(out) == {**kvwire_params(out), "loaded_blocks": 8, "failed_blocks": 8}
     # B saved the blocks it recomputed; A, asking the store first, now finds all 16 there.
-    wait_for_keys(master.metrics_port, keys + 16 * LAYERS)
+    wait_for_keys(master.metrics_port, keys + 16 * OBJECTS)
     a.call({"op": "reset_prefix_cache"})
     full = a.generate([p])
     assert full["outputs"][0]["tokens"] == tokens
@@ -170,7 +173,7 @@ def test_store_killed_mid_load_is_recomputed(engines: dict[str, Engine], master:
     tokens = tokens_of(engines["P"].generate([p]))
     keys = store_key_count(master.metrics_port)
     assert tokens_of(a.generate([p])) == tokens
-    wait_for_keys(master.metrics_port, keys + 9 * LAYERS)
+    wait_for_keys(master.metrics_port, keys + 9 * OBJECTS)
     master.freeze()  # it answers nothing now: B's fetch cannot finish before the master is killed
     try:
         b.add("killed", p)  # B does not ask the store first: its load goes straight to the fetch
@@ -197,7 +200,7 @@ def test_request_aborted_mid_load(engines: dict[str, Engine], gated: Gated) -> N
     tokens_p, tokens_q = plain["outputs"][0]["tokens"], plain["outputs"][1]["tokens"]
     objects = files_object_count(gated.root)
     assert tokens_of(g.generate([p])) == tokens_p
-    wait_for_objects(gated.root, objects + 9 * LAYERS)
+    wait_for_objects(gated.root, objects + 9 * OBJECTS)
     wait_for(g.reset_prefix_cache, BACKGROUND_S, "G's blocks all freed (its saves ended)")
     gated.hold("get")
     try:
@@ -264,7 +267,7 @@ def test_engine_shut_down_mid_transfer(engines: dict[str, Engine], gated: Gated)
     ended = log.find("kvwire: scheduler side shut down in ")
     killed = log.find("force killing")
     assert ended >= 0 and (killed < 0 or ended < killed), log[-4000:]
-    assert files_object_count(gated.root) == objects + 5 * LAYERS  # the held save completed whole
+    assert files_object_count(gated.root) == objects + 5 * OBJECTS  # the held save completed whole
 
 
 @pytest.fixture(scope="module")
@@ -301,7 +304,7 @@ def clear_files_store(root: Path) -> None:
 
 
 def files_payloads(root: Path) -> dict[str, np.ndarray]:
-    """Every object of a ``files`` store, by key: its payload (one block of one layer) as float32
+    """Every object of a ``files`` store, by key: its payload (one block of every layer) as float32
     (the tiny model's KV dtype), read from the pack file and offset the index names."""
     store = FileStore(str(root), capacity_bytes=1)
     try:
@@ -331,7 +334,7 @@ def test_a_then_b_over_files_store(files_engines: dict[str, Any], engines: dict[
     first = a.generate([p])
     assert tokens_of(first) == tokens
     assert kvwire_params(first)["save_blocks"] == 9
-    wait_for_objects(root, 9 * LAYERS)  # A's saves end after its output returned
+    wait_for_objects(root, 9 * OBJECTS)  # A's saves end after its output returned
     out = b.generate([p])
     assert tokens_of(out) == tokens
     assert out["outputs"][0]["num_cached_tokens"] == 9 * BLOCK
@@ -340,7 +343,7 @@ def test_a_then_b_over_files_store(files_engines: dict[str, Any], engines: dict[
     assert tokens_of(again) == tokens
     assert again["outputs"][0]["num_cached_tokens"] == 9 * BLOCK  # B's own prefix cache now
     assert kvwire_params(again) == {**kvwire_params(again), "loaded_blocks": 0, "save_blocks": 0}
-    assert files_object_count(root) == 9 * LAYERS
+    assert files_object_count(root) == 9 * OBJECTS
 
 
 def test_the_last_block_of_a_prompt_is_saved_only_when_the_store_lacks_it(
@@ -356,7 +359,7 @@ def test_the_last_block_of_a_prompt_is_saved_only_when_the_store_lacks_it(
     tokens_p, tokens_q = plain["outputs"][0]["tokens"], plain["outputs"][1]["tokens"]
     assert kvwire_params(a.generate([p]))["save_blocks"] == 6
     assert kvwire_params(a.generate([q[: 5 * BLOCK + 3]]))["save_blocks"] == 5
-    wait_for_objects(root, before + 11 * LAYERS)
+    wait_for_objects(root, before + 11 * OBJECTS)
     held = b.generate([p])
     assert tokens_of(held) == tokens_p
     assert kvwire_params(held) == {**kvwire_params(held), "loaded_blocks": 5, "failed_blocks": 0, "save_blocks": 0}
@@ -364,7 +367,7 @@ def test_the_last_block_of_a_prompt_is_saved_only_when_the_store_lacks_it(
     assert tokens_of(lacking) == tokens_q
     assert kvwire_params(lacking) == {**kvwire_params(lacking), "loaded_blocks": 5, "failed_blocks": 0,
                                       "save_blocks": 1}
-    wait_for_objects(root, before + 12 * LAYERS)
+    wait_for_objects(root, before + 12 * OBJECTS)
 
 
 def test_a_load_inside_the_step(files_engines: dict[str, Any], engines: dict[str, Engine]) -> None:
@@ -375,14 +378,14 @@ def test_a_load_inside_the_step(files_engines: dict[str, Any], engines: dict[str
     tokens = tokens_of(engines["P"].generate([p]))
     objects = files_object_count(root)
     assert tokens_of(a.generate([p])) == tokens
-    wait_for_objects(root, objects + 12 * LAYERS)
+    wait_for_objects(root, objects + 12 * OBJECTS)
     # One token: the request finishes in the very step that ran its load.
     out = s.generate([p], max_tokens=1)
     assert tokens_of(out) == tokens[:1]
     assert out["outputs"][0]["num_cached_tokens"] == 12 * BLOCK
     assert kvwire_params(out) == {**kvwire_params(out), "loaded_blocks": 12, "failed_blocks": 0}
     wait_for(lambda: settled(s), BACKGROUND_S, "S's transfers all concluded")
-    assert files_object_count(root) == objects + 12 * LAYERS  # S saved nothing it loaded
+    assert files_object_count(root) == objects + 12 * OBJECTS  # S saved nothing it loaded
     # vLLM made each layer's attention wait for that layer's load (the dummy weights leave the
     # tokens the same even on a cache never loaded, so only the connector's trace can tell).
     events = [json.loads(line) for line in files_engines["s_trace"].read_text().splitlines()]
@@ -409,13 +412,13 @@ def test_a_load_inside_the_step_that_misses_is_recomputed_and_never_stored(
     clear_files_store(root)
     wait_for(lambda: a.reset_prefix_cache() and s.reset_prefix_cache(), BACKGROUND_S, "A's and S's blocks all free")
     assert tokens_of(a.generate([p])) == tokens
-    wait_for_objects(root, 16 * LAYERS)
+    wait_for_objects(root, 16 * OBJECTS)
     reference = files_payloads(root)
     # The store gets only the first 8 blocks back.
     clear_files_store(root)
     wait_for(a.reset_prefix_cache, BACKGROUND_S, "A's blocks all free")
     assert kvwire_params(a.generate([p[: 8 * BLOCK + 5]]))["save_blocks"] == 8
-    wait_for_objects(root, 8 * LAYERS)
+    wait_for_objects(root, 8 * OBJECTS)
     # S assumes the store holds blocks 0-14 (the last is always computed): 8 arrive, 7 miss.
     out = s.generate([p])
     assert tokens_of(out) == tokens

@@ -9,7 +9,9 @@ CPU build, DEVICE for CUDA) gets vLLM's tensors registered directly, one region 
 one of whole rows); any other backend that takes HOST memory is served through a fixed pool of
 pinned host slots (:mod:`kvwire_vllm.staging`, :mod:`kvwire_vllm.holder` for what waits how),
 each slot a whole block, published as one group. Either way a request's block ids are the rows,
-its blocks' content names the names.
+its blocks' content names the names. Direct regions of many planes go to a store that names the
+``block-objects`` protocol (contract K1) as one object per block: every store hint carries the
+block layout, and a load reads a block's planes together.
 
 Loads and saves are submitted and left to the backend's threads; each step looks at them without
 blocking. A save keeps its request's blocks allocated (the scheduler side delays their freeing)
@@ -17,7 +19,8 @@ until vLLM's blocks are no longer read for it: until its attempt quiesced, or fo
 until every block is gathered into slots (the publish then holds only slots).
 
 With ``load_async`` false a load runs inside the step that computes on it: one move per layer
-(one for all layers when staged or pulled from a peer), the first submitted before the forward;
+(one for all layers when staged, stored as block objects or pulled from a peer: those read a
+block's layers together), the first submitted before the forward;
 each layer's attention waits for its own and then submits the next layer's, which loads while
 this one computes. Blocks that did not arrive are load errors of that same step, and the
 request's blocks computed in that step, on a context that was not whole, are not saved.
@@ -31,6 +34,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -47,6 +51,7 @@ from kvwire.contract import (
     TokenRange,
     View,
 )
+from kvwire.contract.blocks import BLOCKS_FIELD
 from kvwire.contract.capabilities import SERVE_PULLS, OtherEnd
 from kvwire.contract.serving import PullRequest, ServesPulls
 from kvwire.runtime.holding import Direction, Wakes
@@ -121,7 +126,7 @@ class WorkerCore:
         self._sync_missed: set[str] = set()
         self._report_loaded: list[SyncLoad] = []
         self.counts: dict[str, float] = {k: 0 for k in COUNTERS}
-        capabilities = backend.capabilities()
+        capabilities = self.capabilities = backend.capabilities()
         self.memory_kinds = frozenset(capabilities.memory_kinds)
         self.peer = capabilities.other_end is OtherEnd.PEER
         self.serving = SERVE_PULLS in capabilities.protocols and isinstance(backend, ServesPulls)
@@ -142,6 +147,12 @@ class WorkerCore:
     @property
     def staged(self) -> bool:
         return self.pool is not None
+
+    @property
+    def block_objects(self) -> bool:
+        """Whether the store keeps a block's groups as one object (K1): a load reads all of them
+        at once, never layer by layer."""
+        return self.rows is not None and self.rows.block_objects
 
     @property
     def groups(self) -> tuple[int, ...]:
@@ -189,16 +200,19 @@ class WorkerCore:
             rows = self._decide(cache)
         except ValueError as exc:
             raise ValueError(f"kvwire-vllm cannot use this KV cache ({self._shapes(kv_caches)}): {exc}") from None
-        expected = self.expected_rows
-        if expected is not None and (expected.grouping, expected.groups, expected.staged) != (
-                rows.grouping, rows.groups, rows.staged):
-            raise ValueError(f"vLLM's config says the store holds {expected.grouping.value} rows in "
-                             f"{len(expected.groups)} group(s){' through staging' if expected.staged else ''}, but "
-                             f"the KV cache vLLM registered ({self._shapes(kv_caches)}) gives "
-                             f"{rows.grouping.value} rows in {len(rows.groups)} group(s)"
-                             f"{' through staging' if rows.staged else ''}: not the layout vLLM's config names")
         pool = StagingPool.sized(cache, self.staging_mib) if rows.staged else None
         regions = (pool.region,) if pool is not None else cache.regions()
+        rows = replace(rows, row_bytes=tuple(r.slot_bytes for r in regions))
+        if self.expected_rows is None:
+            rows = rows.with_block_objects(self.capabilities.protocols, not self.peer)
+        else:  # as the scheduler side asks the store (it keeps per-group objects where it lacks the row sizes)
+            rows = replace(rows, block_objects=self.expected_rows.block_objects)
+        try:
+            self._check_rows(rows, kv_caches)
+        except ValueError:
+            if pool is not None:
+                pool.close()
+            raise
         try:
             self.registration = self.backend.register_regions(regions)
         except BaseException:
@@ -216,6 +230,23 @@ class WorkerCore:
         if self.serving:
             assert isinstance(self.backend, ServesPulls)
             self.backend.serve(self._on_pull)
+
+    def _check_rows(self, rows: StoreRows, kv_caches: Mapping[str, torch.Tensor]) -> None:
+        """Raises ``ValueError`` when the rows of the tensors vLLM registered are not those its
+        config names (the scheduler side asks the store about those)."""
+        expected = self.expected_rows
+        if expected is None:
+            return
+        if (expected.grouping, expected.groups, expected.staged) != (rows.grouping, rows.groups, rows.staged):
+            raise ValueError(f"vLLM's config says the store holds {expected.grouping.value} rows in "
+                             f"{len(expected.groups)} group(s){' through staging' if expected.staged else ''}, but "
+                             f"the KV cache vLLM registered ({self._shapes(kv_caches)}) gives "
+                             f"{rows.grouping.value} rows in {len(rows.groups)} group(s)"
+                             f"{' through staging' if rows.staged else ''}: not the layout vLLM's config names")
+        if rows.block_objects and expected.row_bytes != rows.row_bytes:
+            raise ValueError(f"vLLM's config gives blocks of layout {expected.block_layout()!r}, but the KV cache "
+                             f"vLLM registered ({self._shapes(kv_caches)}) gives {rows.block_layout()!r}: the "
+                             "scheduler side would ask the store about objects this worker never stores")
 
     def _on_pull(self) -> None:
         """The backend's wake for new pulls (its thread): wake a dozing step, and let the
@@ -248,6 +279,9 @@ class WorkerCore:
         assert self.backend is not None
         if plan.source:
             hint = Hint.of("peer", timeout_s=self.timeout_s, address=plan.source)
+        elif self.rows is not None and self.rows.block_objects:  # one object per block (K1)
+            hint = Hint.of("store", timeout_s=self.timeout_s, namespace=self.namespace,
+                           **{BLOCKS_FIELD: self.rows.block_layout()})
         else:
             hint = Hint.of("store", timeout_s=self.timeout_s, namespace=self.namespace)
         timeout = self.timeout_s + QUIESCE_GRACE_S
@@ -308,7 +342,7 @@ class WorkerCore:
             return
         for plan in self._plan.loads:
             if plan.sync:
-                whole_rows = bool(plan.source) or self.staged
+                whole_rows = bool(plan.source) or self.staged or self.block_objects
                 load = self._sync[plan.req_id] = StepLoad(plan, 1 if whole_rows else len(self.regions), self._gate())
                 self._submit_layer(load, 0)
                 trace.event("worker", "load_submitted", req=plan.req_id, blocks=len(plan.block_ids), sync=True)

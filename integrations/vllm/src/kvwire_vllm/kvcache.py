@@ -27,6 +27,11 @@ What a store holds per block (:class:`Grouping`) follows from how the cache reac
   each row as one span (the block-outer layouts, moved directly), or the cache is staged through
   pinned host slots (:mod:`kvwire_vllm.staging`), one slot per block across every layer.
 
+With ``PLANE`` rows the store would keep one object per block and plane (64 for a 32-layer model).
+A store that names the ``block-objects`` protocol (contract K1) keeps them as one object per block
+instead: every store hint then carries the block layout of the groups
+(:meth:`StoreRows.block_layout`), and a fetch reads all groups of a block or none.
+
 Both sides of the connector derive the grouping from vLLM's config (:func:`store_rows`), the
 scheduler to ask the store about the right groups, the worker to check that the tensors it got
 are what the config says; the grouping and the layout's name are part of the names' scope, so
@@ -37,12 +42,13 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
 from kvwire.contract import MemoryKind, SlotRegion
+from kvwire.contract.blocks import BLOCK_OBJECTS, block_layout
 
 __all__ = ["Grouping", "StoreRows", "PagedCache", "store_rows", "LAYOUTS", "MAX_PLANES_PER_LAYER"]
 
@@ -71,37 +77,58 @@ class Grouping(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class StoreRows:
-    """How a cache's blocks are grouped at the store, and whether the worker stages them."""
+    """How a cache's blocks are grouped at the store, and whether the worker stages them.
+    ``row_bytes`` is each group's row size (``()``: not known); ``block_objects``: the store
+    keeps all groups of a block as one object (contract K1), asked for by the block layout
+    :meth:`block_layout` in every store hint."""
 
     grouping: Grouping
     groups: tuple[int, ...]
     staged: bool
+    row_bytes: tuple[int, ...] = ()
+    block_objects: bool = False
 
     def describe(self) -> str:
         """What goes into the names' scope (staged and direct ``BLOCK`` rows are the same bytes)."""
         return self.grouping.value
 
+    def block_layout(self) -> str:
+        """The K1 block layout of these groups (``"0:4096,1:4096,..."``)."""
+        if len(self.row_bytes) != len(self.groups):
+            raise ValueError(f"the row size of each of the {len(self.groups)} group(s) is not known")
+        return block_layout(zip(self.groups, self.row_bytes, strict=True))
+
+    def with_block_objects(self, protocols: Collection[str], other_end_is_store: bool) -> StoreRows:
+        """These rows, keeping a block's groups as one object where that means fewer objects (more
+        than one group) and the backend is a store that names the ``block-objects`` protocol."""
+        use = other_end_is_store and BLOCK_OBJECTS in protocols and len(self.groups) > 1
+        return replace(self, block_objects=use)
+
 
 def store_rows(layout: str | None, *, cuda: bool, memory_kinds: Collection[MemoryKind], num_layers: int,
-               num_kv_heads: int) -> StoreRows:
+               num_kv_heads: int, page_bytes: int = 0) -> StoreRows:
     """The grouping a cache of ``layout`` (vLLM's resolved layout name; ``None``: one plane per
-    layer, as vLLM before 0.32) gets with a backend moving ``memory_kinds``. Raises
+    layer, as vLLM before 0.32) gets with a backend moving ``memory_kinds``; ``page_bytes`` (one
+    layer's block, vLLM's ``page_size_bytes``; 0: not known) gives each group's row size. Raises
     ``ValueError`` for a layout name it does not know or a backend that can reach neither the
     cache's memory nor host staging slots."""
     if layout is not None and layout not in LAYOUTS:
         raise ValueError(f"KV cache layout {layout!r} is not one kvwire-vllm knows ({', '.join(LAYOUTS)})")
     direct, per_layer = LAYOUTS[layout] if layout is not None else ("plane", "1")
     direct_kind = MemoryKind.DEVICE if cuda else MemoryKind.HOST
+    whole = (page_bytes * num_layers,) if page_bytes > 0 else ()
     if direct is not None and direct_kind in memory_kinds:
         if direct == "block":
-            return StoreRows(Grouping.BLOCK, (0,), staged=False)
-        planes = num_layers * (num_kv_heads if per_layer == "heads" else 1)
-        return StoreRows(Grouping.PLANE, tuple(range(planes)), staged=False)
+            return StoreRows(Grouping.BLOCK, (0,), staged=False, row_bytes=whole)
+        per = num_kv_heads if per_layer == "heads" else 1
+        planes = num_layers * per
+        sizes = (page_bytes // per,) * planes if page_bytes > 0 and page_bytes % per == 0 else ()
+        return StoreRows(Grouping.PLANE, tuple(range(planes)), staged=False, row_bytes=sizes)
     if MemoryKind.HOST not in memory_kinds:
         raise ValueError(f"the backend moves {sorted(k.name for k in memory_kinds)} memory only; a KV cache on "
                          f"{'a CUDA device' if cuda else 'the host'} in layout {layout} needs "
                          f"{direct_kind.name} memory, or HOST memory for staging slots")
-    return StoreRows(Grouping.BLOCK, (0,), staged=True)
+    return StoreRows(Grouping.BLOCK, (0,), staged=True, row_bytes=whole)
 
 
 def _dense(sizes: Sequence[int], strides: Sequence[int]) -> bool:

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kvwire.contract import Backend, Hint
-from kvwire.contract.capabilities import SERVE_PULLS, OtherEnd
+from kvwire.contract.blocks import BLOCKS_FIELD
+from kvwire.contract.capabilities import SERVE_PULLS, Capabilities, OtherEnd
 from kvwire.contract.errors import SubmissionError
 from kvwire.runtime.state import StateError
 from kvwire_vllm import peer, trace
@@ -79,14 +80,24 @@ def resolved_layout(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> 
     return str(name) if name else None
 
 
-def rows_of(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, memory_kinds: Any) -> StoreRows:
-    """What the store holds per block for this engine and a backend moving ``memory_kinds``
-    (:func:`kvwire_vllm.kvcache.store_rows`): both sides derive it from the config alike."""
+def rows_of(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, capabilities: Capabilities) -> StoreRows:
+    """What the store holds per block for this engine and a backend of ``capabilities``
+    (:func:`kvwire_vllm.kvcache.store_rows`, one object per block where the store names
+    ``block-objects``): both sides derive it from the config alike."""
     spec = kv_cache_config.kv_cache_groups[0].kv_cache_spec
     cuda = str(getattr(vllm_config.device_config, "device_type", "cpu")) == "cuda"
     heads = int(getattr(spec, "num_heads", getattr(spec, "num_kv_heads", 1)))
-    return store_rows(resolved_layout(vllm_config, kv_cache_config), cuda=cuda, memory_kinds=memory_kinds,
-                      num_layers=len(kv_cache_config.kv_cache_groups[0].layer_names), num_kv_heads=heads)
+    try:
+        page_bytes = int(spec.page_size_bytes)
+    except (AttributeError, NotImplementedError, TypeError, ValueError):
+        page_bytes = 0
+    rows = store_rows(resolved_layout(vllm_config, kv_cache_config), cuda=cuda,
+                      memory_kinds=capabilities.memory_kinds,
+                      num_layers=len(kv_cache_config.kv_cache_groups[0].layer_names), num_kv_heads=heads,
+                      page_bytes=page_bytes)
+    if not rows.row_bytes:  # the row sizes are part of a block object's layout: unknown, keep per-group objects
+        return rows
+    return rows.with_block_objects(capabilities.protocols, capabilities.other_end is OtherEnd.STORE)
 
 
 def store_namespace(namespace: str, tp_rank: int, tp_size: int) -> str:
@@ -133,10 +144,11 @@ class SchedulerSide:
         self.block_size, self.layers, layout = layout_of(kv_cache_config)
         # The groups a store holds per name follow the layout and how the worker reaches it
         # (its own memory, or staging slots of whole blocks): kvwire_vllm.kvcache.
-        rows = rows_of(vllm_config, kv_cache_config, plugin.capabilities.memory_kinds)
+        rows = rows_of(vllm_config, kv_cache_config, plugin.capabilities)
         layout = {**layout, "kv_cache_layout": resolved_layout(vllm_config, kv_cache_config), "rows": rows.describe()}
         self.scope = scope_of(vllm_config, layout)
         self.groups = rows.groups
+        self.rows = rows
         parallel = vllm_config.parallel_config
         self.namespace = store_namespace(config.namespace(), 0, int(parallel.tensor_parallel_size))
         self.layout = layout
@@ -240,7 +252,8 @@ class SchedulerSide:
     def _lookup(self, names: np.ndarray) -> int:
         """How many leading names the store holds in every layer; 0 when it cannot say."""
         assert self.backend is not None
-        hint = Hint.of("store", timeout_s=self.config.timeout_s, namespace=self.namespace)
+        hint = Hint.of("store", timeout_s=self.config.timeout_s, namespace=self.namespace,
+                       **({BLOCKS_FIELD: self.rows.block_layout()} if self.rows.block_objects else {}))
         try:
             mask = np.asarray(self.backend.lookup(self.groups, names, hint,  # type: ignore[attr-defined]
                                                   timeout_s=self.config.timeout_s), dtype=np.bool_)

@@ -64,7 +64,7 @@ class WorkerSide:
         # The layout is resolved by the engine core before the cache is allocated, so it is
         # known here (and maybe not yet when the connector was built).
         layout = resolved_layout(self.vllm_config, self.kv_cache_config)
-        self.rows = rows_of(self.vllm_config, self.kv_cache_config, self.core.memory_kinds)
+        self.rows = rows_of(self.vllm_config, self.kv_cache_config, self.core.capabilities)
         self.layout = {**self.layout, "kv_cache_layout": layout, "rows": self.rows.describe()}
         self.scope = scope_of(self.vllm_config, self.layout)
         self.core.expected_rows = self.rows
