@@ -235,7 +235,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 
 
 #: A failure message names the clause it enforces first: "A7: ...", "S3.1/H1: ...".
-_BROKEN = re.compile(r"^\s*(?:AssertionError: )?((?:[AMVHSWBNL][0-9]{1,2})(?:\.[0-9]+)?)(?=[:/ ])")
+_BROKEN = re.compile(r"^\s*(?:AssertionError: )?((?:[AMVHSWBNLKO][0-9]{1,2})(?:\.[0-9]+)?)(?=[:/ ])")
 
 
 def _failures(exc: BaseException) -> list[BaseException]:
