@@ -51,3 +51,28 @@ def test_each_refusal_says_why():
         with pytest.raises(StateError) as info:
             TransceiverState.from_bytes(data)
         assert needle in str(info.value), (needle, str(info.value))
+
+
+FACTS = (("block_size", "16"), ("model", "org/llama-8b"), ("tensor_parallel_size", "2"))
+
+
+def test_facts_round_trip_and_a_state_without_them_reads_as_before():
+    with_facts = TransceiverState("w0", "ucx", OtherEnd.PEER, b"\x01", "", "m", b"\xaa" * 32, b"\xbb" * 32, 16,
+                                  FACTS)
+    assert TransceiverState.from_bytes(with_facts.to_bytes()) == with_facts
+    assert with_facts.fact_map()["tensor_parallel_size"] == "2"
+    assert b"facts" not in STATE.to_bytes()  # written only when there are some: older readers read it
+
+
+@pytest.mark.parametrize("facts, needle", [
+    ({"Model": "x"}, "facts"),  # not a lower-case name
+    ({"model": 3}, "facts"),  # not text
+    ({"model": "x" * 300}, "facts"),
+    ({f"f{i}": "x" for i in range(40)}, "at most 32"),
+    (["model", "x"], "facts"),
+])
+def test_bad_facts_are_refused_naming_the_field(facts, needle):
+    body = json.loads(STATE.to_bytes()[5:])
+    body["facts"] = facts
+    with pytest.raises(StateError, match=needle):
+        TransceiverState.from_bytes(b"KVWS\x01" + json.dumps(body).encode())

@@ -36,9 +36,12 @@ def output(o: object) -> dict:
 
 
 def sampling(cls: type, req: dict) -> object:
-    """Greedy sampling; ``source`` (a serving engine's transceiver state, base64) goes into the
-    request's ``kv_transfer_params`` as ``kvwire_source``."""
-    extra = {"kv_transfer_params": {"kvwire_source": req["source"]}} if req.get("source") else None
+    """Greedy sampling; ``params`` become the request's ``kv_transfer_params``, and ``source`` (a
+    serving engine's transceiver state, base64) goes into them as ``kvwire_source``."""
+    params = dict(req.get("params") or {})
+    if req.get("source"):
+        params["kvwire_source"] = req["source"]
+    extra = {"kv_transfer_params": params} if params else None
     return cls(temperature=0, max_tokens=int(req.get("max_tokens", 1)), detokenize=False, ignore_eos=True,
                extra_args=extra)
 

@@ -125,15 +125,19 @@ class Engine:
             raise EngineError(f"engine {self.name}: {answer['error']}\n{answer.get('trace', '')}")
         return answer
 
-    def generate(self, prompts: Sequence[Sequence[int]], max_tokens: int = 4, source: str | None = None) -> dict[str, Any]:
+    def generate(self, prompts: Sequence[Sequence[int]], max_tokens: int = 4, source: str | None = None,
+                 params: dict[str, Any] | None = None) -> dict[str, Any]:
         """``source``: a serving engine's transceiver state (base64, :meth:`transceiver_state`)
-        that every prompt's request carries, to pull from it."""
+        that every prompt's request carries, to pull from it; ``params``: every request's
+        ``kv_transfer_params``."""
         return self.call({"op": "generate", "prompts": [list(p) for p in prompts], "max_tokens": max_tokens,
-                          "source": source})
+                          "source": source, "params": params})
 
-    def add(self, req_id: str, prompt: Sequence[int], max_tokens: int = 4, source: str | None = None) -> None:
+    def add(self, req_id: str, prompt: Sequence[int], max_tokens: int = 4, source: str | None = None,
+            params: dict[str, Any] | None = None) -> None:
         """Add one request and return at once (``collect`` steps the engine until it finishes)."""
-        self.call({"op": "add", "id": req_id, "prompt": list(prompt), "max_tokens": max_tokens, "source": source})
+        self.call({"op": "add", "id": req_id, "prompt": list(prompt), "max_tokens": max_tokens, "source": source,
+                   "params": params})
 
     def transceiver_state(self) -> str | None:
         """The engine's one worker's transceiver state, base64 (None: its backend serves no pulls)."""

@@ -2,7 +2,11 @@
 how to reach the other end, the cache layout and the scope — as opaque, versioned, bounded bytes.
 
 The encoding is a magic, a version byte and a UTF-8 JSON object of plain fields (bytes as hex).
-Decoding executes nothing, refuses more than :data:`MAX_STATE_BYTES`, and checks every field."""
+Decoding executes nothing, refuses more than :data:`MAX_STATE_BYTES`, and checks every field.
+
+``facts`` (optional, written only when there are some) are the plain facts the scope digest is
+made of, such as the model, its dtype or the tensor-parallel size, so that a receiver whose
+digest differs can say which fact differs rather than only that one does."""
 
 from __future__ import annotations
 
@@ -21,6 +25,8 @@ _VERSION = 1
 _DIGEST_BYTES = 32
 _MAX_ADDRESS_BYTES = 4096
 _MAX_TEXT = 256
+_MAX_FACTS = 32
+_FACT_KEY = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 #: A registry name (``kvwire.backends`` entry point): lower-case letters, digits, ``-``, ``_``.
 _BACKEND = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
 #: A store namespace, as the blob store family (``kvwire.blob.keys``) reads one.
@@ -54,6 +60,7 @@ class TransceiverState:
     layout_digest: bytes
     scope_digest: bytes
     block_tokens: int
+    facts: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         _text("worker", self.worker)
@@ -84,9 +91,22 @@ class TransceiverState:
         if not isinstance(self.block_tokens, int) or isinstance(self.block_tokens, bool) or not 0 < self.block_tokens <= 1 << 20:
             raise StateError(f"transceiver state field 'block_tokens' must be an int in [1, {1 << 20}], "
                              f"got {self.block_tokens!r}")
+        if not isinstance(self.facts, tuple) or len(self.facts) > _MAX_FACTS:
+            raise StateError(f"transceiver state field 'facts' must be a tuple of at most {_MAX_FACTS} pairs")
+        for pair in self.facts:
+            if (not isinstance(pair, tuple) or len(pair) != 2 or not isinstance(pair[0], str)
+                    or not _FACT_KEY.match(pair[0]) or not isinstance(pair[1], str) or len(pair[1]) > _MAX_TEXT
+                    or not pair[1].isprintable()):
+                raise StateError(f"transceiver state field 'facts' holds {pair!r}: each fact is a name (lower-case "
+                                 f"letters, digits, '_', at most 32) and printable text of at most {_MAX_TEXT}")
+        if len({k for k, _ in self.facts}) != len(self.facts):
+            raise StateError("transceiver state field 'facts' names a fact twice")
+
+    def fact_map(self) -> dict[str, str]:
+        return dict(self.facts)
 
     def to_bytes(self) -> bytes:
-        body = {
+        body: dict[str, Any] = {
             "worker": self.worker,
             "backend": self.backend,
             "other_end": self.other_end.value,
@@ -97,6 +117,8 @@ class TransceiverState:
             "scope_digest": self.scope_digest.hex(),
             "block_tokens": self.block_tokens,
         }
+        if self.facts:
+            body["facts"] = dict(self.facts)
         raw = _MAGIC + bytes([_VERSION]) + json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
         if len(raw) > MAX_STATE_BYTES:
             raise StateError(f"transceiver state would be {len(raw)} bytes, more than {MAX_STATE_BYTES}")
@@ -123,6 +145,9 @@ class TransceiverState:
             "worker": str, "backend": str, "other_end": str, "address": str, "namespace": str,
             "model_id": str, "layout_digest": str, "scope_digest": str, "block_tokens": int,
         }
+        facts = body.pop("facts", {})
+        if not isinstance(facts, dict) or len(facts) > _MAX_FACTS:
+            raise StateError(f"transceiver state field 'facts' must be an object of at most {_MAX_FACTS} entries")
         if set(body) != set(expected):
             missing = sorted(set(expected) - set(body))
             extra = sorted(set(body) - set(expected))
@@ -135,7 +160,8 @@ class TransceiverState:
         except ValueError:
             raise StateError(f"transceiver state field 'other_end' must be 'peer' or 'store', "
                              f"got {body['other_end']!r}") from None
-        fields: dict[str, Any] = dict(body, other_end=other_end)
+        fields: dict[str, Any] = dict(body, other_end=other_end,
+                                      facts=tuple(sorted((k, v) for k, v in facts.items())))
         for key in ("address", "layout_digest", "scope_digest"):
             text = body[key]
             if not text.isascii() or text != text.lower() or len(text) % 2 or " " in text:

@@ -32,6 +32,8 @@ KEYS: Mapping[str, str] = {
                   "waited for just before its attention (one step fewer; the step waits for the store)",
     "staging_mib": "MiB of pinned host memory for staging slots (default 1024), used when the KV cache is on a "
                    "GPU and the backend moves host memory only; one slot holds one block of every layer",
+    "hold_s": "disaggregated prefill: seconds a producer keeps a finished request's prompt blocks pinned for "
+              "its consumer's pull (default 30); released as soon as the consumer's pull of them ended",
 }
 
 
@@ -46,6 +48,7 @@ class ConnectorConfig:
     lookup: bool = True
     load_async: bool = True
     staging_mib: float = 1024.0
+    hold_s: float = 30.0
 
     @classmethod
     def parse(cls, extra: Mapping[str, Any] | None) -> ConnectorConfig:
@@ -81,7 +84,10 @@ class ConnectorConfig:
         if isinstance(staging, bool) or not isinstance(staging, (int, float)) or not (
                 math.isfinite(staging) and staging > 0):
             raise ConfigError(f"kv_connector_extra_config 'staging_mib' must be a number of MiB > 0, got {staging!r}")
-        config = cls(backend, dict(options), float(timeout), policy, lookup, load_async, float(staging))
+        hold = extra.get("hold_s", 30.0)
+        if isinstance(hold, bool) or not isinstance(hold, (int, float)) or not (math.isfinite(hold) and hold > 0):
+            raise ConfigError(f"kv_connector_extra_config 'hold_s' must be a number of seconds > 0, got {hold!r}")
+        config = cls(backend, dict(options), float(timeout), policy, lookup, load_async, float(staging), float(hold))
         config.plugin().resolve(config.options)  # unknown backend or option: kvwire's ConfigError
         return config
 

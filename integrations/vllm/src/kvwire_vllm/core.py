@@ -138,6 +138,9 @@ class WorkerCore:
         self._reply_of: dict[Move, tuple[int, PullRequest]] = {}
         self._report_asks: list[PullAsk] = []
         self._report_done: list[int] = []
+        #: The transceiver state the scheduler side hands producers' consumers (set by the adapter
+        #: once the cache is registered; reported once).
+        self.state_to_report = b""
         self.pulls_served = 0
         self.pulls_declined = 0
         self.pull_blocks_served = 0
@@ -508,8 +511,10 @@ class WorkerCore:
         """This step's report to the scheduler side: pulls to pin, replies whose pins may go,
         loads that ran inside the step."""
         self._take_pulls()
-        report = WorkerReport(tuple(self._report_asks), tuple(self._report_done), tuple(self._report_loaded))
+        report = WorkerReport(tuple(self._report_asks), tuple(self._report_done), tuple(self._report_loaded),
+                              self.state_to_report)
         self._report_asks, self._report_done, self._report_loaded = [], [], []
+        self.state_to_report = b""
         return report
 
     # -- what finished ------------------------------------------------------------------------------

@@ -46,20 +46,28 @@ def layout_digest(layout: Mapping[str, Any]) -> bytes:
 
 
 def transceiver_state(*, worker: str, backend: str, address: bytes, model_id: str, layout: Mapping[str, Any],
-                      scope: bytes, block_size: int) -> bytes:
+                      scope: bytes, block_size: int, facts: tuple[tuple[str, str], ...] = ()) -> bytes:
     return TransceiverState(worker=worker, backend=backend, other_end=OtherEnd.PEER, address=address, namespace="",
                             model_id=model_id[-256:], layout_digest=layout_digest(layout), scope_digest=scope,
-                            block_tokens=block_size).to_bytes()
+                            block_tokens=block_size, facts=facts).to_bytes()
 
 
-def check_state(raw: bytes, *, backend: str, layout: Mapping[str, Any], scope: bytes, block_size: int) -> TransceiverState:
+def check_state(raw: bytes, *, backend: str, layout: Mapping[str, Any], scope: bytes, block_size: int,
+                facts: tuple[tuple[str, str], ...] = ()) -> TransceiverState:
     """Decode (bounded, :data:`kvwire.runtime.state.MAX_STATE_BYTES`) and check a serving
-    engine's state against this engine's cache; :class:`StateError` says which field differs."""
+    engine's state against this engine's cache; :class:`StateError` says which field differs
+    (each fact of ``facts`` the source's state names otherwise, by name and both values)."""
     state = TransceiverState.from_bytes(raw)
     if state.other_end is not OtherEnd.PEER:
         raise StateError("the source's transceiver state names a store, not a serving engine")
     if state.backend != backend:
         raise StateError(f"the source engine uses backend {state.backend!r}, this one {backend!r}")
+    theirs, mine = state.fact_map(), dict(facts)
+    differ = [f"{key} {theirs[key]!r} there, {mine[key]!r} here" for key in sorted(mine)
+              if key in theirs and theirs[key] != mine[key]]
+    if differ:
+        raise StateError("the source engine's KV cache is not this engine's: " + "; ".join(differ)
+                         + ": its blocks cannot be loaded here")
     if state.block_tokens != block_size:
         raise StateError(f"the source's block size {state.block_tokens} differs from this engine's {block_size}")
     if state.layout_digest != layout_digest(layout):

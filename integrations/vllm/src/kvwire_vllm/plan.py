@@ -14,6 +14,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from kvwire.runtime.state import MAX_STATE_BYTES
 from kvwire_vllm.names import NAME_BYTES
 
 __all__ = ["BlockPlan", "ServePlan", "StepPlan", "PullAsk", "SyncLoad", "WorkerReport", "COUNTERS",
@@ -28,7 +29,7 @@ COUNTERS = (
 )
 
 _VERSION = 3
-_REPORT_VERSION = 2
+_REPORT_VERSION = 3
 #: Bounds of what one step's report may carry (decoding refuses more).
 MAX_ASKS = 4096
 MAX_ASK_BLOCKS = 32768
@@ -139,13 +140,15 @@ class WorkerReport:
     asks: tuple[PullAsk, ...] = ()
     done: tuple[int, ...] = ()
     loaded: tuple[SyncLoad, ...] = ()
+    state: bytes = b""  # the worker's transceiver state, once, for a producer's kv_transfer_params
 
     def __bool__(self) -> bool:
-        return bool(self.asks or self.done or self.loaded)
+        return bool(self.asks or self.done or self.loaded or self.state)
 
     def to_bytes(self) -> bytes:
         return msgpack.packb([_REPORT_VERSION, [[a.pull_id, a.names] for a in self.asks], list(self.done),
-                              [[s.req_id, s.first_missed, s.missed] for s in self.loaded]], use_bin_type=True)
+                              [[s.req_id, s.first_missed, s.missed] for s in self.loaded], self.state],
+                             use_bin_type=True)
 
     @classmethod
     def from_bytes(cls, data: bytes) -> WorkerReport:
@@ -158,13 +161,17 @@ class WorkerReport:
                                              max_str_len=MAX_REASON, max_array_len=max(MAX_ASKS, 2) * 4)
             if version != _REPORT_VERSION:
                 raise ValueError(f"version {version}; this kvwire-vllm reads {_REPORT_VERSION}")
-            asks, done, loaded = rest
+            asks, done, loaded, state = rest
             out = tuple(PullAsk(int(i), bytes(n)) for i, n in asks)
             if any(len(a.names) % NAME_BYTES for a in out):
                 raise ValueError("names are not whole")
-            return cls(out, tuple(int(i) for i in done), tuple(SyncLoad(str(r), int(f), int(m)) for r, f, m in loaded))
+            if not isinstance(state, bytes) or len(state) > MAX_STATE_BYTES:
+                raise ValueError(f"the worker's state must be at most {MAX_STATE_BYTES} bytes")
+            return cls(out, tuple(int(i) for i in done), tuple(SyncLoad(str(r), int(f), int(m)) for r, f, m in loaded),
+                       state)
         except (ValueError, TypeError, msgpack.ExtraData) as exc:
             raise ValueError(f"kvwire worker report is malformed: {exc}") from None
 
     def merged(self, other: WorkerReport) -> WorkerReport:
-        return WorkerReport(self.asks + other.asks, self.done + other.done, self.loaded + other.loaded)
+        return WorkerReport(self.asks + other.asks, self.done + other.done, self.loaded + other.loaded,
+                            self.state or other.state)

@@ -6,7 +6,9 @@ It runs in vLLM's engine-core process and moves no bytes; it asks the backend th
 
 from __future__ import annotations
 
+import base64
 import logging
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -49,7 +51,7 @@ except ImportError:  # pragma: no cover - kvwire before L1
     class LookupFailed(Exception):  # type: ignore[no-redef]
         """Stands in for kvwire's own before L1."""
 
-__all__ = ["SchedulerSide", "layout_of", "store_namespace", "resolved_layout", "rows_of"]
+__all__ = ["SchedulerSide", "layout_of", "store_namespace", "resolved_layout", "rows_of", "facts_of"]
 
 log = logging.getLogger(f"vllm.{__name__}")  # under vLLM's logger: its handler, format and level
 
@@ -105,6 +107,26 @@ def store_namespace(namespace: str, tp_rank: int, tp_size: int) -> str:
     return namespace if tp_size == 1 else f"{namespace}/tp{tp_rank}of{tp_size}"
 
 
+def facts_of(vllm_config: VllmConfig, layout: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    """The plain facts an engine's blocks depend on, for a transceiver state: a pulling engine
+    whose facts differ names the one that does (the scope digest only says that one does)."""
+    model = vllm_config.model_config
+    parallel = vllm_config.parallel_config
+    facts = {
+        "model": str(model.model)[-256:],
+        "model_dtype": str(model.dtype),
+        "kv_cache_dtype": str(vllm_config.cache_config.cache_dtype),
+        "tensor_parallel_size": str(int(parallel.tensor_parallel_size)),
+        "pipeline_parallel_size": str(int(parallel.pipeline_parallel_size)),
+        "block_size": str(layout.get("block_size", "")),
+        "num_layers": str(len(layout.get("layers", ()))),
+        "num_kv_heads": str(layout.get("num_kv_heads", "")),
+        "head_size": str(layout.get("head_size", "")),
+        "kv_cache_layout": str(layout.get("kv_cache_layout", "")),
+    }
+    return tuple(sorted(facts.items()))
+
+
 def scope_of(vllm_config: VllmConfig, layout: dict[str, Any]) -> bytes:
     model = vllm_config.model_config
     parallel = vllm_config.parallel_config
@@ -137,6 +159,15 @@ class _Tracked:
     source: bytes | None = None  # the serving engine's address, for a request pulled from a peer
 
 
+@dataclass
+class _Hold:
+    """A producer's finished request: its prompt's leading blocks, pinned for the consumer."""
+
+    blocks: list[Any]
+    last_name: bytes  # the name of the last held block: a pull that asked for it ends the hold
+    deadline: float  # time.monotonic() when the hold lapses without a pull
+
+
 class SchedulerSide:
     def __init__(self, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, config: ConnectorConfig) -> None:
         self.config = config
@@ -147,6 +178,7 @@ class SchedulerSide:
         rows = rows_of(vllm_config, kv_cache_config, plugin.capabilities)
         layout = {**layout, "kv_cache_layout": resolved_layout(vllm_config, kv_cache_config), "rows": rows.describe()}
         self.scope = scope_of(vllm_config, layout)
+        self.facts = facts_of(vllm_config, layout)
         self.groups = rows.groups
         self.rows = rows
         parallel = vllm_config.parallel_config
@@ -162,8 +194,22 @@ class SchedulerSide:
         self._hash_of: dict[bytes, bytes] = {}
         self._hash_cap = 4 * int(getattr(kv_cache_config, "num_blocks", 0) or 65536)
         self._pins: dict[int, list[Any]] = {}
+        # Disaggregated prefill: a producer's finished requests whose prompt blocks stay pinned
+        # for the consumer's pull (req_id -> hold), the last name each forwarded pull asked for
+        # (the pull of a hold's last block ends the hold), and this engine's transceiver state
+        # (from the worker's first report) that a producer's kv_transfer_params carry.
+        self.role = str(getattr(vllm_config.kv_transfer_config, "kv_role", None) or "kv_both")
+        self._holds: dict[str, _Hold] = {}
+        self._pull_last: dict[int, bytes] = {}
+        self._state: bytes = b""
+        self.holds_released = 0
+        self.holds_expired = 0
+        self._refused: dict[str, str] = {}  # req_id -> why its kvwire_source was not used
         self._serves: list[ServePlan] = []
-        self._poked = False
+        # A serving engine steps once while idle at start: that step's worker report brings the
+        # worker's transceiver state, which a producer's first finished request already needs
+        # (vLLM hands a step's worker reports over only after the step's requests finished).
+        self._poked = self.serving
         self.pulls_answered = 0
         self.blocks_pinned_total = 0
         self._core = peer.find_engine_core() if self.serving else None
@@ -203,9 +249,10 @@ class SchedulerSide:
             if raw is None:
                 return None
             state = peer.check_state(raw, backend=self.config.backend, layout=self.layout, scope=self.scope,
-                                     block_size=self.block_size)
+                                     block_size=self.block_size, facts=self.facts)
         except StateError as exc:
             log.warning("request %s: kvwire source not used, computing it here: %s", request.request_id, exc)
+            self._refused[request.request_id] = str(exc)
             return None
         return state.address
 
@@ -290,6 +337,7 @@ class SchedulerSide:
         self._loads.append(plan)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KvwireMetadata:
+        self._release_holds()
         saves: list[BlockPlan] = []
         for req_id, scheduled in scheduler_output.num_scheduled_tokens.items():
             tracked = self._tracked.get(req_id)
@@ -376,11 +424,84 @@ class SchedulerSide:
         self._sources.pop(req_id, None)
         delay = req_id in self._saving
         self._saving.discard(req_id)
-        params = None
+        params: dict[str, Any] | None = None
         if tracked is not None:
             params = {"kvwire": {"loaded_blocks": tracked.loaded_blocks, "failed_blocks": tracked.failed_blocks,
                                  "save_blocks": tracked.saved_blocks, "at": time.time()}}
+        refused = self._refused.pop(req_id, None)
+        if refused is not None:
+            params = params or {"kvwire": {}}
+            params["kvwire"]["source_refused"] = refused
+        handoff = self._hold(request, block_ids)
+        if handoff is not None:
+            params = {**(params or {}), **handoff}
         return delay, params
+
+    # -- disaggregated prefill: a producer's blocks kept for its consumer ---------------------------
+
+    def _wants_hold(self, request: Request) -> bool:
+        if not self.serving or self.role == "kv_consumer":
+            return False
+        params = request.kv_transfer_params or {}
+        return self.role == "kv_producer" or bool(params.get("do_remote_decode"))
+
+    def _hold(self, request: Request, block_ids: Sequence[int]) -> dict[str, Any] | None:
+        """For a producer's finished request: pin the prompt's whole blocks (those a consumer's
+        load may cover) for ``hold_s`` or until a pull of them ends, and answer the
+        ``kv_transfer_params`` the consumer's request needs (vLLM's proxy passes them on)."""
+        if not self._wants_hold(request):
+            return None
+        pool = self.kv_cache_manager.block_pool if self.kv_cache_manager is not None else None
+        if pool is None or not self._state or not self._running():
+            why = ("the engine is shutting down" if pool is not None and self._state else
+                   "the worker has not reported its transceiver state yet")
+            log.warning("request %s: kvwire keeps no blocks for a consumer: %s", request.request_id, why)
+            return {"do_remote_prefill": False, "do_remote_decode": False, "kvwire": {"hold_refused": why}}
+        count = min(len(block_ids), len(request.block_hashes), (request.num_prompt_tokens - 1) // self.block_size)
+        held = []
+        for block_id in block_ids[:count]:
+            block = pool.blocks[int(block_id)]
+            if getattr(block, "block_hash", None) is None:  # not in the prefix cache: a pull cannot find it
+                break
+            held.append(block)
+        params: dict[str, Any] = {"do_remote_prefill": True, "do_remote_decode": False,
+                                  peer.SOURCE_KEY: base64.b64encode(self._state).decode(),
+                                  "kvwire_held_blocks": len(held), "kvwire_hold_s": self.config.hold_s}
+        if not held:
+            return params
+        self._name_blocks(request, 0, len(held))
+        pool.touch(held)
+        last = self.names(request, len(held) - 1, len(held))[0].tobytes()
+        self._holds[request.request_id] = _Hold(held, last, time.monotonic() + self.config.hold_s)
+        timer = threading.Timer(self.config.hold_s + 0.05, self._on_ring)  # an idle engine steps to let it go
+        timer.daemon = True
+        timer.start()
+        trace.event("scheduler", "hold", req=request.request_id, blocks=len(held))
+        return params
+
+    def _release(self, req_id: str, why: str) -> None:
+        hold = self._holds.pop(req_id)
+        if self.kv_cache_manager is not None:
+            self.kv_cache_manager.block_pool.free_blocks(hold.blocks)
+        trace.event("scheduler", "hold_released", req=req_id, why=why)
+
+    def _release_holds(self, pulled: bytes | None = None) -> None:
+        """Holds whose last block a pull that ended asked for (``pulled``), and lapsed ones."""
+        if not self._holds:
+            return
+        now = time.monotonic()
+        for req_id, hold in list(self._holds.items()):
+            if pulled is not None and hold.last_name == pulled:
+                self.holds_released += 1
+                self._release(req_id, "pulled")
+            elif hold.deadline <= now:
+                self.holds_expired += 1
+                log.info("kvwire: request %s's blocks kept %.0f s for a consumer that never pulled them: released",
+                         req_id, self.config.hold_s)
+                self._release(req_id, "lapsed")
+
+    def held_blocks(self) -> int:
+        return sum(len(h.blocks) for h in self._holds.values())
 
     # -- serving pulls (N2) ------------------------------------------------------------------------
 
@@ -400,10 +521,13 @@ class SchedulerSide:
         longest prefix of its names that vLLM's prefix cache holds, pinned (one reference per
         block, as a request hit takes), to serve in the next step."""
         pool = self.kv_cache_manager.block_pool if self.kv_cache_manager is not None else None
+        if report.state:
+            self._state = report.state
         for pull_id in report.done:
             blocks = self._pins.pop(pull_id, None)
             if blocks and pool is not None:
                 pool.free_blocks(blocks)
+            self._release_holds(self._pull_last.pop(pull_id, None))
         for ask in report.asks:
             if pool is None:
                 self._serves.append(ServePlan(ask.pull_id, (), "the serving engine has no block pool bound"))
@@ -412,6 +536,8 @@ class SchedulerSide:
                 self._serves.append(ServePlan(ask.pull_id, (), "the serving engine is shutting down"))
                 continue
             names = np.frombuffer(ask.names, dtype=np.uint8).reshape(-1, NAME_BYTES)
+            if len(names):
+                self._pull_last[ask.pull_id] = names[-1].tobytes()
             held = []
             for name in names:
                 block_hash = self._hash_of.get(name.tobytes())
@@ -468,8 +594,11 @@ class SchedulerSide:
         pool = self.kv_cache_manager.block_pool if self.kv_cache_manager is not None else None
         pins = self._pins
         self._pins = {}
+        holds, self._holds = self._holds, {}
         if pool is not None:
             for blocks in pins.values():
                 pool.free_blocks(blocks)
-        log.info("kvwire: scheduler side shut down in %.3f s (%d pull pin set(s) returned)",
-                 time.monotonic() - began, len(pins))
+            for hold in holds.values():
+                pool.free_blocks(hold.blocks)
+        log.info("kvwire: scheduler side shut down in %.3f s (%d pull pin set(s) and %d producer hold(s) returned)",
+                 time.monotonic() - began, len(pins), len(holds))

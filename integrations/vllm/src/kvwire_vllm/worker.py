@@ -16,7 +16,7 @@ from kvwire_vllm.config import ConnectorConfig
 from kvwire_vllm.core import WorkerCore
 from kvwire_vllm.kvcache import StoreRows
 from kvwire_vllm.metadata import KvwireWorkerMeta, StepPlan
-from kvwire_vllm.scheduler import layout_of, resolved_layout, rows_of, scope_of, store_namespace
+from kvwire_vllm.scheduler import facts_of, layout_of, resolved_layout, rows_of, scope_of, store_namespace
 from kvwire_vllm.stats import KvwireStats
 
 if TYPE_CHECKING:
@@ -71,6 +71,7 @@ class WorkerSide:
         num_blocks = getattr(self.kv_cache_config, "num_blocks", None)
         self.core.register_kv_caches(kv_caches, int(num_blocks) if num_blocks else None)
         if self.core.serving:
+            self.core.state_to_report = self.transceiver_state()
             log.info("kvwire: serving pulls from vLLM's prefix cache")
 
     def transceiver_state(self) -> bytes:
@@ -83,7 +84,7 @@ class WorkerSide:
         return peer.transceiver_state(worker=f"vllm-{self.engine_id[:8]}", backend=self.config.backend,
                                       address=backend.address(),  # type: ignore[attr-defined]
                                       model_id=self.model_id, layout=self.layout, scope=self.scope,
-                                      block_size=self.block_size)
+                                      block_size=self.block_size, facts=facts_of(self.vllm_config, self.layout))
 
     def bind(self, plan: StepPlan) -> None:
         self.core.bind(plan)

@@ -1,0 +1,34 @@
+"""kv_connector_extra_config as a vLLM user writes it: every key checked, a bad value refused with
+kvwire's ConfigError naming the key and what it got (kvwire_vllm.config, without vLLM)."""
+
+from __future__ import annotations
+
+import pytest
+from kvwire_vllm.config import KEYS, ConnectorConfig
+
+from kvwire.registry import ConfigError
+
+
+def test_the_defaults() -> None:
+    config = ConnectorConfig.parse({"backend": "memory"})
+    assert (config.timeout_s, config.load_async, config.lookup, config.hold_s) == (10.0, True, True, 30.0)
+    assert "hold_s" in KEYS
+
+
+def test_a_producers_hold_is_set_in_seconds() -> None:
+    assert ConnectorConfig.parse({"backend": "memory", "hold_s": 2.5}).hold_s == 2.5
+
+
+@pytest.mark.parametrize("extra, needle", [
+    ({"hold_s": 0}, "'hold_s' must be a number of seconds > 0, got 0"),
+    ({"hold_s": -1}, "'hold_s'"),
+    ({"hold_s": True}, "'hold_s'"),
+    ({"hold_s": "30"}, "'hold_s'"),
+    ({"hold_s": float("inf")}, "'hold_s'"),
+    ({"timeout_s": 0}, "'timeout_s'"),
+    ({"hold": 30}, "unknown key(s) 'hold'"),
+])
+def test_bad_values_are_refused_naming_the_key(extra: dict, needle: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        ConnectorConfig.parse({"backend": "memory", **extra})
+    assert needle in str(info.value)
