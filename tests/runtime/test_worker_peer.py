@@ -11,6 +11,7 @@ import pytest
 import torch
 from worker_support import backend_problem, worker_pool
 
+from kvwire.observe import hookimpl
 from kvwire.runtime import ModelConfig, Worker
 
 if _why := backend_problem("ucx"):
@@ -117,6 +118,51 @@ def test_settle_waits_until_the_serving_end_has_its_pins_back(workers):
     acks.release(after_s=0.3)  # a slow Ack
     assert a.settle(5)
     assert a.pins() == 0
+
+
+class ServedWatcher:
+    """Observes pull_served on the serving worker: asks it, inside the announcement, whether
+    every reply has ended, then holds the announcement until the test has asked too."""
+
+    def __init__(self) -> None:
+        self.worker: Worker | None = None
+        self.inside: list[tuple[bool, int]] = []
+        self.announced = threading.Event()
+        self.checked = threading.Event()
+
+    @hookimpl
+    def kvwire_pull_served(self, worker: str, served: int) -> None:
+        assert self.worker is not None
+        self.inside.append((self.worker.wait_served(0), self.worker.pins()))
+        self.announced.set()
+        self.checked.wait(10)
+
+
+def test_a_pull_announced_as_served_is_in_flight_for_wait_served(workers):
+    """pull_served used to be announced before the reply was counted in flight: an observer
+    asking wait_served(0), or a wait_served on another thread racing the announcement, was told
+    every reply had ended while the reply's pins were still held. Both now find it in flight,
+    and wait_served returns once its pins are back."""
+    watcher = ServedWatcher()
+    a, b = workers("A", observers=(watcher,)), workers("B")
+    watcher.worker = a
+    p = prompt(200)
+    a.generate(p, max_tokens=1)
+    pulled: list[object] = []
+    puller = threading.Thread(target=lambda: pulled.append(b.pull(p, source=a.transceiver_state())))
+    puller.start()
+    try:
+        assert watcher.announced.wait(10), "A never announced the pull it served"
+        outside = a.wait_served(0)
+    finally:
+        watcher.checked.set()
+        puller.join(30)
+    ended_inside, pins_inside = watcher.inside[0]
+    assert pins_inside > 0
+    assert not ended_inside, "an observer of pull_served was told every reply had ended"
+    assert not outside, "wait_served racing pull_served said every reply had ended"
+    assert pulled and pulled[0].blocks_moved == 12, pulled
+    assert a.wait_served(10) and a.pins() == 0
 
 
 def test_sender_evicted_part_of_the_prefix_receiver_gets_the_held_prefix(workers):

@@ -151,7 +151,11 @@ class Worker:
     namespace one the stores accept (:func:`kvwire.blob.keys.check_namespace`); anything else is
     a ``ValueError`` or ``TypeError`` naming it. After :meth:`close`, every method that generates,
     moves or describes the cache to others raises :class:`WorkerClosed`; ``close``, ``pins``,
-    ``describe`` and ``wait_served`` still answer, to check what the worker left."""
+    ``describe`` and ``wait_served`` still answer, to check what the worker left.
+
+    A transfer whose attempt did not quiesce within its deadline and grace raises
+    :class:`TransferError` and keeps its lease (the backend may still touch the rows); the worker
+    returns that lease at its first call after the attempt has quiesced (``pins`` counts as one)."""
 
     def __init__(
         self,
@@ -215,7 +219,10 @@ class Worker:
         pools = len(layout.groups)
         regions = self.lender.regions()[pools:] if self.staged else self.lender.regions()[:pools]
         self._lock = threading.RLock()  # B2: one call sequence into the backend
-        self._kept: list[Lease] = []     # S4: leases whose access may have escaped
+        # Leases whose memory the backend may still touch: with the attempt that did not quiesce
+        # in time (returned once it has, A2), or with None after a submission raised (S4.2: kept
+        # until shutdown() is empty).
+        self._kept: list[tuple[Attempt | None, Lease]] = []
         self.counters = _Counters()
         self._registration = self.backend.register_regions(regions)
         self._tree_seen = (0, 0)  # (committed blocks, evictions) last announced
@@ -260,7 +267,7 @@ class Worker:
         for _, lease in self._offers:
             lease.release()
         self._offers.clear()
-        for lease in self._kept:
+        for _, lease in self._kept:
             lease.release()
         self._kept.clear()
         self._registration.close()
@@ -278,6 +285,7 @@ class Worker:
         """Greedy generation. Leading whole blocks this cache holds (computed here earlier or
         pulled) are reused and not recomputed; ``cached_tokens`` says how many."""
         self._check_open()
+        self._return_kept()
         tokens = self._tokens(prompt)
         if tokens.size == 0:
             raise ValueError("prompt must be a non-empty 1-D sequence of token ids")
@@ -505,7 +513,9 @@ class Worker:
                   cancel: Cancel | None = None) -> Outcome:
         """Lend → wait for the view → submit as it stands → wait for quiescence → mark →
         release, through the holder loop (``kvwire.runtime.holding``). Refusals release at once
-        (S3); any other raise, or an attempt that never quiesced, keeps the lease (S4, B3)."""
+        (S3); any other raise keeps the lease until the backend has shut down (S4, B3), and an
+        attempt that did not quiesce in time keeps it until the attempt quiesces."""
+        self._return_kept()
         try:
             if not lease.wait_ready(timeout):
                 raise TransferError(f"{self.name}: staging copies did not complete within {timeout:g} s")
@@ -520,7 +530,7 @@ class Worker:
                                         direction=direction, reason=str(exc))
                 raise
             except BaseException:
-                self._kept.append(lease)
+                self._keep(lease)
                 lease = None  # type: ignore[assignment]
                 raise
             # The backend concludes by its deadline (A8); the holder gives it a grace beyond
@@ -531,9 +541,9 @@ class Worker:
                 log.warning("%s: backend %s breaks W1: %s", self.name, self.plugin.name, waited.describe())
             if waited.status is WaitStatus.EXPIRED:
                 if waited.keeps_lease:
-                    self._kept.append(lease)
+                    self._keep(lease, sub.attempt)
                     lease = None  # type: ignore[assignment]
-                kept = "; its lease is kept until the backend shuts down" if waited.keeps_lease else ""
+                kept = "; its lease is kept until the attempt quiesces" if waited.keeps_lease else ""
                 raise TransferError(f"{self.name}: {waited.describe()}, waited up to "
                                     f"{timeout + 2 * QUIESCE_GRACE_S:g} s{kept}")
             outcome = waited.result()
@@ -574,6 +584,7 @@ class Worker:
 
     def _serve_once(self) -> None:
         assert isinstance(self.backend, ServesPulls)
+        self._return_kept()
         with self._lock:
             requests = self.backend.incoming()
         for request in requests:
@@ -586,7 +597,8 @@ class Worker:
                 lease.release()
             else:
                 still.append((attempt, lease, request))
-        self._replies = still
+        with self._served:  # wait_served reads the replies under it
+            self._replies = still
         with self._offers_lock:
             offers, self._offers = self._offers, []
         standing: list[tuple[Attempt, Lease]] = []
@@ -621,6 +633,7 @@ class Worker:
                                 "offer would answer any requester that names its blocks (contract O1.11)")
         tokens = self._tokens(prompt)
         offer_s = self._timeout(timeout_s)
+        self._return_kept()
         lease = self.lender.lend_names(self.lender.names(tokens), staging=self.staged)
         if lease.found == 0:
             lease.release()
@@ -634,7 +647,7 @@ class Worker:
             lease.release()  # S3: nothing escaped
             raise
         except BaseException:
-            self._kept.append(lease)  # S4
+            self._keep(lease)  # S4
             raise
         with self._offers_lock:
             self._offers.append((attempt, lease))
@@ -685,13 +698,41 @@ class Worker:
             self.counters.pulls_declined += 1
             return
         except BaseException:
-            self._kept.append(lease)
+            self._keep(lease)
             raise
+        # In flight before anyone hears of it: an observer of pull_served, or a wait_served on
+        # another thread, must find the reply not yet ended.
+        with self._served:
+            self._replies.append((attempt, lease, request))
         self.counters.pulls_served += 1
         self.observers.announce("pull_served", worker=self.name, backend=self.plugin.name, peer=request.peer,
                                 requested=request.blocks, served=lease.found)
-        self._replies.append((attempt, lease, request))
         self._serve_signal.set()  # look at the reply again soon, even if it is done already
+
+    def _keep(self, lease: Lease, attempt: Attempt | None = None) -> None:
+        """Keep ``lease``: its rows may still be touched by ``attempt`` (until it quiesces) or,
+        with no attempt, by a submission that raised (until the backend has shut down, S4.2)."""
+        with self._lock:
+            self._kept.append((attempt, lease))
+
+    def _return_kept(self) -> None:
+        """Release every kept lease whose attempt has quiesced since it was kept: nothing acting
+        for the backend touches its rows again (S2.1, A2.3, A2.4). The others stay kept."""
+        if not self._kept:  # read unlocked: a lease kept meanwhile is looked at next time
+            return
+        quiet: list[Lease] = []
+        with self._lock:  # B2: quiesced() is a call into the backend
+            still: list[tuple[Attempt | None, Lease]] = []
+            for attempt, lease in self._kept:
+                if attempt is not None and attempt.quiesced():
+                    quiet.append(lease)
+                else:
+                    still.append((attempt, lease))
+            self._kept = still
+        for lease in quiet:  # outside the backend's lock: a staged lease may wait for its copies
+            lease.release()
+        if quiet:
+            log.info("%s: %d kept lease(s) returned, their attempts quiesced late", self.name, len(quiet))
 
     def _check_open(self) -> None:
         if self._closed:
@@ -737,7 +778,9 @@ class Worker:
     settle = wait_served
 
     def pins(self) -> int:
-        """Blocks pinned in this worker's cache right now (0 when nothing is lent or served)."""
+        """Blocks pinned in this worker's cache right now (0 when nothing is lent or served), after
+        returning the kept leases whose late attempts have quiesced since."""
+        self._return_kept()
         return self.lender.pins()
 
     def describe(self) -> dict[str, Any]:
