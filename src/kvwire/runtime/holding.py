@@ -234,7 +234,8 @@ class Waited:
     @property
     def keeps_lease(self) -> bool:
         """True while the backend may still touch the view's memory: the holder must keep the
-        lease until ``shutdown()`` returns an empty set (S2, S4, B3)."""
+        lease until the attempt reports ``quiesced()`` later, or ``shutdown()`` returns an empty
+        set (S2, S4, B3)."""
         return not self.quiesced
 
     @property
