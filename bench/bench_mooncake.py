@@ -1,7 +1,8 @@
 """Mooncake plugin against the raw Mooncake zero-copy calls, on the same rows, in the same run.
 
     .venv/bin/python bench/bench_mooncake.py [--quick] [--total-mib N] [--runs N] [--check-existing]
-    .venv/bin/python bench/bench_mooncake.py --prompts [--lengths 1024,...] [--runs N] [--variant NAME=JSON]
+    .venv/bin/python bench/bench_mooncake.py --prompts [--shape tiny|32L-8x128|24L-2x64] [--per-layer]
+                                             [--lengths 1024,...] [--runs N] [--variant NAME=JSON]
                                              [--engines [--schedulers N [--scheduler-options JSON]]]
 
 ``--prompts``: the store calls alone at the sizes a 1k..16k-token prompt of the tiny vLLM test
@@ -81,6 +82,7 @@ from kvwire.contract import (  # noqa: E402
     TokenRange,
     View,
 )
+from kvwire.contract.blocks import block_layout  # noqa: E402
 from kvwire.registry import load  # noqa: E402
 
 KIB, MIB = 1 << 10, 1 << 20
@@ -319,6 +321,22 @@ def measure(writer: BlobBackend, reader: Reader, row_bytes: int, total: int, run
 # -- prompt sizes: kvwire against vLLM's MooncakeStoreConnector's way of calling the store ---------
 
 BLOCK_TOKENS, LAYERS, LAYER_BLOCK_BYTES = 32, 2, 16 * KIB  # the tiny Llama of tests/vllm and bench_vllm
+#: ``--shape``: the KV geometry of a block (layers, bytes of one layer's block at 32 tokens, bf16
+#: for the real ones): the tiny test model's, an 8B-class model's, a 0.5B-class one's.
+SHAPES = {"tiny": (2, 16 * KIB), "32L-8x128": (32, 128 * KIB), "24L-2x64": (24, 16 * KIB)}
+#: kvwire stores a block's layers as one object (contract K1) where the store names block-objects;
+#: ``--per-layer`` measures the object per block and layer instead.
+BLOCK_OBJECTS = True
+
+
+def set_shape(name: str, block_objects: bool) -> None:
+    global LAYERS, LAYER_BLOCK_BYTES, BLOCK_OBJECTS
+    LAYERS, LAYER_BLOCK_BYTES = SHAPES[name]
+    BLOCK_OBJECTS = block_objects
+
+
+def hint_for(view: View) -> Hint:
+    return Hint.of("store", namespace="bench", blocks=block_layout(view)) if BLOCK_OBJECTS else HINT
 PROMPTS = (1024, 2048, 4096, 8192, 16384)
 HOLDER_SEGMENT = 1 << 30
 
@@ -359,8 +377,13 @@ class PromptSide:
         return vllm_keys(blocks, salt), addresses.tolist(), [[LAYER_BLOCK_BYTES] * LAYERS] * blocks
 
     def driver_args(self, blocks: int, salt: int) -> tuple[list[str], np.ndarray, np.ndarray]:
-        """What the blob backend hands its driver for the view: every group's keys, block by block."""
+        """What the blob backend hands its driver for the view: every group's keys, block by block
+        (with block objects: a key per block, the addresses ``(blocks, layers)``, a size per layer)."""
         ids, names = self.block_ids(blocks), names_of(blocks, salt)
+        if BLOCK_OBJECTS:
+            keys = [f"kvw1/bench/blk/{n.tobytes().hex()}" for n in names]
+            addresses = np.stack([r.addresses(ids) for r in self.regions], axis=1).astype(np.uint64)
+            return keys, addresses, np.full(LAYERS, LAYER_BLOCK_BYTES, dtype=np.int64)
         keys = [k for pair in zip(*(store_keys(HINT.get("namespace"), g, names) for g in range(LAYERS)), strict=True)
                 for k in pair]
         addresses = np.stack([r.addresses(ids) for r in self.regions], axis=1).reshape(-1).astype(np.uint64)
@@ -390,17 +413,19 @@ class PromptSide:
             assert not any(codes), f"vllm-way put answered {sorted(set(codes))}"
             return took
         if path == "driver":  # kvwire's driver called directly, without the blob backend
-            keys, addresses, sizes = self.driver_args(blocks, salt)
+            names, at, lengths = self.driver_args(blocks, salt)
+            put = self.backend.driver.put_parts if BLOCK_OBJECTS else self.backend.driver.put
             started = time.perf_counter()
-            result = self.backend.driver.put(keys, addresses, sizes)
+            result = put(names, at, lengths)
             took = time.perf_counter() - started
             assert not result.status.any(), result.first_reason()
             return took
-        self.mover.move(self.backend, Direction.PUBLISH, self.view(blocks, salt), HINT)
+        view = self.view(blocks, salt)
+        self.mover.move(self.backend, Direction.PUBLISH, view, hint_for(view))
         return time.perf_counter() - started
 
     def fetch(self, path: str, blocks: int, salt: int, expect: str) -> float:
-        off_thread(lambda: [c.fill(0) for c in self.caches])
+        off_thread(lambda: [c.__setitem__(slice(None), 0) for c in self.caches])
         if path == "vllm":  # KVCacheStoreRecvingThread: one batch_get_into_multi_buffers
             keys, addresses, sizes = self.vllm_args(blocks, salt)
             started = time.perf_counter()
@@ -408,15 +433,17 @@ class PromptSide:
             took = time.perf_counter() - started
             assert got == [LAYER_BLOCK_BYTES * LAYERS] * blocks, f"vllm-way get answered {sorted(set(got))}"
         elif path == "driver":
-            keys, addresses, sizes = self.driver_args(blocks, salt)
+            names, at, lengths = self.driver_args(blocks, salt)
+            get = self.backend.driver.get_parts_into if BLOCK_OBJECTS else self.backend.driver.get_into
             started = time.perf_counter()
-            result = self.backend.driver.get_into(keys, addresses, sizes)
+            result = get(names, at, lengths)
             took = time.perf_counter() - started
             assert not result.status.any(), result.first_reason()
         else:
             view = self.view(blocks, salt)
+            hint = hint_for(view)
             started = time.perf_counter()
-            self.mover.move(self.backend, Direction.FETCH, view, HINT)
+            self.mover.move(self.backend, Direction.FETCH, view, hint)
             took = time.perf_counter() - started
         if off_thread(lambda: self.digest(blocks)) != expect:
             raise AssertionError(f"{path} fetch of {blocks} blocks: the bytes differ from what was published")
@@ -427,8 +454,10 @@ class PromptSide:
         self.backend.close()
 
 
-def prompt_reader_process(conn: Connection, master: str, num_blocks: int, variants: dict[str, Any]) -> None:
+def prompt_reader_process(conn: Connection, master: str, num_blocks: int, variants: dict[str, Any],
+                          shape: tuple[str, bool] = ("tiny", True)) -> None:
     """The spawned reader (engine B's worker): one side per variant, driven by JSON commands."""
+    set_shape(*shape)  # a spawned process starts from the module's defaults
     sides = {name: PromptSide(master, num_blocks, options) for name, options in variants.items()}
     try:
         conn.send_bytes(b"{}")
@@ -476,7 +505,9 @@ def prompts_main(runs: int, variants: dict[str, dict[str, Any]], lengths: tuple[
              + (f", {schedulers} lookup-only backend(s) with options {scheduler_options or '(defaults)'}"
                 if schedulers else "") if engines else "the segment in a third (a mooncake_client holder)")
     print(f"kvwire over Mooncake vs vLLM MooncakeStoreConnector's store calls, at the blocks a prompt moves "
-          f"({LAYERS} layers x {LAYER_BLOCK_BYTES // KIB} KiB per block); writer and reader in two processes, "
+          f"({LAYERS} layers x {LAYER_BLOCK_BYTES // KIB} KiB per block; kvwire "
+          f"{'one object per block (K1)' if BLOCK_OBJECTS else 'one object per block and layer'}); "
+          "writer and reader in two processes, "
           f"{where}; median ms of {runs} runs (after 1 warm-up); paths rotate order each run")
     for name, options in variants.items():
         print(f"  {name}: plugin options {options or '(defaults)'}")
@@ -495,7 +526,9 @@ def prompts_main(runs: int, variants: dict[str, dict[str, Any]], lengths: tuple[
         writers: dict[str, PromptSide] = {}
         context = multiprocessing.get_context("spawn")
         conn, child_end = context.Pipe()
-        reader = context.Process(target=prompt_reader_process, args=(child_end, master.address, num_blocks, variants),
+        shape = next(name for name, geometry in SHAPES.items() if geometry == (LAYERS, LAYER_BLOCK_BYTES))
+        reader = context.Process(target=prompt_reader_process,
+                                 args=(child_end, master.address, num_blocks, variants, (shape, BLOCK_OBJECTS)),
                                  daemon=True)
         try:
             time.sleep(0.5)  # the holder mounts its segment
@@ -561,6 +594,10 @@ def main() -> None:
     parser.add_argument("--prompts", action="store_true",
                         help="instead: kvwire against vLLM's MooncakeStoreConnector's store calls at the blocks a "
                              "1k..16k-token prompt moves (tiny Llama: 2 layers x 16 KiB per block)")
+    parser.add_argument("--shape", choices=list(SHAPES), default="tiny",
+                        help="with --prompts: the block's KV geometry (default tiny: 2 layers x 16 KiB)")
+    parser.add_argument("--per-layer", action="store_true",
+                        help="with --prompts: kvwire stores an object per block and layer, not per block (K1)")
     parser.add_argument("--engines", action="store_true",
                         help="with --prompts: the segments in the writer's and reader's clients, as in two engines")
     parser.add_argument("--schedulers", type=int, default=0,
@@ -573,6 +610,7 @@ def main() -> None:
                              "(e.g. 'chunk4m={\"chunk_bytes\": 4194304}'); the column 'kvwire' has the defaults")
     args = parser.parse_args()
     if args.prompts:
+        set_shape(args.shape, not args.per_layer)
         variants: dict[str, dict[str, Any]] = {"kvwire": {}}
         for text in args.variant:
             name, _, options = text.partition("=")

@@ -51,6 +51,12 @@ _EXPLAIN_AT_MOST = 8
 #: The longest a put waits for another put of this driver writing the same key (Mooncake answers
 #: the second 0 and holds the first's object once it ends).
 _OTHER_PUT_WAIT_S = 5.0
+#: Block objects whose every part is at least this large are read straight into their parts from
+#: any segment, one transfer request per part; smaller parts of a remote object are read whole
+#: into a bounce buffer and scattered here (one request per object: for 2 parts of 16 KiB, the
+#: tiny test model's, per-part requests were slower). At 32 parts of 128 KiB (an 8B-class model's
+#: block) the bounce and its copy cost 0.6 GB/s against Mooncake's own multi-buffer read.
+_DIRECT_PART_BYTES = 64 << 10
 #: How long a key found absent right after its put answered 0 is asked for again before the put is
 #: called not stored (a dead writer's unfinished put, or eviction at once, keeps it absent).
 _SETTLE_S = 0.25
@@ -447,6 +453,9 @@ class MooncakeDriver(StoreDriver):
         parts = spans.parts
         assert parts is not None
         client = self._client
+        if int(parts.min()) >= _DIRECT_PART_BYTES:  # parts large enough to be transfer requests of their own
+            return client.batch_get_into_multi_buffers(  # type: ignore[no-any-return]
+                keys, spans.addresses.tolist(), [parts.tolist()] * len(keys))
         remote = self._remote(keys)
         if not remote.any():
             return client.batch_get_into_multi_buffers(  # type: ignore[no-any-return]
