@@ -13,7 +13,9 @@ there, never from a clock."""
 from __future__ import annotations
 
 import json
+import os
 import random
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -118,15 +120,25 @@ def test_the_consumer_continues_from_the_producers_blocks_and_the_hold_ends_with
 
 
 def test_a_consumer_that_never_comes_lets_the_blocks_go_after_the_hold(deployment: Deployment) -> None:
+    """Nobody pulls: the hold lapses (this request asks for 3 s of the engine's 20, a shorter
+    hold a request may ask for) and the producer's idle engine is stepped to let the blocks go
+    (no request of its own wakes it). A request asking for more than the engine's hold_s gets
+    the engine's."""
     d = deployment
     pulled = len(d.holds_ended("pulled"))
-    produced = prefill(d, prompt(3501, 6 * BLOCK + 1))
+    produced = first(d.producer.generate([prompt(3501, 6 * BLOCK + 1)], max_tokens=1,
+                                         params={"do_remote_decode": True, "kvwire_hold_s": 3}))
     assert produced["kv_transfer_params"]["kvwire_held_blocks"] == 6
+    assert produced["kv_transfer_params"]["kvwire_hold_s"] == 3
     assert not d.producer.reset_prefix_cache()
-    # Nobody pulls: the hold lapses after HOLD_S and the producer's idle engine is stepped to let
-    # the blocks go (no request of its own wakes it).
-    wait_for(d.producer.reset_prefix_cache, HOLD_S + BACKGROUND_S, "the lapsed hold's blocks back in the pool")
+    wait_for(d.producer.reset_prefix_cache, BACKGROUND_S, "the lapsed hold's blocks back in the pool")
     assert len(d.holds_ended("lapsed")) == 1 and len(d.holds_ended("pulled")) == pulled
+    greedy_prompt = prompt(3503, 2 * BLOCK + 1)
+    greedy = first(d.producer.generate([greedy_prompt], max_tokens=1,
+                                       params={"do_remote_decode": True, "kvwire_hold_s": 3600}))
+    assert greedy["kv_transfer_params"]["kvwire_hold_s"] == HOLD_S
+    d.consumer.generate([greedy_prompt], max_tokens=1, params=greedy["kv_transfer_params"])  # ends that hold
+    wait_for(d.producer.reset_prefix_cache, BACKGROUND_S, "the pulled hold's blocks back in the pool")
 
 
 def test_a_request_without_do_remote_decode_keeps_nothing(deployment: Deployment) -> None:
@@ -154,3 +166,28 @@ def test_many_handoffs_at_once_leave_no_block_pinned(deployment: Deployment) -> 
     assert [o["kv_transfer_params"]["kvwire"]["loaded_blocks"] for o in decoded] == [4] * 20
     wait_for(d.producer.reset_prefix_cache, BACKGROUND_S, "every held block back in the producer's pool")
     assert len(d.holds_ended("pulled")) == pulled + 20
+
+
+def test_a_consumer_killed_mid_load_leaves_the_producers_blocks_to_come_back(deployment: Deployment) -> None:
+    """The consumer's pull on its way to a stopped producer, then the consumer killed (SIGKILL,
+    its whole process group): continued, the producer's reply meets a dead peer or the hold
+    lapses; either way its blocks come back to its pool and it serves on. Runs last: the consumer
+    is gone afterwards."""
+    d = deployment
+    p = prompt(3700, 6 * BLOCK + 4)
+    params = prefill(d, p)["kv_transfer_params"]
+    assert params["kvwire_held_blocks"] == 6
+    ended = len(d.holds_ended("pulled")) + len(d.holds_ended("lapsed"))
+    producer, consumer = d.producer.proc.pid, d.consumer.proc.pid
+    os.killpg(producer, signal.SIGSTOP)
+    try:
+        d.consumer.add("victim", p, max_tokens=2, params=params)
+        wait_for(lambda: "victim" in d.consumer.state()["loads"], BACKGROUND_S, "the consumer's pull in flight")
+        os.killpg(consumer, signal.SIGKILL)
+    finally:
+        os.killpg(producer, signal.SIGCONT)
+    d.consumer.proc.wait(timeout=60)
+    wait_for(d.producer.reset_prefix_cache, HOLD_S + BACKGROUND_S, "the producer's blocks back after the consumer died")
+    assert len(d.holds_ended("pulled")) + len(d.holds_ended("lapsed")) == ended + 1
+    again = prefill(d, prompt(3701, 3 * BLOCK + 1))
+    assert again["kv_transfer_params"]["kvwire_held_blocks"] == 3  # and it serves on

@@ -467,20 +467,30 @@ class SchedulerSide:
             if getattr(block, "block_hash", None) is None:  # not in the prefix cache: a pull cannot find it
                 break
             held.append(block)
+        hold_s = self._hold_s(request)
         params: dict[str, Any] = {"do_remote_prefill": True, "do_remote_decode": False,
                                   peer.SOURCE_KEY: base64.b64encode(self._state).decode(),
-                                  "kvwire_held_blocks": len(held), "kvwire_hold_s": self.config.hold_s}
+                                  "kvwire_held_blocks": len(held), "kvwire_hold_s": hold_s}
         if not held:
             return params
         self._name_blocks(request, 0, len(held))
         pool.touch(held)
         last = self.names(request, len(held) - 1, len(held))[0].tobytes()
-        self._holds[request.request_id] = _Hold(held, last, time.monotonic() + self.config.hold_s)
-        timer = threading.Timer(self.config.hold_s + 0.05, self._on_ring)  # an idle engine steps to let it go
+        self._holds[request.request_id] = _Hold(held, last, time.monotonic() + hold_s)
+        timer = threading.Timer(hold_s + 0.05, self._on_ring)  # an idle engine steps to let it go
         timer.daemon = True
         timer.start()
         trace.event("scheduler", "hold", req=request.request_id, blocks=len(held))
         return params
+
+    def _hold_s(self, request: Request) -> float:
+        """The engine's ``hold_s``, or less where the request's ``kv_transfer_params`` ask for a
+        shorter hold (``kvwire_hold_s``: a proxy that knows its consumer answers sooner); never
+        more, so a client cannot pin a producer's blocks longer than its operator allows."""
+        asked = (request.kv_transfer_params or {}).get("kvwire_hold_s")
+        if isinstance(asked, (int, float)) and not isinstance(asked, bool) and 0 < asked < self.config.hold_s:
+            return float(asked)
+        return self.config.hold_s
 
     def _release(self, req_id: str, why: str) -> None:
         hold = self._holds.pop(req_id)
