@@ -98,3 +98,10 @@ def test_bench_refuses_an_unknown_backend_before_measuring_any(tmp_path):
             "--backend nonesuch", "unknown backend", "memory")
     assert not out.exists()
 
+
+
+def test_the_demo_without_torch_says_what_to_install(tmp_path):
+    # torch made unimportable for this process only: a module of that name that raises, first on the path
+    (tmp_path / "torch.py").write_text('raise ImportError("No module named \'torch\'")\n')
+    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    refused(kvwire("demo", env={"PYTHONPATH": path}), "torch", "pip install torch==2.13.0", "need no torch")

@@ -71,10 +71,11 @@ def _cmd_demo(args: argparse.Namespace, console: Console) -> int:
     import json
 
     from kvwire.cli import checks
-    from kvwire.cli.demo import render, run_demo
 
     checks.demo_shape(args.tokens, args.layers, args.model)
-    checks.device(args.device)
+    checks.device(args.device)  # first: it says so in one line when torch is missing
+    from kvwire.cli.demo import render, run_demo
+
     if args.json:
         checks.writable_file("--json", args.json)
     config = checks.with_options(_config(args), args.option or ())

@@ -42,8 +42,14 @@ def demo_shape(tokens: int, layers: int, model: str) -> None:
 
 
 def device(text: str) -> None:
-    """``text`` names a device the caches can live on here: ``cpu``, or a CUDA device that exists."""
-    import torch
+    """``text`` names a device the caches can live on here: ``cpu``, or a CUDA device that exists
+    (and torch, which the demo's model needs, is installed)."""
+    try:
+        import torch
+    except ImportError:
+        raise UsageError("the demo runs a model with torch, which is not installed here: pip install torch==2.13.0 "
+                         "(the CPU build: --index-url https://download.pytorch.org/whl/cpu); backends, doctor, "
+                         "conformance and the suite need no torch") from None
 
     try:
         dev = torch.device(text)
