@@ -12,13 +12,14 @@ import os
 import signal
 import socket
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 from engines import VLLM_PYTHON, EngineError
+
+from kvwire.testing.holder import wait_for
 
 
 def free_port() -> int:
@@ -52,20 +53,22 @@ class Process:
         self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, env=environ, cwd=str(log_dir),
                                      start_new_session=True)
 
+    def ready(self) -> bool:
+        """Whether it answers ``ready_path`` with 200; raises :class:`EngineError` once it exited."""
+        if self.proc.poll() is not None:
+            raise EngineError(f"{self.name} exited (status {self.proc.returncode}) at start; log tail:\n"
+                              f"{self.log_tail()}")
+        try:
+            with urllib.request.urlopen(self.url + self.ready_path, timeout=2) as reply:
+                return bool(reply.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
     def wait_ready(self, timeout_s: float = 300.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise EngineError(f"{self.name} exited (status {self.proc.returncode}) at start; log tail:\n"
-                                  f"{self.log_tail()}")
-            try:
-                with urllib.request.urlopen(self.url + self.ready_path, timeout=2) as reply:
-                    if reply.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.5)
-        raise EngineError(f"{self.name} not ready within {timeout_s:g} s; log tail:\n{self.log_tail()}")
+        try:
+            wait_for(self.ready, timeout_s, f"{self.name} answering {self.ready_path}")
+        except AssertionError:  # wait_for's "did not happen within"
+            raise EngineError(f"{self.name} not ready within {timeout_s:g} s; log tail:\n{self.log_tail()}") from None
 
     def log_tail(self, limit: int = 6000) -> str:
         self._log.flush()

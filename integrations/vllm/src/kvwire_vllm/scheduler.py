@@ -2,13 +2,17 @@
 blocks, which blocks to save, and when a finished request's blocks may be freed.
 
 It runs in vLLM's engine-core process and moves no bytes; it asks the backend the optional
-``lookup`` question (contract L1) when the backend declares it."""
+``lookup`` question (contract L1) when the backend declares it. A producer's holds for
+disaggregated prefill are :mod:`kvwire_vllm.handoff`'s.
+
+Why one file of this size: vLLM drives this side hook by hook, and lookups, loads, saves, served
+pulls and holds all read the same per-request tracking and the same step's plan; split further,
+each part would reach into that state."""
 
 from __future__ import annotations
 
 import base64
 import logging
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,6 +27,7 @@ from kvwire.contract.errors import SubmissionError
 from kvwire.runtime.state import StateError
 from kvwire_vllm import peer, trace
 from kvwire_vllm.config import ConnectorConfig
+from kvwire_vllm.handoff import Holds, hold_seconds, wants_hold
 from kvwire_vllm.kvcache import StoreRows, store_rows
 from kvwire_vllm.metadata import (
     BlockPlan,
@@ -159,15 +164,6 @@ class _Tracked:
     source: bytes | None = None  # the serving engine's address, for a request pulled from a peer
 
 
-@dataclass
-class _Hold:
-    """A producer's finished request: its prompt's leading blocks, pinned for the consumer."""
-
-    blocks: list[Any]
-    last_name: bytes  # the name of the last held block: a pull that asked for it ends the hold
-    deadline: float  # time.monotonic() when the hold lapses without a pull
-
-
 class SchedulerSide:
     def __init__(self, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, config: ConnectorConfig) -> None:
         self.config = config
@@ -199,11 +195,9 @@ class SchedulerSide:
         # (the pull of a hold's last block ends the hold), and this engine's transceiver state
         # (from the worker's first report) that a producer's kv_transfer_params carry.
         self.role = str(getattr(vllm_config.kv_transfer_config, "kv_role", None) or "kv_both")
-        self._holds: dict[str, _Hold] = {}
+        self.holds = Holds(self._free_blocks, self._on_ring)
         self._pull_last: dict[int, bytes] = {}
         self._state: bytes = b""
-        self.holds_released = 0
-        self.holds_expired = 0
         self._refused: dict[str, str] = {}  # req_id -> why its kvwire_source was not used
         self._serves: list[ServePlan] = []
         # A serving engine steps once while idle at start: that step's worker report brings the
@@ -337,7 +331,7 @@ class SchedulerSide:
         self._loads.append(plan)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KvwireMetadata:
-        self._release_holds()
+        self.holds.end()  # lapsed ones
         saves: list[BlockPlan] = []
         for req_id, scheduled in scheduler_output.num_scheduled_tokens.items():
             tracked = self._tracked.get(req_id)
@@ -440,19 +434,13 @@ class SchedulerSide:
             params = {**(params or {}), peer.SOURCE_KEY: base64.b64encode(self._state).decode()}
         return delay, params
 
-    # -- disaggregated prefill: a producer's blocks kept for its consumer ---------------------------
-
-    def _wants_hold(self, request: Request) -> bool:
-        if not self.serving or self.role == "kv_consumer":
-            return False
-        params = request.kv_transfer_params or {}
-        return self.role == "kv_producer" or bool(params.get("do_remote_decode"))
+    # -- disaggregated prefill: a producer's blocks kept for its consumer (kvwire_vllm.handoff) -----
 
     def _hold(self, request: Request, block_ids: Sequence[int]) -> dict[str, Any] | None:
         """For a producer's finished request: pin the prompt's whole blocks (those a consumer's
-        load may cover) for ``hold_s`` or until a pull of them ends, and answer the
-        ``kv_transfer_params`` the consumer's request needs (vLLM's proxy passes them on)."""
-        if not self._wants_hold(request):
+        load may cover) and answer the ``kv_transfer_params`` the consumer's request needs
+        (vLLM's proxy passes them on)."""
+        if not wants_hold(self.role, self.serving, request.kv_transfer_params):
             return None
         pool = self.kv_cache_manager.block_pool if self.kv_cache_manager is not None else None
         if pool is None or not self._state or not self._running():
@@ -467,54 +455,20 @@ class SchedulerSide:
             if getattr(block, "block_hash", None) is None:  # not in the prefix cache: a pull cannot find it
                 break
             held.append(block)
-        hold_s = self._hold_s(request)
+        seconds = hold_seconds(self.config.hold_s, request.kv_transfer_params)
         params: dict[str, Any] = {"do_remote_prefill": True, "do_remote_decode": False,
                                   peer.SOURCE_KEY: base64.b64encode(self._state).decode(),
-                                  "kvwire_held_blocks": len(held), "kvwire_hold_s": hold_s}
-        if not held:
-            return params
-        self._name_blocks(request, 0, len(held))
-        pool.touch(held)
-        last = self.names(request, len(held) - 1, len(held))[0].tobytes()
-        self._holds[request.request_id] = _Hold(held, last, time.monotonic() + hold_s)
-        timer = threading.Timer(hold_s + 0.05, self._on_ring)  # an idle engine steps to let it go
-        timer.daemon = True
-        timer.start()
-        trace.event("scheduler", "hold", req=request.request_id, blocks=len(held))
+                                  "kvwire_held_blocks": len(held), "kvwire_hold_s": seconds}
+        if held:
+            self._name_blocks(request, 0, len(held))
+            pool.touch(held)
+            self.holds.take(request.request_id, held, self.names(request, len(held) - 1, len(held))[0].tobytes(),
+                            seconds)
         return params
 
-    def _hold_s(self, request: Request) -> float:
-        """The engine's ``hold_s``, or less where the request's ``kv_transfer_params`` ask for a
-        shorter hold (``kvwire_hold_s``: a proxy that knows its consumer answers sooner); never
-        more, so a client cannot pin a producer's blocks longer than its operator allows."""
-        asked = (request.kv_transfer_params or {}).get("kvwire_hold_s")
-        if isinstance(asked, (int, float)) and not isinstance(asked, bool) and 0 < asked < self.config.hold_s:
-            return float(asked)
-        return self.config.hold_s
-
-    def _release(self, req_id: str, why: str) -> None:
-        hold = self._holds.pop(req_id)
+    def _free_blocks(self, blocks: list[Any]) -> None:
         if self.kv_cache_manager is not None:
-            self.kv_cache_manager.block_pool.free_blocks(hold.blocks)
-        trace.event("scheduler", "hold_released", req=req_id, why=why)
-
-    def _release_holds(self, pulled: bytes | None = None) -> None:
-        """Holds whose last block a pull that ended asked for (``pulled``), and lapsed ones."""
-        if not self._holds:
-            return
-        now = time.monotonic()
-        for req_id, hold in list(self._holds.items()):
-            if pulled is not None and hold.last_name == pulled:
-                self.holds_released += 1
-                self._release(req_id, "pulled")
-            elif hold.deadline <= now:
-                self.holds_expired += 1
-                log.info("kvwire: request %s's blocks kept %.0f s for a consumer that never pulled them: released",
-                         req_id, self.config.hold_s)
-                self._release(req_id, "lapsed")
-
-    def held_blocks(self) -> int:
-        return sum(len(h.blocks) for h in self._holds.values())
+            self.kv_cache_manager.block_pool.free_blocks(blocks)
 
     # -- serving pulls (N2) ------------------------------------------------------------------------
 
@@ -540,7 +494,7 @@ class SchedulerSide:
             blocks = self._pins.pop(pull_id, None)
             if blocks and pool is not None:
                 pool.free_blocks(blocks)
-            self._release_holds(self._pull_last.pop(pull_id, None))
+            self.holds.end(self._pull_last.pop(pull_id, None))
         for ask in report.asks:
             if pool is None:
                 self._serves.append(ServePlan(ask.pull_id, (), "the serving engine has no block pool bound"))
@@ -607,11 +561,9 @@ class SchedulerSide:
         pool = self.kv_cache_manager.block_pool if self.kv_cache_manager is not None else None
         pins = self._pins
         self._pins = {}
-        holds, self._holds = self._holds, {}
         if pool is not None:
             for blocks in pins.values():
                 pool.free_blocks(blocks)
-            for hold in holds.values():
-                pool.free_blocks(hold.blocks)
+        holds = self.holds.end_all()
         log.info("kvwire: scheduler side shut down in %.3f s (%d pull pin set(s) and %d producer hold(s) returned)",
-                 time.monotonic() - began, len(pins), len(holds))
+                 time.monotonic() - began, len(pins), holds)
