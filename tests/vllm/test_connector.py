@@ -261,12 +261,19 @@ def test_engine_shut_down_mid_transfer(engines: dict[str, Engine], gated: Gated)
     assert code == 0, log[-4000:]
     assert "kvwire: connector shut down: " in log and "every attempt quiesced" in log, log[-4000:]
     assert "still touch vLLM's KV memory" not in log, log[-4000:]
-    # Both connector halves finished their shutdown; vLLM's process manager force-kills an engine
-    # core whose own teardown outlasts its 5 s budget (seen on a loaded host), which must not be
-    # kvwire's doing: the scheduler side's shutdown ended before any such kill.
+    # vLLM's process manager force-kills an engine core whose own teardown outlasts its 5 s budget
+    # (seen on a loaded host), which must not be kvwire's doing: the kill, if any, came after the
+    # scheduler side's shutdown ended, or while vLLM's engine core still waited for its worker
+    # process to exit after kvwire's worker half had shut down (vLLM tears the executor down
+    # before the scheduler's connector; seen once in CI beside the rest of the suite).
     ended = log.find("kvwire: scheduler side shut down in ")
     killed = log.find("force killing")
-    assert ended >= 0 and (killed < 0 or ended < killed), log[-4000:]
+    worker_done = log.find("kvwire: connector shut down: ")
+    waiting = log.rfind("[shutdown] Executor: waiting for worker exit")
+    if killed < 0:
+        assert ended >= 0, log[-4000:]
+    else:
+        assert (0 <= ended < killed) or (ended < 0 and 0 <= waiting < killed and 0 <= worker_done < killed), log[-4000:]
     assert files_object_count(gated.root) == objects + 5 * OBJECTS  # the held save completed whole
 
 
