@@ -92,10 +92,13 @@ def test_metrics_label_cancellations_by_cause():
     registry = CollectorRegistry()
     metrics = Metrics(registry)
     metrics.kvwire_transfer("W", "memory", Direction.FETCH, 4, 1, 64, 0.1, OutcomeStatus.CANCELLED, None,
-                            Cause.PEER_CANCELLED)
-    metrics.kvwire_transfer("W", "memory", Direction.FETCH, 4, 4, 256, 0.1, OutcomeStatus.DELIVERED, None, None)
+                            Cause.PEER_CANCELLED, 4, 1)
+    metrics.kvwire_transfer("W", "memory", Direction.FETCH, 4, 4, 256, 0.1, OutcomeStatus.DELIVERED, None, None, 4, 4)
     labels = {"worker": "W", "backend": "memory", "direction": "fetch"}
     assert registry.get_sample_value("kvwire_undelivered_total",
                                      {**labels, "status": "cancelled", "cause": "peer-cancelled"}) == 1
+    # the 3 blocks the cancelled load did not get are load errors under its cause
+    assert registry.get_sample_value("kvwire_load_error_blocks_total",
+                                     {"worker": "W", "backend": "memory", "cause": "peer-cancelled"}) == 3
     assert registry.get_sample_value("kvwire_submissions_total", labels) == 2
     assert registry.get_sample_value("kvwire_rows_total", {**labels, "result": "missed"}) == 3

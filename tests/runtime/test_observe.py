@@ -70,3 +70,60 @@ def test_block_events_report_what_was_stored_and_evicted():
         stored, evicted = rec.events[-1]
         assert stored == 5 and evicted >= 2
         assert sum(s for s, _ in rec.events) - sum(e for _, e in rec.events) == w.lender.stats()["blocks_committed"]
+
+
+def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample the exporter at ``port`` serves, parsed as Prometheus parses it."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_a_worker_exposes_loads_saves_errors_pulls_and_pins_to_a_scrape():
+    """The metrics kvwire-vllm's connector puts on vLLM's /metrics, from standalone Workers
+    through prometheus-client's HTTP exporter: blocks and bytes loaded and saved, load errors by
+    cause, pulls served, pins, seconds per load."""
+    from kvwire.observe.metrics import METRICS
+
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    store = "observe-scrape"
+    port = metrics.serve()
+    try:
+        with Worker(MODEL, backend="memory", options={"store": store}, name="A", observers=(metrics,)) as a, \
+             Worker(MODEL, backend="memory", options={"store": store}, name="B", observers=(metrics,)) as b:
+            metrics.watch(a)
+            p = np.random.default_rng(3).integers(0, MODEL.vocab, 96)
+            a.generate(p[:64])
+            assert a.publish(p[:64]).blocks_moved == 4
+            pulled = b.pull(p, source=a.transceiver_state())   # 6 wanted: 4 arrive, 2 the store lacks
+            assert pulled.blocks_moved == 4
+            samples = scrape(port)
+            held = a.lender.open_request(p[:64])  # a request reusing the 4 blocks pins them
+            try:
+                assert scrape(port)[("kvwire_pins", (("worker", "A"),))] == a.pins() == 4
+            finally:
+                a.lender.close_request(held)
+            assert scrape(port)[("kvwire_pins", (("worker", "A"),))] == 0
+    finally:
+        metrics.close()
+    A = (("backend", "memory"), ("worker", "A"))
+    B = (("backend", "memory"), ("worker", "B"))
+    assert samples[(METRICS["save_blocks"][0] + "_total", A)] == 4
+    assert samples[(METRICS["save_bytes"][0] + "_total", A)] > 0
+    assert samples[(METRICS["load_blocks"][0] + "_total", B)] == 4
+    assert samples[(METRICS["load_bytes"][0] + "_total", B)] == pulled.bytes_moved
+    assert samples[(METRICS["load_error_blocks"][0] + "_total", (*B[:1], ("cause", "missing"), B[1]))] == 2
+    assert samples[(METRICS["load_seconds"][0] + "_count", B)] == 1
+    assert samples[(METRICS["load_seconds"][0] + "_sum", B)] > 0
+    import urllib.error
+
+    import pytest
+
+    with pytest.raises(urllib.error.URLError):  # closed: the port is given back
+        scrape(port)

@@ -2,7 +2,8 @@
 
 Run with ``.venv-vllm/bin/python engine_driver.py SPEC_JSON``. SPEC: ``model`` (a folder with a
 config.json: dummy weights), ``kv_transfer_config`` (or null for no connector), ``max_model_len``,
-and optionally ``dtype`` (default float32), ``block_size`` (default 32) and ``kv_cache_gib``.
+and optionally ``dtype`` (default float32), ``block_size`` (default 32), ``kv_cache_gib`` and
+``kv_events_config`` (vLLM's KV events publisher).
 Requests are lines ``{"op": "generate", "prompts": [[ids...]], "max_tokens": n}``,
 ``{"op": "reset_prefix_cache"}`` or ``{"op": "quit"}``; and, for requests the test steers one at a
 time, ``{"op": "add", "id": ..., "prompt": [ids...], "max_tokens": n}`` (returns at once),
@@ -63,6 +64,8 @@ def main() -> int:
         kwargs["shutdown_timeout"] = int(spec["shutdown_timeout"])
     if spec.get("kv_transfer_config") is not None:
         kwargs["kv_transfer_config"] = spec["kv_transfer_config"]
+    if spec.get("kv_events_config") is not None:  # vLLM's KV events, e.g. a ZMQ publisher
+        kwargs["kv_events_config"] = spec["kv_events_config"]
     try:
         llm = LLM(**kwargs)
     except Exception as exc:

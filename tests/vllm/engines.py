@@ -72,10 +72,11 @@ class Engine:
     def __init__(self, name: str, model: Path, kv_transfer_config: dict[str, Any] | None,
                  env: dict[str, str] | None = None, max_model_len: int = 4096, log_dir: Path | None = None,
                  shutdown_timeout: int = 0, new_session: bool = False, dtype: str = "float32", block_size: int = 32,
-                 kv_cache_gib: int = 1) -> None:
+                 kv_cache_gib: int = 1, kv_events_config: dict[str, Any] | None = None) -> None:
         self.name = name
         spec = {"model": str(model), "kv_transfer_config": kv_transfer_config, "max_model_len": max_model_len,
-                "shutdown_timeout": shutdown_timeout, "dtype": dtype, "block_size": block_size}
+                "shutdown_timeout": shutdown_timeout, "dtype": dtype, "block_size": block_size,
+                "kv_events_config": kv_events_config}
         self.log_path = (log_dir or model.parent) / f"engine-{name}.log"
         self._log = self.log_path.open("w")
         environ = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib), "PYTHONUNBUFFERED": "1",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 from engines import (
+    VLLM_PYTHON,
     Engine,
     EngineError,
     files_object_count,
@@ -29,6 +31,7 @@ from engines import (
     wait_for_objects,
 )
 from kvwire_files import FileStore
+from servers import free_port
 
 from kvwire.testing.holder import wait_for
 
@@ -288,17 +291,29 @@ def files_engines(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     config = kvwire_transfer_config("files", {"root": str(root)})
     rpc = {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}  # the "state" op sends a function to the worker
     s_trace = top / "s-trace.jsonl"  # S's connector trace: which layer waits vLLM made
-    started = {"A": Engine("A-files", model_dir, config, log_dir=top, env=rpc),
+    # A publishes vLLM's KV events to a router's subscriber on a loopback port (the subscriber
+    # binds, A's ZMQ publisher connects): test_kv_events_*.
+    port, events = free_port(), top / "kv-events.jsonl"
+    listener = subprocess.Popen([str(VLLM_PYTHON), str(Path(__file__).with_name("kv_events_listener.py")), str(port),
+                                 str(events)], stdout=subprocess.DEVNULL, stderr=(top / "listener.log").open("w"))
+    kv_events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{port}"}
+    started = {"A": Engine("A-files", model_dir, config, log_dir=top, env=rpc, kv_events_config=kv_events),
                "B": Engine("B-files", model_dir, config, log_dir=top, env=rpc),
                "S": Engine("S-files", model_dir, kvwire_transfer_config("files", {"root": str(root)}, lookup=False,
                                                                         load_async=False), log_dir=top,
                            env={**rpc, "KVWIRE_VLLM_TRACE": str(s_trace)})}
     try:
         start_all(list(started.values()))
-        yield {"root": root, "s_trace": s_trace, **started}
+        yield {"root": root, "s_trace": s_trace, "events": events, "listener": listener, **started}
     finally:
         for engine in started.values():
             engine.close()
+        listener.terminate()
+        try:
+            listener.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            listener.kill()
+            listener.wait()
 
 
 def clear_files_store(root: Path) -> None:
@@ -444,6 +459,59 @@ def test_a_load_inside_the_step_that_misses_is_recomputed_and_never_stored(
     after = a.generate([longer])
     assert tokens_of(after) == tokens_longer
     assert kvwire_params(after) == {**kvwire_params(after), "loaded_blocks": 16, "failed_blocks": 0}
+
+
+def kv_events(path: Path) -> list[dict[str, Any]]:
+    """The events the router's subscriber decoded so far (vLLM's own and kvwire's)."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+
+
+def test_kv_events_say_what_the_store_holds_and_what_it_lost(files_engines: dict[str, Any]) -> None:
+    """A runs with vLLM's ``kv_events_config`` (a ZMQ publisher): a subscriber decoding as vLLM's
+    own does gets ``BlockStored`` with the medium ``kvwire:files`` for the blocks A's saves put in
+    the store, with vLLM's own hashes and tokens of those blocks; once the store lost them (its
+    objects removed, as another process or an eviction would) and A's next lookup finds them
+    missing, ``BlockRemoved`` for exactly those; the request is recomputed with the right tokens
+    and its blocks, saved again, announced again."""
+    root, a, path = files_engines["root"], files_engines["A"], files_engines["events"]
+    wait_for(lambda: any(e["type"] == "listening" for e in kv_events(path)), BACKGROUND_S, "the subscriber bound")
+    p = prompt(21, 9 * BLOCK + 9)
+    wait_for(lambda: settled(a) and a.reset_prefix_cache(), BACKGROUND_S, "A idle, its prefix cache empty")
+    seen = len(kv_events(path))
+
+    def kvwire(kind: str) -> list[dict[str, Any]]:
+        return [e for e in kv_events(path)[seen:] if e["type"] == kind and e.get("medium") == "kvwire:files"]
+
+    first = a.generate([p])
+    tokens = tokens_of(first)  # computed whole: nothing of this prompt was stored before
+    assert kvwire_params(first) == {**kvwire_params(first), "loaded_blocks": 0, "save_blocks": 9}
+    wait_for(lambda: sum(len(e["block_hashes"]) for e in kvwire("BlockStored")) >= 9, BACKGROUND_S,
+             "BlockStored of A's 9 saved blocks")
+    stored = kvwire("BlockStored")
+    hashes = [h for e in stored for h in e["block_hashes"]]
+    own = [h for e in kv_events(path)[seen:] if e["type"] == "BlockStored" and e["medium"] != "kvwire:files"
+           for h in e["block_hashes"]]
+    assert len(hashes) == 9 and hashes == own[:9], "kvwire's events name the blocks by vLLM's own block hashes"
+    assert [t for e in stored for t in e["token_ids"]] == p[: 9 * BLOCK]
+    assert stored[0]["parent"] is None and all(e["block_size"] == BLOCK for e in stored)
+    assert not [e for e in kv_events(path) if e["type"].startswith(("undecodable", "unexpected"))]
+
+    # The store loses the blocks; A finds them missing at its next lookup.
+    wait_for(lambda: settled(a), BACKGROUND_S, "A's saves all concluded")
+    clear_files_store(root)
+    wait_for(a.reset_prefix_cache, BACKGROUND_S, "A's blocks all free")
+    seen_stored = len(stored)
+    again = a.generate([p])
+    assert tokens_of(again) == tokens  # recomputed: a miss, never a failed request
+    assert kvwire_params(again) == {**kvwire_params(again), "loaded_blocks": 0, "save_blocks": 9}
+    wait_for(lambda: sum(len(e["block_hashes"]) for e in kvwire("BlockRemoved")) >= 9, BACKGROUND_S,
+             "BlockRemoved of the 9 blocks the store lost")
+    assert sorted(h for e in kvwire("BlockRemoved") for h in e["block_hashes"]) == sorted(hashes)
+    wait_for(lambda: sum(len(e["block_hashes"]) for e in kvwire("BlockStored")[seen_stored:]) >= 9, BACKGROUND_S,
+             "BlockStored of the 9 blocks saved again")
+    assert [h for e in kvwire("BlockStored")[seen_stored:] for h in e["block_hashes"]] == hashes
 
 
 BAD_CONFIGURATIONS = [

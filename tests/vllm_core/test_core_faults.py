@@ -94,6 +94,8 @@ def test_a_load_whose_fetch_fails_reports_every_block_and_writes_none(
 
     assert load(b, "b", [8, 9, 10, 11], block_names) == {8, 9, 10, 11}
     assert unchanged(b_cache, range(SHAPE.blocks), before)
+    counts = b.take_counts()  # a store call that failed: the outcome's cause labels the 4 blocks
+    assert counts is not None and counts["load_error_causes"] == {"fault": 4}
 
 
 def test_a_staged_fetch_that_fails_part_way_reports_the_blocks_it_did_not_get(
@@ -131,6 +133,8 @@ def test_a_scatter_that_fails_is_a_load_error_and_marks_no_block_good(
     monkeypatch.setattr(b.pool, "scatter", broken)
     assert load(b, "b", [5, 6, 7], block_names) == {5, 6, 7}
     assert unchanged(b_cache, range(SHAPE.blocks), before)
+    counts = b.take_counts()
+    assert counts is not None and counts["load_error_causes"] == {"copy-failed": 3}
 
 
 def test_an_exhausted_pool_moves_a_request_in_turns_and_fails_nothing(
@@ -306,6 +310,8 @@ def test_a_load_inside_the_step_is_in_place_when_each_layer_wait_returns(
     b.wait_for_save()
     assert b.take_load_errors() == {10}
     assert b.report().loaded == (SyncLoad("b", 2, 1),)
+    counts = b.take_counts()  # the block the store did not hold is a load error of cause "missing"
+    assert counts is not None and counts["load_error_causes"] == {"missing": 1}
 
 
 def test_a_save_of_a_request_whose_load_in_the_step_missed_is_never_stored(

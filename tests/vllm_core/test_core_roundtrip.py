@@ -49,6 +49,8 @@ def test_blocks_saved_by_one_engine_load_bit_for_bit_into_another(
     block_names = names(len(SAVED), seed=5)
 
     save(a, "a", SAVED, block_names)
+    # the names of the blocks the store now holds go to the scheduler side (its KV events)
+    assert a.report().saved_names() == [n.tobytes() for n in block_names]
     errors = load(b, "b", LOADED, block_names)
 
     assert errors == set()
@@ -58,6 +60,7 @@ def test_blocks_saved_by_one_engine_load_bit_for_bit_into_another(
         assert block_bytes(b_cache, layout, blk) == before[blk], f"block {blk} was not loaded but changed"
     counts = b.take_counts()
     assert counts is not None and counts["load_blocks"] == len(LOADED) and counts["load_error_blocks"] == 0
+    assert len(counts["load_seconds_each"]) == 1 and counts["load_error_causes"] == {}
     row = sum(len(x) for x in block_bytes(a_cache, layout, 0))
     assert counts["load_bytes"] == len(LOADED) * row
 

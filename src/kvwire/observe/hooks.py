@@ -22,10 +22,11 @@ class ObserverSpec:
     @hookspec
     def kvwire_transfer(self, worker: str, backend: str, direction: Direction, rows: int, delivered: int,
                         nbytes: int, seconds: float, status: OutcomeStatus, reason: str | None,
-                        cause: Cause | None) -> None:
+                        cause: Cause | None, blocks: int, whole: int) -> None:
         """A fetch or publish attempt concluded and quiesced: ``rows`` submitted, ``delivered`` of
-        them arrived (or are held by the store), ``nbytes`` moved; ``status`` and ``cause`` are
-        the outcome's (``cause`` is ``None`` when delivered, or from a contract 1.0 backend).
+        them arrived (or are held by the store), ``nbytes`` moved; of the ``blocks`` it named,
+        ``whole`` arrived (or are held) in every PAGED group; ``status`` and ``cause`` are the
+        outcome's (``cause`` is ``None`` when delivered, or from a contract 1.0 backend).
         Branch on ``cause``, never on ``reason``'s text (A10)."""
 
     @hookspec

@@ -553,10 +553,13 @@ class Worker:
             rows = sum(m.size for m in outcome.masks)
             nbytes = _bytes_moved(outcome, lease.view)
             self.counters.bytes_moved += nbytes
+            paged = [g for g in lease.view.groups if g.kind is CacheKind.PAGED]
             self.observers.announce("transfer", worker=self.name, backend=self.plugin.name,
                                     direction=direction, rows=rows, delivered=delivered, nbytes=nbytes,
                                     seconds=time.perf_counter() - began, status=outcome.status,
-                                    reason=outcome.reason, cause=outcome.cause)
+                                    reason=outcome.reason, cause=outcome.cause,
+                                    blocks=paged[0].rows if paged else 0,
+                                    whole=_whole_blocks(outcome, lease.view))
             self.counters.rows_delivered += delivered
             self.counters.rows_missed += sum(m.size for m in outcome.masks) - delivered
             if not outcome.is_delivered:

@@ -21,12 +21,20 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from kvwire_vllm.config import ConnectorConfig
 from kvwire_vllm.metadata import KvwireMetadata
 from kvwire_vllm.scheduler import SchedulerSide
-from kvwire_vllm.stats import KvwireStats
+from kvwire_vllm.stats import PINS, KvwirePromMetrics, KvwireStats
 from kvwire_vllm.worker import WorkerSide
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from vllm.config import VllmConfig
-    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+    from vllm.distributed.kv_events import KVCacheEvent
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
+        KVConnectorPromMetrics,
+        KVConnectorStats,
+        PromMetric,
+        PromMetricT,
+    )
     from vllm.forward_context import ForwardContext
     from vllm.v1.attention.backend import AttentionMetadata
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
@@ -107,11 +115,20 @@ class KvwireConnector(KVConnectorBase_V1):
         return self.worker.worker_meta() if self.worker is not None else None
 
     def get_kv_connector_stats(self) -> KVConnectorStats | None:
-        return self.worker.take_stats() if self.worker is not None else None
+        if self.worker is not None:
+            return self.worker.take_stats()
+        pins = self.scheduler.pins_changed() if self.scheduler is not None else None
+        return KvwireStats({PINS: pins}) if pins is not None else None
 
     @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats | None:
         return KvwireStats(data)
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config: VllmConfig, metric_types: dict[type[PromMetric], type[PromMetricT]],
+                           labelnames: list[str],
+                           per_engine_labelvalues: dict[int, list[object]]) -> KVConnectorPromMetrics | None:
+        return KvwirePromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     def shutdown(self) -> None:
         if self.worker is not None:
@@ -143,6 +160,9 @@ class KvwireConnector(KVConnectorBase_V1):
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         return self._scheduler().request_finished(request, block_ids)
+
+    def take_events(self) -> Iterable[KVCacheEvent]:
+        return self.scheduler.take_events() if self.scheduler is not None else ()
 
     def has_pending_push_work(self) -> bool:
         return self.scheduler.has_pending_push_work() if self.scheduler is not None else False

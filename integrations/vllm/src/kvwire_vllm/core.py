@@ -53,10 +53,13 @@ from kvwire.contract import (
 )
 from kvwire.contract.blocks import BLOCKS_FIELD
 from kvwire.contract.capabilities import SERVE_PULLS, OtherEnd
+from kvwire.contract.outcome import Cause
 from kvwire.contract.serving import PullRequest, ServesPulls
+from kvwire.observe import cause_label
 from kvwire.runtime.holding import Direction, Wakes
 from kvwire_vllm import trace
 from kvwire_vllm.holder import (
+    MISSING,
     QUIESCE_GRACE_S,
     UNSENT,
     Direct,
@@ -68,7 +71,16 @@ from kvwire_vllm.holder import (
 )
 from kvwire_vllm.kvcache import Grouping, PagedCache, StoreRows
 from kvwire_vllm.names import NAME_BYTES
-from kvwire_vllm.plan import COUNTERS, BlockPlan, PullAsk, ServePlan, StepPlan, SyncLoad, WorkerReport
+from kvwire_vllm.plan import (
+    COUNTERS,
+    MAX_ASK_BLOCKS,
+    BlockPlan,
+    PullAsk,
+    ServePlan,
+    StepPlan,
+    SyncLoad,
+    WorkerReport,
+)
 from kvwire_vllm.staging import DEFAULT_STAGING_MIB, StagingPool
 
 __all__ = ["WorkerCore", "IDLE_WAIT_S"]
@@ -126,6 +138,10 @@ class WorkerCore:
         self._sync_missed: set[str] = set()
         self._report_loaded: list[SyncLoad] = []
         self.counts: dict[str, float] = {k: 0 for k in COUNTERS}
+        # For metrics: each load's seconds until quiescence, and blocks loads missed by cause.
+        self._load_seconds: list[float] = []
+        self._error_causes: dict[str, int] = {}
+        self._report_saved: list[bytes] = []  # names of blocks whose save ended held (KV events)
         capabilities = self.capabilities = backend.capabilities()
         self.memory_kinds = frozenset(capabilities.memory_kinds)
         self.peer = capabilities.other_end is OtherEnd.PEER
@@ -389,6 +405,7 @@ class WorkerCore:
             plan = load.plan
             assert isinstance(plan, BlockPlan)
             whole = np.ones(len(plan.block_ids), dtype=bool)
+            cause = ""
             for index in range(len(load.transfers)):
                 self._wait_layer(load, index)
                 move = load.transfers[index]
@@ -396,10 +413,14 @@ class WorkerCore:
                 if not load.waited[index]:  # never quiesced: its memory may still be written
                     self._keep(move)
                     whole[:] = False
+                    cause = cause or cause_label(Cause.DEADLINE)
                 else:
-                    whole &= move.whole()
+                    got = move.whole()
+                    if not got.all():
+                        cause = cause or move.cause()
+                    whole &= got
                     self._count_deferral(move)
-            missed = self._account_load(req_id, plan.block_ids, whole, load.started)
+            missed = self._account_load(req_id, plan.block_ids, whole, load.started, cause=cause)
             self._report_loaded.append(SyncLoad(req_id, int(missed[0]) if missed.size else -1, int(missed.size)))
             trace.event("worker", "load_ended", req=req_id, sync=True, seconds=time.perf_counter() - load.started,
                         missed=int(missed.size))
@@ -498,6 +519,7 @@ class WorkerCore:
         trace.event("worker", "pull_replied", pull=serve.pull_id, blocks=count)
         self.pulls_served += 1
         self.pull_blocks_served += count
+        self._add(pulls_served=1)
 
     def _reply_ended(self, move: Move) -> None:
         pull_id, request = self._reply_of.pop(move)
@@ -511,8 +533,10 @@ class WorkerCore:
         """This step's report to the scheduler side: pulls to pin, replies whose pins may go,
         loads that ran inside the step."""
         self._take_pulls()
+        saved = self._report_saved[:MAX_ASK_BLOCKS]  # a report is bounded; the rest goes next step
         report = WorkerReport(tuple(self._report_asks), tuple(self._report_done), tuple(self._report_loaded),
-                              self.state_to_report)
+                              self.state_to_report, b"".join(saved))
+        self._report_saved = self._report_saved[MAX_ASK_BLOCKS:]
         self._report_asks, self._report_done, self._report_loaded = [], [], []
         self.state_to_report = b""
         return report
@@ -544,7 +568,7 @@ class WorkerCore:
                         seconds=time.perf_counter() - load.started)
             del self._loads[req_id]
             self._count_deferral(load)
-            self._account_load(req_id, load.block_ids, load.whole(), load.started, load.note())
+            self._account_load(req_id, load.block_ids, load.whole(), load.started, load.note(), load.cause())
             received.add(req_id)
         for req_id, moves in list(self._saves.items()):
             left = [m for m in moves if m.holds_blocks]
@@ -591,14 +615,20 @@ class WorkerCore:
             self.counts["load_deferrals"] += 1
 
     def _account_load(self, req_id: str, block_ids: tuple[int, ...], whole: np.ndarray, started: float,
-                      note: str = "") -> np.ndarray:
-        """A load is over: blocks not ``whole`` (arrived in every layer) become load errors; the
-        counters count it. Returns the indices of the blocks that did not arrive."""
+                      note: str = "", cause: str = "") -> np.ndarray:
+        """A load is over: blocks not ``whole`` (arrived in every layer) become load errors,
+        counted under ``cause`` (a metric label, :meth:`Move.cause`); the counters count it.
+        Returns the indices of the blocks that did not arrive."""
         missed = np.flatnonzero(~whole)
         self._errors.update(block_ids[i] for i in missed.tolist())
         moved = int(whole.sum())
-        self._add(loads=1, load_blocks=moved, load_bytes=moved * self.block_bytes,
-                  load_seconds=time.perf_counter() - started, load_error_blocks=int(missed.size))
+        seconds = time.perf_counter() - started
+        self._add(loads=1, load_blocks=moved, load_bytes=moved * self.block_bytes, load_seconds=seconds,
+                  load_error_blocks=int(missed.size))
+        self._load_seconds.append(seconds)
+        if missed.size:
+            label = cause or MISSING
+            self._error_causes[label] = self._error_causes.get(label, 0) + int(missed.size)
         if missed.size:
             log.warning("kvwire load of request %s: %d of %d blocks did not arrive%s; vLLM recomputes them",
                         req_id, missed.size, len(block_ids), f" ({note})" if note else "")
@@ -607,6 +637,11 @@ class WorkerCore:
     def _account_save(self, move: Move) -> None:
         whole = move.whole()
         moved = int(whole.sum())
+        if moved:
+            names = move.names if isinstance(move, StagedSave) else \
+                move.view.groups[0].names if isinstance(move, Direct) else None
+            if names is not None:
+                self._report_saved.extend(bytes(n) for n in np.asarray(names)[whole])
         self._add(saves=1, save_blocks=moved, save_bytes=moved * self.block_bytes,
                   save_seconds=time.perf_counter() - move.started, save_failures=int(moved < len(move.block_ids)),
                   save_skipped_blocks=getattr(move, "skipped", 0))
@@ -620,11 +655,16 @@ class WorkerCore:
         errors, self._errors = self._errors, set()
         return errors
 
-    def take_counts(self) -> dict[str, float] | None:
-        """The counters since the last call, or ``None`` when nothing was counted."""
+    def take_counts(self) -> dict[str, Any] | None:
+        """The counters since the last call, or ``None`` when nothing was counted; with them
+        ``load_seconds_each`` (each load's seconds) and ``load_error_causes`` (blocks loads
+        missed, by cause)."""
         if not any(self.counts.values()):
             return None
-        counts, self.counts = self.counts, {k: 0 for k in COUNTERS}
+        counts: dict[str, Any] = dict(self.counts)
+        counts["load_seconds_each"], self._load_seconds = self._load_seconds, []
+        counts["load_error_causes"], self._error_causes = self._error_causes, {}
+        self.counts = {k: 0 for k in COUNTERS}
         return counts
 
     def state(self) -> dict[str, Any]:

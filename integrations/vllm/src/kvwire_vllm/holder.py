@@ -46,11 +46,20 @@ import torch
 from kvwire.contract import CacheKind, Hint, LayerGroupRows, TokenRange, View
 from kvwire.contract.backend import Backend
 from kvwire.contract.errors import SubmissionError, SubmissionRejected
+from kvwire.contract.outcome import Cause
+from kvwire.observe import cause_label
 from kvwire.runtime.holding import QUIESCE_GRACE_S, Direction, Submission, Wakes, submit, wait_any
 from kvwire_vllm.plan import BlockPlan
 from kvwire_vllm.staging import StagingPool
 
-__all__ = ["Move", "Direct", "StagedSave", "StagedLoad", "StepLoad", "UNSENT", "doze", "QUIESCE_GRACE_S"]
+__all__ = ["Move", "Direct", "StagedSave", "StagedLoad", "StepLoad", "UNSENT", "doze", "QUIESCE_GRACE_S", "MISSING",
+           "REFUSED", "NO_STAGING_SLOT", "COPY_FAILED"]
+
+#: Load-error causes (metric labels) besides the contract's outcome causes (:class:`Cause`).
+MISSING = "missing"  # the other end concluded without holding the block
+REFUSED = "refused"  # the submission was refused (nothing escaped, S3)
+NO_STAGING_SLOT = "no-staging-slot"  # no staging slot came free in time
+COPY_FAILED = "copy-failed"  # a staging gather or scatter on the device raised
 
 log = logging.getLogger(f"vllm.{__name__}")
 
@@ -114,6 +123,13 @@ class Move:
     def note(self) -> str:
         """What went wrong, for a log line ('' when nothing did)."""
         return ""
+
+    def cause(self) -> str:
+        """Why blocks of it did not arrive (or are not held), as a metric label: the outcome's
+        cause (``deadline``, ``fault``, ``peer-gone``, ...), ``missing`` when the other end
+        delivered and did not hold them, ``refused`` when a submission was refused,
+        ``no-staging-slot`` when they got no slot in time."""
+        return MISSING
 
 
 class Direct(Move):
@@ -184,6 +200,14 @@ class Direct(Move):
             self.sub.cancel()
         self.cancelled = True
 
+    def cause(self) -> str:
+        if self.refused is not None:
+            return REFUSED
+        outcome = self.sub.outcome if self.sub is not None else None
+        if outcome is None:
+            return cause_label(Cause.HOLDER_CANCELLED) if self.cancelled else cause_label(None)
+        return MISSING if outcome.is_delivered else cause_label(outcome.cause)
+
     def note(self) -> str:
         if self.refused is not None:
             return f"refused: {self.refused}"
@@ -235,6 +259,7 @@ class _Staged(Move):
         self.skipped = 0  # blocks given up before they moved: no slots in time, cancelled
         self.submitted = False  # an attempt of it was taken (a reply's ticket is answered)
         self.failures: list[str] = []
+        self.causes: list[str] = []  # metric labels of what went wrong, in order (cause())
         self.advance()
 
     def _view(self, chunk: _Chunk) -> View:
@@ -253,10 +278,12 @@ class _Staged(Move):
                 self.deferred = True
                 return
             self.failures.append(f"refused: {type(exc).__name__}: {exc}")
+            self.causes.append(REFUSED)
             self._finish(chunk)
             return
         except SubmissionError as exc:  # nothing escaped (S3): the slots are free at once
             self.failures.append(f"refused: {type(exc).__name__}: {exc}")
+            self.causes.append(REFUSED)
             log.warning("kvwire staged %s of request %s refused: %s", self.op.value, self.req_id, exc)
             self._finish(chunk)
             return
@@ -285,6 +312,8 @@ class _Staged(Move):
             chunk.mask = np.array(outcome.masks[0], dtype=bool) if outcome.masks else np.zeros(chunk.ids.size, bool)
             if outcome.reason:
                 self.failures.append(outcome.reason)
+            if not chunk.mask.all():
+                self.causes.append(MISSING if outcome.is_delivered else cause_label(outcome.cause))
             return True
         now = time.monotonic()
         if now >= chunk.deadline and not chunk.cancelled:
@@ -295,6 +324,7 @@ class _Staged(Move):
                       "slot(s) stay out of use until the backend shuts down", self.op.value, self.req_id,
                       QUIESCE_GRACE_S, chunk.slots.size)
             self.failures.append("an attempt never quiesced")
+            self.causes.append(cause_label(Cause.DEADLINE))
             self._finish(chunk, keep=True)
         return False
 
@@ -363,6 +393,11 @@ class _Staged(Move):
                 chunk.cancelled = True
         self.advance()
 
+    def cause(self) -> str:
+        if self.causes:
+            return self.causes[0]
+        return NO_STAGING_SLOT if self.skipped else MISSING
+
     def note(self) -> str:
         parts = list(dict.fromkeys(self.failures))[:3]
         if self.skipped:
@@ -378,6 +413,7 @@ class StagedSave(_Staged):
             chunk.event = self.pool.gather(chunk.ids, chunk.slots)
         except (ValueError, TypeError, RuntimeError) as exc:  # copied nothing (blockcopy checks first)
             self.failures.append(f"gather failed: {exc}")
+            self.causes.append(COPY_FAILED)
             log.error("kvwire staged save of request %s: gather failed: %s", self.req_id, exc)
             self._finish(chunk)
             return
@@ -436,6 +472,7 @@ class StagedLoad(_Staged):
                 chunk.event = self.pool.scatter(chunk.slots[arrived], chunk.ids[arrived])
             except (ValueError, TypeError, RuntimeError) as exc:  # a scatter that raised wrote no block
                 self.failures.append(f"scatter failed: {exc}")
+                self.causes.append(COPY_FAILED)
                 log.error("kvwire staged load of request %s: scatter failed: %s", self.req_id, exc)
                 chunk.mask = np.zeros(chunk.ids.size, dtype=bool)
                 self._finish(chunk)

@@ -25,11 +25,11 @@ __all__ = ["BlockPlan", "ServePlan", "StepPlan", "PullAsk", "SyncLoad", "WorkerR
 COUNTERS = (
     "loads", "load_blocks", "load_bytes", "load_seconds", "load_error_blocks",
     "saves", "save_blocks", "save_bytes", "save_seconds", "save_failures", "lookups",
-    "save_skipped_blocks", "load_deferrals",
+    "save_skipped_blocks", "load_deferrals", "pulls_served",
 )
 
 _VERSION = 3
-_REPORT_VERSION = 3
+_REPORT_VERSION = 4
 #: Bounds of what one step's report may carry (decoding refuses more).
 MAX_ASKS = 4096
 MAX_ASK_BLOCKS = 32768
@@ -135,19 +135,24 @@ class SyncLoad:
 @dataclass(frozen=True, slots=True)
 class WorkerReport:
     """What a worker tells the scheduler side each step: pulls to look up and pin, pulls whose
-    reply has concluded and quiesced (their pins may go), and the loads this step ran."""
+    reply has concluded and quiesced (their pins may go), the loads this step ran, and the names
+    of blocks whose save ended held by the store in every group (for KV events)."""
 
     asks: tuple[PullAsk, ...] = ()
     done: tuple[int, ...] = ()
     loaded: tuple[SyncLoad, ...] = ()
     state: bytes = b""  # the worker's transceiver state, once, for a producer's kv_transfer_params
+    saved: bytes = b""  # blocks * NAME_BYTES
 
     def __bool__(self) -> bool:
-        return bool(self.asks or self.done or self.loaded or self.state)
+        return bool(self.asks or self.done or self.loaded or self.state or self.saved)
+
+    def saved_names(self) -> list[bytes]:
+        return [self.saved[i:i + NAME_BYTES] for i in range(0, len(self.saved), NAME_BYTES)]
 
     def to_bytes(self) -> bytes:
         return msgpack.packb([_REPORT_VERSION, [[a.pull_id, a.names] for a in self.asks], list(self.done),
-                              [[s.req_id, s.first_missed, s.missed] for s in self.loaded], self.state],
+                              [[s.req_id, s.first_missed, s.missed] for s in self.loaded], self.state, self.saved],
                              use_bin_type=True)
 
     @classmethod
@@ -161,17 +166,18 @@ class WorkerReport:
                                              max_str_len=MAX_REASON, max_array_len=max(MAX_ASKS, 2) * 4)
             if version != _REPORT_VERSION:
                 raise ValueError(f"version {version}; this kvwire-vllm reads {_REPORT_VERSION}")
-            asks, done, loaded, state = rest
+            asks, done, loaded, state, saved = rest
             out = tuple(PullAsk(int(i), bytes(n)) for i, n in asks)
-            if any(len(a.names) % NAME_BYTES for a in out):
+            if any(len(a.names) % NAME_BYTES for a in out) or not isinstance(saved, bytes) or \
+                    len(saved) % NAME_BYTES:
                 raise ValueError("names are not whole")
             if not isinstance(state, bytes) or len(state) > MAX_STATE_BYTES:
                 raise ValueError(f"the worker's state must be at most {MAX_STATE_BYTES} bytes")
             return cls(out, tuple(int(i) for i in done), tuple(SyncLoad(str(r), int(f), int(m)) for r, f, m in loaded),
-                       state)
+                       state, saved)
         except (ValueError, TypeError, msgpack.ExtraData) as exc:
             raise ValueError(f"kvwire worker report is malformed: {exc}") from None
 
     def merged(self, other: WorkerReport) -> WorkerReport:
         return WorkerReport(self.asks + other.asks, self.done + other.done, self.loaded + other.loaded,
-                            self.state or other.state)
+                            self.state or other.state, self.saved + other.saved)

@@ -27,6 +27,7 @@ from kvwire.contract.errors import SubmissionError
 from kvwire.runtime.state import StateError
 from kvwire_vllm import peer, trace
 from kvwire_vllm.config import ConnectorConfig
+from kvwire_vllm.events import StoreEvents, block_infos, medium_of, to_vllm
 from kvwire_vllm.handoff import Holds, hold_seconds, wants_hold
 from kvwire_vllm.kvcache import StoreRows, store_rows
 from kvwire_vllm.metadata import (
@@ -219,6 +220,13 @@ class SchedulerSide:
             log.warning("kvwire backend %r does not answer lookups (contract L1): the scheduler assumes the store "
                         "holds every whole block of a prompt and vLLM recomputes what a load misses",
                         config.backend)
+        # KV events (vLLM's kv_events_config): what this engine's saves put in the store, and
+        # what it found the store no longer holds (kvwire_vllm.events). A peer stores nothing.
+        events = getattr(vllm_config, "kv_events_config", None)
+        self.medium = medium_of(config.backend)
+        self.events = StoreEvents() if (events is not None and events.enable_kv_cache_events
+                                        and not self.peer) else None
+        self._pins_reported = 0
         self.kv_cache_manager: KVCacheManager | None = None
         self._tracked: dict[str, _Tracked] = {}
         self._matched: dict[str, tuple[int, int]] = {}  # req_id -> (first block, blocks) of the last answer
@@ -302,6 +310,8 @@ class SchedulerSide:
             log.warning("kvwire lookup failed, loading nothing for this request: %s: %s", type(exc).__name__, exc)
             return 0
         self.lookups += 1
+        if self.events is not None and not mask.all():
+            self.events.missing(n.tobytes() for n in names[~mask])
         missing = np.flatnonzero(~mask)
         return int(missing[0]) if missing.size else int(mask.size)
 
@@ -348,8 +358,11 @@ class SchedulerSide:
                 continue
             assert self.kv_cache_manager is not None
             block_ids = self.kv_cache_manager.get_block_ids(req_id)[0][tracked.next_save:end]
-            saves.append(BlockPlan(req_id, tracked.next_save, tuple(int(b) for b in block_ids),
-                                   self.names(request, tracked.next_save, end).tobytes()))
+            names = self.names(request, tracked.next_save, end)
+            saves.append(BlockPlan(req_id, tracked.next_save, tuple(int(b) for b in block_ids), names.tobytes()))
+            if self.events is not None:
+                self.events.saving([n.tobytes() for n in names],
+                                   block_infos(request, tracked.next_save, end, self.block_size))
             tracked.saved_blocks += end - tracked.next_save
             tracked.next_save = end
             self._saving.add(req_id)
@@ -372,6 +385,8 @@ class SchedulerSide:
             except ValueError as exc:
                 log.error("kvwire: dropped a malformed worker report: %s", exc)
             else:
+                if self.events is not None and report.saved:
+                    self.events.saved(report.saved_names())
                 for done in report.loaded:  # loads that ran inside the step (load_async false)
                     self._load_ended(done.req_id, done.first_missed if done.first_missed >= 0 else None,
                                      done.missed)
@@ -382,15 +397,21 @@ class SchedulerSide:
             if tracked is None or tracked.load is None:
                 continue
             failed = [i for i, b in enumerate(tracked.load.block_ids) if b in bad]
-            self._load_ended(req_id, failed[0] if failed else None, len(failed))
+            self._load_ended(req_id, failed[0] if failed else None, len(failed), failed)
 
-    def _load_ended(self, req_id: str, first_missed: int | None, missed: int) -> None:
+    def _load_ended(self, req_id: str, first_missed: int | None, missed: int,
+                    failed: Sequence[int] | None = None) -> None:
         """A request's load is over: count it; from the first block that did not arrive vLLM
-        recomputes, so those blocks are saved again once computed, and never offered again."""
+        recomputes, so those blocks are saved again once computed, and never offered again.
+        ``failed``: the indices of every block that did not arrive, when known (else the first)."""
         tracked = self._tracked.get(req_id)
         if tracked is None or tracked.load is None:
             return
         load = tracked.load
+        if self.events is not None and first_missed is not None:
+            names = load.name_array()
+            self.events.missing(names[i].tobytes() for i in (failed if failed else (first_missed,))
+                                if 0 <= i < len(names))
         missed = min(missed, len(load.block_ids))
         tracked.failed_blocks += missed
         tracked.loaded_blocks += len(load.block_ids) - missed
@@ -522,6 +543,24 @@ class SchedulerSide:
 
     def pinned_blocks(self) -> int:
         return sum(len(b) for b in self._pins.values())
+
+    # -- what routers and operators see --------------------------------------------------------------
+
+    def take_events(self) -> list[Any]:
+        """vLLM's KV events since the last call (none without ``kv_events_config``)."""
+        if self.events is None:
+            return []
+        records = self.events.take()
+        return to_vllm(records, self.medium, self.block_size) if records else []
+
+    def pins_changed(self) -> int | None:
+        """Blocks of vLLM's pool this side pins now (served pulls, producers' holds), when that
+        changed since the last call; else None."""
+        pins = self.pinned_blocks() + self.holds.blocks()
+        if pins == self._pins_reported:
+            return None
+        self._pins_reported = pins
+        return pins
 
     def _running(self) -> bool:
         core = self._core() if self._core is not None else None
