@@ -8,6 +8,8 @@ bad backend name or option stops the engine at start with kvwire's message."""
 from __future__ import annotations
 
 import logging
+import sys
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -48,6 +50,23 @@ __all__ = ["KvwireConnector"]
 log = logging.getLogger(f"vllm.{__name__}")  # under vLLM's logger: its handler, format and level
 
 
+def _engine_transfer_config(own: Any) -> Any:
+    """The engine's ``kv_transfer_config``: that of the scheduler being built up this stack (a
+    MultiConnector hands each child a copy of its own), else ``own``."""
+    try:
+        from vllm.v1.core.sched.interface import SchedulerInterface
+    except ImportError:  # pragma: no cover - another vLLM layout
+        return own
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        obj = frame.f_locals.get("self")
+        if isinstance(obj, SchedulerInterface):
+            found = getattr(getattr(obj, "vllm_config", None), "kv_transfer_config", None)
+            return found if found is not None else own
+        frame = frame.f_back
+    return own
+
+
 class KvwireConnector(KVConnectorBase_V1):
     """Loads a prompt's leading whole blocks from a kvwire store and saves the blocks it
     computes, asynchronously, straight from and into vLLM's paged KV tensors."""
@@ -59,10 +78,16 @@ class KvwireConnector(KVConnectorBase_V1):
         self.scheduler: SchedulerSide | None = None
         self.worker: WorkerSide | None = None
         if role is KVConnectorRole.SCHEDULER:
-            if self.config.load_failure_policy == "recompute" and transfer.kv_load_failure_policy != "recompute":
+            if self.config.load_failure_policy == "recompute":
                 # A store is a cache: a block it lost is recomputed, never a failed request. The
-                # scheduler reads the policy right after building its connector.
-                transfer.kv_load_failure_policy = "recompute"
+                # scheduler reads the policy right after building its connector, from the engine's
+                # config: inside a MultiConnector that is not ours (each child gets a copy).
+                for config in {id(c): c for c in (transfer, _engine_transfer_config(transfer))}.values():
+                    if config.kv_load_failure_policy != "recompute":
+                        if config is not transfer:
+                            log.info("kvwire: setting the engine's kv_load_failure_policy to 'recompute' "
+                                     "(kvwire's load_failure_policy; 'fail' leaves it alone)")
+                        config.kv_load_failure_policy = "recompute"
             self.scheduler = SchedulerSide(vllm_config, kv_cache_config, self.config)
         else:
             self.worker = WorkerSide(vllm_config, kv_cache_config, self.config)
