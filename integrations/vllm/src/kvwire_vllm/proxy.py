@@ -33,6 +33,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from kvwire_vllm import trace
+
 __all__ = ["Proxy", "main"]
 
 log = logging.getLogger("kvwire_vllm.proxy")
@@ -92,8 +94,10 @@ class Proxy:
         if "max_completion_tokens" in first:
             first["max_completion_tokens"] = 1
         try:
+            trace.event("proxy", "prefill_sent", server=server)
             async with self.http.post(server + path, json=first) as reply:
                 answer = await reply.json(content_type=None)
+                trace.event("proxy", "prefill_answered", status=reply.status)
                 if reply.status != 200:
                     raise RuntimeError(f"HTTP {reply.status}: {str(answer)[:300]}")
         except Exception as exc:  # the decode server computes the prompt itself
@@ -121,13 +125,16 @@ class Proxy:
         else:
             second.pop("kv_transfer_params", None)
         server = self.decode[next(self._next_decode)]
+        trace.event("proxy", "decode_sent", server=server)
         async with self.http.post(server + path, json=second) as reply:
+            trace.event("proxy", "decode_answering", status=reply.status)
             if not body.get("stream"):
                 data = await reply.read()
                 return web.Response(body=data, status=reply.status, content_type="application/json")
             out = web.StreamResponse(status=reply.status, headers={"Content-Type": "text/event-stream"})
             await out.prepare(request)
             async for chunk in reply.content.iter_any():
+                trace.event("proxy", "decode_chunk", bytes=len(chunk))
                 await out.write(chunk)
             await out.write_eof()
             return out

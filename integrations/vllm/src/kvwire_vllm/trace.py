@@ -3,6 +3,8 @@
 Set ``KVWIRE_VLLM_TRACE`` to a file path: every process of the engine (scheduler and workers)
 appends one JSON line per event, ``{"t": unix seconds, "pid", "side", "event", ...}``, so one
 file holds a request's whole path (lookup, load planned, submitted, ended, reported, scheduled).
+``python -m kvwire_vllm.proxy`` traces the same way (side ``proxy``: prefill sent and answered,
+decode sent, each streamed chunk), so a P/D request's hops between the servers show too.
 Off (the default) it costs one attribute test per event."""
 
 from __future__ import annotations
