@@ -43,6 +43,8 @@ libraries() {
   # --no-deps (it names torch unpinned).
   "${pip[@]}" "ucxx-cu12==0.52.0" "torch==2.13.0"
   "${pip[@]}" --no-deps "nixl-cu12==1.5.1"
+  # vLLM's NixlConnector imports `nixl` (the meta package over nixl_cu12): the bench's comparator.
+  "${pip[@]}" --no-deps "nixl==1.5.1"
   # kvwire's runtime dependencies that vLLM does not already bring (torch and numpy it does).
   "${pip[@]}" "rich>=13" "pluggy>=1.5" "prometheus-client>=0.20" "msgpack>=1" "torch==2.13.0"
 }
@@ -51,7 +53,7 @@ args=()
 for p in "${projects[@]}"; do args+=(-e "$p"); done
 say "4/4 installing kvwire, its plugins and the connector in editable mode (--no-deps)"
 "${pip[@]}" --no-deps "${args[@]}"
-"$venv/bin/python" -c "import vllm, kvwire, kvwire_vllm, mooncake.store, kvwire_ucx, ucxx, nixl_cu12" \
-  || { say "ERROR: .venv-vllm does not import vllm, kvwire, kvwire_vllm, mooncake.store, kvwire_ucx, ucxx and nixl_cu12"; exit 1; }
+"$venv/bin/python" -c "import vllm, kvwire, kvwire_vllm, mooncake.store, kvwire_ucx, ucxx, nixl_cu12, nixl" \
+  || { say "ERROR: .venv-vllm does not import vllm, kvwire, kvwire_vllm, mooncake.store, kvwire_ucx, ucxx, nixl_cu12 and nixl"; exit 1; }
 echo "$stamp_src" > "$venv/.kvwire-stamp"
 say "done in $((SECONDS - start)) s"
