@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kvwire_vllm import peer, trace
+from kvwire_vllm import cores, peer, trace
 from kvwire_vllm.config import ConnectorConfig
 from kvwire_vllm.core import WorkerCore
 from kvwire_vllm.kvcache import StoreRows
@@ -70,6 +70,11 @@ class WorkerSide:
         self.core.expected_rows = self.rows
         num_blocks = getattr(self.kv_cache_config, "num_blocks", None)
         self.core.register_kv_caches(kv_caches, int(num_blocks) if num_blocks else None)
+        if self.core.cache is not None and not self.core.cache.on_cuda:
+            sharing = cores.workers_sharing_cores()  # vLLM bound this (main) thread to its cores by now
+            if sharing:
+                log.warning(cores.advice(sharing))
+                trace.event("worker", "cores_shared", workers=[pid for pid, _ in sharing])
         if self.core.serving:
             self.core.state_to_report = self.transceiver_state()
             log.info("kvwire: serving pulls from vLLM's prefix cache")
