@@ -4,12 +4,15 @@ an OpenAI client (plain HTTP) that talks to the proxy only; a server without a c
 the reference tokens. The producer's pins are seen through vLLM's ``/reset_prefix_cache``, which
 succeeds only when no block is held. The seed's request-free pull goes through the same servers,
 the serving state got over HTTP (the proxy's ``/kvwire/source``), never through insecure
-serialization."""
+serialization. The consumer writes its connector trace (``KVWIRE_VLLM_TRACE``): where a test
+needs a load in flight, it waits for it there."""
 
 from __future__ import annotations
 
 import json
+import os
 import random
+import signal
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -35,8 +38,8 @@ def prompt(seed: int, length: int) -> list[int]:
 
 
 class Deployment:
-    def __init__(self, servers: dict[str, Process], model: str) -> None:
-        self.servers, self.model = servers, model
+    def __init__(self, servers: dict[str, Process], model: str, consumer_trace: Path) -> None:
+        self.servers, self.model, self.consumer_trace = servers, model, consumer_trace
         self.proxy, self.producer = servers["proxy"], servers["producer"]
         self.consumer, self.single = servers["consumer"], servers["single"]
 
@@ -50,6 +53,17 @@ class Deployment:
     def producer_holds_nothing(self) -> bool:
         return bool(post(self.producer.url + "/reset_prefix_cache", {})["success"])
 
+    def consumer_holds_nothing(self) -> bool:
+        return bool(post(self.consumer.url + "/reset_prefix_cache", {})["success"])
+
+    def consumer_events(self, name: str) -> list[dict[str, Any]]:
+        """The consumer's connector trace events called ``name``."""
+        if not self.consumer_trace.exists():
+            return []
+        lines = self.consumer_trace.read_text().splitlines()
+        events = [json.loads(line) for line in lines[:-1] if line.strip()]  # the last may be half written
+        return [e for e in events if e.get("event") == name]
+
 
 @pytest.fixture(scope="module")
 def deployment(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
@@ -59,9 +73,11 @@ def deployment(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     def config(role: str) -> dict[str, Any]:
         return {**kvwire_transfer_config("ucx", options, timeout_s=8.0, hold_s=30.0), "kv_role": role}
 
+    consumer_trace = logs / "consumer.jsonl"
     servers = {
         "producer": vllm_server("producer", model_dir, logs, config("kv_producer"), UCX_ENV),
-        "consumer": vllm_server("consumer", model_dir, logs, config("kv_consumer"), UCX_ENV),
+        "consumer": vllm_server("consumer", model_dir, logs, config("kv_consumer"),
+                                {**UCX_ENV, "KVWIRE_VLLM_TRACE": str(consumer_trace)}),
         "single": vllm_server("single", model_dir, logs, None),
     }
     try:
@@ -69,10 +85,18 @@ def deployment(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
             server.wait_ready()
         servers["proxy"] = kvwire_proxy(logs, [servers["producer"].url], [servers["consumer"].url])
         servers["proxy"].wait_ready(60)
-        yield Deployment(servers, str(model_dir))
+        yield Deployment(servers, str(model_dir), consumer_trace)
     finally:
         for server in servers.values():
             server.close()
+
+
+def test_servers_on_shared_cores_are_told_so(deployment: Deployment) -> None:
+    """These servers keep vLLM's default CPU binding, every server on the same cores: the
+    connector's workers say so at start, with the fix (each server its own cores)."""
+    logs = [server.log_path.read_text(errors="replace") for server in (deployment.producer, deployment.consumer)]
+    warned = [log for log in logs if "shares its cores with another vLLM worker" in log]
+    assert warned and all("VLLM_CPU_OMP_THREADS_BIND" in log for log in warned)
 
 
 def test_a_completion_through_the_proxy_continues_from_the_producers_blocks(deployment: Deployment) -> None:
@@ -122,3 +146,36 @@ def test_the_seeds_request_free_pull_with_the_state_got_over_http(deployment: De
     answer = d.complete(d.consumer, p, kv_transfer_params={"kvwire_source": source})
     assert answer["choices"][0]["token_ids"] == d.tokens(d.single, p)
     assert answer["kv_transfer_params"]["kvwire"]["loaded_blocks"] == 7
+
+
+def test_a_producer_killed_mid_load_leaves_the_consumer_to_recompute(deployment: Deployment) -> None:
+    """The producer stopped while the consumer's load of its handoff is on its way, then killed
+    (SIGKILL, its whole process group): the consumer's load fails, vLLM recomputes the prompt,
+    and the tokens are a single server's; the consumer holds no block afterwards and serves on
+    (the proxy's prefill to the dead producer fails, so the consumer computes the prompt itself).
+    Runs last: the producer is gone afterwards."""
+    d = deployment
+    p = prompt(4400, 6 * BLOCK + 5)
+    reference = d.tokens(d.single, p)
+    params = d.complete(d.producer, p, max_tokens=1, kv_transfer_params={"do_remote_decode": True})[
+        "kv_transfer_params"]
+    assert params["kvwire_held_blocks"] == 6
+    submitted = len(d.consumer_events("load_submitted"))
+    os.killpg(d.producer.proc.pid, signal.SIGSTOP)
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            answer = pool.submit(d.complete, d.consumer, p, kv_transfer_params=params)
+            wait_for(lambda: len(d.consumer_events("load_submitted")) > submitted, BACKGROUND_S,
+                     "the consumer's load from the stopped producer in flight")
+            d.producer.kill()
+            out = answer.result(timeout=BACKGROUND_S)
+    finally:
+        if d.producer.proc.poll() is None:
+            os.killpg(d.producer.proc.pid, signal.SIGCONT)
+    assert out["choices"][0]["token_ids"] == reference
+    kv = out["kv_transfer_params"]["kvwire"]
+    assert kv["loaded_blocks"] == 0 and kv["failed_blocks"] == 6
+    wait_for(d.consumer_holds_nothing, BACKGROUND_S, "no block of the failed load held at the consumer")
+    again = prompt(4401, 3 * BLOCK + 2)
+    assert d.tokens(d.proxy, again) == d.tokens(d.single, again)
+    assert get(d.proxy.url + "/kvwire/stats")["prefill_failures"] >= 1
