@@ -4,8 +4,8 @@ an OpenAI client (plain HTTP) that talks to the proxy only; a server without a c
 the reference tokens. The producer's pins are seen through vLLM's ``/reset_prefix_cache``, which
 succeeds only when no block is held. The seed's request-free pull goes through the same servers,
 the serving state got over HTTP (the proxy's ``/kvwire/source``), never through insecure
-serialization. The consumer writes its connector trace (``KVWIRE_VLLM_TRACE``): where a test
-needs a load in flight, it waits for it there."""
+serialization. Producer and consumer write their connector traces (``KVWIRE_VLLM_TRACE``): where a
+test needs a load in flight it waits for it there, and the producer's shows its engine woken."""
 
 from __future__ import annotations
 
@@ -38,8 +38,8 @@ def prompt(seed: int, length: int) -> list[int]:
 
 
 class Deployment:
-    def __init__(self, servers: dict[str, Process], model: str, consumer_trace: Path) -> None:
-        self.servers, self.model, self.consumer_trace = servers, model, consumer_trace
+    def __init__(self, servers: dict[str, Process], model: str, traces: dict[str, Path]) -> None:
+        self.servers, self.model, self.traces = servers, model, traces
         self.proxy, self.producer = servers["proxy"], servers["producer"]
         self.consumer, self.single = servers["consumer"], servers["single"]
 
@@ -56,11 +56,12 @@ class Deployment:
     def consumer_holds_nothing(self) -> bool:
         return bool(post(self.consumer.url + "/reset_prefix_cache", {})["success"])
 
-    def consumer_events(self, name: str) -> list[dict[str, Any]]:
-        """The consumer's connector trace events called ``name``."""
-        if not self.consumer_trace.exists():
+    def events(self, server: str, name: str) -> list[dict[str, Any]]:
+        """The connector trace events called ``name`` of ``server`` (producer or consumer)."""
+        path = self.traces[server]
+        if not path.exists():
             return []
-        lines = self.consumer_trace.read_text().splitlines()
+        lines = path.read_text().splitlines()
         events = [json.loads(line) for line in lines[:-1] if line.strip()]  # the last may be half written
         return [e for e in events if e.get("event") == name]
 
@@ -73,19 +74,19 @@ def deployment(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     def config(role: str) -> dict[str, Any]:
         return {**kvwire_transfer_config("ucx", options, timeout_s=8.0, hold_s=30.0), "kv_role": role}
 
-    consumer_trace = logs / "consumer.jsonl"
+    traces = {role: logs / f"{role}.jsonl" for role in ("producer", "consumer")}
     servers = {
-        "producer": vllm_server("producer", model_dir, logs, config("kv_producer"), UCX_ENV),
-        "consumer": vllm_server("consumer", model_dir, logs, config("kv_consumer"),
-                                {**UCX_ENV, "KVWIRE_VLLM_TRACE": str(consumer_trace)}),
-        "single": vllm_server("single", model_dir, logs, None),
+        role: vllm_server(role, model_dir, logs, config(f"kv_{role}"),
+                          {**UCX_ENV, "KVWIRE_VLLM_TRACE": str(traces[role])})
+        for role in ("producer", "consumer")
     }
+    servers["single"] = vllm_server("single", model_dir, logs, None)
     try:
         for server in servers.values():
             server.wait_ready()
         servers["proxy"] = kvwire_proxy(logs, [servers["producer"].url], [servers["consumer"].url])
         servers["proxy"].wait_ready(60)
-        yield Deployment(servers, str(model_dir), consumer_trace)
+        yield Deployment(servers, str(model_dir), traces)
     finally:
         for server in servers.values():
             server.close()
@@ -108,6 +109,9 @@ def test_a_completion_through_the_proxy_continues_from_the_producers_blocks(depl
     assert kv["loaded_blocks"] == 9 and kv["failed_blocks"] == 0
     assert get(d.proxy.url + "/kvwire/stats")["handoffs"] >= 1
     wait_for(d.producer_holds_nothing, BACKGROUND_S, "the producer's blocks back in its pool after the handoff")
+    # the consumer's pull rang the idle producer's engine, found under the API server's engine core
+    rings = d.events("producer", "rang")
+    assert rings and all(e["core"] for e in rings)
 
 
 def test_twenty_concurrent_completions_leave_no_block_pinned(deployment: Deployment) -> None:
@@ -160,12 +164,12 @@ def test_a_producer_killed_mid_load_leaves_the_consumer_to_recompute(deployment:
     params = d.complete(d.producer, p, max_tokens=1, kv_transfer_params={"do_remote_decode": True})[
         "kv_transfer_params"]
     assert params["kvwire_held_blocks"] == 6
-    submitted = len(d.consumer_events("load_submitted"))
+    submitted = len(d.events("consumer", "load_submitted"))
     os.killpg(d.producer.proc.pid, signal.SIGSTOP)
     try:
         with ThreadPoolExecutor(1) as pool:
             answer = pool.submit(d.complete, d.consumer, p, kv_transfer_params=params)
-            wait_for(lambda: len(d.consumer_events("load_submitted")) > submitted, BACKGROUND_S,
+            wait_for(lambda: len(d.events("consumer", "load_submitted")) > submitted, BACKGROUND_S,
                      "the consumer's load from the stopped producer in flight")
             d.producer.kill()
             out = answer.result(timeout=BACKGROUND_S)
