@@ -9,6 +9,7 @@ test needs a load in flight it waits for it there, and the producer's shows its 
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import random
@@ -16,6 +17,7 @@ import signal
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,7 @@ import pytest
 from engines import kvwire_transfer_config
 from servers import Process, get, kvwire_proxy, post, vllm_server
 
+from kvwire.runtime.state import TransceiverState
 from kvwire.testing.holder import wait_for
 
 pytestmark = [pytest.mark.usefixtures("vllm_venv"), pytest.mark.xdist_group("vllm")]
@@ -150,6 +153,26 @@ def test_the_seeds_request_free_pull_with_the_state_got_over_http(deployment: De
     answer = d.complete(d.consumer, p, kv_transfer_params={"kvwire_source": source})
     assert answer["choices"][0]["token_ids"] == d.tokens(d.single, p)
     assert answer["kv_transfer_params"]["kvwire"]["loaded_blocks"] == 7
+
+
+def test_a_consumer_refuses_a_producer_of_another_tensor_parallel_size(deployment: Deployment) -> None:
+    """The producer's state as one of tensor-parallel size 2 would send it (its facts say so): the
+    consumer refuses it before any byte moves, naming the fact and both values, computes the
+    prompt itself, and says why in its answer; the unpulled hold lapses (a short one asked for)."""
+    d = deployment
+    p = prompt(4500, 5 * BLOCK + 3)
+    params = d.complete(d.producer, p, max_tokens=1,
+                        kv_transfer_params={"do_remote_decode": True, "kvwire_hold_s": 1})["kv_transfer_params"]
+    state = TransceiverState.from_bytes(base64.b64decode(params["kvwire_source"]))
+    facts = tuple((key, "2" if key == "tensor_parallel_size" else value) for key, value in state.facts)
+    params["kvwire_source"] = base64.b64encode(replace(state, facts=facts).to_bytes()).decode()
+    submitted = len(d.events("consumer", "load_submitted"))
+    answer = d.complete(d.consumer, p, kv_transfer_params=params)
+    assert answer["choices"][0]["token_ids"] == d.tokens(d.single, p)
+    kv = answer["kv_transfer_params"]["kvwire"]
+    assert "tensor_parallel_size '2' there, '1' here" in kv["source_refused"]
+    assert len(d.events("consumer", "load_submitted")) == submitted  # nothing was asked of the producer
+    wait_for(d.producer_holds_nothing, BACKGROUND_S, "the unpulled hold's blocks back in the producer's pool")
 
 
 def test_a_producer_killed_mid_load_leaves_the_consumer_to_recompute(deployment: Deployment) -> None:
