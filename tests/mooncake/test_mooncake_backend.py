@@ -130,6 +130,45 @@ def test_a_submission_of_many_small_rows_moves_whole_within_its_deadline(
     assert np.array_equal(dst.array, expected)
 
 
+def test_a_submissions_store_calls_go_one_at_a_time(
+        writer: BlobBackend, reader: BlobBackend, registered: Callable[[BlobBackend, int, int], Rows],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """3000 rows in one publish and one fetch are three calls of at most max_batch_keys, which
+    the client gets one after another (the driver's chunks_at_once), never two at once: two
+    calls of one client at once moved a prompt's blocks at 0.6x the speed of one at a time.
+    Each call waits a moment for a second to join it, so calls that could overlap do."""
+    count = 3000
+    src, dst = registered(writer, 8, count), registered(reader, 8, count)
+    expected = src.fill_random(15)
+    names = names_for(count)
+    seen = {"inside": 0, "most": 0, "calls": 0}
+    cond = threading.Condition()
+
+    def counted(call: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapped(*args: Any) -> Any:
+            with cond:
+                seen["inside"] += 1
+                seen["calls"] += 1
+                seen["most"] = max(seen["most"], seen["inside"])
+                cond.notify_all()
+                cond.wait_for(lambda: seen["inside"] >= 2, 0.1)
+            try:
+                return call(*args)
+            finally:
+                with cond:
+                    seen["inside"] -= 1
+        return wrapped
+
+    monkeypatch.setattr(writer.driver, "put", counted(writer.driver.put))
+    monkeypatch.setattr(reader.driver, "get_into", counted(reader.driver.get_into))
+    published = publish(writer, src, names)
+    assert published.outcome.is_delivered and published.outcome.masks[0].all(), published.outcome
+    fetched = fetch(reader, dst, names)
+    assert fetched.outcome.is_delivered and fetched.outcome.masks[0].all(), fetched.outcome
+    assert np.array_equal(dst.array, expected)
+    assert (seen["calls"], seen["most"]) == (6, 1), seen
+
+
 def test_a_second_publish_of_the_same_names_is_held_not_failed(
         writer: BlobBackend, reader: BlobBackend, registered: Callable[[BlobBackend, int, int], Rows]) -> None:
     first, second, dst = registered(writer, ROW, 2), registered(writer, ROW, 2), registered(reader, ROW, 2)

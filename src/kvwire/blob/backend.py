@@ -12,7 +12,10 @@ How it keeps the contract:
   bytes start within one ``chunk_bytes`` window, so at most ``chunk_bytes`` plus one row), and
   of at most the driver's ``max_batch_keys`` rows when it sets one. One chunk is one driver
   call. Cancellation and the deadline are checked between chunks; a chunk already inside the
-  driver runs to its end.
+  driver runs to its end. A submission's chunks all go to the queue at once, so several workers
+  may move them side by side, unless the driver's ``chunks_at_once`` bounds that: then that
+  many are queued, and each one that ends queues the next (behind what other submissions
+  queued meanwhile), until the attempt concludes.
 - **Masks (A5, A7).** A fetched row's bit is true when the driver answered ``OK``; ``MISSING``
   is a miss (false bit, still delivered). A published row's bit is true when the store holds it
   (``OK`` or ``ALREADY_THERE``); ``DECLINED`` (no space) is a false bit, not a fault. Any other
@@ -246,9 +249,14 @@ class _Dispatch:
         self._chunks: collections.deque[_Chunk] = collections.deque()
         self._idle: list[threading.Lock] = []
 
-    def put(self, chunk: _Chunk) -> None:
+    def put(self, chunk: _Chunk, first: bool = False) -> None:
+        """Queue ``chunk`` last, or with ``first`` ahead of everything queued (a chunk queued
+        once the backend is stopping must still come before the workers' exit marks)."""
         with self._lock:
-            self._chunks.append(chunk)
+            if first:
+                self._chunks.appendleft(chunk)
+            else:
+                self._chunks.append(chunk)
             if not self._idle:
                 return  # every worker is busy; the first to finish takes it
             parked = self._idle.pop()
@@ -305,12 +313,17 @@ class _BlobAttempt(Attempt):
     (``offsets``), or block by block across groups (``unorder`` maps back). Block objects
     (``parts``, K1): one key per block, ``addresses`` of shape ``(blocks, groups)`` in ascending
     group id and ``parts`` the groups' row sizes in that order; a block's bit is its bit in
-    every group's mask."""
+    every group's mask.
+
+    ``later``: the row ranges of chunks not queued yet (the driver's ``chunks_at_once``); each
+    chunk that ends queues the next while the attempt has not concluded."""
 
     def __init__(self, core: _Core, op: str, view: View, wake: WakeFn, keys: list[str],
                  addresses: np.ndarray, sizes: np.ndarray, offsets: list[int], chunks: int,
-                 timeout_s: float, unorder: np.ndarray | None = None, parts: np.ndarray | None = None) -> None:
+                 timeout_s: float, unorder: np.ndarray | None = None, parts: np.ndarray | None = None,
+                 later: collections.deque[tuple[int, int]] | None = None) -> None:
         self._core = core
+        self._later = later
         self._parts = parts
         self._op = op
         self._view = view
@@ -460,6 +473,11 @@ class _BlobAttempt(Attempt):
             self._remaining -= 1
             if self._outcome is None:
                 self._record_locked(lo, hi, result)
+                if self._later:
+                    # The next chunk, queued under the lock: either before stop() queues the
+                    # workers' exit marks, or after it set ``stopping``, then ahead of them.
+                    core = self._core
+                    core.queue.put((self, *self._later.popleft()), first=core.stopping)
                 if self._remaining == 0:
                     masks = self._masks_locked()
                     if self._fault is None:
@@ -694,6 +712,10 @@ class BlobBackend(Backend, Lookup):
         if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 1):
             raise ValueError(f"the driver's max_batch_keys must be None or an int >= 1, got {rows!r}")
         self._chunk_rows = rows
+        at_once = driver.chunks_at_once
+        if at_once is not None and (isinstance(at_once, bool) or not isinstance(at_once, int) or at_once < 1):
+            raise ValueError(f"the driver's chunks_at_once must be None or an int >= 1, got {at_once!r}")
+        self._chunks_at_once = at_once
         self._owns_driver = owns_driver
         self._id = next(_backend_ids)
         self._lookups = LookupRunner(driver, f"kvwire-blob{self._id}-lookup") if driver.offers_contains else None
@@ -830,6 +852,12 @@ class BlobBackend(Backend, Lookup):
         else:
             bounds = self._chunk_bounds(flat_sizes, most).tolist()
         inline = total_bytes <= self._inline_bytes[op] and len(bounds) == 2  # one chunk, moved in the call
+        ranges = list(zip(bounds[:-1], bounds[1:], strict=True))
+        later = None
+        at_once = self._chunks_at_once
+        if at_once is not None and len(ranges) > at_once:  # the rest is queued as chunks end
+            later = collections.deque(ranges[at_once:])
+            ranges = ranges[:at_once]
         with core.cond:
             if core.closed:
                 raise SubmissionRejected(f"this blob backend is shut down; it takes no {op}")
@@ -838,7 +866,7 @@ class BlobBackend(Backend, Lookup):
                     f"the blob backend's queue is full ({core.max_in_flight} attempts in flight); "
                     "retry once one has concluded and quiesced")
             attempt = _BlobAttempt(core, op, view, wake, keys, flat_addresses, flat_sizes, offsets,
-                                   len(bounds) - 1, timeout_s, unorder, parts)
+                                   len(bounds) - 1, timeout_s, unorder, parts, later)
             core.active[attempt] = None
             if inline:
                 # The chunk's start, under the same hold of the lock (A8.1: the deadline is
@@ -867,7 +895,7 @@ class BlobBackend(Backend, Lookup):
                                 core.watch.notify()
             return attempt
         put = core.queue.put
-        for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+        for lo, hi in ranges:
             put((attempt, lo, hi))
         return attempt
 

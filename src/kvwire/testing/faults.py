@@ -163,6 +163,7 @@ class FaultyDriver(StoreDriver):
                 raise TypeError(f"not a fault record: {fault!r}")
         self.memory_kinds = inner.memory_kinds
         self.max_batch_keys = inner.max_batch_keys
+        self.chunks_at_once = inner.chunks_at_once
         self._owns_inner = owns_inner
         self._cond = threading.Condition()
         self._calls: Counter[str] = Counter()

@@ -72,6 +72,7 @@ class ControlledDriver(StoreDriver):
         self.control = control
         self.memory_kinds = inner.memory_kinds
         self.max_batch_keys = inner.max_batch_keys
+        self.chunks_at_once = inner.chunks_at_once
 
     def register(self, regions: Sequence[SlotRegion]) -> None:
         self.inner.register(regions)
