@@ -8,15 +8,17 @@ sleeping: every wait is for a condition, with a deadline."""
 from __future__ import annotations
 
 import base64
+import json
 import os
 import random
 import signal
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from engines import Engine, kvwire_transfer_config, start_all
+from engines import VLLM_PYTHON, Engine, kvwire_transfer_config, start_all
 
 from kvwire.testing.holder import wait_for
 
@@ -53,8 +55,8 @@ class Pair:
     """Engine 0 (serving) and engine 1 (pulling) of one UCX mode, and engine 2 (pulling too, for
     concurrent pulls from two engines)."""
 
-    def __init__(self, serving: Engine, pulling: Engine, other: Engine, mode: str) -> None:
-        self.serving, self.pulling, self.other, self.mode = serving, pulling, other, mode
+    def __init__(self, serving: Engine, pulling: Engine, other: Engine, mode: str, logs: Path) -> None:
+        self.serving, self.pulling, self.other, self.mode, self.logs = serving, pulling, other, mode, logs
         self._state: str | None = None
 
     @property
@@ -65,6 +67,11 @@ class Pair:
         return self._state
 
 
+def events_endpoint(logs: Path, name: str) -> str:
+    """Where an engine's KV event publisher binds (a local socket file: nothing on the network)."""
+    return f"ipc://{logs}/events-{name}"
+
+
 def _engines(model_dir: Path, logs: Path, mode: str) -> dict[str, Engine]:
     options: dict[str, Any] = {"timeout_s": TIMEOUT_S, "grace_s": 1.0}
     if mode != "two-sided":
@@ -72,13 +79,19 @@ def _engines(model_dir: Path, logs: Path, mode: str) -> dict[str, Engine]:
     env = {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1", "UCX_WARN_UNUSED_ENV_VARS": "n", "UCX_MODULES": "^ib",
            "NIXL_LOG_LEVEL": "WARN"}
     config = kvwire_transfer_config("ucx", options, timeout_s=TIMEOUT_S)
+
+    def events(name: str) -> dict[str, Any]:  # vLLM's own KV events, for the prefix-aware router's test
+        return {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": events_endpoint(logs, name)}
+
     engines = {
-        "serving": Engine(f"{mode}-0", model_dir, config, env=env, log_dir=logs, new_session=True),
-        "pulling": Engine(f"{mode}-1", model_dir, config, env=env, log_dir=logs, new_session=True),
+        "serving": Engine(f"{mode}-0", model_dir, config, env=env, log_dir=logs, new_session=True,
+                          kv_events_config=events("serving")),
+        "pulling": Engine(f"{mode}-1", model_dir, config, env=env, log_dir=logs, new_session=True,
+                          kv_events_config=events("pulling")),
         # The other pulling engine loads inside the step (load_async false).
         "other": Engine(f"{mode}-2", model_dir, kvwire_transfer_config("ucx", options, timeout_s=TIMEOUT_S,
                                                                        load_async=False),
-                        env=env, log_dir=logs, new_session=True),
+                        env=env, log_dir=logs, new_session=True, kv_events_config=events("other")),
     }
     return engines
 
@@ -90,7 +103,7 @@ def pair(request: pytest.FixtureRequest, model_dir: Path, tmp_path_factory: pyte
     engines = _engines(model_dir, logs, mode)
     try:
         start_all(list(engines.values()))
-        yield Pair(engines["serving"], engines["pulling"], engines["other"], mode)
+        yield Pair(engines["serving"], engines["pulling"], engines["other"], mode, logs)
     finally:
         for engine in engines.values():
             if engine.proc.poll() is None:
@@ -133,6 +146,82 @@ def test_five_steps(pair: Pair) -> None:
     assert again["tokens"] == served["tokens"]
     other = out(pair.pulling.generate([prompt(1701, 300)], max_tokens=1))
     assert other["num_cached_tokens"] < again["num_cached_tokens"]
+
+
+class Router:
+    """The prefix-aware router's core (:mod:`router_driver`) fed by the three engines' events."""
+
+    def __init__(self, pair: Pair) -> None:
+        spec = {"block_size": BLOCK, "engines": {name: events_endpoint(pair.logs, name)
+                                                 for name in ("serving", "pulling", "other")}}
+        self.log = (pair.logs / "router.log").open("w")
+        self.proc = subprocess.Popen([str(VLLM_PYTHON), str(Path(__file__).with_name("router_driver.py")),
+                                      json.dumps(spec)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self.log, text=True)
+        assert self._answer().get("ready")
+
+    def _answer(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith("@@driver "):
+                answer: dict[str, Any] = json.loads(line[len("@@driver "):])
+                assert "error" not in answer, answer
+                return answer
+        raise AssertionError(f"the router exited (status {self.proc.wait()})")
+
+    def call(self, **request: Any) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        return self._answer()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.call_quit()
+        self.log.close()
+
+    def call_quit(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps({"op": "quit"}) + "\n")
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def test_a_prefix_aware_router_sends_a_request_to_pull_the_prefix_a_busy_engine_holds(pair: Pair) -> None:
+    """The router's index follows the three engines' own KV events: after engine 0 served a
+    prompt it holds its 9 blocks; with engine 0 busy the request goes to the least loaded engine
+    with engine 0 to pull from, which loads all 9 blocks and gives engine 0's token; the index
+    then has that engine holding them too (the next such request goes there, no pull), and once
+    engine 0's prefix cache is reset, engine 0 holds nothing."""
+    if pair.mode != "two-sided":
+        pytest.skip("the router is the same over either UCX mode; its engines run once")
+    router = Router(pair)
+    try:
+        p = prompt(1750, 9 * BLOCK + 5)
+        served = out(pair.serving.generate([p], max_tokens=1))
+        wait_for(lambda: router.call(op="held", tokens=p)["held"]["serving"] == 9, BACKGROUND_S,
+                 "the router indexing engine 0's 9 blocks from its events")
+        load = {"serving": 8, "pulling": 0, "other": 1}
+        route = router.call(op="choose", tokens=p, load=load, can_pull=True)
+        assert route == {"engine": "pulling", "blocks": 9, "pull_from": "serving"}
+        pulled = out(pair.pulling.generate([p], max_tokens=1, source=pair.state))
+        assert pulled["tokens"] == served["tokens"] and kv(pulled)["loaded_blocks"] == 9
+        wait_for(lambda: router.call(op="held", tokens=p)["held"]["pulling"] == 9, BACKGROUND_S,
+                 "the router indexing the 9 blocks engine 1 pulled")
+        assert router.call(op="choose", tokens=p, load=load, can_pull=True) == \
+            {"engine": "pulling", "blocks": 9, "pull_from": None}
+        assert router.call(op="held", tokens=p)["held"]["other"] == 0
+        wait_for(pair.serving.reset_prefix_cache, BACKGROUND_S, "engine 0's prefix cache reset")
+        # vLLM publishes the reset's AllBlocksCleared with its next step's events: step it.
+        pair.serving.generate([prompt(1751, BLOCK + 1)], max_tokens=1)
+        wait_for(lambda: router.call(op="held", tokens=p)["held"]["serving"] == 0, BACKGROUND_S,
+                 "the router dropping engine 0's blocks after its reset")
+    finally:
+        router.close()
 
 
 def pulls_a_partial_prefix(pair: Pair, puller: Engine, seed: int) -> None:
