@@ -5,9 +5,14 @@ and ``UCX_MAX_RNDV_RAILS`` in ``os.environ`` when they are unset. Left there, th
 UCX that starts later in the process: with ``UCX_RNDV_THRESH=8192`` NIXL's UCX moves a one-sided
 READ over TCP rendezvous instead of cma zero-copy (measured: 0.8 GB/s instead of 12 GB/s). So
 the values ucxx added are taken back out of the environment and given to each of this plugin's
-ucxx contexts in its config instead (:func:`context_config`); a value the user set stays. UCX
-1.21 warns about ``UCX_MEMTYPE_CACHE`` (which it no longer knows) unless
-``UCX_WARN_UNUSED_ENV_VARS=n``, which is why that default is set first."""
+ucxx contexts in its config instead (:func:`context_config`); a value the user set stays.
+
+``UCX_MEMTYPE_CACHE=n`` is the exception, left in the environment: it is a process-wide UCX
+option (read when a UCX library loads, never from a context's config), and NIXL's own UCX needs
+it too, or it takes GPU memory that torch allocated for host memory (see
+:mod:`kvwire_ucx.cuda`). On a host without CUDA it changes nothing. UCX warns about variables
+a library did not read unless ``UCX_WARN_UNUSED_ENV_VARS=n``, which is why that default is set
+first."""
 
 from __future__ import annotations
 
@@ -22,9 +27,9 @@ from ucxx._lib.arr import Array  # noqa: E402
 #: What ``import ucxx`` added to the environment (without the ``UCX_`` prefix), for our contexts.
 UCXX_DEFAULTS: dict[str, str] = {}
 for _key in [k for k in os.environ if k.startswith("UCX_") and k not in _before]:
-    _value = os.environ.pop(_key)
-    if _key != "UCX_MEMTYPE_CACHE":  # unknown to UCX 1.21: it would be refused in a config
-        UCXX_DEFAULTS[_key[4:]] = _value
+    if _key != "UCX_MEMTYPE_CACHE":  # a global option: it would be refused in a context's config
+        UCXX_DEFAULTS[_key[4:]] = os.environ.pop(_key)
+
 
 __all__ = ["Array", "ucx_api", "UCXError", "UCXX_DEFAULTS", "context_config"]
 

@@ -36,7 +36,7 @@ from kvwire_ucx.engine import Engine
 from kvwire_ucx.nixl import NixlAgent, NixlError
 from kvwire_ucx.offers import offered_groups
 from kvwire_ucx.regions import HostRegions
-from kvwire_ucx.settings import MEMORY_KINDS, UcxSettings, capabilities_for
+from kvwire_ucx.settings import UcxSettings, capabilities_for
 
 __all__ = ["UcxBackend", "capabilities_for"]
 
@@ -57,10 +57,10 @@ class UcxBackend(Backend, ServesPulls, OffersPulls):
         elif options:
             raise TypeError("pass either settings or options, not both")
         self._settings = settings
-        self._capabilities = capabilities_for(settings)
-        self._regions = HostRegions(MEMORY_KINDS)
         with widened():  # its threads (and UCX's, NIXL's) must not inherit an engine's one-core pin
             self._engine = Engine(settings)
+        self._capabilities = capabilities_for(settings, self._engine.memory_kinds)
+        self._regions = HostRegions(self._engine.memory_kinds)
         self._closed = False
         log.debug("kvwire-ucx backend listening on %s", self._engine.address)
 
@@ -71,6 +71,8 @@ class UcxBackend(Backend, ServesPulls, OffersPulls):
 
     def register_regions(self, regions: Sequence[SlotRegion]) -> Registration:
         registration = self._regions.register(regions)
+        if self._regions.device is not None:
+            self._engine.use_device(self._regions.device)
         nixl = self._engine.nixl
         if nixl is None or not registration.regions:
             return registration
@@ -114,7 +116,7 @@ class UcxBackend(Backend, ServesPulls, OffersPulls):
             raise InvalidSubmission(
                 f"fetch rows overlap: row {ra} of group {ga} and row {rb} of group {gb} locate overlapping memory (V4)"
             )
-        groups = self._regions.locate(view, writable=True, kinds=MEMORY_KINDS)
+        groups = self._regions.locate(view, writable=True)
         timeout_s = hint.timeout_s if hint.timeout_s is not None else self._settings.timeout_s
         if view.rows == 0 or not view.groups:
             return self._engine.concluded_at_once(view, AttemptKind.FETCH, wake, Outcome.delivered(view.row_masks()))
@@ -140,7 +142,7 @@ class UcxBackend(Backend, ServesPulls, OffersPulls):
             raise SubmissionRejected("the ticket belongs to another kvwire-ucx backend; answer it there")
         _check_view_shape(view)
         _require_names(view, "an answer names the blocks it serves (the pull's prefix)")  # N1.5, before the request
-        groups = self._regions.locate(view, writable=False, kinds=MEMORY_KINDS)
+        groups = self._regions.locate(view, writable=False)
         return self._engine.publish(view, wake, pull_id, groups, _refusal, hint.timeout_s)
 
     def shutdown(self) -> frozenset[Attempt]:
@@ -204,7 +206,7 @@ class UcxBackend(Backend, ServesPulls, OffersPulls):
         timeout = self._settings.timeout_s if timeout_s is None else _offer_timeout(timeout_s)
         _check_view_shape(view)
         _require_names(view, "an offer names every row it offers (contract O1.2)")  # before the rows are looked at
-        located = self._regions.locate(view, writable=False, kinds=MEMORY_KINDS)
+        located = self._regions.locate(view, writable=False)
         return self._engine.offer(view, wake, offered_groups(view, located), timeout)
 
     # ------------------------------------------------------------------ extras

@@ -37,6 +37,7 @@ from kvwire_ucx._ucx import context_config, ucx_api
 from kvwire_ucx.address import PeerAddress, is_loopback
 from kvwire_ucx.attempt import AttemptKind, LiveAttempts, UcxAttempt, WireStats
 from kvwire_ucx.connection import Connection, Connections, ConnectionState, Endpoints
+from kvwire_ucx.cuda import CudaError, make_current, reaches_cuda
 from kvwire_ucx.faults import Direction, Faults
 from kvwire_ucx.jobs import FetchJob, Job, ReplyJob
 from kvwire_ucx.nixl import NixlAgent
@@ -47,7 +48,7 @@ from kvwire_ucx.reactor import Reactor
 from kvwire_ucx.regions import GroupRows
 from kvwire_ucx.requesting import Requesting
 from kvwire_ucx.serving import Serving
-from kvwire_ucx.settings import UcxSettings
+from kvwire_ucx.settings import MEMORY_KINDS, WITH_DEVICE, UcxSettings
 from kvwire_ucx.tag_rows import PostError, SelfDrain
 
 __all__ = ["Engine"]
@@ -58,6 +59,13 @@ log = logging.getLogger(__name__)
 _PROGRESS_ROUNDS = 64
 
 _engines: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+
+def _use_device(device: int) -> None:
+    try:
+        make_current(device)
+    except CudaError as exc:  # UCX then copies device rows without a context and fails them, each named
+        log.error("kvwire-ucx cannot make CUDA device %d current on its progress thread: %s", device, exc)
 
 
 class Engine:
@@ -77,6 +85,8 @@ class Engine:
         net_devices = settings.net_devices or ("lo" if is_loopback(settings.listen_host) else "all")
         self._context = ucx_api.UCXContext(
             config_dict=context_config(net_devices), feature_flags=(ucx_api.Feature.TAG, ucx_api.Feature.WAKEUP))
+        #: HOST, and DEVICE where this process's UCX reaches CUDA memory (its cuda module loaded).
+        self.memory_kinds = WITH_DEVICE if reaches_cuda(self._context) else MEMORY_KINDS
         self._worker = ucx_api.UCXWorker(self._context)
         self._worker.init_blocking_progress_mode()
         self._worker_fd = self._worker.epoll_file_descriptor
@@ -109,7 +119,13 @@ class Engine:
     def submit(self, fn: Any, *args: Any) -> None:
         self.reactor.submit(fn, *args)
 
+    def use_device(self, device: int) -> None:
+        """Make ``device``'s CUDA context current on the progress thread, which posts the UCX
+        requests of device rows (UCX's CUDA copies run in the calling thread's context)."""
+        self.submit(_use_device, device)
+
     def live(self) -> int:
+
         return len(self.attempts)
 
     def wait_idle(self, timeout: float) -> bool:

@@ -1,5 +1,6 @@
-"""The one-sided mode's transport: a NIXL agent (UCX backend, ``DRAM`` segments) that registers
-this backend's regions and reads rows straight out of a peer's registered memory.
+"""The one-sided mode's transport: a NIXL agent (UCX backend; ``DRAM`` segments for host
+regions, ``VRAM`` for device ones) that registers this backend's regions and reads rows straight
+out of a peer's registered memory.
 
 Only the opt-in ``mode="one-sided"`` loads it (``pip install 'kvwire-ucx[nixl]'``, which brings
 ``nixl-cu12==1.5.1``). Every call into the agent goes through one lock: the holder's thread
@@ -29,7 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from kvwire.contract import SlotRegion
+from kvwire.contract import MemoryKind, SlotRegion
+from kvwire_ucx.cuda import CudaError, make_current
 
 __all__ = ["NixlAgent", "NixlError", "nixl_problem", "INSTALL_HINT"]
 
@@ -59,6 +61,7 @@ def _api() -> Any:
     if "UCX_MODULES" not in os.environ and not _has_infiniband():
         os.environ["UCX_MODULES"] = "^ib"  # else the UCX backend's agent crashes the process at exit
     os.environ.setdefault("NIXL_LOG_LEVEL", "WARN")
+    os.environ.setdefault("UCX_MEMTYPE_CACHE", "n")  # else GPU memory torch allocated reads as host (kvwire_ucx.cuda)
     for name in _MODULES:
         try:
             return importlib.import_module(f"{name}._api")
@@ -93,22 +96,34 @@ class NixlAgent:
 
     # ------------------------------------------------------------ registration (holder thread)
 
-    def register(self, regions: Sequence[SlotRegion]) -> Any:
-        """Register host regions with the agent; the handle for :meth:`deregister`."""
-        descs = [(r.base, r.nbytes, 0, "") for r in regions]
+    def register(self, regions: Sequence[SlotRegion]) -> list[Any]:
+        """Register regions with the agent (host ones as ``DRAM``, device ones as ``VRAM``); the
+        handles for :meth:`deregister`. A refused batch leaves nothing registered."""
+        host = [(r.base, r.nbytes, 0, "") for r in regions if r.memory_kind is MemoryKind.HOST]
+        device = [(r.base, r.nbytes, r.device or 0, "") for r in regions if r.memory_kind is MemoryKind.DEVICE]
+        if device:
+            _current(device[0][2])
+        handles: list[Any] = []
         with self._lock:
             try:
-                handle = self._agent.register_memory(descs, "DRAM")
+                for descs, memory in ((host, "DRAM"), (device, "VRAM")):
+                    if descs:
+                        handles.append(self._agent.register_memory(descs, memory))
             except Exception as exc:
-                raise NixlError(f"NIXL could not register {len(descs)} region(s): {_what(exc)}") from None
-            self._generation += 1
-            self._metadata = None
-        return handle
+                for handle in handles:
+                    self._agent.deregister_memory(handle)
+                raise NixlError(f"NIXL could not register {len(host)} host and {len(device)} device region(s): "
+                                f"{_what(exc)}") from None
+            finally:
+                self._generation += 1
+                self._metadata = None
+        return handles
 
-    def deregister(self, handle: Any) -> None:
+    def deregister(self, handles: list[Any]) -> None:
         with self._lock:
             try:
-                self._agent.deregister_memory(handle)
+                for handle in handles:
+                    self._agent.deregister_memory(handle)
             finally:
                 self._generation += 1
                 self._metadata = None
@@ -160,15 +175,20 @@ class NixlAgent:
             except Exception:
                 pass
 
-    def read(self, local: np.ndarray, remote: np.ndarray, peer: bytes) -> tuple[Any, bool]:
+    def read(self, local: np.ndarray, remote: np.ndarray, peer: bytes, memories: tuple[int, int] = (-1, -1)
+             ) -> tuple[Any, bool]:
         """Start reading ``remote`` rows of ``peer`` into ``local`` rows (each an ``(n, 3)``
-        uint64 array of address, length, device); returns the transfer handle and whether it
-        is done already. Raises :class:`NixlError` if it could not start or failed."""
+        uint64 array of address, length, device), which lie in ``memories`` (here, there: -1
+        host, else the CUDA device); returns the transfer handle and whether it is done already.
+        Raises :class:`NixlError` if it could not start or failed."""
+        here, there = memories
+        if here >= 0:
+            _current(here)
         with self._lock:
             try:
                 handle = self._agent.initialize_xfer(
-                    "READ", self._agent.get_xfer_descs(local, "DRAM"),
-                    self._agent.get_xfer_descs(remote, "DRAM"), peer.decode(), b"")
+                    "READ", self._agent.get_xfer_descs(local, "VRAM" if here >= 0 else "DRAM"),
+                    self._agent.get_xfer_descs(remote, "VRAM" if there >= 0 else "DRAM"), peer.decode(), b"")
             except Exception as exc:
                 raise NixlError(f"NIXL could not set up a read of {len(remote)} span(s) from {peer!r}: "
                                 f"{_what(exc)}") from None
@@ -210,6 +230,14 @@ class NixlAgent:
         """Forget every peer (the agent itself goes with the last reference)."""
         for peer in list(self._peers):
             self.forget_peer(peer)
+
+
+def _current(device: int) -> None:
+    try:
+        make_current(device)
+    except CudaError as exc:
+        raise NixlError(f"NIXL's UCX copies device rows in a CUDA context, and making device {device}'s current "
+                        f"failed: {exc}") from None
 
 
 def _what(exc: BaseException) -> str:

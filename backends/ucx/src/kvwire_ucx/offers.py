@@ -53,7 +53,8 @@ class OfferedGroup:
                 found.append(row)
             offsets = self.rows.offsets[np.asarray(found, dtype=np.intp)]
             offsets.flags.writeable = False
-        return GroupRows(self.rows.group_id, self.rows.slot_bytes, self.rows.span, offsets)
+        rows = self.rows
+        return GroupRows(rows.group_id, rows.slot_bytes, rows.span, offsets, rows.base, rows.memory)
 
 
 def offered_groups(view: View, located: tuple[GroupRows, ...]) -> dict[int, OfferedGroup]:

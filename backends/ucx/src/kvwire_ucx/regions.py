@@ -1,6 +1,8 @@
-"""The UCX-specific part of registered memory: zero-copy numpy views over each region the
-contract's :class:`~kvwire.contract.RegionTable` holds (M3/M4 are read there, once), and the
-rows of a submission as this backend moves them (:class:`GroupRows`)."""
+"""The UCX-specific part of registered memory: zero-copy views over each region the contract's
+:class:`~kvwire.contract.RegionTable` holds (M3/M4 are read there, once), and the rows of a
+submission as this backend moves them (:class:`GroupRows`). A host region's view is a numpy byte
+array; a device region's is a :class:`DeviceBytes`, which UCX reads through the CUDA array
+interface (ucxx hands its pointer to UCX, whose CUDA transports move it)."""
 
 from __future__ import annotations
 
@@ -8,29 +10,61 @@ import ctypes
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from kvwire.contract import InvalidSubmission, MemoryKind, RegionTable, SlotRegion, View
 from kvwire.contract.backend import Registration
 
-__all__ = ["HostRegions", "GroupRows"]
+__all__ = ["HostRegions", "GroupRows", "DeviceBytes", "HOST"]
+
+#: ``GroupRows.memory`` of host memory (else the CUDA device index).
+HOST = -1
+
+
+class DeviceBytes:
+    """Bytes of GPU memory at ``address`` (never owned): sliced like a byte array, and read by
+    ucxx's ``Array`` through ``__cuda_array_interface__``."""
+
+    __slots__ = ("address", "nbytes", "readonly")
+
+    def __init__(self, address: int, nbytes: int, readonly: bool) -> None:
+        self.address = address
+        self.nbytes = nbytes
+        self.readonly = readonly
+
+    def __getitem__(self, part: slice) -> DeviceBytes:
+        start, stop, step = part.indices(self.nbytes)
+        if step != 1 or stop < start:
+            raise ValueError("device bytes are sliced into contiguous spans only")
+        return DeviceBytes(self.address + start, stop - start, self.readonly)
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        return {"shape": (self.nbytes,), "typestr": "|u1", "data": (self.address, self.readonly),
+                "strides": None, "version": 3}
 
 
 @dataclass(frozen=True, slots=True, eq=False)
 class GroupRows:
     """One group's rows as this backend moves them: a byte view of the registered region that
-    holds them (writable for receives, read-only for sends; ``None`` without rows) and each
-    row's byte offset in it (read-only uint64)."""
+    holds them (writable for receives, read-only for sends; ``None`` without rows), each row's
+    byte offset in it (read-only uint64), the region's address (``base``, 0 without rows) and
+    where it lies (``memory``: :data:`HOST`, else the CUDA device index)."""
 
     group_id: int
     slot_bytes: int
-    span: np.ndarray | None = field(repr=False)
+    span: np.ndarray | DeviceBytes | None = field(repr=False)
     offsets: np.ndarray = field(repr=False)
+    base: int = 0
+    memory: int = HOST
 
 
-def _host_views(region: SlotRegion) -> tuple[np.ndarray, np.ndarray]:
-    """Byte views over a host region's memory: they borrow it, never own it."""
+def _views(region: SlotRegion) -> tuple[np.ndarray | DeviceBytes, np.ndarray | DeviceBytes]:
+    """Byte views (writable, read-only) over a region's memory: they borrow it, never own it."""
+    if region.memory_kind is MemoryKind.DEVICE:
+        return DeviceBytes(region.base, region.nbytes, False), DeviceBytes(region.base, region.nbytes, True)
     pointer = ctypes.cast(ctypes.c_void_p(region.base), ctypes.POINTER(ctypes.c_uint8))
     writable = np.ctypeslib.as_array(pointer, shape=(region.nbytes,))
     readable = writable.view()
@@ -60,13 +94,25 @@ class HostRegions:
 
     def __init__(self, memory_kinds: frozenset[MemoryKind]) -> None:
         self.table = RegionTable(memory_kinds)
-        self._views: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+        self.memory_kinds = memory_kinds
+        self._views: dict[tuple[int, int], tuple[np.ndarray | DeviceBytes, np.ndarray | DeviceBytes]] = {}
         self._lock = threading.Lock()
+        self._device: int | None = None  # the one CUDA device this backend's regions lie on
 
     def register(self, regions: Sequence[SlotRegion]) -> Registration:
+        devices = {r.device for r in regions if r.memory_kind is MemoryKind.DEVICE and r.device is not None}
+        with self._lock:
+            known = {self._device} if self._device is not None else set()
+            if len(devices | known) > 1:
+                raise InvalidSubmission(
+                    f"kvwire-ucx moves the memory of one CUDA device per backend, and these regions would make "
+                    f"it devices {sorted(devices | known)}; make one backend per device")
         registration = self.table.register(regions)
         token = registration.token
-        views = {(token, r.base): _host_views(r) for r in registration.regions}
+        if devices:
+            with self._lock:
+                self._device = devices.pop()
+        views = {(token, r.base): _views(r) for r in registration.regions}
         with self._lock:
             self._views.update(views)
         return _Registration(self, registration, token)
@@ -76,13 +122,19 @@ class HostRegions:
             for key in [k for k in self._views if k[0] == token]:
                 del self._views[key]
 
-    def locate(self, view: View, *, writable: bool, kinds: frozenset[MemoryKind]) -> tuple[GroupRows, ...]:
+    @property
+    def device(self) -> int | None:
+        """The CUDA device of the device regions registered so far, or ``None``."""
+        return self._device
+
+    def locate(self, view: View, *, writable: bool) -> tuple[GroupRows, ...]:
         """Every group's rows, located (M4: the whole view is refused if one row is not)."""
         out = []
         for index, group in enumerate(view.groups):
-            if group.region.memory_kind not in kinds:
+            if group.region.memory_kind not in self.memory_kinds:
                 raise InvalidSubmission(
-                    f"group {index} lends {group.region.memory_kind.value} memory; kvwire-ucx here reaches host memory")
+                    f"group {index} lends {group.region.memory_kind.value} memory; kvwire-ucx here reaches host "
+                    "memory only (device memory needs a UCX with its CUDA transports, on a host with a GPU)")
             located = self.table.locate(group, index)
             span = None
             if located.region is not None:
@@ -94,5 +146,9 @@ class HostRegions:
                 span = views[0] if writable else views[1]
             offsets = located.offsets.view(np.uint64)  # offsets are >= 0; the table made them for this call
             offsets.flags.writeable = False
-            out.append(GroupRows(group.group_id, group.region.slot_bytes, span, offsets))
+            # offsets count from the registered region that holds the rows (the view's may be a part of it)
+            base = located.region.base if located.region is not None else 0
+            memory = HOST if group.region.device is None else group.region.device
+            out.append(GroupRows(group.group_id, group.region.slot_bytes, span, offsets, base, memory))
+
         return tuple(out)

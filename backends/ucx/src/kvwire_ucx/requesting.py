@@ -104,6 +104,7 @@ class Requesting(Side):
                 assert job.reads is not None or self._nixl is None
                 if job.reads is not None:
                     job.reads.peer_agent, job.reads.remote = message.agent, message.addresses
+                    job.reads.remote_memories = message.memories
                 self._router.feed(job, ev.ReadOffered(message.counts, problem, agent_known))
                 return
         elif job is not None:

@@ -303,9 +303,11 @@ class Serving(Side):
             if count == 0 or group.span is None:
                 addresses.append(np.zeros(0, dtype=np.uint64))
                 continue
-            base = group.span.__array_interface__["data"][0]
-            addresses.append(group.offsets[:count] + np.uint64(base))
-        self._router.send(job.conn, wire.ReadOffer(job.transfer, counts, agent, generation, metadata, tuple(addresses)))
+            addresses.append(group.offsets[:count] + np.uint64(group.base))
+        memories = tuple(group.memory for group in job.groups)
+        self._router.send(job.conn, wire.ReadOffer(job.transfer, counts, agent, generation, metadata, tuple(addresses),
+                                                   memories))
+
         if metadata:
             self._wiring_until = time.monotonic() + _NIXL_WIREUP_S
         job.conn.nixl_sent = generation

@@ -13,9 +13,11 @@ from kvwire.contract.capabilities import OFFER_PULLS, SERVE_PULLS, OtherEnd
 from kvwire.registry.plugin import Option
 from kvwire_ucx.address import is_host
 
-__all__ = ["UcxSettings", "OPTIONS", "MODES", "MEMORY_KINDS", "capabilities_for"]
+__all__ = ["UcxSettings", "OPTIONS", "MODES", "MEMORY_KINDS", "WITH_DEVICE", "capabilities_for"]
 
+#: What a backend reaches without UCX's CUDA transports; with them, DEVICE too (:data:`WITH_DEVICE`).
 MEMORY_KINDS = frozenset({MemoryKind.HOST})
+WITH_DEVICE = frozenset({MemoryKind.HOST, MemoryKind.DEVICE})
 
 #: "two-sided" (default): rows travel as UCX tag messages into the rows the requester lent.
 #: "one-sided": pulls are answered with where the rows lie, and the requester reads them itself
@@ -125,13 +127,15 @@ OPTIONS: tuple[Option, ...] = (
 CONTRACT = (1, 3)
 
 
-def capabilities_for(settings: UcxSettings) -> Capabilities:
-    """What a backend built with ``settings`` declares."""
+def capabilities_for(settings: UcxSettings, memory_kinds: frozenset[MemoryKind] = MEMORY_KINDS) -> Capabilities:
+    """What a backend built with ``settings`` declares, reaching ``memory_kinds`` (DEVICE only
+    where its UCX has the CUDA transports: :attr:`Engine.memory_kinds`)."""
     return Capabilities(
         contract_version=CONTRACT,
         fetch=True,
         publish=True,
-        memory_kinds=MEMORY_KINDS,
+        memory_kinds=memory_kinds,
+
         other_end=OtherEnd.PEER,
         content_addressed=True,
         max_in_flight=settings.max_in_flight,

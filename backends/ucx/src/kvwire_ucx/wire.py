@@ -24,7 +24,10 @@ type ``PULL_ONE_SIDED`` with no credit. A serving end in that mode answers with 
 instead of ``Offer``: the rows served per group, and where each lies in its memory, with its NIXL
 agent's name and metadata (remote keys of its registered regions; sent again only when they
 changed). R reads the rows itself (NIXL ``READ``), then ``Ack``s; no ``Go`` is used. A serving
-end declines a pull of the other mode: modes never mix (see the README).
+end declines a pull of the other mode: modes never mix (see the README). Where a served group's
+rows lie in GPU memory the answer is a ``READ_OFFER_DEVICE``: the same body followed by each
+group's memory (``-1`` host, else the CUDA device index), since a reader must name the memory it
+reads; a ``READ_OFFER`` is all host memory, as an end that knows no device memory sends it.
 
 Why one file of this size: one codec, so every frame's bounds are read and written in one place
 (and fuzzed as a whole)."""
@@ -79,6 +82,8 @@ MAX_REASON_BYTES = 1024
 MAX_WORKER_ADDRESS_BYTES = 4096
 #: The requester's credentials travel unread by either backend, at most this long.
 MAX_CREDENTIAL_BYTES = 4096
+#: A ReadOffer's group memory: -1 host, else a CUDA device index below this.
+MAX_DEVICE = 1 << 10
 #: A ReadOffer's NIXL agent name and metadata are at most this long.
 MAX_AGENT_NAME_BYTES = 64
 MAX_AGENT_METADATA_BYTES = 1 << 20
@@ -113,6 +118,7 @@ class MessageType(enum.IntEnum):
     ACK = 7
     PULL_ONE_SIDED = 8
     READ_OFFER = 9
+    READ_OFFER_DEVICE = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,7 +208,8 @@ class ReadOffer:
     ``addresses[g]``, the address in S's memory of each of those rows (uint64). ``agent`` names
     S's NIXL agent; ``metadata`` is that agent's metadata at ``generation`` (its registered
     regions and their remote keys), or empty when this connection was sent that generation
-    already."""
+    already. ``memories[g]`` is where group ``g``'s rows lie: ``-1`` host memory, else the index
+    of the CUDA device (empty: all host)."""
 
     transfer: int
     counts: tuple[int, ...]
@@ -210,6 +217,7 @@ class ReadOffer:
     generation: int
     metadata: bytes
     addresses: tuple[np.ndarray, ...]
+    memories: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         _check_u64(self.transfer, "ReadOffer.transfer")
@@ -225,6 +233,14 @@ class ReadOffer:
         if len(self.addresses) != len(self.counts):
             raise WireError(f"a ReadOffer gives addresses for {len(self.addresses)} groups and counts for "
                             f"{len(self.counts)}")
+        if self.memories and len(self.memories) != len(self.counts):
+            raise WireError(f"a ReadOffer gives memories for {len(self.memories)} groups and counts for "
+                            f"{len(self.counts)}")
+        if any(not isinstance(m, int) or not -1 <= m < MAX_DEVICE for m in self.memories):
+            raise WireError(f"ReadOffer memories must be -1 (host) or a device index 0..{MAX_DEVICE - 1}, "
+                            f"got {list(self.memories)}")
+        if self.memories and all(m == -1 for m in self.memories):
+            object.__setattr__(self, "memories", ())  # all host: one spelling
         for g, (c, a) in enumerate(zip(self.counts, self.addresses, strict=True)):
             if not isinstance(a, np.ndarray) or a.dtype != np.uint64 or a.shape != (c,):
                 raise WireError(f"ReadOffer addresses of group {g} must be {c} uint64, got "
@@ -233,8 +249,8 @@ class ReadOffer:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, ReadOffer):
             return NotImplemented
-        return (self.transfer, self.counts, self.agent, self.generation, self.metadata) == (
-            other.transfer, other.counts, other.agent, other.generation, other.metadata
+        return (self.transfer, self.counts, self.agent, self.generation, self.metadata, self.memories) == (
+            other.transfer, other.counts, other.agent, other.generation, other.metadata, other.memories
         ) and all(np.array_equal(a, b) for a, b in zip(self.addresses, other.addresses, strict=True))
 
     __hash__ = None  # type: ignore[assignment]
@@ -242,7 +258,7 @@ class ReadOffer:
     @staticmethod
     def body_bytes(counts: tuple[int, ...], agent: bytes, metadata: bytes) -> int:
         """How long the body of a ReadOffer with these counts is."""
-        return _READ_OFFER_HEAD.size + len(agent) + len(metadata) + 4 * len(counts) + 8 * sum(counts)
+        return _READ_OFFER_HEAD.size + len(agent) + len(metadata) + 6 * len(counts) + 8 * sum(counts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,12 +340,13 @@ def encode(message: Message) -> bytes:
             f"<{len(message.counts)}I", *message.counts
         )
     elif isinstance(message, ReadOffer):
-        kind = MessageType.READ_OFFER
+        kind = MessageType.READ_OFFER_DEVICE if message.memories else MessageType.READ_OFFER
         head = _READ_OFFER_HEAD.pack(message.transfer, message.generation, len(message.agent),
                                      len(message.metadata), len(message.counts))
+        memories = struct.pack(f"<{len(message.memories)}h", *message.memories) if message.memories else b""
         body = b"".join((head, message.agent, message.metadata,
                          struct.pack(f"<{len(message.counts)}I", *message.counts),
-                         *(a.astype("<u8", copy=False).tobytes() for a in message.addresses)))
+                         *(a.astype("<u8", copy=False).tobytes() for a in message.addresses), memories))
     elif isinstance(message, (Decline, Cancel)):
         kind = MessageType.DECLINE if isinstance(message, Decline) else MessageType.CANCEL
         raw = message.reason.encode()
@@ -416,7 +433,7 @@ def _decode(kind: MessageType, reader: _Reader) -> Message:
             raise WireError(f"an Offer gives 1..{MAX_GROUPS} counts, got {ngroups}")
         counts = struct.unpack(f"<{ngroups}I", reader.take(4 * ngroups))
         return Offer(transfer, tuple(counts))
-    if kind is MessageType.READ_OFFER:
+    if kind in (MessageType.READ_OFFER, MessageType.READ_OFFER_DEVICE):
         transfer, generation, name_bytes, metadata_bytes, ngroups = reader.unpack(_READ_OFFER_HEAD)
         if not 1 <= name_bytes <= MAX_AGENT_NAME_BYTES:
             raise WireError(f"ReadOffer agent name must be 1..{MAX_AGENT_NAME_BYTES} bytes, got {name_bytes}")
@@ -430,7 +447,14 @@ def _decode(kind: MessageType, reader: _Reader) -> Message:
         if any(c > MAX_BLOCKS for c in counts):
             raise WireError(f"ReadOffer counts must be 0..{MAX_BLOCKS}, got {list(counts)}")
         addresses = tuple(np.frombuffer(reader.take(8 * c), dtype="<u8").astype(np.uint64) for c in counts)
-        return ReadOffer(transfer, tuple(counts), agent, generation, metadata, addresses)
+        memories: tuple[int, ...] = ()
+        if kind is MessageType.READ_OFFER_DEVICE:
+            memories = struct.unpack(f"<{ngroups}h", reader.take(2 * ngroups))
+            if any(not -1 <= m < MAX_DEVICE for m in memories) or all(m == -1 for m in memories):
+                raise WireError(f"READ_OFFER_DEVICE memories must be -1 or 0..{MAX_DEVICE - 1}, one a device, got "
+                                f"{list(memories)}")
+        return ReadOffer(transfer, tuple(counts), agent, generation, metadata, addresses, memories)
+
     if kind in (MessageType.DECLINE, MessageType.CANCEL):
         transfer, size = reader.unpack(_TEXT_HEAD)
         if size > MAX_REASON_BYTES:
