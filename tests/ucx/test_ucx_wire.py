@@ -33,8 +33,10 @@ def pulls(draw: st.DrawFn) -> wire.Pull:
 def read_offers(draw: st.DrawFn) -> wire.ReadOffer:
     counts = tuple(draw(st.lists(st.integers(0, 20), min_size=1, max_size=5)))
     addresses = tuple(np.array(draw(st.lists(u64, min_size=c, max_size=c)), dtype=np.uint64) for c in counts)
+    memories = tuple(draw(st.one_of(st.just(()), st.lists(st.integers(-1, wire.MAX_DEVICE - 1), min_size=len(counts),
+                                                          max_size=len(counts)))))
     return wire.ReadOffer(draw(u64), counts, draw(st.binary(min_size=1, max_size=wire.MAX_AGENT_NAME_BYTES)),
-                          draw(u64), draw(st.binary(max_size=600)), addresses)
+                          draw(u64), draw(st.binary(max_size=600)), addresses, memories)
 
 
 messages = st.one_of(
@@ -179,3 +181,30 @@ def test_a_read_offer_with_addresses_that_do_not_match_its_counts_is_refused() -
         wire.ReadOffer(7, (2,), b"agent", 1, b"", (np.arange(3, dtype=np.uint64),))
     with pytest.raises(wire.WireError, match="credit is 0"):
         wire.Pull(1, 1, 1, ((0, 8),), 1, b"a", credit=1, one_sided=True)
+
+
+def test_a_read_offer_of_device_rows_names_each_group_memory_and_an_all_host_one_is_the_old_frame() -> None:
+    """A reader must name the memory it reads (NIXL refuses remote VRAM called DRAM): device
+    groups travel as READ_OFFER_DEVICE with each group's memory; all-host offers keep the frame an
+    end that knows no device memory reads, byte for byte."""
+    addresses = (np.arange(2, dtype=np.uint64), np.ones(1, np.uint64))
+    device = wire.ReadOffer(7, (2, 1), b"agent", 1, b"meta", addresses, (0, -1))
+    frame = wire.encode(device)
+    assert wire.read_header(frame[:wire.HEADER_BYTES])[0] is wire.MessageType.READ_OFFER_DEVICE
+    assert wire.decode(frame).memories == (0, -1) and wire.decode(frame) == device
+    host = wire.ReadOffer(7, (2, 1), b"agent", 1, b"meta", addresses, (-1, -1))
+    assert host.memories == () and wire.encode(host) == wire.encode(wire.ReadOffer(7, (2, 1), b"agent", 1, b"meta",
+                                                                                   addresses))
+    assert wire.read_header(wire.encode(host)[:wire.HEADER_BYTES])[0] is wire.MessageType.READ_OFFER
+    assert host != device
+    body = frame[wire.HEADER_BYTES:]
+    for bad in (body[:-4] + struct.pack("<hh", -1, -1), body[:-4] + struct.pack("<hh", wire.MAX_DEVICE, 0),
+                body[:-4] + struct.pack("<hh", -2, 0)):
+        with pytest.raises(wire.WireError, match="memories"):
+            wire.decode_body(wire.MessageType.READ_OFFER_DEVICE, bad)
+    with pytest.raises(wire.WireError, match="ends early"):
+        wire.decode_body(wire.MessageType.READ_OFFER_DEVICE, body[:-2])
+    with pytest.raises(wire.WireError, match="memories for 1 groups"):
+        wire.ReadOffer(7, (2, 1), b"agent", 1, b"", addresses, (0,))
+    with pytest.raises(wire.WireError, match="memories must be"):
+        wire.ReadOffer(7, (2, 1), b"agent", 1, b"", addresses, (0, wire.MAX_DEVICE))
