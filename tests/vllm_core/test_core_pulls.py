@@ -14,7 +14,7 @@ from kvwire_vllm.core import WorkerCore
 from kvwire_vllm.plan import ServePlan, StepPlan
 from vllm_layouts import Shape, block_bytes, make_cache
 
-from kvwire.contract import Backend
+from kvwire.contract import Backend, MemoryKind
 from kvwire.registry import load
 
 SHAPE = Shape()
@@ -62,11 +62,12 @@ def pull(a: WorkerCore, b: WorkerCore, held: dict[bytes, int], req: str, block_i
 @pytest.mark.parametrize("stage", [None, True], ids=["direct", "staged"])
 def test_a_prefix_pulled_from_another_engine_arrives_bit_for_bit(
         stage: bool | None, device: str, ucx: Callable[[], Backend], make_core: Callable[..., WorkerCore]) -> None:
-    if device == "cuda" and stage is None:
-        stage = True  # kvwire-ucx moves host memory here: a CUDA cache is staged either way
+    a_backend, b_backend = ucx(), ucx()
+    if device == "cuda" and stage is None and MemoryKind.DEVICE not in a_backend.capabilities().memory_kinds:
+        stage = True  # this host's UCX has no CUDA transports: a CUDA cache is staged either way
     a_cache, b_cache = make_cache(LAYOUT, SHAPE, seed=1, device=device), make_cache(LAYOUT, SHAPE, seed=2, device=device)
-    a = make_core(ucx(), SHAPE.layer_names(), stage=stage)
-    b = make_core(ucx(), SHAPE.layer_names(), stage=stage)
+    a = make_core(a_backend, SHAPE.layer_names(), stage=stage)
+    b = make_core(b_backend, SHAPE.layer_names(), stage=stage)
     a.register_kv_caches(a_cache, SHAPE.blocks)
     b.register_kv_caches(b_cache, SHAPE.blocks)
     assert a.serving and a.staged is bool(stage)
