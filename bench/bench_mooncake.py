@@ -347,15 +347,24 @@ def vllm_keys(blocks: int, salt: int) -> list[str]:
     return [f"tiny-llama@tp_rank:0@pcp0@dcp0@pp_rank:0@{salt:032x}{b:032x}" for b in range(blocks)]
 
 
+#: A --variant key that is no plugin option: the calls of one submission at once, overriding the
+#: driver's ``chunks_at_once`` (null: as many as the backend's workers, as before issue 34's change).
+AT_ONCE = "chunks_at_once"
+
+
 class PromptSide:
     """One engine worker's side: a KV tensor per layer (``[num_blocks, 16 KiB]``, as vLLM's CPU
     cache lays out one layer), registered with a kvwire backend built by the plugin, whose
     Mooncake client also serves the raw calls (registered once, used by both)."""
 
     def __init__(self, master: str, num_blocks: int, options: dict[str, Any]) -> None:
+        options = dict(options)
+        at_once = options.pop(AT_ONCE, False)  # not a plugin option: the driver declares it
         self.backend = load("mooncake").build({"master": master, "segment_bytes": 0, "setup_retries": 1,
                                                "timeout_s": 60.0, **options})
         assert isinstance(self.backend, BlobBackend)
+        if at_once is not False:  # the backend read it from its driver when built; this bench overrides it
+            self.backend._chunks_at_once = at_once
         self.client = self.backend.driver.client  # type: ignore[attr-defined]
         self.caches = [np.zeros((num_blocks, LAYER_BLOCK_BYTES), dtype=np.uint8) for _ in range(LAYERS)]
         self.regions = [region_of(c, 10 + i) for i, c in enumerate(self.caches)]
@@ -607,7 +616,9 @@ def main() -> None:
     parser.add_argument("--lengths", default=",".join(map(str, PROMPTS)), help="with --prompts: prompt lengths")
     parser.add_argument("--variant", action="append", default=[], metavar="NAME=JSON",
                         help="with --prompts: another kvwire column, the plugin built with these options "
-                             "(e.g. 'chunk4m={\"chunk_bytes\": 4194304}'); the column 'kvwire' has the defaults")
+                             "(e.g. 'chunk4m={\"chunk_bytes\": 4194304}'); the column 'kvwire' has the defaults; "
+                             "the key chunks_at_once (no plugin option) overrides the driver's, e.g. "
+                             "'parallel={\"chunks_at_once\": null}'")
     args = parser.parse_args()
     if args.prompts:
         set_shape(args.shape, not args.per_layer)
