@@ -461,14 +461,17 @@ def test_K1_a_fetch_finds_a_block_only_under_the_layout_it_was_published_with(kv
 
 def test_K1_blocks_of_many_groups_many_rows_and_odd_sizes_move_whole(kvwire_harness: Harness) -> None:
     """K1.4 / K1.5 / A9.6: a view's size changes nothing: 80 groups (a model's layers) of rows
-    from 1 byte to 4097 bytes, 3 groups of 1000 blocks each, and one block of two PAGED groups
-    and a STATE group (V1.6: no row is keyed by its tokens), publish blocks held whole and fetch
-    exactly the published ones, byte for byte; a fetch of the same rows without ``blocks`` finds
-    none (K1.6)."""
+    from 1 byte to 4097 bytes, 3 groups of 1000 blocks each, one block of two PAGED groups
+    and a STATE group (V1.6: no row is keyed by its tokens), and blocks of large parts of three
+    sizes (96, 200 and 64 KiB: a store's copy of a block's parts from rows apart, at sizes where
+    it may merge copies), publish blocks held whole and fetch exactly the published ones, byte
+    for byte; a fetch of the same rows without ``blocks`` finds none (K1.6)."""
     sizes = (1, 7, 64, 100, 257, 4097)
     shapes = (([sizes[g % len(sizes)] for g in range(80)], 6, [0, 2, 3, 5]),
               ([3, 33, 1], 1000, [b for b in range(1000) if b % 3 != 1]),
-              ([64, 48, 256], 1, [0]))
+              ([64, 48, 256], 1, [0]),
+              ([96 << 10, 200 << 10, 64 << 10], 3, [0, 2]))
+
     for seed, (group_sizes, rows, offered) in enumerate(shapes, start=1501):
         plan = _plan(group_sizes, rows, seed)
         if rows == 1:  # the last group stands for the request's state (V1.4)
