@@ -75,6 +75,8 @@ def main() -> int:
                       f"{size / b / 1e9:>7.1f} {b / a:>6.3f}", flush=True)
             left = puller.close()
             print(f"{mode}: left at the puller after shutdown: {len(left)}")
+            del there  # the serving process's memory, opened here: let go of it before that process ends
+            torch.cuda.ipc_collect()
         finally:
             proc.stdin.close()
             print(f"{mode}: serving end: {proc.stdout.read().strip()}")
