@@ -75,21 +75,31 @@ def test_a_root_the_user_names_is_used_as_it_is(tmp_path):
 
 
 def test_a_files_demo_ended_by_sigterm_or_ctrl_c_removes_its_private_root():
+    """A demo signalled while it runs ends with the signal's status and removes its root. A demo
+    that finished before the signal reached it (a loaded CI host can starve this test's process
+    that long: seen once) proves nothing about the signal, so that try is made again."""
     backend_usable("files")
     for sig, status in ((15, 143), (2, 130)):
-        proc = subprocess.Popen([sys.executable, "-m", "kvwire.cli", "-v", "demo", "--backend", "files",
-                                 "--tokens", "4096"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env={k: v for k, v in dict(os.environ, COLUMNS="400").items()
-                                     if k != "KVWIRE_BACKEND_ROOT"})
-        assert proc.stderr is not None
-        try:
-            root = wait_for_line(proc.stderr, PRIVATE, timeout_s=120).group(1)
-            assert os.path.isdir(root)
-        finally:
-            proc.send_signal(sig)
-            proc.wait(timeout=120)
-        assert proc.returncode == status, proc.returncode
-        assert not os.path.exists(root), f"signal {sig} left the private root {root} behind"
+        for _ in range(3):
+            proc = subprocess.Popen([sys.executable, "-m", "kvwire.cli", "-v", "demo", "--backend", "files",
+                                     "--tokens", "8192"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    env={k: v for k, v in dict(os.environ, COLUMNS="400").items()
+                                         if k != "KVWIRE_BACKEND_ROOT"})
+            assert proc.stderr is not None
+            running = False
+            try:
+                root = wait_for_line(proc.stderr, PRIVATE, timeout_s=120).group(1)
+                assert os.path.isdir(root)
+            finally:
+                running = proc.poll() is None
+                proc.send_signal(sig)
+                proc.wait(timeout=120)
+            assert not os.path.exists(root), f"the demo left the private root {root} behind (signal {sig})"
+            if running and proc.returncode != 0:
+                break
+            assert proc.returncode == 0, proc.returncode  # ended on its own before the signal: ended well
+        assert proc.returncode == status, f"signal {sig}: status {proc.returncode} (three demos ended first)"
+
 
 
 def test_the_bench_of_files_runs_on_a_private_root_it_removes(tmp_path):
