@@ -8,6 +8,7 @@ import json
 import os
 import queue
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -74,6 +75,13 @@ def test_a_root_the_user_names_is_used_as_it_is(tmp_path):
     assert (root / "FORMAT").exists() and any((root / "packs").iterdir())   # the user's store keeps them
 
 
+def _as_from_a_terminal() -> None:
+    """Ctrl-C reaches the demo as it reaches a command typed at a terminal: a pytest-xdist worker
+    ignores SIGINT, its children inherit that, and Python then never turns SIGINT into
+    KeyboardInterrupt (the demo ran to the end, status 0: seen in CI)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_a_files_demo_ended_by_sigterm_or_ctrl_c_removes_its_private_root():
     """A demo signalled while it runs ends with the signal's status and removes its root. A demo
     that finished before the signal reached it (a loaded CI host can starve this test's process
@@ -84,7 +92,8 @@ def test_a_files_demo_ended_by_sigterm_or_ctrl_c_removes_its_private_root():
             proc = subprocess.Popen([sys.executable, "-m", "kvwire.cli", "-v", "demo", "--backend", "files",
                                      "--tokens", "8192"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                     env={k: v for k, v in dict(os.environ, COLUMNS="400").items()
-                                         if k != "KVWIRE_BACKEND_ROOT"})
+                                         if k != "KVWIRE_BACKEND_ROOT"},
+                                    preexec_fn=_as_from_a_terminal)
             assert proc.stderr is not None
             running = False
             try:
