@@ -290,6 +290,25 @@ def test_a_requester_killed_after_the_offer_leaves_no_pin_on_the_server(make_bac
     assert holder.tree.wait_unpinned(5)
 
 
+def test_an_answer_to_a_requester_that_died_before_it_fails_as_peer_gone_one_sided(make_backend) -> None:
+    from test_ucx_processes import answer_after_the_requester_died
+
+    started: list[Child] = []
+
+    def children(*args: object, mode: str = "two-sided") -> Child:
+        started.append(Child(*args, mode=mode))
+        return started[-1]
+
+    try:
+        outcome, answer = answer_after_the_requester_died(make_backend(mode="one-sided"), children, mode="one-sided")
+    finally:
+        for child in started:
+            child.stop()
+    assert outcome.is_failed, outcome  # a dead requester did not cancel anything (A10.4)
+    assert outcome.cause is Cause.PEER_GONE and not outcome.by_peer, outcome
+    assert outcome.rows_delivered == 0 and answer.attempt.quiesced()
+
+
 def test_the_seed_flow_through_workers_in_the_one_sided_mode() -> None:
     """The runtime over the one-sided mode: B pulls A's prompt blocks with only A's state, and
     decodes exactly as a local prefill would."""

@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -21,7 +22,16 @@ from kvwire.testing.require import backend_module
 
 backend_module("ucxx._lib.libucxx", "ucx", "ucxx-cu12==0.52.0")  # skips, or fails when the run requires ucx
 
-from ucx_holders import Pool, Requester, block_names, row_pattern, serve_filled  # noqa: E402
+from ucx_holders import (  # noqa: E402
+    Pool,
+    Requester,
+    ReuseTree,
+    ServingHolder,
+    block_names,
+    fill,
+    row_pattern,
+    serve_filled,
+)
 
 from kvwire.contract import Cause  # noqa: E402
 
@@ -187,6 +197,44 @@ def test_a_requester_killed_mid_pull_leaves_no_pin_on_the_server(children, make_
     outcome = holder.answers[0].outcome
     assert outcome.is_failed and "gone" in outcome.reason, outcome
     assert holder.tree.wait_unpinned(5)
+
+
+def answer_after_the_requester_died(server, children, mode: str = "two-sided"):
+    """A10.11 with A10.4: the requester (another process) asks, its serving holder has taken the
+    request but not answered, the requester is SIGKILLed and the serving end sees its connection
+    go; then the holder answers. The answer's outcome, and the holder that made it."""
+    slot = 64 << 10
+    gate = threading.Event()
+    pool, tree = Pool(GROUPS, 8, slot), ReuseTree()
+    server.register_regions(pool.regions)
+    fill(pool, tree, block_names(8))
+    holder = ServingHolder(server, pool, tree, gate=gate)
+    try:
+        client = children("request", slot, 8, server.address().hex(), mode=mode)
+        assert client.read() == {"fetching": True}
+        assert holder.wait_requests(1, 10)
+        lost = server.stats().connections_lost
+        client.proc.send_signal(signal.SIGKILL)
+        assert client.wait_dead() == -signal.SIGKILL
+        deadline = time.monotonic() + 10
+        while server.stats().connections_lost == lost and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert server.stats().connections_lost > lost, "the serving end never saw the requester's connection go"
+        gate.set()
+        assert holder.wait_settled(1, 10)
+        assert tree.wait_unpinned(5), "the answer's pins were not given back"
+    finally:
+        gate.set()
+        holder.stop()
+    answer = holder.answers[0]
+    return answer.outcome, answer
+
+
+def test_an_answer_to_a_requester_that_died_before_it_fails_as_peer_gone(children, make_backend) -> None:
+    outcome, answer = answer_after_the_requester_died(make_backend(), children)
+    assert outcome.is_failed, outcome  # a dead requester did not cancel anything (A10.4)
+    assert outcome.cause is Cause.PEER_GONE and not outcome.by_peer, outcome
+    assert outcome.rows_delivered == 0 and answer.attempt.quiesced()
 
 
 def test_a_closed_port_fails_fast_with_a_clear_reason(requester) -> None:
