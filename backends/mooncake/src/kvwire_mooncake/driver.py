@@ -57,6 +57,10 @@ _OTHER_PUT_WAIT_S = 5.0
 #: tiny test model's, per-part requests were slower). At 32 parts of 128 KiB (an 8B-class model's
 #: block) the bounce and its copy cost 0.6 GB/s against Mooncake's own multi-buffer read.
 _DIRECT_PART_BYTES = 64 << 10
+#: Mooncake's code for a read whose lease on the object ran out before the transfer was done
+#: (the object stays; its bytes in the row may be torn): such objects are read once more.
+_LEASE_EXPIRED = -707
+
 #: How long a key found absent right after its put answered 0 is asked for again before the put is
 #: called not stored (a dead writer's unfinished put, or eviction at once, keeps it absent).
 _SETTLE_S = 0.25
@@ -432,11 +436,20 @@ class MooncakeDriver(StoreDriver):
         if len(set(keys)) != n:
             return self._get_repeated(keys, spans, n)
         wanted = spans.sizes.tolist()
-        answer = spans.read(self._client, keys) if spans.parts is None else self._read_blocks(keys, spans)
+        answer = self._read(keys, spans)
         if type(answer) is list and answer == wanted:  # every row read whole; compared before any numpy
             return BatchResult.ok(n)
         sizes = spans.sizes
         got = np.asarray(answer, dtype=np.int64)
+        expired = np.flatnonzero(got == _LEASE_EXPIRED)
+        if expired.size:
+            # The master's read lease on these objects ran out while a long call was still on its
+            # way (a large batch on a busy host): the objects are there, but what landed in their
+            # rows may be torn. Read them once more, alone, under a fresh lease.
+            log.info("mooncake client %s: %d of %d objects outlived their read lease; reading them again",
+                     self._master, expired.size, n)
+            got[expired] = np.asarray(self._read([keys[i] for i in expired.tolist()], spans.select(expired)),
+                                      dtype=np.int64)
         result = codes.get_result(got, sizes)
         if not result.reasons:  # every row whole, or only misses
             return result
@@ -452,6 +465,10 @@ class MooncakeDriver(StoreDriver):
                     f"({codes.describe('get', -600)})"
                 )
         return BatchResult(result.status, reasons)
+
+    def _read(self, keys: list[str], spans: _Spans) -> Any:
+        """The client's answer for a get of distinct ``keys`` into ``spans``."""
+        return spans.read(self._client, keys) if spans.parts is None else self._read_blocks(keys, spans)
 
     def _read_blocks(self, keys: list[str], spans: _Spans) -> list[int]:
         """The client's answer for a get of block objects (distinct keys) into ``spans``: those
