@@ -45,6 +45,7 @@ class Deployment:
         self.servers, self.model, self.traces = servers, model, traces
         self.proxy, self.producer = servers["proxy"], servers["producer"]
         self.consumer, self.single = servers["consumer"], servers["single"]
+        self.victim = servers["victim"]  # a second consumer, not behind the proxy, that a test kills
 
     def complete(self, server: Process, p: list[int], max_tokens: int = 5, **extra: Any) -> dict[str, Any]:
         return post(server.url + "/v1/completions", {"model": self.model, "prompt": p, "max_tokens": max_tokens,
@@ -77,11 +78,11 @@ def deployment(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     def config(role: str) -> dict[str, Any]:
         return {**kvwire_transfer_config("ucx", options, timeout_s=8.0, hold_s=30.0), "kv_role": role}
 
-    traces = {role: logs / f"{role}.jsonl" for role in ("producer", "consumer")}
+    traces = {name: logs / f"{name}.jsonl" for name in ("producer", "consumer", "victim")}
+    roles = {"producer": "kv_producer", "consumer": "kv_consumer", "victim": "kv_consumer"}
     servers = {
-        role: vllm_server(role, model_dir, logs, config(f"kv_{role}"),
-                          {**UCX_ENV, "KVWIRE_VLLM_TRACE": str(traces[role])})
-        for role in ("producer", "consumer")
+        name: vllm_server(name, model_dir, logs, config(role), {**UCX_ENV, "KVWIRE_VLLM_TRACE": str(traces[name])})
+        for name, role in roles.items()
     }
     servers["single"] = vllm_server("single", model_dir, logs, None)
     try:
@@ -173,6 +174,33 @@ def test_a_consumer_refuses_a_producer_of_another_tensor_parallel_size(deploymen
     assert "tensor_parallel_size '2' there, '1' here" in kv["source_refused"]
     assert len(d.events("consumer", "load_submitted")) == submitted  # nothing was asked of the producer
     wait_for(d.producer_holds_nothing, BACKGROUND_S, "the unpulled hold's blocks back in the producer's pool")
+
+
+def test_a_consumer_killed_mid_load_leaves_the_producer_holding_nothing(deployment: Deployment) -> None:
+    """A consumer server SIGKILLed (its whole process group) while its load of a handoff is on
+    its way: the producer is stopped while the consumer asks, so the load is surely in flight
+    when the consumer dies. Once the producer runs again it gives every block of the handoff back
+    (its answer to a requester that is gone fails, or the hold lapses) and serves on."""
+    d = deployment
+    p = prompt(4600, 6 * BLOCK + 7)
+    params = d.complete(d.producer, p, max_tokens=1, kv_transfer_params={"do_remote_decode": True})[
+        "kv_transfer_params"]
+    assert params["kvwire_held_blocks"] == 6
+    assert not d.producer_holds_nothing()  # the handoff's blocks are pinned for the consumer
+    os.killpg(d.producer.proc.pid, signal.SIGSTOP)
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            answer = pool.submit(d.complete, d.victim, p, kv_transfer_params=params)
+            wait_for(lambda: len(d.events("victim", "load_submitted")) > 0, BACKGROUND_S,
+                     "the victim consumer's load from the stopped producer in flight")
+            d.victim.kill()
+            with pytest.raises(OSError):  # the client's connection to the dead server breaks
+                answer.result(timeout=BACKGROUND_S)
+    finally:
+        os.killpg(d.producer.proc.pid, signal.SIGCONT)
+    wait_for(d.producer_holds_nothing, BACKGROUND_S, "the dead consumer's handoff back in the producer's pool")
+    again = prompt(4601, 4 * BLOCK + 1)
+    assert d.tokens(d.proxy, again) == d.tokens(d.single, again)
 
 
 def test_a_producer_killed_mid_load_leaves_the_consumer_to_recompute(deployment: Deployment) -> None:
