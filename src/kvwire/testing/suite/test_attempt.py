@@ -10,20 +10,54 @@ import time
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
-from kvwire.contract import CacheKind, Cause, Hint, Outcome
+from kvwire.contract import (
+    CacheKind,
+    Cause,
+    Hint,
+    LayerGroupRows,
+    MemoryKind,
+    Outcome,
+    SlotRegion,
+    TokenRange,
+    View,
+)
 from kvwire.contract.capabilities import OtherEnd
 from kvwire.runtime import holding
 from kvwire.testing import needs, profiles
 from kvwire.testing.exchange import Exchange
-from kvwire.testing.harness import FaultPlan, Harness, Hold, shut_down
-from kvwire.testing.holder import Submission, call_briefly, same_outcome, settle, speaks_causes, wait_for
-from kvwire.testing.layout import Bench, ViewPlan, simple_plan
-from kvwire.testing.plans import pages
+from kvwire.testing.harness import FaultPlan, Harness, Hold, Unavailable, shut_down
+from kvwire.testing.holder import (
+    Submission,
+    call_briefly,
+    same_outcome,
+    settle,
+    speaks_causes,
+    wait_for,
+)
+from kvwire.testing.layout import BLOCK_TOKENS, Bench, ViewPlan, simple_plan
+from kvwire.testing.plans import (
+    check_bits,
+    drain_queue,
+    fill_queue,
+    needs_misses,
+    offer_for,
+    paged_exchange,
+    pages,
+    store_only,
+    transfer_checked,
+)
+from kvwire.testing.regions import next_region_id
 from kvwire.testing.serving import PullHold
 from kvwire.testing.strategies import view_plans
+from kvwire.testing.suite._kit import _held_answer, _patience, _pulls, _schedule_or_skip
+
+SENTINEL_3C = 0x3C
+SENTINEL_6B = 0x6B
+SENTINEL_A5 = 0xA5
+
 
 #: Bytes the holder writes into rows it got back, to see whether a backend writes after.
 SENTINEL = 0x5A
@@ -764,3 +798,912 @@ def test_A9_fetches_of_the_same_rows_in_flight_together_each_get_them(kvwire_har
             assert out.is_delivered and all(m.all() for m in out.masks), (
                 f"A9.5: fetch {which + 1} of two in flight together for the same held rows did not get them all: "
                 f"{out!r}; an outcome does not depend on other attempts in flight")
+
+
+# -- A1.5, A9.4, A9.5 --------------------------------------------------------------------------------
+
+def test_A1_an_outcome_outlives_shutdown_and_closed_registrations(kvwire_harness: Harness) -> None:
+    """A1.5: the outcome an attempt answered stays the same after later work, ``shutdown()`` and
+    closing the registrations."""
+    from kvwire.testing.holder import same_outcome
+
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = pages([(64, 3), (8, 3)], 353, needs.shares_names(caps))
+    with needs.open_exchange(kvwire_harness) as ex:
+        bench = Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan, kind)
+        if ex.store or ex.serves_pulls:
+            ex.offer(bench, offer_for(ex, plan, lambda gi, n: range(2)))
+        elif caps.publish:
+            pytest.skip("backend's other end is a peer without the serve-pulls protocol")
+        sub = ex.fetch(bench.sink_view())
+        ex.serve_one()
+        out = ex.settle(sub)
+        bench.apply_fetch(out)
+        for backend in ex.ends.backends:
+            shut_down(backend, timeout_s=max(10.0, kvwire_harness.quiesce_grace_s))
+        same_outcome(out, sub.poll(), "fetch")  # type: ignore[arg-type]
+        bench.close()
+        same_outcome(out, sub.poll(), "fetch")  # type: ignore[arg-type]
+        assert sub.quiesced(), "A2.2: quiesced() turned false after shutdown and closed registrations"
+
+
+def test_A9_the_order_of_groups_does_not_change_the_bits(kvwire_harness: Harness) -> None:
+    """A9.4: the same groups in another order in the view: each group's bits are the same."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = pages([(64, 5), (16, 5), (3, 5)], 359, needs.shares_names(caps))
+    with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
+                                                          plan, kind) as bench:
+        needs_misses(ex)
+        offer = offer_for(ex, plan, lambda gi, n: [r for r in range(n) if (r * (gi + 1)) % 3 != 2])
+        ex.offer(bench, offer)
+        expected = ex.expected(bench, offer, None)
+        view = bench.sink_view()
+        order = [2, 0, 1]
+        sub = ex.fetch(View(tuple(view.groups[i] for i in order)))
+        ex.serve_one()
+        out = ex.settle(sub)
+        for pos, gi in enumerate(order):
+            assert np.array_equal(out.masks[pos], expected[gi]), (
+                f"A9.4: with the view's groups in the order {order}, group {plan.groups[gi].group_id}'s bits are "
+                f"{np.flatnonzero(out.masks[pos]).tolist()}, expected {np.flatnonzero(expected[gi]).tolist()}; masks "
+                "follow the view's group order")
+        reordered = tuple(out.masks[order.index(gi)] for gi in range(len(order)))
+        from kvwire.contract import Outcome
+
+        bench.apply_fetch(Outcome(out.status, reordered, out.reason, out.by_peer, out.cause))
+
+
+def test_A9_many_attempts_in_flight_each_get_their_own_rows(kvwire_harness: Harness) -> None:
+    """A9.5: up to the queue bound of fetches in flight at once, each of other rows: each outcome
+    is exactly its own rows' bits, whatever the others do."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    with needs.open_exchange(kvwire_harness, max_in_flight=8) as ex:
+        needs_misses(ex)
+        count = min(ex.caps.max_in_flight, 8)
+        rows_each = 3
+        plan = pages([(96, count * rows_each), (8, count * rows_each)], 367, needs.shares_names(caps))
+        with Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan, kind) as bench:
+            n = count * rows_each
+            offer = offer_for(ex, plan, lambda gi, m: [r for r in range(m) if r % rows_each != 2])
+            if ex.serves_pulls:
+                offer = {gi: [r for r in range(n) if r % rows_each != 2] for gi in range(2)}
+                ex.offer(bench, offer)
+            else:
+                ex.offer(bench, offer)
+            takes = [{gi: list(range(k * rows_each, (k + 1) * rows_each)) for gi in range(2)} for k in range(count)]
+            subs = [ex.fetch(bench.sink_view(take)) for take in takes]
+            if ex.serves_pulls:
+                holder = ex.holder()
+                for request in holder.take(count):
+                    holder.finish(holder.answer(request))
+            outs = [ex.settle(sub) for sub in subs]  # all of them, before any memory is checked
+            bench.forget_sink({gi: list(range(n)) for gi in range(2)})  # every fetched row is checked below
+            for take, out in zip(takes, outs, strict=True):
+                bench.apply_fetch(out, take)
+                check_bits(ex, bench, offer, take, out, "A9.5")
+
+
+MiB = 1 << 20
+
+
+def _spin_until_quiesced(sub: Submission, what: str) -> None:
+    """Ask ``quiesced()`` as often as it takes (a holder may), to act the moment it turns true."""
+    deadline = time.monotonic() + profiles.active().patience_s
+    while not sub.quiesced():
+        assert time.monotonic() < deadline, f"A2.5: {what} did not quiesce within the suite's patience"
+        time.sleep(0)
+
+
+# -- A2 / W1 at a held attempt's end ----------------------------------------------------------------
+
+@pytest.mark.parametrize("ending", ["cancel", "deadline"])
+def test_A2_an_attempt_ended_while_held_touches_nothing_once_quiesced(kvwire_harness: Harness, ending: str) -> None:
+    """A2.3 / A2.2: a fetch cancelled, or failed by its deadline, while the other end holds it says
+    it quiesced only once nothing will write its rows again; an attempt that quiesced earlier
+    stays quiesced while later ones are held."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    if ending == "cancel":
+        needs.cancellation(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = pages([(4096, 4), (64, 4)], 401, needs.shares_names(caps))
+    patience = profiles.active().patience_s
+    timeout = 0.5 if ending == "deadline" else needs.LONG_TIMEOUT_S
+    with needs.open_exchange(kvwire_harness, hold=True, timeout_s=timeout) as ex, Bench(
+            kvwire_harness, ex.ends.source, ex.ends.sink, plan, kind) as bench:
+        sub, hold = ex.held_fetch(bench)
+        if ending == "cancel":
+            call_briefly(sub.attempt.cancel, "A4: cancel()", on_block=hold.release)
+        try:
+            out = settle(sub, patience + timeout, quiesce=False,
+                         purpose=f"A4/A8: the {ending} must conclude an attempt the other end holds")
+        except AssertionError:
+            hold.release()
+            raise
+        early = sub.quiesced()
+        if early:
+            bench.write_sink(None, SENTINEL_3C)  # taken at its word while the other end still holds the call
+        hold.release()
+        ex.settle(sub, purpose=f"W1.3: the quiescence after the {ending} wakes the holder")
+        if not early:
+            bench.write_sink(None, SENTINEL_3C)
+        assert isinstance(hold, Hold) and hold.wait_idle(patience), "the other end did not go idle after release"
+        # More work through the same backends: a writer of the ended fetch still running lands now.
+        with Bench(kvwire_harness, ex.ends.source, ex.ends.sink, pages([(4096, 4), (64, 4)], 402, plan.shared_names),
+                   kind) as later:
+            ex.transfer(later)
+        bench.verify(f"A2.3: the fetch ended by its {ending} had said it quiesced, and the holder reused its rows")
+        assert not out.is_delivered, f"A4/A8: the {ending} of a held fetch must not deliver: {out!r}"
+
+
+def test_A2_quiesced_stays_true_while_other_attempts_are_held(kvwire_harness: Harness) -> None:
+    """A2.2: once an attempt quiesced, ``quiesced()`` answers true whatever the backend does
+    later, a held attempt included."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = pages([(64, 4)], 409, needs.shares_names(caps))
+    with needs.open_exchange(kvwire_harness, hold=True) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
+                                                                     plan, kind) as bench:
+        ex.offer(bench)
+        done = ex.fetch(bench.sink_view({0: [0, 1]}))
+        ex.serve_one()
+        ex.settle(done)
+        bench.forget_sink({0: [0, 1]})
+        sub, hold = ex.held_fetch(bench)
+        try:
+            for _ in range(3):
+                assert call_briefly(done.attempt.quiesced, "A2.1: quiesced()") is True, (
+                    "A2.2: an attempt that had quiesced answers quiesced() False while another attempt is held")
+        finally:
+            hold.release()
+        ex.settle(sub)
+        bench.forget_sink()
+
+
+# -- A2 at the serving end -----------------------------------------------------------------------------
+
+def test_A2_a_serving_answer_reads_nothing_once_quiesced(kvwire_harness: Harness) -> None:
+    """A2.4 at the serving end: the moment an answer says it quiesced, the serving holder overwrites
+    the rows it served; the requester still gets the bytes as they were.
+
+    The suite cannot hold a serving end's copy, so a backend that says quiesced before it copied
+    is caught only if the overwrite reaches a row before the copy does. To make that near
+    certain: the rows are overwritten last row first (a copy in row order meets the overwrite
+    instead of staying ahead of it), and the whole exchange runs three times."""
+    caps = kvwire_harness.capabilities()
+    needs.serve_pulls(caps)
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = pages([(MiB, 6), (4096, 6)], 421, True)
+    for trial, value in enumerate((SENTINEL_3C, SENTINEL_3C ^ 0xFF, SENTINEL_3C ^ 0x55)):
+        with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
+                                                              plan, kind) as bench:
+            ex.offer(bench)
+            sub = ex.fetch(bench.sink_view())
+            holder = ex.holder()
+            (request,) = holder.take(1)
+            answer = holder.answer(request)
+            assert answer.publish is not None
+            _spin_until_quiesced(answer.publish, "the answer")
+            for gi, rows in reversed(list(enumerate(bench.rows_of(None)))):
+                for row in rows[::-1]:
+                    bench.write_source({gi: [int(row)]}, value)
+            holder.finish(answer)
+            out = ex.settle(sub)
+            # A7: every true bit holds the bytes as they were before the overwrite
+            bench.apply_fetch(out)
+            assert out.is_delivered and all(m.all() for m in out.masks), f"S1 (trial {trial}): {out!r}"
+
+
+def test_A2_a_publish_reads_nothing_the_moment_it_quiesced(kvwire_harness: Harness) -> None:
+    """A2.4: the moment a publish of large rows says it quiesced, the holder overwrites them; the
+    other end still holds them as they were offered."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = pages([(MiB, 6), (4096, 6)], 431, False)
+    with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
+                                                          plan, kind) as bench:
+        if not ex.store:
+            pytest.skip("backend's other end is a peer; a serving answer is checked by its own test")
+        sub = ex.publish(bench.source_view())
+        _spin_until_quiesced(sub, "the publish")
+        bench.write_source(None, SENTINEL_3C)
+        ex.settle(sub)
+        fetched = ex.settle(ex.fetch(bench.sink_view()))
+        bench.apply_fetch(fetched)
+        assert all(m.all() for m in fetched.masks), f"S1: {fetched!r}"
+
+
+def test_A8_a_held_attempt_concludes_at_its_deadline_not_later(kvwire_harness: Harness) -> None:
+    """A8.2: a fetch the other end never answers concludes by its deadline, not a good while
+    after it: with a deadline of 2 s, within 1.5 times the deadline after the submission call (the
+    other A8 tests leave a fixed slack, which a deadline kept at twice its length fits)."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    deadline_s = 2.0
+    limit_s = 1.5 * deadline_s
+    patience = profiles.active().patience_s
+    plan = pages([(64, 2)], 491, needs.shares_names(caps))
+    with needs.open_exchange(kvwire_harness, hold=True) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
+                                                                     plan, kind) as bench:
+        hint = Hint(ex.ends.fetch_hint.kind, ex.ends.fetch_hint.fields, deadline_s)
+        ex.offer(bench)
+        hold: Hold
+        if ex.store:
+            assert ex.ends.hold is not None
+            hold = ex.ends.hold()
+            started = time.monotonic()
+            sub = ex.fetch(bench.sink_view(), hint)
+        else:
+            holder = ex.holder()
+            started = time.monotonic()
+            sub = ex.fetch(bench.sink_view(), hint)
+            (request,) = holder.take(1)
+            hold = PullHold(holder, request)
+        try:
+            out = settle(sub, limit_s + patience, quiesce=False, purpose="A8.2: a held fetch concluding")
+            took = time.monotonic() - started
+        finally:
+            hold.release()
+        assert took <= limit_s, (
+            f"A8.2: a fetch with a deadline of {deadline_s:g} s (from the hint) that the other end never answered "
+            f"concluded {took:.2f} s after its submission; by the deadline it has concluded, and it does not "
+            "conclude later")
+        # Its cause (A10.7) is test_A8_a_held_attempt_fails_by_its_deadline's to check; this test is
+        # about when, not why.
+        assert out.is_failed, f"A8.2: a fetch the other end never answered must fail by its deadline, got {out!r}"
+        settle(sub, kvwire_harness.quiesce_grace_s + patience)
+        assert hold.wait_idle(patience)
+        bench.forget_sink()
+        bench.apply_fetch(out)
+
+
+# -- faults --------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("where", ["last group", "every group"])
+def test_A5_a_fault_in_any_group_fails_the_fetch(kvwire_harness: Harness, where: str) -> None:
+    """A5.9: a fault at the other end for a row of any group, not only the first, fails the fetch;
+    that row is false and never passes as a miss."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    shared = needs.shares_names(caps)
+    plan = pages([(64, 4), (32, 4), (16, 4)], 457, shared)
+    probe = Bench(kvwire_harness, None, None, plan, kind)
+    last = len(plan.groups) - 1
+    faulty = {probe.names[last][2].tobytes()} if where == "last group" else {
+        probe.names[gi][1].tobytes() for gi in range(len(plan.groups))}
+    probe.close()
+    with needs.open_exchange(kvwire_harness, faults=FaultPlan(fetch=frozenset(faulty))) as ex, Bench(
+            kvwire_harness, ex.ends.source, ex.ends.sink, plan, kind) as bench:
+        if not ex.store:
+            pytest.skip("backend's other end is a peer; the harness injects faults at a store")
+        ex.offer(bench)
+        out = ex.settle(ex.fetch(bench.sink_view()))
+        bench.apply_fetch(out)
+        assert out.is_failed, f"A5.9: a fault at the other end in the {where} must fail the fetch: {out!r}"
+        if speaks_causes(ex.ends.sink):
+            assert out.cause is Cause.FAULT, f"A10.9: a fault at the other end gives cause FAULT: {out!r}"
+        for gi, mask in enumerate(out.masks):
+            for row in range(plan.groups[gi].rows):
+                if bench.names[gi][row].tobytes() in faulty:
+                    assert not mask[row], f"A5.9: group {gi} row {row} faulted, yet is marked delivered"
+
+
+def test_A5_rows_declined_for_space_are_false_bits_in_a_delivered_publish(kvwire_harness: Harness) -> None:
+    """A5.11: a store that declines some rows for space is no fault: the publish delivers, those
+    rows' bits are false, and a fetch finds exactly the rows marked held."""
+    from kvwire.testing.faults import Decline
+
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = pages([(64, 4)], 463, False)
+    schedule = (Decline(call=None, start=1, stop=2),)
+    with needs.open_exchange(kvwire_harness, faults=FaultPlan(schedule=schedule)) as ex, Bench(
+            kvwire_harness, ex.ends.source, ex.ends.sink, plan, kind) as bench:
+        _schedule_or_skip(ex)
+        put = ex.settle(ex.publish(bench.source_view()))
+        assert put.is_delivered, f"A5.11: a row declined for space is a false bit, never a failure: {put!r}"
+        assert not put.masks[0].all(), f"A5.11: the store declined a row, yet every bit is true: {put!r}"
+        fetched = ex.settle(ex.fetch(bench.sink_view()))
+        bench.apply_fetch(fetched)
+        assert np.array_equal(fetched.masks[0], put.masks[0]), (
+            f"A5.6: the publish marked {np.flatnonzero(put.masks[0]).tolist()} held; a fetch found "
+            f"{np.flatnonzero(fetched.masks[0]).tolist()}")
+
+
+# -- A5.10: an answer stopped between its offer and its last row ---------------------------------------------
+
+def test_A5_an_answer_stopped_before_its_last_row_is_no_shorter_prefix(kvwire_harness: Harness) -> None:
+    """A5.10 / A5.9 / A4.3 / A2.4: the serving holder answers a pull with every block it holds, and
+    cancels the answer while it is on the wire: the answer concludes ``CANCELLED`` (not by the
+    peer) and quiesces; the holder then overwrites the served rows. The requester's fetch either
+    delivers every block (the serving end held them all throughout) with the bytes they had
+    before the overwrite, or does not deliver: a stopped answer is never passed off as a shorter
+    prefix, and no true bit holds bytes read after the answer quiesced."""
+    with paged_exchange(kvwire_harness, [(64, 4), (32, 4)], 3905, needs.serve_pulls, needs.transfer,
+                        needs.cancellation, shared=True) as (_, ex, bench):
+        hold, sub, answer = _held_answer(ex, bench, "an answer stopped half-way")
+        with hold:
+            call_briefly(answer.publish.attempt.cancel, "A4.1: cancel() of an answer on the wire")
+            stopped = settle(answer.publish, _patience(), quiesce=False,
+                             purpose="A4.3: an answer its holder cancelled on the wire concluding")
+            assert stopped.is_cancelled and not stopped.by_peer, (
+                f"A4.3: an answer its holder cancelled concludes CANCELLED, not by the peer; got {stopped!r}")
+            settle(answer.publish, _patience() + kvwire_harness.quiesce_grace_s,
+                   purpose="A4.5: the cancelled answer quiescing while held on the wire")
+            bench.write_source(None, SENTINEL)  # the serving holder reuses its rows the moment they quiesced
+        out = ex.settle(sub)
+        ex.holder().finish(answer)
+        if out.is_delivered:
+            short = [int(m.sum()) for m in out.masks if not m.all()]
+            assert not short, (
+                f"A5.10: the serving end held all {bench.plan.groups[0].rows} blocks throughout, and its answer was "
+                f"stopped on the wire; the fetch delivered with only {short} of them: a stopped answer passed off as a "
+                "shorter prefix (deliver them all, or fail)")
+        try:
+            bench.apply_fetch(out)
+        except AssertionError as exc:
+            raise AssertionError(f"A2.4/A7.1: a row of the stopped answer holds bytes the serving holder wrote after the "
+                                 f"answer quiesced: {exc}") from None
+
+
+# -- A1.1 / A2.1: a poll that blocks briefly ---------------------------------------------------------------
+
+#: Calls in one burst; together they must return within the suite's blocking limit.
+BURST = 200
+
+
+def test_A1_A2_a_burst_of_polls_of_a_held_attempt_returns_at_once(kvwire_harness: Harness) -> None:
+    """A1.1 / A2.1: ``poll()`` and ``quiesced()`` never block, not even briefly: 200 of each on a
+    fetch its other end holds (and on a publish a store holds) return within the suite's blocking
+    limit together, as a holder polling many attempts each step needs."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = pages([(64, 2)], 3907, needs.shares_names(caps))
+    with needs.open_exchange(kvwire_harness, hold=True) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
+                                                                     plan, kind) as bench:
+        held: list[tuple[Submission, Hold]] = []
+        try:
+            held.append(ex.held_fetch(bench))
+        except Unavailable as exc:
+            pytest.skip(f"harness cannot provide it: {exc}")
+        if ex.store:
+            held[0][1].release()
+            ex.settle(held[0][0])
+            bench.forget_sink()
+            held = [ex.held_fetch(bench), ex.held_publish(bench)]
+        try:
+            for sub, _ in held:
+                for what, call in (("poll()", sub.poll), ("quiesced()", sub.quiesced)):
+                    call_briefly(lambda call=call: [call() for _ in range(BURST)],  # type: ignore[misc]
+                                 f"A1.1/A2.1: {BURST} calls of {what} of a held {sub.op}",
+                                 on_block=held[0][1].release)
+                assert sub.outcome is None or ex.serves_pulls, f"the held {sub.op} concluded: {sub.outcome!r}"
+        finally:
+            for _, hold in held:
+                hold.release()
+        for sub, _ in held:
+            ex.settle(sub)
+        for sub, _ in held:
+            if sub.op == "fetch":
+                bench.apply_fetch(sub.outcome)  # type: ignore[arg-type]
+
+
+# -- A2.3: an attempt waiting behind others says it quiesced ------------------------------------------------
+
+def test_A2_an_attempt_waiting_behind_others_has_not_quiesced(kvwire_harness: Harness) -> None:
+    """A2.3 / A2.5: with the other end held, fetches submitted one after another wait behind the
+    first; one that says ``quiesced()`` before it concluded promises that nothing will write its
+    rows again, so the holder reuses them at once: once everything was let go and settled, such a
+    row still holds what the holder wrote (a fetch that says it quiesced before it ran, and runs
+    afterwards, breaks it)."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    with needs.open_exchange(kvwire_harness, max_in_flight=4, hold=True) as ex:
+        count = min(ex.caps.max_in_flight, 4)
+        if count < 2:
+            pytest.skip("backend declares a queue bound of 1: nothing waits behind another attempt")
+        if not (ex.store and ex.ends.hold is not None or ex.serves_pulls):
+            pytest.skip("the suite cannot hold this backend's other end")
+        plan = pages([(64, count)], 3909, needs.shares_names(caps))
+        with Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan, kind) as bench:
+            ex.offer(bench)
+            subs, hold, requests = fill_queue(ex, bench, list(range(count)))
+            reused: list[int] = []
+            try:
+                for row, sub in enumerate(subs):
+                    if sub.poll() is None and sub.quiesced():
+                        bench.write_sink({0: [row]}, SENTINEL)
+                        reused.append(row)
+            finally:
+                drain_queue(ex, subs, hold, requests)
+            bench.forget_sink({0: [row for row in range(count) if row not in reused]})
+            for row, sub in enumerate(subs):
+                if row in reused:
+                    got = bench.sink.memories[0].read(bench.sink.slots[0][[row]])
+                    assert (got == SENTINEL).all(), (
+                        f"A2.3: fetch {row + 1} of {count} said quiesced() before it concluded, while it waited behind "
+                        "the others; the holder reused its row, and the backend wrote it afterwards")
+                    bench.forget_sink({0: [row]})
+                else:
+                    bench.apply_fetch(sub.outcome, {0: [row]})  # type: ignore[arg-type]
+            bench.verify("after fetches that waited behind others")
+
+
+# -- A5.11: a store that is really full ------------------------------------------------------------------
+
+def test_A5_a_publish_to_a_full_store_delivers_with_false_bits(kvwire_harness: Harness) -> None:
+    """A5.11 / A5.8 / S1.3: with the store really full (the harness filled it, ``Ends.fill``), a
+    publish of rows it already holds and rows it has no room for delivers, without a cause: the
+    rows it held are true, a row it did not take is a false bit, never a failure; a fetch finds
+    exactly the rows marked held. Once the store has room again, a publish delivers and what it
+    marks held is found."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    needs.names(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = pages([(64, 6)], 3917, False)
+    with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan,
+                                                          kind) as bench:
+        store_only(ex, "a full store")
+        if ex.ends.fill is None:
+            pytest.skip("harness cannot fill its store (Ends.fill)")
+        early = {0: [0, 1]}
+        first = ex.settle(ex.publish(bench.source_view(early)))
+        assert first.is_delivered and first.masks[0].all(), f"S1.2: a publish to a store with room: {first!r}"
+        try:
+            free = ex.ends.fill(plan.groups[0].slot_bytes)
+        except Unavailable as exc:
+            pytest.skip(f"harness cannot provide it: {exc}")
+        try:
+            full = ex.settle(ex.publish(bench.source_view()))
+            assert full.is_delivered, (
+                f"A5.11: a publish to a full store delivers, the rows it has no room for false bits; it is not a "
+                f"failure (a full store is no fault): got {full!r}")
+            assert full.masks[0][:2].all(), (
+                f"A5.11: rows the full store already held count as held; got {full.masks[0].astype(int).tolist()}")
+            fetched = ex.settle(ex.fetch(bench.sink_view()))
+            bench.apply_fetch(fetched)
+            assert fetched.is_delivered, f"A5.8: a fetch from a full store, its misses no failure: {fetched!r}"
+            assert np.array_equal(fetched.masks[0], full.masks[0]), (
+                f"S1.3/A5.6: with the store full, the fetch found rows {fetched.masks[0].astype(int).tolist()}, the "
+                f"publish marked held {full.masks[0].astype(int).tolist()}")
+        finally:
+            free()
+        later = ex.settle(ex.publish(bench.source_view()))
+        assert later.is_delivered, f"A5.11: a publish once the store has room again: {later!r}"
+        bench.forget_sink()
+        fetched = ex.settle(ex.fetch(bench.sink_view()))
+        bench.apply_fetch(fetched)
+        assert (fetched.masks[0] >= later.masks[0]).all(), (
+            f"S1.3: rows a publish marked held once the store had room were not found: publish "
+            f"{later.masks[0].astype(int).tolist()}, fetch {fetched.masks[0].astype(int).tolist()}")
+
+
+def test_A9_rows_of_two_sizes_published_apart_arrive_in_adjacent_slots(kvwire_harness: Harness) -> None:
+    """A9.2 / A7.1 / A9.4: four 64 KiB rows of one group and four 32 KiB rows of another, each
+    published on its own in reverse order (so the store holds them apart), fetched in one view
+    whose rows follow each other in memory (the two groups' regions are the two touching halves
+    of one allocation): every row arrives with its own bytes (a copy that merges rows adjacent at
+    one end only moves the wrong bytes), and nothing around them changes."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    needs.names(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    if kind is not MemoryKind.HOST:
+        pytest.skip("the test lays rows out in HOST memory")
+    big, small, rows = 64 << 10, 32 << 10, 4
+    rng = np.random.default_rng(3923)
+    with needs.open_exchange(kvwire_harness) as ex:
+        store_only(ex, "rows a store holds apart")
+        source = [kvwire_harness.allocate(kind, size, rows) for size in (big, small)]
+        data = [rng.integers(0, 256, (rows, size), dtype=np.uint8) for size in (big, small)]
+        for memory, rows_data in zip(source, data, strict=True):
+            memory.write(np.arange(rows), rows_data)
+        names = [rng.integers(0, 256, (rows, 16), dtype=np.uint8) for _ in range(2)]
+        sink = kvwire_harness.allocate(kind, big, rows * 2)  # both halves: rows * (big + small) fit
+        whole = sink.region
+        halves = (SlotRegion(next_region_id(), whole.base, big, rows, whole.memory_kind, whole.device),
+                  SlotRegion(next_region_id(), whole.base + rows * big, small, rows, whole.memory_kind, whole.device))
+        sink.fill(np.arange(rows * 2), SENTINEL)
+        with ex.ends.source.register_regions([m.region for m in source]), \
+                ex.ends.sink.register_regions([whole]):
+            for row in reversed(range(rows)):
+                for gi in (1, 0):
+                    view = View((LayerGroupRows(gi, CacheKind.PAGED, source[gi].region, np.array([row]),
+                                                TokenRange(0, 16), names[gi][[row]]),))
+                    out = ex.settle(ex.publish(view))
+                    assert out.is_delivered and out.masks[0].all(), f"S1.2: publish of group {gi} row {row}: {out!r}"
+            view = View(tuple(LayerGroupRows(gi, CacheKind.PAGED, halves[gi], np.arange(rows), TokenRange(0, 16 * rows),
+                                             names[gi]) for gi in (0, 1)))
+            fetched = ex.settle(ex.fetch(view))
+            assert fetched.is_delivered and all(m.all() for m in fetched.masks), (
+                f"S1.3: rows published apart, fetched in one view: {fetched!r}")
+        raw = sink.read(np.arange(rows * 2)).reshape(-1)
+        for gi, size in ((0, big), (1, small)):
+            offset = 0 if gi == 0 else rows * big
+            got = raw[offset:offset + rows * size].reshape(rows, size)
+            wrong = np.flatnonzero((got != data[gi]).any(axis=1))
+            assert wrong.size == 0, (
+                f"A7.1/A9.2: group {gi} row(s) {wrong.tolist()} are marked delivered but hold other bytes than were "
+                "published (rows that follow each other in the fetch's memory, held apart by the store)")
+        rest = raw[rows * (big + small):]
+        assert (rest == SENTINEL).all(), "S2.4: the fetch wrote past its rows"
+        assert sink.guards_intact(), "S2.4: the fetch wrote outside its region"
+
+
+# -- deadlines ------------------------------------------------------------------------------------
+
+def test_A8_the_deadline_counts_from_submission_also_behind_others(kvwire_harness: Harness) -> None:
+    """A8.1: with the other end not answering, every attempt of a full queue concludes failed by
+    its own deadline, counted from its submission, not from when the backend got to it."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    deadline_s, slack_s = 0.6, 0.8
+    with needs.open_exchange(kvwire_harness, hold=True, timeout_s=deadline_s, max_in_flight=6) as ex:
+        count = min(ex.caps.max_in_flight, 6)
+        if count < 2:
+            pytest.skip("backend declares a queue bound of 1: nothing waits behind another attempt")
+        plan = pages([(64, count)], 241, needs.shares_names(caps))
+        with Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan, kind) as bench:
+            hold: Hold | None = None
+            if ex.store:
+                if ex.ends.hold is None:
+                    pytest.skip("harness cannot hold the backend's other end")
+                ex.offer(bench)
+                hold = ex.ends.hold()
+            elif ex.serves_pulls:
+                ex.offer(bench)
+                ex.holder()  # serving, but the suite answers none of the pulls
+            else:
+                pytest.skip("backend's other end is a peer without the serve-pulls protocol; the suite cannot hold it")
+            try:
+                subs: list[tuple[float, Submission]] = []
+                for row in range(count):
+                    subs.append((time.monotonic(), ex.fetch(bench.sink_view({0: [row]}))))
+                for started, sub in subs:
+                    out = settle(sub, deadline_s + slack_s + profiles.active().patience_s, quiesce=False)
+                    took = time.monotonic() - started
+                    assert out.is_failed, f"A8.2: an attempt the other end never answered must fail, got {out!r}"
+                    if speaks_causes(sub.backend):
+                        assert out.cause is Cause.DEADLINE, f"A10: a deadline failure's cause is DEADLINE: {out!r}"
+                    assert took <= deadline_s + slack_s, (
+                        f"A8.1: attempt {subs.index((started, sub)) + 1} of {count} had a deadline of {deadline_s:g} s "
+                        f"from its submission, and concluded {took:.2f} s after it; the deadline counts from "
+                        "submission, also for attempts queued behind others")
+            finally:
+                if hold is not None:
+                    hold.release()
+            for _, sub in subs:
+                settle(sub, kvwire_harness.quiesce_grace_s + slack_s + profiles.active().patience_s)
+            if hold is not None:
+                assert hold.wait_idle(profiles.active().patience_s)
+            bench.forget_sink()
+            bench.verify("after attempts that failed by their deadlines")
+
+
+# -- A2 with large rows -------------------------------------------------------------------------------
+
+def test_A2_large_rows_are_left_alone_once_quiesced(kvwire_harness: Harness) -> None:
+    """A2.3 / A2.4: with rows of 1 MiB, once a publish says it quiesced the holder overwrites its
+    rows and the other end still holds them as offered; once a fetch says it quiesced the holder
+    overwrites its rows and nothing changes them afterwards."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = pages([(MiB, 6), (4096, 6)], 281, needs.shares_names(caps))
+    after = pages([(MiB, 6), (4096, 6)], 283, needs.shares_names(caps))
+    with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
+                                                          plan, kind) as bench, Bench(
+            kvwire_harness, ex.ends.source, ex.ends.sink, after, kind) as later:
+        if ex.store:
+            sub = ex.publish(bench.source_view())
+            ex.settle(sub)
+            bench.write_source(None, SENTINEL_A5)  # as soon as it quiesced
+        elif ex.serves_pulls:
+            ex.offer(bench)
+        fetch = ex.fetch(bench.sink_view())
+        if ex.serves_pulls:
+            holder = ex.holder()
+            (request,) = holder.take(1)
+            answer = holder.answer(request)
+            holder.finish(answer)
+            bench.write_source(None, SENTINEL_A5)
+        out = ex.settle(fetch)
+        # The holder reuses the rows the moment the fetch quiesced (A2.3): it takes what arrived,
+        # then overwrites the rows, before anything else. A writer still copying the last chunk of
+        # a large fetch would land on the holder's bytes.
+        arrived = [bench.sink.memories[gi].read(bench.sink.slots[gi]) for gi in range(len(plan.groups))]
+        bench.write_sink(None, SENTINEL_A5)
+        assert out.is_delivered and all(m.all() for m in out.masks), f"S1: {out!r}"
+        for gi, got in enumerate(arrived):
+            wrong = np.flatnonzero((got != bench.data[gi]).any(axis=1))
+            assert wrong.size == 0, (
+                f"A7.1: row(s) {wrong[:8].tolist()} of group {plan.groups[gi].group_id} are marked delivered but "
+                "held other bytes than the source's when the fetch quiesced")
+        # More work of the same size through the same backends: a writer still running would land now.
+        ex.transfer(later)
+        bench.verify("A2.3: the fetch had quiesced, and the holder then reused its rows; something still "
+                     "wrote them")
+
+
+# -- A5.10: a name asked twice in one fetch ------------------------------------------------------------
+
+
+def test_A5_a_name_asked_twice_in_one_fetch_fills_both_rows(kvwire_harness: Harness) -> None:
+    """A5.10 / N1.1 / A9.1: equal names in one group name interchangeable bytes, so a store fetch
+    may ask one name on several rows (into distinct slots): every such row of a held name is a
+    true bit and holds the published bytes, however the backend batches its gets."""
+    with paged_exchange(kvwire_harness, [(64, 3), (40, 2)], 811, needs.transfer, needs.names, shared=False,
+                        spare=3) as (_, ex, bench):
+        store_only(ex, "a fetch naming one block on several rows")
+        ex.offer(bench)
+        asked = ([0, 1, 0, 2, 1], [1, 1, 0])  # per group: which published row each fetched row names
+        used = [set(bench.sink.slots[gi].tolist()) for gi in range(2)]
+        slots = [np.array([s for s in range(g.region_slots) if s not in used[gi]][: len(asked[gi])], dtype=np.int64)
+                 for gi, g in enumerate(bench.plan.groups)]
+        groups = []
+        for gi, g in enumerate(bench.plan.groups):
+            rows = np.asarray(asked[gi], dtype=np.int64)
+            groups.append(LayerGroupRows(g.group_id, CacheKind.PAGED, bench.sink.memories[gi].region, slots[gi],
+                                         TokenRange(0, rows.size * BLOCK_TOKENS), bench.names[gi][rows]))
+        out = ex.settle(ex.fetch(View(tuple(groups))))
+        assert out.is_delivered and all(m.all() for m in out.masks), (
+            f"A5.10: every name of this fetch is held (groups {[g.group_id for g in bench.plan.groups]} ask rows "
+            f"{list(asked)}, some twice), so every row is a true bit; got {out!r}")
+        for gi, g in enumerate(bench.plan.groups):
+            want = bench.data[gi][np.asarray(asked[gi])]
+            got = bench.sink.memories[gi].read(slots[gi])
+            wrong = np.flatnonzero((got != want).any(axis=1))
+            assert wrong.size == 0, (
+                f"A7.1/A5.10: group {g.group_id}: fetched row(s) {wrong.tolist()} (naming published rows "
+                f"{[asked[gi][i] for i in wrong.tolist()]}) do not hold the bytes published under their name")
+            bench.sink.model[gi][slots[gi]] = want
+        bench.verify("S2: after a fetch naming some blocks twice")
+
+
+# -- A4.6 / A4.2: cancel() of a fetch that concluded but has not quiesced ----------------------------------
+
+
+def test_A4_cancel_of_a_fetch_that_failed_by_its_deadline_changes_nothing(kvwire_harness: Harness) -> None:
+    """A4.6 / A1.3: a fetch its other end holds fails by its deadline; ``cancel()`` (twice)
+    afterwards, while the other end still holds the call and the fetch may not have quiesced,
+    changes nothing: the same failed outcome (cause ``DEADLINE`` for 1.1), before and after it
+    quiesces."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = simple_plan(groups=1, rows=2, seed=831, shared_names=needs.shares_names(caps))
+    deadline_s = 0.4
+    patience = profiles.active().patience_s
+    with needs.open_exchange(kvwire_harness, hold=True) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
+                                                                     plan, kind) as bench:
+        hint = Hint(ex.ends.fetch_hint.kind, ex.ends.fetch_hint.fields, deadline_s)
+        sub, hold = ex.held_fetch(bench, hint)
+        try:
+            out = settle(sub, deadline_s + 2.0 + patience, quiesce=False,
+                         purpose=f"A8.2: a held fetch must fail by its deadline of {deadline_s:g} s")
+            assert out.is_failed, f"A8.2: a fetch its other end never answered fails by its deadline: {out!r}"
+            for call in ("cancel()", "a second cancel()"):
+                call_briefly(sub.attempt.cancel, f"A4.1: {call} of a fetch that failed by its deadline",
+                             on_block=hold.release)
+                later = call_briefly(sub.attempt.poll, "A1.1: poll()", on_block=hold.release)
+                assert later is not None, f"A1.4: poll() answered None after {call}, after it had answered {out!r}"
+                try:
+                    same_outcome(out, later, "fetch")
+                except AssertionError as exc:
+                    raise AssertionError(
+                        f"A4.6: {call} after the fetch failed by its deadline (its other end still holding the call) "
+                        f"changed its outcome: {exc}") from None
+        finally:
+            hold.release()
+        ex.settle(sub, purpose="A8.3: the failed fetch quiescing once its other end let go")
+        same_outcome(out, sub.attempt.poll(), "fetch")  # type: ignore[arg-type]
+        assert isinstance(hold, Hold) and hold.wait_idle(patience), "the other end did not go idle after release"
+        bench.forget_sink()
+        bench.apply_fetch(out)
+
+
+def test_A4_a_second_cancel_changes_nothing_the_first_did_not(kvwire_harness: Harness) -> None:
+    """A4.2 / A2.3 / A4.5: ``cancel()`` twice does what once does: a fetch its other end holds,
+    cancelled and concluded, then cancelled again, says it quiesced only once nothing will write
+    its rows again, also while its other end still holds the call."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    needs.cancellation(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = pages([(4096, 4), (64, 4)], 841, needs.shares_names(caps))
+    patience = profiles.active().patience_s
+    with needs.open_exchange(kvwire_harness, hold=True) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
+                                                                     plan, kind) as bench:
+        sub, hold = ex.held_fetch(bench)
+        try:
+            call_briefly(sub.attempt.cancel, "A4.1: cancel()", on_block=hold.release)
+            out = settle(sub, patience, quiesce=False, purpose="A4.3/A4.4: cancel() concluding the held fetch")
+            call_briefly(sub.attempt.cancel, "A4.1/A4.2: a second cancel() of the cancelled fetch", on_block=hold.release)
+            same_outcome(out, sub.attempt.poll(), "fetch")  # type: ignore[arg-type]
+            early = sub.quiesced()
+            if early:
+                bench.write_sink(None, SENTINEL_6B)  # taken at its word while the other end still holds the call
+        finally:
+            hold.release()
+        ex.settle(sub, purpose="A4.5: the cancelled fetch quiescing once its other end let go")
+        if not early:
+            bench.write_sink(None, SENTINEL_6B)
+        assert isinstance(hold, Hold) and hold.wait_idle(patience), "the other end did not go idle after release"
+        # More work through the same backends: a writer of the cancelled fetch still running lands now.
+        with Bench(kvwire_harness, ex.ends.source, ex.ends.sink, pages([(4096, 4), (64, 4)], 842, plan.shared_names),
+                   kind) as later:
+            ex.transfer(later)
+        bench.verify("A4.2/A2.3: after a second cancel() the fetch had said it quiesced, and the holder reused its rows")
+        assert out.is_cancelled, f"A4.3: cancel() before the conclusion yields a cancelled outcome: {out!r}"
+
+
+# -- A10.11: a pull from a serving end that is gone ----------------------------------------------
+
+def test_A10_a_pull_from_a_serving_end_that_is_gone_fails_as_peer_gone(kvwire_harness: Harness) -> None:
+    """A10.11: once the serving end has shut down and closed, a pull naming its address fails
+    with cause ``PEER_GONE`` (the backend knows its other end is gone), or, from a backend that
+    cannot tell, with ``DEADLINE`` by the hint's deadline; never as a fault the peer reported."""
+    with _pulls(kvwire_harness, [(32, 2)], 683, needs.fetch) as (caps, ex, bench):
+        source = ex.ends.source
+        shut_down(source, profiles.active().patience_s)  # B3.5: an idle serving end comes to the empty set
+        call_briefly(source.close, "B3.8: close() of the serving end")
+        sub = ex.fetch(bench.sink_view(), Hint(ex.ends.fetch_hint.kind, ex.ends.fetch_hint.fields, 2.0))
+        out = ex.settle(sub, purpose="A10.11: a pull from a serving end that is gone concluding")
+        bench.apply_fetch(out)
+        assert out.is_failed and out.cause in (Cause.PEER_GONE, Cause.DEADLINE), (
+            f"A10.11: a pull from a serving end that shut down and closed must fail with cause PEER_GONE (or DEADLINE "
+            f"from a backend that cannot tell it is gone), got {out!r}")
+
+
+# -- sizes and shapes ---------------------------------------------------------------------------
+
+def test_A7_rows_from_one_byte_to_four_mebibytes(kvwire_harness: Harness) -> None:
+    """A7.1 / M2: rows of any size, drawn on a log scale from 1 B to 4 MiB, arrive byte for byte."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    shared = needs.shares_names(caps)
+
+    @profiles.examples(max_examples=max(3, profiles.active().examples // 2))
+    @example(exponents=[0, 22], jitter=0, rows=2)
+    @example(exponents=[13, 16, 18], jitter=0, rows=3)
+    @given(exponents=st.lists(st.integers(0, 22), min_size=1, max_size=3),
+           jitter=st.integers(-3, 3), rows=st.integers(1, 4))
+    def run(exponents: list[int], jitter: int, rows: int) -> None:
+        sizes = [min(4 * MiB, max(1, 2**e + (jitter if e > 2 else 0))) for e in exponents]
+        specs = [(s, rows if s <= MiB else min(rows, 2)) for s in sizes]
+        plan = pages(specs, seed=sum(sizes) + rows, shared=shared)
+        with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
+                                                              plan, kind) as bench:
+            result = ex.transfer(bench)
+            assert result.fetched.is_delivered and all(m.all() for m in result.fetched.masks), (
+                f"A5/A7: rows of {sizes} bytes did not all arrive: {result.fetched!r}")
+
+    run()
+
+
+def test_A9_views_of_thousands_of_rows_and_many_groups(kvwire_harness: Harness) -> None:
+    """A9.6: a view's size does not change what moves: 3 groups of 1500 rows, and 16 groups,
+    each with held and missing rows in place."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    shared = needs.shares_names(caps)
+    for specs, seed in (([(8, 1500), (24, 1500), (1, 1500)], 211), ([(16 + g, 24) for g in range(16)], 223)):
+        plan = pages(specs, seed, shared)
+        with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
+                                                              plan, kind) as bench:
+            if ex.store or ex.serves_pulls:
+                offer = offer_for(ex, plan, lambda gi, n: [r for r in range(n) if (r + gi) % 3 != 1]
+                                   if ex.store else range(n * 3 // 4))
+            else:
+                offer = None
+            transfer_checked(ex, bench, offer, None, "A9.6")
+
+
+def test_A9_misses_keep_their_place_whatever_the_order(kvwire_harness: Harness) -> None:
+    """A9.2 / A9.3: the rows of a fetch in any order, whole or split over views: every bit stays with its
+    row, held rows true and missing rows false."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    shared = needs.shares_names(caps)
+    p = profiles.active()
+
+    @profiles.examples()
+    @given(groups=st.integers(1, p.max_groups), rows=st.integers(2, max(p.max_rows, 12)), data=st.data())
+    def run(groups: int, rows: int, data: st.DataObject) -> None:
+        plan = pages([(data.draw(st.sampled_from([3, 64, 200])), rows) for _ in range(groups)],
+                     data.draw(st.integers(0, 2**31)), shared)
+        with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
+                                                              plan, kind) as bench:
+            needs_misses(ex)
+            offer = offer_for(ex, plan, lambda gi, n: data.draw(
+                st.lists(st.integers(0, n - 1), unique=True, min_size=1, max_size=n - 1), label=f"held {gi}"))
+            if ex.serves_pulls:
+                # One pull, its blocks in a drawn order: the served prefix is the held names'
+                # run from the start of that order.
+                order = data.draw(st.permutations(range(rows)), label="order")
+                take = {gi: list(order) for gi in range(groups)}
+                transfer_checked(ex, bench, offer, take, "A9.2")
+                return
+            ex.offer(bench, offer)
+            parts = data.draw(st.integers(1, 3), label="parts")
+            for part in range(parts):
+                take = {gi: data.draw(st.permutations([r for r in range(g.rows) if r % parts == part]),
+                                      label=f"part {part} of {gi}") for gi, g in enumerate(plan.groups)}
+                fetched = ex.settle(ex.fetch(bench.sink_view(take)))
+                bench.apply_fetch(fetched, take)
+                check_bits(ex, bench, offer, take, fetched, "A9.2")
+
+    run()
+
+
+# -- publish masks ---------------------------------------------------------------------------------
+
+def test_A5_a_publish_counts_rows_the_store_already_holds(kvwire_harness: Harness) -> None:
+    """A5.6 / A5.11: a publish's mask marks the rows the other end holds once it concluded, those it held
+    before included."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = pages([(64, 5), (128, 5)], 233, shared=False)
+    with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
+                                                          plan, kind) as bench:
+        store_only(ex, "a publish's mask of held rows")
+        first = ex.settle(ex.publish(bench.source_view({0: [0, 1], 1: [4]})))
+        assert first.is_delivered and all(m.all() for m in first.masks), f"S1: {first!r}"
+        again = ex.settle(ex.publish(bench.source_view()))
+        assert again.is_delivered, f"A5.4: publishing rows the store holds and rows it lacks failed: {again!r}"
+        for g, mask in zip(plan.groups, again.masks, strict=True):
+            assert mask.all(), (
+                f"A5.4: group {g.group_id}: the store holds every row after the second publish, but its mask marks "
+                f"only {np.flatnonzero(mask).tolist()}; rows held before count as held")
+        fetched = ex.settle(ex.fetch(bench.sink_view()))
+        bench.apply_fetch(fetched)
+        assert all(m.all() for m in fetched.masks), f"S1: {fetched!r}"
+
+
+def test_A5_publish_masks_say_exactly_what_the_store_holds(kvwire_harness: Harness) -> None:
+    """A5.6 / A5.9 / S1.3: with faults on some names, a row the publish marks true is found by a fetch,
+    and a row that faulted is marked false and not found."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = pages([(64, 6), (40, 6)], 239, shared=False)
+    probe = Bench(kvwire_harness, None, None, plan, kind)
+    faulty = {probe.names[0][3].tobytes(), probe.names[1][1].tobytes()}
+    try:
+        with needs.open_exchange(kvwire_harness, faults=FaultPlan(publish=frozenset(faulty))) as ex, Bench(
+                kvwire_harness, ex.ends.source, ex.ends.sink, plan, kind) as bench:
+            store_only(ex, "a publish's mask of held rows")
+            published = ex.settle(ex.publish(bench.source_view()))
+            assert published.is_failed, f"A5.3: a publish that met faults at the store must fail: {published!r}"
+            fetched = ex.settle(ex.fetch(bench.sink_view()))
+            bench.apply_fetch(fetched)
+            for gi, (put, got) in enumerate(zip(published.masks, fetched.masks, strict=True)):
+                lost = np.flatnonzero(put & ~got)
+                assert lost.size == 0, (
+                    f"A5.4: group {gi}: row(s) {lost.tolist()} marked held by the publish were not found by a fetch")
+                for row in range(plan.groups[gi].rows):
+                    if bench.names[gi][row].tobytes() in faulty:
+                        assert not put[row] and not got[row], (
+                            f"A5.4: group {gi} row {row} faulted at the store, yet is marked held or was found")
+    finally:
+        probe.close()

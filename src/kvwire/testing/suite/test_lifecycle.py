@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -13,82 +14,104 @@ import pytest
 
 from kvwire.contract import (
     CONTRACT_VERSION,
+    LOOKUP,
     Backend,
     Capabilities,
     Cause,
     Hint,
     InvalidSubmission,
+    Lookup,
     SubmissionRejected,
-    View,
 )
 from kvwire.contract.capabilities import SERVE_PULLS
+from kvwire.contract.errors import SubmissionError
 from kvwire.testing import needs, profiles
-from kvwire.testing.harness import Harness, Hold
+from kvwire.testing.harness import Harness, Hold, Unavailable, shut_down
 from kvwire.testing.holder import (
     Submission,
     call_briefly,
+    declares,
     refused,
     same_outcome,
     settle,
     speaks_causes,
+    submit,
     wait_for,
 )
 from kvwire.testing.layout import Bench, simple_plan
+from kvwire.testing.plans import (
+    check_bits,
+    drain_queue,
+    fill_queue,
+    fillable_queue,
+    pages,
+)
+from kvwire.testing.suite._kit import _patience
 
-SENTINEL = 0x3C
 
-
-# -- W1 ----------------------------------------------------------------------------------------
-
-def test_W1_a_wake_follows_every_visible_change(kvwire_harness: Harness) -> None:
-    """A holder that looks only after wakes sees every conclusion and every quiescence: after
-    each wake it polls, and the last change is always followed by a wake."""
+def test_B4_capabilities_do_not_change_with_work_in_flight(kvwire_harness: Harness) -> None:
+    """B4.2: ``capabilities()`` answers the same with attempts in flight as when idle."""
     caps = kvwire_harness.capabilities()
     needs.transfer(caps)
     kind = needs.usable_kind(kvwire_harness, caps)
-    plan = simple_plan(groups=2, rows=6, seed=131, shared_names=needs.shares_names(caps))
-    with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan,
-                                                          kind) as bench:
-        for select in (None, {0: [1, 2]}, {1: [0]}):
-            # settle() looks only after wakes and fails naming W1 if a change came without one.
-            result = ex.transfer(bench, select if ex.store else None, None)
-            assert result.fetched is not None
-        # W1.2: an attempt with nothing to move (no groups, or groups without rows) may conclude
-        # at once, and a wake still follows (settle() waits for one).
-        empty: list[tuple[str, View]] = []
-        if ex.store or not ex.serves_pulls:
-            empty.append(("publish", View(())))
-        if ex.store:
-            empty += [("publish", bench.source_view({0: [], 1: []})), ("fetch", View(())),
-                      ("fetch", bench.sink_view({0: [], 1: []}))]
-        for op, view in empty:
-            sub = ex.publish(view) if op == "publish" else ex.fetch(view)
-            assert ex.settle(sub).is_delivered, f"V1.7: a {op} of {len(view.groups)} groups without rows: {sub.outcome!r}"
+    with needs.open_exchange(kvwire_harness, max_in_flight=3, hold=True) as ex:
+        if not (ex.store and ex.ends.hold is not None or ex.serves_pulls):
+            pytest.skip("the suite cannot hold this backend's other end")
+        idle = [b.capabilities() for b in ex.ends.backends]
+        plan = pages([(32, 2)], 449, needs.shares_names(caps))
+        with Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan, kind) as bench:
+            ex.offer(bench)
+            subs, hold, requests = fill_queue(ex, bench, [0, 1][: ex.caps.max_in_flight])
+            try:
+                busy = [b.capabilities() for b in ex.ends.backends]
+            finally:
+                drain_queue(ex, subs, hold, requests)
+            assert busy == idle, f"B4.2: capabilities() changed with attempts in flight: {idle} -> {busy}"
+            bench.forget_sink()
 
 
-def test_W1_wakes_come_for_changes_while_held(kvwire_harness: Harness) -> None:
-    """Attempts that conclude while their other end is held (by cancellation) and quiesce once it
-    lets go: a wake follows each change."""
+# -- B3.1: a submission while shutdown() drains ------------------------------------------------------------
+
+def test_B3_nothing_is_taken_while_shutdown_drains(kvwire_harness: Harness) -> None:
+    """B3.1 / S3.1 / M3.10: with a fetch held at the other end, ``shutdown()`` of the fetching end
+    may return it as not yet quiesced; from the first call on, a fetch (and a publish, a
+    registration from contract 1.1, and a lookup where declared, L1.10) raises
+    ``SubmissionRejected`` and nothing escapes, also while that shutdown still drains."""
     caps = kvwire_harness.capabilities()
     needs.transfer(caps)
     kind = needs.usable_kind(kvwire_harness, caps)
-    plan = simple_plan(groups=1, rows=3, seed=137)
+    plan = pages([(64, 2)], 3915, needs.shares_names(caps))
     with needs.open_exchange(kvwire_harness, hold=True) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
                                                                      plan, kind) as bench:
-        if not ex.store:
-            pytest.skip("backend's other end is a peer; holding is exercised through a store")
-        assert ex.ends.hold is not None
-        hold = ex.ends.hold()
-        pub = ex.publish(bench.source_view())
-        wait_for(lambda: hold.waiting() > 0 or pub.wakes.count > 0, profiles.active().patience_s,
-                 "the held store receiving the publish")
-        seen = pub.wakes.count
-        if caps.cancellation:
-            pub.attempt.cancel()
-            settle(pub, profiles.active().patience_s, quiesce=False)
-        hold.release()
-        settle(pub, profiles.active().patience_s)
-        assert pub.wakes.count > seen, "W1: no wake followed the publish's conclusion and quiescence"
+        try:
+            sub, hold = ex.held_fetch(bench)
+        except Unavailable as exc:
+            pytest.skip(f"harness cannot provide it: {exc}")
+        sink = ex.ends.sink
+        try:
+            pending = sink.shutdown()
+            draining = bool(pending)
+            when = "while shutdown() still drains a fetch held at the other end" if draining else "after shutdown()"
+            refused(lambda: ex.fetch(bench.sink_view({0: [1]})), f"B3.1: a fetch {when}", SubmissionRejected)
+            if caps.publish:
+                refused(lambda: submit(sink, "publish", bench.sink_view({0: [1]}), ex.ends.publish_hint),
+                        f"B3.1: a publish {when}", SubmissionRejected)
+            if LOOKUP in caps.protocols and isinstance(sink, Lookup):
+                names = bench.names[0][:1]
+                refused(lambda: sink.lookup([bench.plan.groups[0].group_id], names, ex.ends.fetch_hint),
+                        f"L1.10: a lookup {when}", SubmissionRejected)
+            if declares(sink, "M3.10"):
+                memory = kvwire_harness.allocate(kind, 64, 2)
+                refused(functools.partial(sink.register_regions, [memory.region]), f"M3.10: a registration {when}",
+                        SubmissionRejected)
+        finally:
+            hold.release()
+        out = settle(sub, _patience() + kvwire_harness.quiesce_grace_s)
+        shut_down(sink, _patience() + kvwire_harness.quiesce_grace_s)
+        bench.apply_fetch(out)
+
+
+SENTINEL = 0x3C
 
 
 # -- B1 ----------------------------------------------------------------------------------------
@@ -549,3 +572,164 @@ def test_B4_capabilities_stay_the_same_after_shutdown(kvwire_harness: Harness) -
             before = backend.capabilities()
             backend.shutdown()
             assert backend.capabilities() == before, "B4.2: capabilities() changed after shutdown()"
+
+
+# -- instances -----------------------------------------------------------------------------------
+
+def test_B1_pairs_of_instances_share_no_store_queue_or_shutdown(kvwire_harness: Harness) -> None:
+    """B1.3-B1.5: two pairs of instances in one process: what one pair's other end holds the other's
+    does not; one's full queue does not refuse the other's submissions; one's shutdown leaves the
+    other working."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    shared = needs.shares_names(caps)
+    plan = pages([(64, 4), (32, 4)], 251, shared)
+    with needs.open_exchange(kvwire_harness, max_in_flight=3, hold=True) as first, \
+            needs.open_exchange(kvwire_harness, max_in_flight=3) as second:
+        one = Bench(kvwire_harness, first.ends.source, first.ends.sink, plan, kind)
+        two = Bench(kvwire_harness, second.ends.source, second.ends.sink, plan, kind)  # same names, same bytes
+        try:
+            if first.store:
+                first.offer(one)
+                fetched = second.settle(second.fetch(two.sink_view()))
+                two.apply_fetch(fetched)
+                assert fetched.rows_delivered == 0, (
+                    f"B1.1: rows published through one pair of instances were found through another pair, whose "
+                    f"harness gave it a store of its own: {fetched!r}")
+            # Fill the first pair's queue with held attempts, then work on the second.
+            bound = first.caps.max_in_flight
+            held: list[Submission] = []
+            hold: Hold | None = None
+            if bound <= 64 and (first.store and first.ends.hold is not None or first.serves_pulls):
+                if first.store:
+                    hold = first.ends.hold()  # type: ignore[misc]
+                else:
+                    first.offer(one)
+                    first.holder()
+                filler = pages([(8, bound)], 257, shared)
+                with Bench(kvwire_harness, first.ends.source, first.ends.sink, filler, kind) as fill:
+                    requests = []
+                    try:
+                        for row in range(bound):
+                            held.append(first.fetch(fill.sink_view({0: [row]})))
+                        if first.serves_pulls:
+                            requests = first.holder().take(bound)  # held: none answered yet
+                        try:
+                            result = second.transfer(two)
+                        except SubmissionRejected as exc:
+                            raise AssertionError(f"B1.2: one instance's full queue refused another's work: {exc}") from exc
+                        check_bits(second, two, None, None, result.fetched, "B1.5")
+                    finally:
+                        if hold is not None:
+                            hold.release()
+                        for request in requests:
+                            first.holder().decline(request, "the suite declines the filler pulls")
+                        for sub in held:
+                            first.settle(sub)
+                        fill.forget_sink()
+            for backend in first.ends.backends:
+                shut_down(backend, timeout_s=max(10.0, kvwire_harness.quiesce_grace_s))
+            two.forget_sink()
+            try:
+                result = second.transfer(two)
+            except SubmissionRejected as exc:
+                raise AssertionError(f"B1.3: shutting down one pair of instances stopped another: {exc}") from exc
+            check_bits(second, two, None, None, result.fetched, "B1.3")
+        finally:
+            one.close()
+            two.close()
+
+
+# -- B1.5: queues per instance, also on one store ---------------------------------------------------
+
+
+def test_B1_an_instance_takes_its_whole_bound_while_another_beside_it_is_full(kvwire_harness: Harness) -> None:
+    """B1.5 / S3.10: queues are per instance, also of two instances on one store or two connected
+    peers: with the other end held and ``max_in_flight`` attempts in flight on one instance, the
+    other instance of the pair still takes its whole declared bound (a store's fetches, a serving
+    peer's answers to those pulls); every attempt delivers once the other end lets go."""
+    with fillable_queue(kvwire_harness, 48, 733) as (ex, bench, bound):
+        rows = list(range(bound))
+        if ex.store:
+            assert ex.ends.hold is not None
+            hold = ex.ends.hold()
+            subs: list[Submission] = []
+            try:
+                subs += [ex.publish(bench.source_view({0: [row]})) for row in rows]
+                for row in rows:
+                    try:
+                        subs.append(ex.fetch(bench.sink_view({0: [row]})))
+                    except SubmissionError as exc:
+                        raise AssertionError(
+                            f"B1.5: fetch {row + 1} on the fetching instance was refused ({type(exc).__name__}: {exc}) "
+                            f"with {row} in flight there, while the publishing instance on the same store had its "
+                            f"bound of {bound} in flight; attempts on one instance never count towards another's "
+                            "max_in_flight") from exc
+            finally:
+                hold.release()
+            outs = [ex.settle(sub) for sub in subs]
+            assert all(out.is_delivered and out.masks[0].all() for out in outs), (
+                f"S3.10: attempts taken below each instance's bound must deliver once the store lets go: {outs!r}")
+            bench.forget_sink({0: rows})  # every fetch wrote its row; each is checked below
+            for row, out in zip(rows, outs[bound:], strict=True):
+                bench.apply_fetch(out, {0: [row]})
+        else:
+            subs, _, requests = fill_queue(ex, bench, rows)
+            holder = ex.holder()
+            answers = []
+            for i, request in enumerate(requests):
+                try:
+                    answers.append(holder.answer(request))
+                except SubmissionError as exc:
+                    raise AssertionError(
+                        f"B1.5: answer {i + 1} on the serving instance was refused ({type(exc).__name__}: {exc}) while "
+                        f"the requesting instance had its bound of {bound} pulls in flight; attempts on one instance "
+                        "never count towards another's max_in_flight") from exc
+            for answer in answers:
+                holder.finish(answer)
+            outs = [ex.settle(sub) for sub in subs]
+            assert all(out.is_delivered and out.masks[0].all() for out in outs), (
+                f"N2.10: every pull was answered with its whole block: {outs!r}")
+            bench.forget_sink({0: rows})  # every pull wrote its row; each is checked below
+            for row, out in zip(rows, outs, strict=True):
+                bench.apply_fetch(out, {0: [row]})
+
+
+# -- B3.2 / A10.8 / W1.2: shutdown() concludes a fetch its other end holds ------------------------------
+
+
+def test_B3_shutdown_concludes_a_fetch_the_other_end_holds(kvwire_harness: Harness) -> None:
+    """B3.2 / W1.2: ``shutdown()`` ends or cancels every attempt in flight: a fetch its
+    other end still holds concludes (not delivered; cause ``SHUTDOWN`` for a 1.1 backend) with a
+    wake, while the other end goes on holding it; it is returned until it quiesced, and once the
+    other end lets go ``shutdown()`` comes to the empty set within the grace."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = simple_plan(groups=2, rows=3, seed=801, shared_names=needs.shares_names(caps))
+    patience = profiles.active().patience_s
+    grace = kvwire_harness.quiesce_grace_s
+    with needs.open_exchange(kvwire_harness, hold=True) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
+                                                                     plan, kind) as bench:
+        sink = ex.ends.sink
+        sub, hold = ex.held_fetch(bench)
+        try:
+            assert sub.poll() is None, "the fetch concluded while its other end held it"
+            pending = call_briefly(sink.shutdown, "B3: shutdown() with a fetch held", on_block=hold.release)
+            assert all(a is sub.attempt for a in pending), "B3.3: shutdown() returned an attempt never submitted"
+            out = settle(sub, patience, quiesce=False,
+                         purpose="B3.2: shutdown() must conclude a fetch its other end still holds, without waiting "
+                                 "for the other end (and wake its holder)")
+        finally:
+            hold.release()
+        assert not out.is_delivered, f"B3.2: a fetch its other end never answered cannot have delivered: {out!r}"
+        if speaks_causes(sink):
+            assert out.cause is Cause.SHUTDOWN, (
+                f"A10.8/B3.2: shutdown() concluded a fetch its other end held, so its cause is SHUTDOWN: {out!r}")
+        wait_for(lambda: not sink.shutdown(), grace + 1.0,
+                 f"B3.5: shutdown() returning the empty set within the grace of {grace:g} s after the other end let go,")
+        ex.settle(sub, purpose="B3.3: shutdown() returned empty, so the fetch has quiesced")
+        assert isinstance(hold, Hold) and hold.wait_idle(patience), "the other end did not go idle after release"
+        bench.forget_sink()
+        bench.apply_fetch(out)

@@ -14,18 +14,31 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvwire.contract import Capabilities, Hint, InvalidSubmission, SubmissionRejected
+from kvwire.contract import (
+    LOOKUP,
+    Capabilities,
+    Hint,
+    InvalidSubmission,
+    Lookup,
+    SubmissionRejected,
+)
 from kvwire.contract.capabilities import OtherEnd
 from kvwire.contract.errors import LookupFailed, SubmissionError
-from kvwire.contract.lookup import LOOKUP, Lookup
 from kvwire.testing import needs, profiles
 from kvwire.testing.exchange import Exchange
 from kvwire.testing.harness import FaultPlan, Harness
-from kvwire.testing.holder import call_briefly, declares, settle, wait_for
+from kvwire.testing.holder import (
+    call_briefly,
+    declares,
+    settle,
+    wait_for,
+)
 from kvwire.testing.layout import Bench, ViewPlan, random_names, simple_plan
+from kvwire.testing.plans import paged_exchange
 from kvwire.testing.strategies import selections
 
 UNUSABLE = Hint.of("kvwire_conformance_unusable")
+
 
 #: How long after its deadline a lookup may take to raise ``LookupFailed`` (L1.7): scheduling
 #: delay on a loaded machine, never a second wait.
@@ -503,3 +516,34 @@ def test_L1_a_lookup_beside_a_full_queue_is_not_refused_and_wakes_nothing(kvwire
                     f"L1.4: a held fetch of a held row, released after a lookup, gave {out!r}")
             _expect(_ask(ex, [gid], bench.names[0], timeout_s=profiles.active().patience_s), np.ones(bound, bool),
                     "once the other end answers again")
+
+
+# -- L1.3: a lookup of thousands of names ----------------------------------------------------------------
+
+
+def test_L1_thousands_of_names_in_one_lookup_each_answer(kvwire_harness: Harness) -> None:
+    """L1.3 (A9.6 for a lookup): one lookup of 1500 names, of which the store holds every row but
+    those at positions 3, 10, 17, ... (also past the first thousand): each bit answers its own
+    name, whatever batches the backend asks its store in."""
+    caps = kvwire_harness.capabilities()
+    if LOOKUP not in caps.protocols:
+        pytest.skip(f"backend does not declare the {LOOKUP} protocol")
+    if caps.other_end is not OtherEnd.STORE:
+        pytest.skip(f"backend declares {LOOKUP} for a peer; this test makes a store other end hold rows")
+    rows = 1500
+    with paged_exchange(kvwire_harness, [(8, rows)], 861, needs.publish, shared=False) as (_, ex, bench):
+        held = np.arange(rows) % 7 != 3
+        published = ex.settle(ex.publish(bench.source_view({0: np.flatnonzero(held).tolist()})))
+        assert published.is_delivered and published.masks[0].all(), (
+            f"S1.2: a publish of {int(held.sum())} rows of 8 bytes must deliver with room to spare: {published!r}")
+        sink = ex.ends.sink
+        assert isinstance(sink, Lookup), f"B4.6: the backend declares {LOOKUP!r} but does not implement Lookup"
+        gid = bench.plan.groups[0].group_id
+        answer = call_briefly(lambda: sink.lookup([gid], bench.names[0], ex.ends.fetch_hint), "L1: lookup()",
+                              limit_s=profiles.active().patience_s)
+        assert type(answer) is np.ndarray and answer.dtype == np.bool_ and answer.shape == (rows,), (
+            f"L1.2: a lookup of {rows} names answers a plain bool array of {rows} bits, got {answer!r}")
+        wrong = np.flatnonzero(answer != held)
+        assert wrong.size == 0, (
+            f"L1.3: a lookup of {rows} names answered {wrong.size} bit(s) wrong, first at name(s) {wrong[:8].tolist()} "
+            f"(held: {held[wrong[:8]].tolist()}); bit i answers names[i], whatever its place among thousands")

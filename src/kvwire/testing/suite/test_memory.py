@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -14,17 +15,288 @@ from kvwire.contract import (
     InvalidSubmission,
     LayerGroupRows,
     MemoryKind,
+    Outcome,
     SlotRegion,
+    SubmissionRejected,
     TokenRange,
     View,
 )
 from kvwire.contract.backend import Backend, Registration
 from kvwire.testing import needs, profiles
-from kvwire.testing.harness import Harness
-from kvwire.testing.holder import refused
-from kvwire.testing.layout import Bench, simple_plan
+from kvwire.testing.exchange import Exchange
+from kvwire.testing.harness import Harness, shut_down
+from kvwire.testing.holder import (
+    refused,
+)
+from kvwire.testing.layout import BLOCK_TOKENS, Bench, simple_plan
+from kvwire.testing.plans import (
+    paged_exchange,
+    pages,
+)
 from kvwire.testing.regions import RegionMemory, fake_region, next_region_id
 from kvwire.testing.strategies import view_plans
+
+SENTINEL_5A = 0x5A
+
+
+# -- registration and recognition ------------------------------------------------------------------
+
+def test_M3_registration_after_shutdown_is_rejected_and_closing_still_works(kvwire_harness: Harness) -> None:
+    """M3.10 / M3.11: after ``shutdown()`` a registration raises ``SubmissionRejected`` and
+    registers nothing; closing an earlier registration is still allowed, twice."""
+    caps = kvwire_harness.capabilities()
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = pages([(64, 2)], 313, needs.shares_names(caps))
+    with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
+                                                          plan, kind) as bench:
+        late = Bench(kvwire_harness, None, None, plan, kind)
+        try:
+            for backend in ex.ends.backends:
+                shut_down(backend, timeout_s=max(10.0, kvwire_harness.quiesce_grace_s))
+                refused(lambda: backend.register_regions([m.region for m in late.source.memories]),  # noqa: B023
+                        "M3.10: a registration after shutdown()", SubmissionRejected)
+            for registration in bench.registrations:
+                call_briefly_close(registration)
+                call_briefly_close(registration)
+            bench.registrations.clear()
+        finally:
+            late.close()
+
+
+def call_briefly_close(registration) -> None:  # type: ignore[no-untyped-def]
+    from kvwire.testing.holder import call_briefly
+
+    call_briefly(registration.close, "M3.11: closing a registration after shutdown()")
+
+
+def _sub_span_view(view: View, offset_slots: int) -> View:
+    """The same rows, each group described by another region inside the registered one: starting
+    ``offset_slots`` slots later, with its slot indices shifted to match (M4.2)."""
+    groups = []
+    for g in view.groups:
+        r = g.region
+        lo = min(offset_slots, int(g.slots.min()) if g.rows else 0)
+        inner = SlotRegion(r.region_id + 30_000, r.base + lo * r.slot_bytes, r.slot_bytes, r.slot_count - lo,
+                           r.memory_kind, r.device)
+        groups.append(LayerGroupRows(g.group_id, g.kind, inner, g.slots - lo, g.tokens, g.names))
+    return View(tuple(groups))
+
+
+def test_M4_a_view_over_part_of_a_registered_region_moves_its_rows(kvwire_harness: Harness) -> None:
+    """M4.1 / M4.2: a row is recognized by where its bytes lie: a view whose regions are other
+    descriptions of registered memory (a sub-span under another id) moves its rows like any other."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = pages([(64, 4), (16, 4)], 317, needs.shares_names(caps), spare=2)
+    with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
+                                                          plan, kind) as bench:
+        try:
+            if ex.store:
+                out = ex.settle(ex.publish(_sub_span_view(bench.source_view(), 2)))
+                assert out.is_delivered and all(m.all() for m in out.masks), f"M4.2: {out!r}"
+            elif ex.serves_pulls:
+                ex.offer(bench)
+            sub = ex.fetch(_sub_span_view(bench.sink_view(), 1))
+        except InvalidSubmission as exc:
+            raise AssertionError(f"M4.2: rows inside a registered region were refused because the view describes "
+                                 f"them with another SlotRegion: {exc}") from exc
+        ex.serve_one()
+        fetched = ex.settle(sub)
+        bench.apply_fetch(fetched)
+        assert fetched.is_delivered and all(m.all() for m in fetched.masks), f"M4.2: {fetched!r}"
+
+
+def _halved_view(view: View) -> View:
+    """``view`` with every region described in slots of half its slot size: each row becomes two
+    rows, its first and its second half, named as the row with one byte more (0 or 1) (M4.2)."""
+    groups = []
+    for g in view.groups:
+        r = g.region
+        half = SlotRegion(r.region_id + 40_000, r.base, r.slot_bytes // 2, r.slot_count * 2, r.memory_kind, r.device)
+        slots = (np.repeat(g.slots * 2, 2) + np.tile([0, 1], g.rows)).astype(np.int64)
+        names = None
+        if g.names is not None:
+            names = np.zeros((2 * g.rows, g.names.shape[1] + 1), dtype=np.uint8)
+            names[:, :-1] = np.repeat(g.names, 2, axis=0)
+            names[:, -1] = np.tile([0, 1], g.rows)
+        groups.append(LayerGroupRows(g.group_id, g.kind, half, slots, TokenRange(0, BLOCK_TOKENS * 2 * g.rows),
+                                     names))
+    return View(tuple(groups))
+
+
+def _moved_as_described(ex: Exchange, source: View, sink: View, how: str) -> Outcome:
+    """Offer ``source`` (publish to a store, into the serving holder's tree, or publish to a peer)
+    and fetch ``sink``, both describing registered memory ``how``; the fetch's outcome, which
+    must have delivered every row (M4.2: rows inside registered regions are recognized however
+    a view describes them)."""
+    pub = None
+    try:
+        if ex.store:
+            published = ex.settle(ex.publish(source))
+            assert published.is_delivered and all(m.all() for m in published.masks), f"M4.2: {published!r}"
+        elif ex.serves_pulls:
+            ex.holder().tree.add_view(source)
+        else:
+            pub = ex.publish(source)
+        sub = ex.fetch(sink)
+    except InvalidSubmission as exc:
+        raise AssertionError(f"M4.2: rows inside registered regions were refused because the view describes them "
+                             f"{how}: {exc}") from exc
+    ex.serve_one()
+    fetched = ex.settle(sub)
+    if pub is not None:
+        ex.settle(pub)
+    assert fetched.is_delivered and all(m.all() for m in fetched.masks), (
+        f"M4.2: a fetch of rows described {how} must deliver them all: {fetched!r}")
+    return fetched
+
+
+def test_M4_rows_described_with_another_slot_size_move(kvwire_harness: Harness) -> None:
+    """M4.2 / M4.1: recognition reads where a row's bytes lie, not the registered slot size: a view
+    that describes registered memory in slots of half the registered size (every registered row
+    as two rows) is taken, and both halves of every row arrive, byte for byte."""
+    with paged_exchange(kvwire_harness, [(64, 3), (32, 3)], 347, needs.transfer) as (_, ex, bench):
+        source, sink = _halved_view(bench.source_view()), _halved_view(bench.sink_view())
+        fetched = _moved_as_described(ex, source, sink, "in slots of half the registered size")
+        bench.apply_fetch(Outcome.delivered([m[0::2] & m[1::2] for m in fetched.masks]))
+
+
+#: Other descriptions of registered memory whose rows each span two registered slots (M4.2): per
+#: case, the region over a registered one of ``n`` slots of ``size`` bytes, and the slots of its
+#: rows, over the registered slots 2..5 (the bench's rows, with two spare slots either side; "half a
+#: slot further on" covers 2.5..5.5).
+ACROSS_SLOTS: dict[str, Callable[[SlotRegion], tuple[SlotRegion, list[int]]]] = {
+    "twice the slot size": lambda r: (SlotRegion(r.region_id + 50_000, r.base, 2 * r.slot_bytes, r.slot_count // 2,
+                                                 r.memory_kind, r.device), [1, 2]),
+    "half a slot further on": lambda r: (SlotRegion(r.region_id + 60_000, r.base + r.slot_bytes // 2, r.slot_bytes,
+                                                    r.slot_count - 1, r.memory_kind, r.device), [2, 3, 4]),
+}
+
+
+def _across_view(view: View, case: str, names: np.ndarray) -> View:
+    """``view`` with every group's region described as ``ACROSS_SLOTS[case]`` says, its rows named
+    ``names`` (alike in every group)."""
+    groups = []
+    for g in view.groups:
+        region, slots = ACROSS_SLOTS[case](g.region)
+        groups.append(LayerGroupRows(g.group_id, g.kind, region, np.asarray(slots, dtype=np.int64),
+                                     TokenRange(0, BLOCK_TOKENS * len(slots)), names[: len(slots)]))
+    return View(tuple(groups))
+
+
+@pytest.mark.parametrize("case", list(ACROSS_SLOTS))
+def test_M4_rows_that_span_registered_slots_move(kvwire_harness: Harness, case: str) -> None:
+    """M4.2 / M4.1 / M2.4: recognition reads where a row's bytes lie, not the registered slots: a
+    view describing registered memory in slots twice the registered size, or starting half a slot
+    further on (every row across two registered slots), is taken, and exactly its rows' bytes
+    arrive."""
+    with paged_exchange(kvwire_harness, [(64, 4), (32, 4)], 661, needs.transfer, spare=2) as (_, ex, bench):
+        assert all(g.region_slots == 8 and set(g.source_slots) == {2, 3, 4, 5} for g in bench.plan.groups)
+        names = np.random.default_rng(661).integers(0, 256, size=(4, 16), dtype=np.uint8)
+        names[:, 0] = np.arange(4)  # distinct
+        source, sink = _across_view(bench.source_view(), case, names), _across_view(bench.sink_view(), case, names)
+        _moved_as_described(ex, source, sink, f"with {case} (each row across two registered slots)")
+        for gi, g in enumerate(sink.groups):
+            start = int(g.addresses()[0]) - bench.sink.memories[gi].region.base
+            end = int(g.addresses()[-1]) + g.region.slot_bytes - bench.sink.memories[gi].region.base
+            want = bench.sink.model[gi].reshape(-1).copy()
+            want[start:end] = bench.source.model[gi].reshape(-1)[start:end]
+            got = bench.sink.memories[gi].read_all().reshape(-1)
+            wrong = np.flatnonzero(got != want)
+            assert wrong.size == 0, (
+                f"M4.2/M2.3: group {g.group_id}: byte(s) {wrong[:8].tolist()} of the sink region differ from the source's "
+                f"rows (bytes {start}..{end}) or from what was there before; a row moves exactly its bytes")
+            bench.sink.model[gi] = want.reshape(bench.sink.model[gi].shape)
+        bench.verify("M4.2: after rows spanning registered slots moved")
+
+
+def test_M4_rows_registered_only_with_another_instance_are_refused(kvwire_harness: Harness) -> None:
+    """M4.6 / B1.2: memory registered with one instance is not registered with another."""
+    caps = kvwire_harness.capabilities()
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = pages([(64, 3)], 331, needs.shares_names(caps))
+    with needs.open_exchange(kvwire_harness) as first, needs.open_exchange(kvwire_harness) as second, Bench(
+            kvwire_harness, first.ends.source, first.ends.sink, plan, kind) as bench:
+        if caps.publish:
+            refused(lambda: second.publish(bench.source_view()),
+                    "M4.6: a publish on an instance of rows registered only with another")
+        if caps.fetch:
+            refused(lambda: second.fetch(bench.sink_view()),
+                    "M4.6: a fetch on an instance of rows registered only with another")
+        bench.verify("M4.6: after refused submissions")
+
+
+# -- M3.4 / M3.5: regions of other slot sizes over the same bytes -------------------------------------------
+
+def _span(memory_region: SlotRegion, offset: int, slot_bytes: int, count: int) -> SlotRegion:
+    r = memory_region
+    return SlotRegion(next_region_id(), r.base + offset, slot_bytes, count, r.memory_kind, r.device)
+
+
+def test_M3_regions_of_other_slot_sizes_overlap_by_their_bytes(kvwire_harness: Harness) -> None:
+    """M3.5 / M3.4 / M3.2: overlap is judged by the bytes regions span, whatever their slot
+    sizes: a region of 16-byte slots inside a registered region of 64-byte slots, or sharing its
+    last 16 bytes, is refused, and so is a batch of two such regions; regions of other slot sizes
+    that only touch are taken, in one batch and in two."""
+    caps = kvwire_harness.capabilities()
+    kind = needs.usable_kind(kvwire_harness, caps)
+    memory = kvwire_harness.allocate(kind, 64, 16)  # 1024 bytes
+    whole = memory.region
+    with needs.open_exchange(kvwire_harness) as ex:
+        backend = ex.ends.sink
+        first = _span(whole, 0, 64, 8)  # bytes [0, 512)
+        with backend.register_regions([first]):
+            for what, region in (("inside it", _span(whole, 200, 16, 4)),
+                                 ("sharing its last 16 bytes", _span(whole, 496, 16, 4)),
+                                 ("covering it whole", _span(whole, 0, 512, 2))):
+                refused(functools.partial(backend.register_regions, [region]),
+                        f"M3.5: registering a region of {region.slot_bytes}-byte slots {what} (a registered region of "
+                        "64-byte slots)")
+            touching = _span(whole, 512, 16, 32)  # bytes [512, 1024)
+            try:
+                backend.register_regions([touching]).close()
+            except InvalidSubmission as exc:
+                raise AssertionError(f"M3.5: a region of 16-byte slots that only touches a registered region of 64-byte "
+                                     f"slots was refused: {exc}") from None
+        refused(functools.partial(backend.register_regions, [_span(whole, 0, 64, 8), _span(whole, 480, 32, 4)]),
+                "M3.4: registering a batch of a 64-byte-slot region and a 32-byte-slot one sharing its last 32 bytes")
+        try:
+            backend.register_regions([_span(whole, 0, 64, 8), _span(whole, 512, 32, 16)]).close()
+        except InvalidSubmission as exc:
+            raise AssertionError(f"M3.4: a batch of two regions of other slot sizes that only touch was refused: "
+                                 f"{exc}") from None
+
+
+# -- found by mutation testing of the shipped backends (issue 39) ---------------------------------------------
+
+def test_M4_a_region_reaching_past_its_registration_is_checked_row_by_row(kvwire_harness: Harness) -> None:
+    """M4.1 / M4.4 / M4.2: a view's region may describe more memory than is registered, as long as
+    its rows lie inside a registration: a fetch of rows inside is taken; the same region object
+    then naming a row outside the registration is refused with ``InvalidSubmission`` and that row
+    is not touched (a backend that remembers the region as recognized after the first view lets
+    the second read or write memory nobody registered)."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = pages([(64, 2)], 3921, needs.shares_names(caps), spare=0)
+    with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, None, plan, kind) as bench:
+        memory = kvwire_harness.allocate(kind, 64, 8)
+        whole = memory.region
+        registered = SlotRegion(next_region_id(), whole.base, 64, 4, whole.memory_kind, whole.device)
+        wide = SlotRegion(next_region_id(), whole.base, 64, 8, whole.memory_kind, whole.device)  # reaches past it
+        names = bench.names[0]
+        with ex.ends.sink.register_regions([registered]):
+            ex.offer(bench)
+            inside = View((LayerGroupRows(0, CacheKind.PAGED, wide, np.array([0, 1]), TokenRange(0, 32), names),))
+            out = ex.fetch_settled(inside)
+            assert out.is_delivered, f"M4.2: rows inside a registration, described by a wider region: {out!r}"
+            memory.fill([5, 6], SENTINEL_5A)
+            outside = View((LayerGroupRows(0, CacheKind.PAGED, wide, np.array([5, 6]), TokenRange(0, 32), names),))
+            refused(lambda: ex.fetch(outside), "M4.4: a fetch whose rows lie past the registration of their region's "
+                    "memory (the same region object that earlier named rows inside it)")
+            got = memory.read([5, 6])
+            assert (got == SENTINEL_5A).all(), "S3.5/M4.4: a refused fetch of rows outside any registration wrote them"
 
 
 def _sub_region(region: SlotRegion, offset_slots: int, count: int) -> SlotRegion:
@@ -370,3 +642,100 @@ def test_M4_a_row_partly_outside_its_registered_region_is_refused(kvwire_harness
         ("with a row starting half a slot before the registered region's base", base - slot // 2, 4, [0, 2]),
         ("with one row entirely inside and one running one byte past the end", end - 2 * slot + 1, 2, [0, 1]),
     ], "M4.1/M4.4")
+
+
+# -- M1.4 / M4.1: a view that names another memory kind over registered memory ----------------------
+
+
+def _relabelled(view: View, kind: MemoryKind, device: int | None) -> View:
+    """``view`` with every group's region described as memory of ``kind`` (on ``device``), at the
+    same addresses."""
+    groups = []
+    for g in view.groups:
+        r = g.region
+        region = SlotRegion(r.region_id + 40_000, r.base, r.slot_bytes, r.slot_count, kind, device)
+        groups.append(LayerGroupRows(g.group_id, g.kind, region, g.slots, g.tokens, g.names))
+    return View(tuple(groups))
+
+
+def _other_labels(kind: MemoryKind, device: int | None) -> list[tuple[str, MemoryKind, int | None]]:
+    """Descriptions of memory of ``kind`` (on ``device``) as other memory (M1.2): the other kind,
+    and for DEVICE memory another device."""
+    labels: list[tuple[str, MemoryKind, int | None]] = []
+    if kind is MemoryKind.HOST:
+        labels.append(("DEVICE memory of device 0", MemoryKind.DEVICE, 0))
+    else:
+        labels.append(("HOST memory", MemoryKind.HOST, None))
+        labels.append((f"DEVICE memory of device {(device or 0) + 1}", MemoryKind.DEVICE, (device or 0) + 1))
+    return labels
+
+
+def test_M1_a_view_naming_another_memory_kind_over_registered_memory_is_refused(kvwire_harness: Harness) -> None:
+    """M1.4 / M4.1 / M1.2: a row is recognized only inside a registered region of the same memory
+    kind and device: a publish or fetch whose regions name another kind (DEVICE over registered
+    HOST memory, or the reverse, or another device) at registered addresses raises
+    ``InvalidSubmission``; memory is untouched, nothing reaches the other end, and the same rows
+    described as what they are move afterwards."""
+    with paged_exchange(kvwire_harness, [(64, 3), (32, 3)], 701, needs.transfer) as (caps, ex, bench):
+        region = bench.sink.memories[0].region
+        if ex.serves_pulls:
+            ex.offer(bench)
+        for what, kind, device in _other_labels(region.memory_kind, region.device):
+            declared = "declared" if kind in caps.memory_kinds else "not declared"
+            if ex.store:
+                refused(functools.partial(ex.publish, _relabelled(bench.source_view(), kind, device)),
+                        f"M1.4/M4.1: a publish whose view names {what} ({declared}) over registered "
+                        f"{region.memory_kind.value} memory")
+            refused(functools.partial(ex.fetch, _relabelled(bench.sink_view(), kind, device)),
+                    f"M1.4/M4.1: a fetch whose view names {what} ({declared}) over registered "
+                    f"{region.memory_kind.value} memory")
+        bench.verify("S3.5: after submissions refused for the memory kind their view names")
+        if ex.serves_pulls:
+            assert not ex.holder().serving.incoming(), (
+                "S3.4: a pull refused for the memory kind its view names reached the serving end")
+        if ex.store:
+            empty = ex.settle(ex.fetch(bench.sink_view()))
+            bench.apply_fetch(empty)
+            assert empty.is_delivered and not any(m.any() for m in empty.masks), (
+                f"S3.4/M1.4: only refused publishes were made, yet a fetch of their rows found some: {empty!r}")
+        result = ex.transfer(bench)
+        assert result.fetched.is_delivered and all(m.all() for m in result.fetched.masks), (
+            f"M1.3: the same rows described as the memory they are must move afterwards: {result.fetched!r}")
+
+
+# -- M4.5: rows seen through a sub-span, once their registration closed --------------------------------
+
+
+def test_M4_rows_seen_through_a_sub_span_are_refused_once_their_registration_closed(kvwire_harness: Harness) -> None:
+    """M4.5 / M3.7: rows moved through a view of another ``SlotRegion`` inside a registered region
+    (a sub-span, M4.2) are no longer recognized once that registration closed: a later publish or
+    fetch of them, through the sub-span or the registered region, raises ``InvalidSubmission``
+    and touches nothing."""
+    with paged_exchange(kvwire_harness, [(64, 3), (32, 3)], 709, needs.transfer, spare=2) as (caps, ex, bench):
+        source, sink = _sub_span_view(bench.source_view(), 2), _sub_span_view(bench.sink_view(), 1)
+        if ex.store:
+            published = ex.settle(ex.publish(source))
+            assert published.is_delivered, f"M4.2: a publish through a sub-span: {published!r}"
+            fetched = ex.settle(ex.fetch(sink))
+        elif ex.serves_pulls:
+            ex.offer(bench)
+            fetched = ex.fetch_settled(sink)
+        else:
+            pub, sub = ex.publish(source), ex.fetch(sink)
+            ex.settle(pub)
+            fetched = ex.settle(sub)
+        bench.apply_fetch(fetched)
+        assert fetched.is_delivered and all(m.all() for m in fetched.masks), (
+            f"M4.2: a fetch through a sub-span of registered memory: {fetched!r}")
+        bench.close()
+        for what, view in (("the sub-span", sink), ("the registered region", bench.sink_view())):
+            refused(functools.partial(ex.fetch, view),
+                    f"M4.5: a fetch through {what} after the registration it was moved through closed")
+        if not ex.serves_pulls:
+            for what, view in (("the sub-span", source), ("the registered region", bench.source_view())):
+                refused(functools.partial(ex.publish, view),
+                        f"M4.5: a publish through {what} after the registration it was moved through closed")
+        else:
+            assert not ex.holder().serving.incoming(), (
+                "S3.4: a pull refused for rows of a closed registration reached the serving end")
+        bench.verify("S3.5: after submissions refused for rows of closed registrations")

@@ -37,14 +37,94 @@ from kvwire.contract import (
 from kvwire.contract.capabilities import OFFER_PULLS, SERVE_PULLS, Capabilities
 from kvwire.testing import needs, profiles
 from kvwire.testing.exchange import Exchange
-from kvwire.testing.harness import FaultPlan, Harness, Hold, shut_down
-from kvwire.testing.holder import Submission, call_briefly, refused, settle, speaks_causes, wait_for
+from kvwire.testing.harness import FaultPlan, Harness, Hold, Unavailable, shut_down
+from kvwire.testing.holder import (
+    Submission,
+    call_briefly,
+    refused,
+    settle,
+    speaks_causes,
+    submit,
+    wait_for,
+)
 from kvwire.testing.layout import Bench
-from kvwire.testing.plans import paged_exchange, pages, with_field
+from kvwire.testing.plans import (
+    paged_exchange,
+    pages,
+    with_field,
+)
 from kvwire.testing.serving import Offered
+from kvwire.testing.suite._kit import _patience, _requesters
+
+# -- O1 under load: many pulls of one offer in flight at once ------------------------------------------------
+
+def test_O1_many_pulls_in_flight_at_once_are_answered_from_one_offer(kvwire_harness: Harness) -> None:
+    """O1.4 / O1.12 / O1.10: three requesters each fill their queue bound with pulls of blocks one
+    standing offer covers, all in flight at once: every pull delivers with the offered bytes (those
+    beyond a bound the backend keeps on answers from offers reach the holder whole, who answers
+    them), the offer's wake is not called, and the offer stands on."""
+    caps = kvwire_harness.capabilities()
+    needs.offer_pulls(caps)
+    needs.serve_pulls(caps)
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    with needs.open_exchange(kvwire_harness, max_in_flight=4) as ex:
+        bound = min(ex.caps.max_in_flight, 4)
+        plan = pages([(64, 4), (32, 4)], 3925, True)
+        try:
+            requesters = _requesters(ex, kvwire_harness, plan, kind, 3)
+        except Unavailable as exc:
+            pytest.skip(f"harness cannot provide it: {exc}")
+        with Bench(kvwire_harness, ex.ends.source, None, plan, kind) as served:
+            offered = ex.stand(served)
+            holder = ex.holder()
+            serve_wakes = holder.wakes.count
+            subs = []
+            for backend, bench in requesters:
+                bench.forget_sink()
+                for i in range(bound):
+                    rows = [i % 4, (i + 1) % 4]
+                    subs.append((submit(backend, "fetch", bench.sink_view({0: rows, 1: rows}), ex.ends.fetch_hint),
+                                 bench, rows))
+            # A backend may bound the answers from offers in flight (O1.12): a pull beyond it goes to the
+            # holder whole, who answers it from the reuse tree.
+            seen, handed = serve_wakes, 0
+            while True:
+                wait_for(lambda seen=seen: all(sub.attempt.poll() is not None for sub, _, _ in subs)  # type: ignore[misc]
+                         or holder.wakes.count > seen,
+                         _patience(), "O1.4: pulls of offered blocks, many in flight, concluding")
+                if holder.wakes.count == seen:
+                    break
+                seen = holder.wakes.count
+                for request in holder.incoming():
+                    assert holder.tree.held_prefix(request) == request.blocks, "O1.5: a pull reached the holder in part"
+                    holder.finish(holder.answer(request))
+                    handed += 1
+            busy_ok = isinstance(ex.ends.extra.get("pending_pulls"), int)
+            delivered = 0
+            for sub, bench, rows in subs:
+                out = settle(sub, _patience(), purpose="O1.4: a pull of offered blocks, one of many in flight")
+                if busy_ok and out.is_failed and out.cause in (None, Cause.DECLINED):
+                    pass  # beyond the pulls the serving end keeps waiting for its holder (N2.4)
+                else:
+                    assert out.is_delivered and all(m.all() for m in out.masks), (
+                        f"O1.4: {len(subs)} pulls of blocks one standing offer covers were in flight at once ({handed} "
+                        f"handed to the holder, O1.12); one gave {out!r}")
+                    delivered += 1
+                bench.apply_fetch(out, {0: rows, 1: rows})
+                bench.forget_sink()  # the next pull of these rows writes them again
+            assert delivered >= bound, f"O1.4: only {delivered} of {len(subs)} pulls an offer covers delivered"
+            assert offered.offer.poll() is None, f"O1.9: the offer concluded under load: {offered.offer.poll()!r}"
+            assert offered.offer.wakes.count == 0, "O1.10: answering pulls from an offer called the offer's wake"
+            call_briefly(offered.offer.attempt.cancel, "A4.1: cancel() of an offer")
+            holder.withdraw(offered)
+        for _, bench in requesters:
+            bench.close()
+
 
 #: What the holder writes over offered rows it may reuse (once the offer quiesced).
 SENTINEL = 0xA5
+
 
 Select = dict[int, list[int]]
 

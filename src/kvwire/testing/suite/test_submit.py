@@ -4,6 +4,9 @@ file of ~540 lines, as each suite file holds one group of rules."""
 from __future__ import annotations
 
 import functools
+import time
+from collections.abc import Callable
+from typing import cast
 
 import numpy as np
 import pytest
@@ -11,11 +14,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvwire.contract import (
+    LOOKUP,
     CacheKind,
     Cause,
     Hint,
-    InvalidSubmission,
     LayerGroupRows,
+    Lookup,
     MemoryKind,
     SubmissionRejected,
     TokenRange,
@@ -25,7 +29,17 @@ from kvwire.contract.errors import SubmissionError
 from kvwire.testing import needs, profiles
 from kvwire.testing.exchange import Exchange
 from kvwire.testing.harness import FaultPlan, Harness
-from kvwire.testing.holder import Submission, Wakes, check_refusal_message, refused, speaks_causes, submit
+from kvwire.testing.holder import (
+    Submission,
+    Wakes,
+    call_briefly,
+    check_refusal_message,
+    refused,
+    settle,
+    speaks_causes,
+    submit,
+    wait_for,
+)
 from kvwire.testing.layout import BLOCK_TOKENS, Bench, GroupPlan, ViewPlan, simple_plan
 from kvwire.testing.plans import (
     check_bits,
@@ -33,10 +47,360 @@ from kvwire.testing.plans import (
     fill_queue,
     fillable_queue,
     paged_exchange,
+    pages,
     store_only,
 )
 from kvwire.testing.regions import fake_region
 from kvwire.testing.strategies import fault_plans, fault_schedules, selections, view_plans
+from kvwire.testing.suite._kit import _schedule_or_skip
+
+# -- queue slots ------------------------------------------------------------------------------------
+
+def test_S3_a_slot_frees_without_polling(kvwire_harness: Harness) -> None:
+    """S3.11: once the attempts of a full queue concluded and quiesced, new submissions are taken,
+    though the holder never called ``poll()`` or ``quiesced()`` on them.
+
+    The holder waits for each attempt's wakes only, then submits again until one is taken (a
+    rejected submission costs nothing, S3.6); only once its patience ran out does it ask the
+    attempts, to tell a slot never freed (S3.11) from an attempt never done (A3)."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    with needs.open_exchange(kvwire_harness, max_in_flight=3) as ex:
+        bound = ex.caps.max_in_flight
+        if bound > 64:
+            pytest.skip(f"backend declares a queue bound of {bound}, too large to fill here")
+        if not (ex.store or ex.serves_pulls):
+            pytest.skip("backend's other end is a peer without the serve-pulls protocol")
+        plan = pages([(32, bound + 1)], 349, needs.shares_names(caps))
+        with Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan, kind) as bench:
+            ex.offer(bench)
+            subs = [ex.fetch(bench.sink_view({0: [row]})) for row in range(bound)]
+            if ex.serves_pulls:
+                holder = ex.holder()
+                for request in holder.take(bound):
+                    holder.finish(holder.answer(request))
+            patience = profiles.active().patience_s
+            deadline = time.monotonic() + patience
+            for sub in subs:  # a wake from each; never poll() or quiesced()
+                assert sub.wakes.wait_beyond(0, deadline), (
+                    f"A3/W1: a fetch of the full queue did not wake the holder within {patience:g} s")
+            taken: list[Submission] = []
+
+            def submit_again() -> bool:
+                try:
+                    taken.append(ex.fetch(bench.sink_view({0: [bound]})))
+                except SubmissionRejected as exc:
+                    check_refusal_message(exc, "a fetch rejected for a full queue")
+                    return False
+                return True
+
+            try:
+                wait_for(submit_again, patience, "a new fetch being taken")
+            except AssertionError:
+                done = [sub.poll() is not None and sub.quiesced() for sub in subs]
+                if all(done):
+                    raise AssertionError(
+                        f"S3.11: all {bound} attempts of the full queue had concluded and quiesced (each had woken "
+                        f"the holder), yet new fetches were rejected for {patience:g} s; a slot frees once its "
+                        "attempt concluded and quiesced, whether or not the holder called poll() or quiesced()"
+                    ) from None
+                raise AssertionError(f"A3: {done.count(False)} of the {bound} fetches had not concluded and quiesced "
+                                     f"{patience:g} s after they woke the holder") from None
+            ex.serve_one()
+            bench.forget_sink({0: list(range(bound))})
+            for sub in subs:
+                ex.settle(sub)
+            bench.apply_fetch(ex.settle(taken[0]), {0: [bound]})
+
+
+# -- queue slots and capabilities -----------------------------------------------------------------------
+
+def test_S3_a_full_queue_rejection_leaks_no_slot(kvwire_harness: Harness) -> None:
+    """S3.6 / S3.10: after a submission was rejected for a full queue and the queue drained, the
+    queue takes its whole bound again."""
+    with fillable_queue(kvwire_harness, 32, 443) as (ex, bench, bound):
+        for round_ in range(2):
+            try:
+                subs, hold, requests = fill_queue(ex, bench, list(range(bound)))
+            except SubmissionRejected as exc:
+                raise AssertionError(f"S3.6: after a rejection for a full queue and a drain, the queue took fewer "
+                                     f"than its bound of {bound} (round {round_ + 1}): {exc}") from exc
+            try:
+                if round_ == 0:
+                    refused(lambda: ex.fetch(bench.sink_view({0: [bound]})),  # noqa: B023
+                            f"S3.9: fetch {bound + 1} with {bound} in flight", SubmissionRejected)
+            finally:
+                drain_queue(ex, subs, hold, requests)
+        bench.forget_sink()
+
+
+def test_S3_a_slot_stays_taken_until_its_attempt_also_quiesced(kvwire_harness: Harness) -> None:
+    """S3.9 / S3.10: an attempt that concluded but has not quiesced still holds its queue slot.
+    A full queue of held fetches is cancelled (each concludes; those the other end still holds
+    cannot quiesce); then new fetches are taken exactly while fewer than the bound are not both
+    concluded and quiesced, and the next is rejected."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    needs.cancellation(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    patience = profiles.active().patience_s
+    with needs.open_exchange(kvwire_harness, max_in_flight=3, hold=True) as ex:
+        bound = ex.caps.max_in_flight
+        if bound > 64:
+            pytest.skip(f"backend declares a queue bound of {bound}, too large to fill here")
+        plan = pages([(32, 2 * bound + 1)], 487, needs.shares_names(caps))
+        with Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan, kind) as bench:
+            ex.offer(bench)
+            subs, hold, requests = fill_queue(ex, bench, list(range(bound)))
+            fresh: list[Submission] = []
+            try:
+                if hold is not None:
+                    # at least one fetch has reached the other end (held there, it cannot quiesce
+                    # once cancelled), else all might be cancelled before any left the queue
+                    wait_for(lambda: hold.waiting() >= 1, patience, "a held fetch at the other end")
+                for sub in subs:
+                    call_briefly(sub.attempt.cancel, "A4.1: cancel()", on_block=hold.release if hold else None)
+                for sub in subs:
+                    settle(sub, patience, quiesce=False, purpose="A4.3: cancel() concluding a held fetch")
+
+                def in_flight() -> int:
+                    """Attempts not both concluded and quiesced. Only ever falls while the other end is
+                    held (A2.2), bar the fetches submitted since."""
+                    return (sum(not sub.quiesced() for sub in subs)
+                            + sum(not (sub.poll() is not None and sub.quiesced()) for sub in fresh))
+
+                for row in range(bound, 2 * bound + 1):
+                    before = in_flight()
+                    try:
+                        fresh.append(ex.fetch(bench.sink_view({0: [row]})))
+                    except SubmissionRejected as exc:
+                        assert before >= bound, (
+                            f"S3.10: a fetch was rejected ({exc}) with {before} attempt(s) not both concluded and "
+                            f"quiesced, below the declared bound of {bound}")
+                        check_refusal_message(exc, "a fetch rejected for a full queue")
+                        break
+                    after = in_flight() - 1
+                    assert after < bound, (
+                        f"S3.9: a fetch was taken with {after} attempt(s) in flight besides it, and the declared "
+                        f"bound is {bound}: {sum(not s.quiesced() for s in subs)} cancelled fetch(es) concluded but "
+                        "have not quiesced (the other end still holds them); max_in_flight bounds the attempts "
+                        "that are not both concluded and quiesced")
+                else:
+                    raise AssertionError(f"S3.9: {len(fresh)} new fetches were taken beside {bound} cancelled ones, "
+                                         f"beyond the declared bound of {bound}")
+            finally:
+                if ex.serves_pulls:
+                    requests += ex.holder().take(len(fresh))
+                drain_queue(ex, subs + fresh, hold, requests)
+            bench.forget_sink()
+
+
+@pytest.mark.parametrize("op", ["get", "put"])
+def test_S5_a_store_call_that_raises_fails_the_attempt_with_a_fault(kvwire_harness: Harness, op: str) -> None:
+    """S5.3: a store call that raises (a broken client) is a fault in the outcome: the
+    attempt fails with cause FAULT and quiesces; nothing raises out of ``poll()``."""
+    from kvwire.testing.faults import FailCall
+
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = pages([(64, 3), (16, 3)], 461, False)
+    schedule = (FailCall(op=op, call=None, raises=True),)  # type: ignore[arg-type]
+    with needs.open_exchange(kvwire_harness, faults=FaultPlan(schedule=schedule)) as ex, Bench(
+            kvwire_harness, ex.ends.source, ex.ends.sink, plan, kind) as bench:
+        _schedule_or_skip(ex)
+        put = ex.settle(ex.publish(bench.source_view()))
+        out = put
+        if op == "get":
+            assert put.is_delivered, f"S1: only gets fail here: {put!r}"
+            out = ex.settle(ex.fetch(bench.sink_view()))
+            bench.apply_fetch(out)
+        assert out.is_failed, f"S5.3: a store call that raised must fail the attempt: {out!r}"
+        assert out.rows_delivered == 0, f"A5.5: rows of a call that raised are marked moved: {out!r}"
+        if speaks_causes(ex.ends.source):
+            assert out.cause is Cause.FAULT, f"A10.9: a store call that raised gives cause FAULT: {out!r}"
+
+
+# -- S3.6: a refused overlapping fetch keeps a queue slot ----------------------------------------------------
+
+def _overlapping(bench: Bench) -> View:
+    """A fetch of two rows (named apart) on one sink slot: refused for overlapping rows (V4)."""
+    view = bench.sink_view({0: [0, 1]})
+    g = view.groups[0]
+    slots = np.array([g.slots[0], g.slots[0]], dtype=np.int64)
+    return View((LayerGroupRows(g.group_id, g.kind, g.region, slots, g.tokens, g.names),))
+
+
+def test_S3_refused_overlapping_fetches_keep_no_queue_slot(kvwire_harness: Harness) -> None:
+    """S3.6 / V4.3 / S3.9: 2 x bound + 1 fetches refused for overlapping rows take no queue slot:
+    afterwards the declared bound of held fetches is taken, and one more is rejected; all deliver
+    once let go."""
+    with fillable_queue(kvwire_harness, 48, 3911) as (ex, bench, bound):
+        for tried in range(2 * bound + 1):
+            try:
+                refused(lambda: ex.fetch(_overlapping(bench)), "V4.3: a fetch of two rows on one slot")
+            except AssertionError as exc:
+                if SubmissionRejected.__name__ not in str(exc):
+                    raise
+                raise AssertionError(f"S3.6: fetch {tried + 1} of overlapping rows, with nothing in flight, was rejected "
+                                     f"as over the queue bound: the {tried} refused before it kept queue slots "
+                                     f"({exc})") from None
+        bench.verify("S3.5: after fetches refused for overlapping rows")
+        try:
+            subs, hold, requests = fill_queue(ex, bench, list(range(bound)))
+        except SubmissionRejected as exc:
+            raise AssertionError(f"S3.6: after {2 * bound + 1} fetches refused for overlapping rows, the queue no "
+                                 f"longer takes its declared bound of {bound}: {exc}; a refusal takes no queue "
+                                 "slot") from None
+        try:
+            refused(lambda: ex.fetch(bench.sink_view({0: [bound]})), f"S3.9: fetch {bound + 1} with {bound} in flight",
+                    SubmissionRejected)
+        finally:
+            drain_queue(ex, subs, hold, requests)
+        bench.forget_sink({0: list(range(bound))})  # each fetch wrote its row; each is checked below
+        for row, sub in enumerate(subs):
+            bench.apply_fetch(sub.outcome, {0: [row]})  # type: ignore[arg-type]
+
+
+# -- refusals leave no trace ----------------------------------------------------------------------
+
+def _stray_group(harness: Harness, kind: MemoryKind, template: LayerGroupRows, gid: int) -> tuple[LayerGroupRows, Bench]:
+    """A group in memory no backend registered, shaped like ``template``."""
+    plan = pages([(template.region.slot_bytes, template.rows)], 263, False)
+    stray = Bench(harness, None, None, plan, kind)
+    view = stray.sink_view()
+    g = view.groups[0]
+    names = template.names
+    return LayerGroupRows(gid, CacheKind.PAGED, g.region, g.slots, g.tokens, names), stray
+
+
+def test_S3_a_refused_view_leaves_no_trace_of_its_valid_groups(kvwire_harness: Harness) -> None:
+    """S3.4-S3.6: a view refused for its last group (rows nobody registered, or no names where names
+    are required) told the other end nothing about its first groups: nothing stored, nothing
+    written, no pull sent."""
+    caps = kvwire_harness.capabilities()
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = pages([(64, 3), (32, 3)], 269, needs.shares_names(caps))
+    with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
+                                                          plan, kind) as bench:
+        strays: list[Bench] = []
+        try:
+            def spoiled(view: View) -> list[tuple[str, View]]:
+                stray, extra = _stray_group(kvwire_harness, kind, view.groups[0], 99)
+                strays.append(extra)
+                out = [("rows nobody registered", View((*view.groups, stray)))]
+                if caps.content_addressed:
+                    last = view.groups[-1]
+                    bare = LayerGroupRows(last.group_id, last.kind, last.region, last.slots, last.tokens, None)
+                    out.append(("a group without names", View((*view.groups[:-1], bare))))
+                return out
+
+            if ex.serves_pulls:
+                ex.offer(bench)
+            if caps.publish and (ex.store or not ex.serves_pulls):
+                for what, view in spoiled(bench.source_view()):
+                    refused(functools.partial(ex.publish, view), f"S3.4: a publish with {what} in its last group")
+            if caps.fetch:
+                for what, view in spoiled(bench.sink_view()):
+                    refused(functools.partial(ex.fetch, view), f"S3.4: a fetch with {what} in its last group")
+            bench.verify("S3.5: after refused submissions")
+            if caps.fetch and (ex.store or ex.serves_pulls):
+                sub = ex.fetch(bench.sink_view())
+                if ex.serves_pulls:
+                    holder = ex.holder()
+                    (request,) = holder.take(1)
+                    holder.finish(holder.answer(request))
+                    assert not holder.serving.incoming(), "S3.4: a refused fetch's pull reached the serving end"
+                    assert len(holder.answers) == 1, "S3.4: a refused fetch's pull reached the serving end"
+                out = ex.settle(sub)
+                bench.apply_fetch(out)
+                if ex.store:
+                    assert out.rows_delivered == 0, (
+                        f"S3.4: a refused publish stored rows of its valid groups: a fetch found {out!r}")
+        finally:
+            for stray in strays:
+                stray.close()
+
+
+def test_S3_a_refused_submission_never_wakes(kvwire_harness: Harness) -> None:
+    """S3.7: after ``InvalidSubmission`` or ``SubmissionRejected`` the backend never calls that
+    submission's wake, however much work follows."""
+    caps = kvwire_harness.capabilities()
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = pages([(64, 3)], 271, needs.shares_names(caps))
+    unusable = Hint.of("kvwire_conformance_unusable")
+    with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
+                                                          plan, kind) as bench:
+        stray = Bench(kvwire_harness, None, None, plan, kind)
+        wakes: list[tuple[str, Wakes]] = []
+        cases = []
+        if caps.publish:
+            cases += [("publish", bench.source_view(), unusable), ("publish", stray.source_view(), ex.ends.publish_hint)]
+        if caps.fetch:
+            cases += [("fetch", bench.sink_view(), unusable), ("fetch", stray.sink_view(), ex.ends.fetch_hint)]
+        for op, view, hint in cases:
+            wake = Wakes()
+            backend = ex.ends.source if op == "publish" else ex.ends.sink
+            call = backend.publish if op == "publish" else backend.fetch
+            try:
+                call(view, hint, wake)
+            except SubmissionError:
+                wakes.append((op, wake))
+            else:
+                raise AssertionError(f"S3/H1/M4: a {op} the contract refuses was accepted")
+        if caps.fetch and caps.publish:
+            ex.transfer(bench)
+        for backend in ex.ends.backends:
+            assert not backend.shutdown(), "B3: nothing was in flight"
+        for op, wake in wakes:
+            assert wake.count == 0, f"S3.2: the wake of a refused {op} was called {wake.count} time(s)"
+        stray.close()
+
+
+# -- S4.1 / H1.5: a hint that is no Hint -------------------------------------------------------------
+
+
+def _not_hints(hint: Hint) -> dict[str, object]:
+    """Values a holder might pass where a ``Hint`` belongs: none, the hint's bytes, its fields."""
+    fields: dict[str, object] = dict(hint.fields)
+    fields["kind"] = hint.kind
+    return {"None": None, "the hint's bytes": hint.to_bytes(), "a dict of the hint's fields": fields}
+
+
+def test_S4_a_hint_that_is_no_Hint_is_refused(kvwire_harness: Harness) -> None:
+    """S4.1 / S3.2 / H1.5 (and L1.9 for a lookup): a fetch, a publish or a lookup whose hint is not
+    a ``Hint`` (``None``, the hint's bytes, a dict of its fields) raises ``InvalidSubmission``,
+    never ``AttributeError`` or another exception; memory is untouched, no pull reaches a serving
+    end, and nothing is left in flight."""
+    with paged_exchange(kvwire_harness, [(64, 2)], 821) as (caps, ex, bench):
+        if ex.serves_pulls:
+            ex.holder()  # serving, so a pull that escaped would show in incoming()
+        cases: list[tuple[str, Callable[[], object]]] = []
+        if caps.fetch:
+            cases += [(f"a fetch whose hint is {what}", functools.partial(submit, ex.ends.sink, "fetch", bench.sink_view(),
+                                                                          cast(Hint, value)))
+                      for what, value in _not_hints(ex.ends.fetch_hint).items()]
+        if caps.publish:
+            cases += [(f"a publish whose hint is {what}", functools.partial(submit, ex.ends.source, "publish",
+                                                                            bench.source_view(), cast(Hint, value)))
+                      for what, value in _not_hints(ex.ends.publish_hint).items()]
+        sink = ex.ends.sink
+        if LOOKUP in caps.protocols and isinstance(sink, Lookup):
+            names = bench.names[0]
+            cases += [(f"a lookup whose hint is {what}", functools.partial(sink.lookup, [0], names, cast(Hint, value)))
+                      for what, value in _not_hints(ex.ends.fetch_hint).items()]
+        for what, call in cases:
+            refused(call, f"S4.1/H1.5: {what}")
+        bench.verify("S3.5: after submissions refused for a hint that is no Hint")
+        if ex.serves_pulls:
+            assert not ex.holder().serving.incoming(), (
+                "S3.4: a pull refused for a hint that is no Hint reached the serving end")
+        for backend in ex.ends.backends:
+            pending = call_briefly(backend.shutdown, "B3: shutdown() after refused submissions only")
+            assert not pending, (
+                f"S3/S4.1: only refused submissions were made, yet shutdown() returns {len(pending)} attempt(s)")
+
 
 UNUSABLE = Hint.of("kvwire_conformance_unusable")
 
@@ -111,33 +475,6 @@ def test_S1_a_store_finds_rows_only_under_the_group_id_they_were_published_with(
                 f"S1.3/S1.4: rows were published under group {GROUP_IDS[0]} only; a fetch of their names under group "
                 f"{gid} gave {fetched!r}; a store finds a row only under the group and name it was published with")
             bench.apply_fetch(fetched, take)
-
-
-@pytest.mark.parametrize("group_id", [(1 << 31) - 1, (1 << 32) - 1, 1 << 32, 1 << 62],
-                         ids=["31_bits", "32_bits", "33_bits", "63_bits"])
-def test_V1_a_large_group_id_moves_or_is_refused_when_submitted(kvwire_harness: Harness, group_id: int) -> None:
-    """V1.8 / V1.2 / S3 / A8: a group id is any int >= 0. A backend that cannot carry one refuses the
-    submission with ``InvalidSubmission`` (nothing escaped: the rows are untouched); one that
-    takes it moves the rows as any others: a transfer of two groups, 0 and the large id, delivers
-    every row of both, byte for byte. Accepting the view and then never concluding (a wire that
-    carries fewer bits, failing on a thread the holder never hears from) is neither."""
-    caps = kvwire_harness.capabilities()
-    needs.transfer(caps)
-    kind = needs.usable_kind(kvwire_harness, caps)
-    plan = ViewPlan((GroupPlan(0, CacheKind.PAGED, 32, 3, (1, 2, 3), (3, 2, 1), 5),
-                     GroupPlan(group_id, CacheKind.PAGED, 32, 3, (0, 2, 4), (4, 0, 2), 5)), 659, shared_names=True)
-    with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan,
-                                                          kind) as bench:
-        what = f"V1.8: a view with group id {group_id}"
-        try:
-            result = ex.transfer(bench)  # checks the bytes of every true bit (A7)
-        except InvalidSubmission as exc:
-            check_refusal_message(exc, what)
-            bench.verify(f"S3.5: after {what} was refused")
-            return
-        fetched = result.fetched
-        assert fetched.is_delivered and all(m.all() for m in fetched.masks), (
-            f"{what} was taken, so its rows move like any others: a transfer of every row gave {fetched!r}")
 
 
 # -- S2 ----------------------------------------------------------------------------------------

@@ -2,22 +2,334 @@
 
 from __future__ import annotations
 
+import functools
+import re
 from collections.abc import Callable
 
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvwire.contract import CacheKind, Hint, LayerGroupRows, TokenRange, View
+from kvwire.contract import (
+    CacheKind,
+    InvalidSubmission,
+    LayerGroupRows,
+    MemoryKind,
+    Outcome,
+    SlotRegion,
+    TokenRange,
+    View,
+)
+from kvwire.contract.errors import SubmissionError
 from kvwire.testing import needs, profiles
+from kvwire.testing.exchange import Exchange
 from kvwire.testing.harness import Harness
-from kvwire.testing.holder import refused
-from kvwire.testing.layout import Bench, simple_plan
-from kvwire.testing.plans import offer_for, paged_exchange, pages
-from kvwire.testing.strategies import hints, view_plans
+from kvwire.testing.holder import (
+    check_refusal_message,
+    refused,
+)
+from kvwire.testing.layout import BLOCK_TOKENS, Bench, GroupPlan, ViewPlan, simple_plan
+from kvwire.testing.plans import (
+    offer_for,
+    paged_exchange,
+    pages,
+    store_only,
+    transfer_checked,
+)
+from kvwire.testing.strategies import view_plans
 
-#: A hint kind no backend uses.
-UNUSABLE_KIND = "kvwire_conformance_unusable"
+# -- empty views, repeated publish rows ------------------------------------------------------------
+
+def test_V1_empty_views_and_groups_conclude_like_any_other(kvwire_harness: Harness) -> None:
+    """V1.7: a view with no groups, and a group with zero rows beside others, are valid and
+    conclude with masks of the right (zero) length."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = pages([(64, 3), (32, 3)], 337, needs.shares_names(caps))
+    with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
+                                                          plan, kind) as bench:
+        if ex.store or not ex.serves_pulls:
+            out = ex.settle(ex.publish(View(())))
+            assert out.is_delivered and out.masks == (), f"V1.7: an empty publish: {out!r}"
+        if ex.store or ex.serves_pulls:  # a pull of no group names no block: nothing to ask, delivered
+            out = ex.settle(ex.fetch(View(())))
+            assert out.is_delivered and out.masks == (), f"V1.7: an empty fetch: {out!r}"
+        # A group with zero rows beside one with rows.
+        offer = {0: [0, 1, 2], 1: [0, 1, 2]}
+        take = {0: [0, 1, 2], 1: []}
+        if not (ex.store or ex.serves_pulls):
+            pytest.skip("backend's other end is a peer without the serve-pulls protocol")
+        if ex.serves_pulls:
+            take = {0: [0, 1, 2], 1: [0, 1, 2]}  # a pull names its blocks for every group alike
+        transfer_checked(ex, bench, offer, take, "V1.7")
+
+
+def test_V4_the_rows_of_a_publish_may_repeat(kvwire_harness: Harness) -> None:
+    """V4.4: a publish only reads its rows, so two rows may locate the same memory; it is
+    accepted and delivers."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = pages([(64, 3)], 347, False)
+    with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
+                                                          plan, kind) as bench:
+        store_only(ex, "a publish's repeated rows")
+        g = bench.source_view().groups[0]
+        assert g.names is not None
+        names = np.vstack([g.names, random_names_like(g.names, 1)])
+        twice = LayerGroupRows(g.group_id, g.kind, g.region, np.append(g.slots, g.slots[0]), g.tokens, names)
+        try:
+            out = ex.settle(ex.publish(View((twice,))))
+        except SubmissionError as exc:
+            raise AssertionError(f"V4.4: a publish whose rows repeat one slot was refused: {exc}") from exc
+        assert out.is_delivered and out.masks[0].all(), f"V4.4: {out!r}"
+        fetched = ex.settle(ex.fetch(bench.sink_view()))
+        bench.apply_fetch(fetched)
+        assert fetched.masks[0].all(), f"S1: {fetched!r}"
+
+
+def random_names_like(names: np.ndarray, count: int) -> np.ndarray:
+    rng = np.random.default_rng(int(names.sum()) + count)
+    while True:
+        extra = rng.integers(0, 256, size=(count, names.shape[1]), dtype=np.uint8)
+        if not any((names == row).all(axis=1).any() for row in extra):
+            return extra
+
+
+# -- STATE rows through a serving peer ------------------------------------------------------------------
+
+@pytest.mark.parametrize("groups", ["state alone", "paged and state"])
+def test_V1_a_pull_moves_a_state_row_with_the_block_it_stands_for(kvwire_harness: Harness, groups: str) -> None:
+    """V1.4 / N2.3 for peers: a one-block pull whose view has a STATE group (one row, named like
+    the block) moves that row, alone or beside the block's PAGED rows; a peer that does not hold it
+    answers a miss."""
+    caps = kvwire_harness.capabilities()
+    needs.serve_pulls(caps)
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    specs = [(256, 1)] if groups == "state alone" else [(64, 1), (48, 1), (256, 1)]
+    plan = pages(specs, 479, True)
+    last = len(plan.groups) - 1
+    plan = ViewPlan(tuple(g if gi != last else GroupPlan(g.group_id, CacheKind.STATE, g.slot_bytes, 1,
+                                                         g.source_slots, g.sink_slots, g.region_slots, g.name_width)
+                          for gi, g in enumerate(plan.groups)), plan.seed, True)
+    with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
+                                                          plan, kind) as bench:
+        result = ex.transfer(bench)  # A7 checks the bytes of every true bit
+        assert result.fetched.is_delivered and all(m.all() for m in result.fetched.masks), (
+            f"V1.4: the pull of one block with its STATE row did not move every row: {result.fetched!r}")
+    with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
+                                                          plan, kind) as bench:
+        miss = ex.transfer(bench, offer={gi: [] for gi in range(len(plan.groups))})
+        assert miss.fetched.is_delivered and miss.fetched.rows_delivered == 0, (
+            f"A5.7: a STATE row the peer does not hold is a miss: {miss.fetched!r}")
+
+
+# -- V1.8: a group-id limit holds at the limit and one past it ------------------------------------------------
+
+#: A limit named in a refusal: ``2**32`` / ``2^32``, or a number of at least 256.
+_POWER = re.compile(r"\b2\s*(?:\*\*|\^)\s*(\d{1,3})\b")
+
+
+_NUMBER = re.compile(r"(?<![\w.*^])(\d{3,})(?![\w.])")
+
+
+def _stated_limit(message: str, group_id: int) -> int | None:
+    """The group-id limit a V1.8 refusal names (the largest number it states below the refused
+    id, a power of two written ``2**N`` included), or ``None``."""
+    found = [1 << int(n) for n in _POWER.findall(message)]
+    found += [int(n) for n in _NUMBER.findall(_POWER.sub(" ", message)) if int(n) != group_id]
+    below = [n for n in found if 256 <= n <= group_id]
+    return max(below) if below else None
+
+
+def _large_group_transfer(ex: Exchange, harness: Harness, kind: MemoryKind, group_id: int) -> InvalidSubmission | None:
+    """Move three rows of group 0 and of ``group_id``: ``None`` when that delivered every row,
+    the refusal when the submission raised ``InvalidSubmission`` (nothing escaped)."""
+    plan = ViewPlan((GroupPlan(0, CacheKind.PAGED, 32, 3, (1, 2, 3), (3, 2, 1), 5),
+                     GroupPlan(group_id, CacheKind.PAGED, 32, 3, (0, 2, 4), (4, 0, 2), 5)), 3919, shared_names=True)
+    with Bench(harness, ex.ends.source, ex.ends.sink, plan, kind) as bench:
+        try:
+            result = ex.transfer(bench)
+        except InvalidSubmission as exc:
+            bench.verify(f"S3.5: after a view with group id {group_id} was refused")
+            return exc
+        assert result.fetched.is_delivered and all(m.all() for m in result.fetched.masks), (
+            f"V1.8: a view with group id {group_id} was taken, so its rows move like any others: {result.fetched!r}")
+        return None
+
+
+def test_V1_a_group_id_limit_holds_at_the_limit_and_one_past_it(kvwire_harness: Harness) -> None:
+    """V1.8 / S3.2: a backend that refuses a large group id (2**62) names its limit in the
+    refusal, and keeps it exactly: a view with the id just below the limit it names moves every
+    row, and one just past it is refused with ``InvalidSubmission``. A limit kept tighter than the
+    one stated (a wire of 32 bits that refuses ids from 2**31) refuses ids it promised to carry.
+    A backend that takes 2**62 has no limit to check."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    huge = 1 << 62
+    with needs.open_exchange(kvwire_harness) as ex:
+        refusal = _large_group_transfer(ex, kvwire_harness, kind, huge)
+        if refusal is None:
+            return
+        limit = _stated_limit(str(refusal), huge)
+        assert limit is not None, (
+            f"V1.8: a view with group id {huge} was refused without naming the limit it passed ({refusal}); the "
+            "refusal names the id and its limit")
+        below, past = limit - 1, limit + 1
+        refused_below = _large_group_transfer(ex, kvwire_harness, kind, below)
+        assert refused_below is None, (
+            f"V1.8: the backend names {limit} as its group-id limit, yet refused group id {below} just below it "
+            f"({refused_below}); it carries every id its limit admits")
+        assert _large_group_transfer(ex, kvwire_harness, kind, past) is not None, (
+            f"V1.8: the backend names {limit} as its group-id limit, yet took group id {past} just past it; a view "
+            "with an id beyond it is refused when it is submitted")
+
+
+# -- V4 through a second region ---------------------------------------------------------------------
+
+def test_V4_rows_that_alias_through_a_second_region_are_refused(kvwire_harness: Harness) -> None:
+    """V4.1 / V4.2: a fetch whose rows overlap through a second region describing the same
+    registered memory (shifted by half a slot, the same span under another id, or a region of
+    smaller slots whose row lies inside a larger row past its own size) is refused, whichever
+    group comes first, and touches nothing."""
+    caps = kvwire_harness.capabilities()
+    needs.fetch(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = pages([(64, 4), (64, 4)], 277, needs.shares_names(caps))
+    with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, None, ex.ends.sink, plan, kind) as bench:
+        view = bench.sink_view()
+        first = view.groups[0]
+        r = first.region
+        extra_names = np.full((1, 16), 0xEE, dtype=np.uint8)
+        if (second_names := view.groups[1].names) is not None:
+            extra_names = second_names[:1]
+        quarter = max(1, r.slot_bytes // 4)
+        for label, alias, slot in (
+                ("shifted by half a slot", SlotRegion(r.region_id + 10_000, r.base + r.slot_bytes // 2, r.slot_bytes,
+                                                      r.slot_count - 1, r.memory_kind, r.device), int(first.slots[0])),
+                ("the same span under another id", SlotRegion(r.region_id + 20_000, r.base, r.slot_bytes, r.slot_count,
+                                                             r.memory_kind, r.device), int(first.slots[-1])),
+                # Slots of a quarter row from the middle of slot 0: slot 4*s is the third quarter
+                # of row slot s, a small row lying inside a big one, past its own size from the
+                # big row's start.
+                ("of smaller slots, a row inside a larger row",
+                 SlotRegion(r.region_id + 30_000, r.base + r.slot_bytes // 2, quarter,
+                            (r.slot_count - 1) * r.slot_bytes // quarter, r.memory_kind, r.device),
+                 int(first.slots[0]) * r.slot_bytes // quarter)):
+            clash = LayerGroupRows(view.groups[1].group_id, CacheKind.PAGED, alias, np.array([slot]),
+                                   TokenRange(0, 16), extra_names if first.names is not None else None)
+            for order, bad in (("after", View((first, clash))), ("before", View((clash, first)))):
+                assert bad.overlapping_rows() is not None
+                refused(functools.partial(ex.fetch, bad),
+                        f"V4.1/V4.2: a fetch whose rows overlap through a region {label} (its group {order} the other)")
+        bench.verify("V4.2: after refused overlapping fetches")
+
+
+# -- V1.6: a STATE row under another token range ---------------------------------------------------
+
+
+#: (what, the fetch's token range per row count): a STATE row's checkpoint given otherwise than
+#: when it was offered.
+STATE_TOKENS = (
+    ("a checkpoint five tokens further on", lambda rows: TokenRange(0, BLOCK_TOKENS * max(1, rows) + 5)),
+    ("a range starting far from zero", lambda rows: TokenRange(1_000_003, 1_000_003 + BLOCK_TOKENS * rows)),
+)
+
+
+@pytest.mark.parametrize("case", range(len(STATE_TOKENS)), ids=[what for what, _ in STATE_TOKENS])
+def test_V1_a_state_row_is_found_whatever_token_range_names_it(kvwire_harness: Harness, case: int) -> None:
+    """V1.6 / V1.4 / S1.3: which bytes move depends only on the regions, the slots and the names;
+    a STATE group's token end is for the holder. A STATE row (beside a PAGED group) offered under
+    one token range and fetched under another, same group and name, arrives like any other row."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    shared = needs.shares_names(caps)
+    paged_rows = 1 if shared else 3  # a pull's STATE row stands for its one block
+    plan = ViewPlan((GroupPlan(0, CacheKind.PAGED, 48, paged_rows, tuple(range(1, 1 + paged_rows)),
+                               tuple(reversed(range(1, 1 + paged_rows))), paged_rows + 2),
+                     GroupPlan(1, CacheKind.STATE, 40, 1, (1,), (1,), 3)), 719 + case, shared)
+    what, tokens = STATE_TOKENS[case]
+    with needs.open_exchange(kvwire_harness) as ex, _Retokened(kvwire_harness, ex.ends.source, ex.ends.sink,
+                                                               plan, kind) as bench:
+        bench.source_tokens = lambda rows: TokenRange(0, BLOCK_TOKENS * max(1, rows))
+        bench.sink_tokens = tokens
+        result = ex.transfer(bench)  # checks every true bit's bytes (A7) and all other memory (S2)
+        fetched = result.fetched
+        assert fetched.is_delivered and all(m.all() for m in fetched.masks), (
+            f"V1.6: a PAGED and a STATE row offered under matching token ranges and fetched under {what} gave "
+            f"{fetched!r}; every row is held, and which rows move never depends on the token range")
+
+
+# -- V4.4: a publish whose groups share a slot -------------------------------------------------------
+
+
+def test_V4_a_publish_whose_groups_share_a_slot_is_taken(kvwire_harness: Harness) -> None:
+    """V4.4 / V4.1: a publish only reads its rows, so rows of two groups may locate the same
+    memory: a publish of a group and a second group (another id, other names) over one of its
+    slots is taken and delivers, and a fetch finds both groups' rows with those bytes."""
+    with paged_exchange(kvwire_harness, [(64, 3)], 727, needs.transfer, shared=False) as (caps, ex, bench):
+        store_only(ex, "a publish's rows shared across groups")
+        g = bench.source_view().groups[0]
+        assert g.names is not None
+        name = random_names_like(g.names, 1)
+        extra_id = g.group_id + 1
+        twin = LayerGroupRows(extra_id, CacheKind.PAGED, g.region, g.slots[[0]], TokenRange(0, BLOCK_TOKENS), name)
+        try:
+            published = ex.settle(ex.publish(View((g, twin))))
+        except SubmissionError as exc:
+            raise AssertionError(f"V4.4: a publish whose two groups share a slot was refused: {exc}") from exc
+        assert published.is_delivered and all(m.all() for m in published.masks), (
+            f"V4.4: a publish whose two groups share a slot must deliver with room to spare: {published!r}")
+        sink = bench.sink_view().groups[0]
+        spare = int(bench.plan.groups[0].region_slots) - 1  # a junk slot no row of the bench uses
+        fetch_twin = LayerGroupRows(extra_id, CacheKind.PAGED, sink.region, np.array([spare]), TokenRange(0, BLOCK_TOKENS),
+                                    name)
+        fetched = ex.settle(ex.fetch(View((sink, fetch_twin))))
+        assert fetched.is_delivered and all(m.all() for m in fetched.masks), (
+            f"S1.3/V4.4: both groups' rows were marked held, so a fetch finds them: {fetched!r}")
+        got = bench.sink.memories[0].read(np.array([spare]))
+        assert np.array_equal(got[0], bench.data[0][0]), (
+            f"A7.1/V4.4: group {extra_id}'s row, published from the slot of row 0 of group {g.group_id}, arrived with "
+            "other bytes than that slot held")
+        bench.sink.model[0][spare] = got[0]
+        bench.apply_fetch(_first_group(fetched))
+
+
+def _first_group(outcome: Outcome) -> Outcome:
+    """``outcome`` with its first group's mask only: the group the bench knows."""
+    return Outcome(outcome.status, outcome.masks[:1], outcome.reason, outcome.by_peer, outcome.cause)
+
+
+@pytest.mark.parametrize("group_id", [(1 << 31) - 1, (1 << 32) - 1, 1 << 32, 1 << 62],
+                         ids=["31_bits", "32_bits", "33_bits", "63_bits"])
+def test_V1_a_large_group_id_moves_or_is_refused_when_submitted(kvwire_harness: Harness, group_id: int) -> None:
+    """V1.8 / V1.2 / S3 / A8: a group id is any int >= 0. A backend that cannot carry one refuses the
+    submission with ``InvalidSubmission`` (nothing escaped: the rows are untouched); one that
+    takes it moves the rows as any others: a transfer of two groups, 0 and the large id, delivers
+    every row of both, byte for byte. Accepting the view and then never concluding (a wire that
+    carries fewer bits, failing on a thread the holder never hears from) is neither."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = ViewPlan((GroupPlan(0, CacheKind.PAGED, 32, 3, (1, 2, 3), (3, 2, 1), 5),
+                     GroupPlan(group_id, CacheKind.PAGED, 32, 3, (0, 2, 4), (4, 0, 2), 5)), 659, shared_names=True)
+    with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan,
+                                                          kind) as bench:
+        what = f"V1.8: a view with group id {group_id}"
+        try:
+            result = ex.transfer(bench)  # checks the bytes of every true bit (A7)
+        except InvalidSubmission as exc:
+            check_refusal_message(exc, what)
+            bench.verify(f"S3.5: after {what} was refused")
+            return
+        fetched = result.fetched
+        assert fetched.is_delivered and all(m.all() for m in fetched.masks), (
+            f"{what} was taken, so its rows move like any others: a transfer of every row gave {fetched!r}")
 
 
 def _snapshot(view: View) -> list[tuple]:  # type: ignore[type-arg]
@@ -252,44 +564,3 @@ def test_V4_overlapping_fetch_rows_refused(kvwire_harness: Harness) -> None:
             bench.verify("after a refused overlapping fetch")
 
     run()
-
-
-# -- H1 ----------------------------------------------------------------------------------------
-
-def test_H1_unusable_hint_refused(kvwire_harness: Harness) -> None:
-    """A hint of a kind the backend does not use is refused in either direction, and nothing
-    escaped."""
-    caps = kvwire_harness.capabilities()
-    kind = needs.usable_kind(kvwire_harness, caps)
-
-    @profiles.examples(max_examples=max(3, profiles.active().examples // 2))
-    @given(hint=hints(kind=UNUSABLE_KIND))
-    def run(hint: Hint) -> None:
-        plan = simple_plan(groups=2, rows=3, seed=31, shared_names=needs.shares_names(caps))
-        with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan,
-                                                              kind) as bench:
-            if caps.publish:
-                refused(lambda: ex.publish(bench.source_view(), hint), f"H1: a publish with the hint {hint!r}")
-            if caps.fetch:
-                refused(lambda: ex.fetch(bench.sink_view(), hint), f"H1: a fetch with the hint {hint!r}")
-            bench.verify("after refused submissions")
-            if caps.fetch and caps.publish and ex.store:
-                fetched = ex.settle(ex.fetch(bench.sink_view()))
-                bench.apply_fetch(fetched)
-                assert fetched.rows_delivered == 0, "S3/H1: a publish refused for its hint reached the store"
-
-    run()
-
-
-def test_H1_a_hint_decoded_from_bytes_works_alike(kvwire_harness: Harness) -> None:
-    """The hint's byte encoding is the hint: one decoded from ``to_bytes()`` moves rows alike."""
-    caps = kvwire_harness.capabilities()
-    needs.transfer(caps)
-    kind = needs.usable_kind(kvwire_harness, caps)
-    plan = simple_plan(groups=2, rows=3, seed=37, shared_names=needs.shares_names(caps))
-    with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan,
-                                                          kind) as bench:
-        ex.ends.publish_hint = Hint.from_bytes(ex.ends.publish_hint.to_bytes())
-        ex.ends.fetch_hint = Hint.from_bytes(ex.ends.fetch_hint.to_bytes())
-        result = ex.transfer(bench)
-        assert all(m.all() for m in result.fetched.masks), f"H1: decoded hints moved fewer rows: {result.fetched!r}"
