@@ -1,11 +1,11 @@
 """What the benches share: every attempt a bench makes goes through the runtime's holder loop
-(``kvwire.runtime.holding``), as an engine's would; this adds only the benches' one check, that
+(``kvwire.holding``), as an engine's would; this adds only the benches' one check, that
 every row of the attempt was delivered."""
 
 from __future__ import annotations
 
 from kvwire.contract import Backend, Hint, Outcome, View
-from kvwire.runtime.holding import AtDeadline, Direction, Wakes, submit, wait
+from kvwire.holding import AtDeadline, Direction, Wakes, submit, wait
 
 __all__ = ["Mover", "Direction"]
 

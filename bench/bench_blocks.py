@@ -43,8 +43,8 @@ from kvwire.contract import (
     View,
     block_layout,
 )
+from kvwire.holding import AtDeadline, Wakes, submit, wait
 from kvwire.registry import load
-from kvwire.runtime.holding import AtDeadline, Wakes, submit, wait
 
 BLOCK_TOKENS = 16
 NAMESPACE = "bench-blocks"

@@ -14,7 +14,7 @@ Sections (each figure a median; ratio = ceiling time / kvwire time, so 1.0 is th
   (``host-direct``, run last) with the kernel on host memory.
 - ``staged``: the same shape saved (gather into pinned rows, publish them, one object a block)
   and loaded (fetch into pinned rows, scatter) through the ``memory`` and ``files`` backends,
-  driven through ``kvwire.runtime.holding``; against the pinned-copy ceiling (goal >= 0.8x), with
+  driven through ``kvwire.holding``; against the pinned-copy ceiling (goal >= 0.8x), with
   the steps' medians beside it.
 - ``lender``: the lender's staging rows (a read lease's copy, a write lease's marked rows) and a
   device-to-device copy of pool rows by block table, against torch's copies of the same bytes."""

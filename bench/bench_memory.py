@@ -49,8 +49,8 @@ from kvwire_memory import MemoryDriver, MemoryStore, forget_store, named_store
 
 from kvwire.blob import BatchResult, BlobBackend
 from kvwire.contract import CacheKind, Hint, LayerGroupRows, MemoryKind, SlotRegion, TokenRange, View
+from kvwire.holding import AtDeadline, Submission, WaitStatus, Wakes, submit, wait, wait_all, wait_any
 from kvwire.registry import load
-from kvwire.runtime.holding import AtDeadline, Submission, WaitStatus, Wakes, submit, wait, wait_all, wait_any
 
 KIB, MIB = 1 << 10, 1 << 20
 HINT = Hint.of("store")

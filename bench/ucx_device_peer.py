@@ -25,7 +25,7 @@ import torch
 from kvwire_ucx.backend import UcxBackend
 
 from kvwire.contract import CacheKind, Hint, LayerGroupRows, MemoryKind, Outcome, SlotRegion, TokenRange, View
-from kvwire.runtime.holding import AtDeadline, Direction, WaitStatus, submit, wait
+from kvwire.holding import AtDeadline, Direction, WaitStatus, submit, wait
 
 BLOCK_TOKENS = 16
 
@@ -59,8 +59,9 @@ class Puller:
     """The pulling end: ``groups`` zeroed CUDA tensors registered as DEVICE regions, and pulls of
     named blocks from a serving address into their first rows."""
 
-    def __init__(self, mode: str, groups: int, blocks: int, slot_bytes: int) -> None:
-        self.backend = UcxBackend(mode=mode)
+    def __init__(self, mode: str, groups: int, blocks: int, slot_bytes: int, **options: Any) -> None:
+        self.backend = UcxBackend(mode=mode, **options)
+        self.timeline: dict[str, float] = {}
         self.tensors = [torch.zeros((blocks, slot_bytes), dtype=torch.uint8, device="cuda") for _ in range(groups)]
         self.regions = regions(self.tensors, first_id=100)
         self.registration = self.backend.register_regions(self.regions)
@@ -71,6 +72,8 @@ class Puller:
         waited = wait(submission, timeout_s + 10, quiesce=True, at_deadline=AtDeadline.RETURN)
         if waited.status is not WaitStatus.DONE or waited.outcome is None:
             raise RuntimeError(f"the pull did not end: {waited.describe()}")
+        self.timeline = dict(getattr(submission.attempt, "timeline", dict)())  # where the pull's time went
+        self.timeline["returned"] = time.perf_counter() - getattr(submission.attempt, "submitted_at", 0.0)
         return waited.outcome
 
     def close(self) -> frozenset[Any]:

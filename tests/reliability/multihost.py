@@ -13,7 +13,7 @@ from typing import Any
 from host_process import BLOCK_TOKENS, expected_digests
 from hosts import Host, HostProcess, Network
 
-from kvwire.runtime.state import TransceiverState
+from kvwire.holding import TransceiverState
 
 #: UCX would move rows between processes of one kernel through shared memory (cma, posix), past
 #: the simulated network; on separate machines only the network is there.

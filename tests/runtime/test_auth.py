@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from kvwire.contract import Hint
 from kvwire.contract.serving import PullRequest
-from kvwire.runtime.auth import PullGuard, sign_pull
+from kvwire.holding import PullGuard, sign_pull
 
 SECRET = b"s3cret"
 NAMES = np.arange(64, dtype=np.uint8).reshape(2, 32)

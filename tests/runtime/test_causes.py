@@ -13,10 +13,10 @@ from prometheus_client import CollectorRegistry
 from kvwire.contract import Attempt, Backend, Capabilities, Hint, Outcome, SlotRegion, View
 from kvwire.contract.backend import Registration, WakeFn
 from kvwire.contract.outcome import Cause, OutcomeStatus
+from kvwire.holding import Direction
 from kvwire.observe.metrics import Metrics
 from kvwire.registry import load
 from kvwire.runtime import ModelConfig, Worker
-from kvwire.runtime.holding import Direction
 
 MODEL = ModelConfig(layers=2, layers_per_group=1, heads=2, head_dim=8, block_tokens=16, max_tokens=512, seed=5)
 

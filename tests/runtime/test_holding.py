@@ -1,4 +1,4 @@
-"""The holder loop (``kvwire.runtime.holding``): it looks only after wakes, tells a lost wake
+"""The holder loop (``kvwire.holding``): it looks only after wakes, tells a lost wake
 from a stall, cancels at the deadline and reports an attempt that never quiesced, so the caller
 keeps its lease. Driven by a scripted attempt, no backend and no torch."""
 
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from kvwire.contract import Attempt, Backend, Capabilities, Hint, Outcome, View
-from kvwire.runtime.holding import (
+from kvwire.holding import (
     AtDeadline,
     Cancel,
     Direction,
@@ -102,10 +102,23 @@ def later(fn, *args, **kwargs) -> threading.Thread:  # type: ignore[no-untyped-d
     return t
 
 
-def test_the_holder_loop_imports_without_torch():
+def test_the_holder_kit_imports_without_torch():
     code = (
-        "import sys, kvwire.runtime.holding, kvwire.runtime;"
-        "from kvwire.runtime import wait, Direction;"
+        "import sys, kvwire.holding;"
+        "from kvwire.holding import wait, drain, ServingLoop, TransceiverState, PullGuard;"
+        "bad=[m for m in sys.modules if m.startswith(('torch','kvwire.lender','kvwire.registry','kvwire.runtime'))];"
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_old_paths_are_aliases_and_import_without_torch():
+    code = (
+        "import sys, kvwire.holding, kvwire.runtime.holding, kvwire.runtime.state, kvwire.runtime.auth;"
+        "from kvwire.runtime import wait, Direction, TransceiverState;"
+        "assert kvwire.runtime.holding.Wakes is kvwire.holding.Wakes and Direction is kvwire.holding.Direction;"
+        "assert kvwire.runtime.state.TransceiverState is TransceiverState is kvwire.holding.TransceiverState;"
+        "assert kvwire.runtime.auth.PullGuard is kvwire.holding.PullGuard;"
         "bad=[m for m in sys.modules if m.startswith(('torch','kvwire.lender','kvwire.registry','kvwire.runtime.worker'))];"
         "assert not bad, bad"
     )

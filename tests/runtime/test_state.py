@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvwire.contract.capabilities import OtherEnd
-from kvwire.runtime.state import MAX_STATE_BYTES, StateError, TransceiverState
+from kvwire.holding import MAX_STATE_BYTES, StateError, TransceiverState
 
 STATE = TransceiverState("w0", "ucx", OtherEnd.PEER, b"\x01\x02", "", "tiny-abc", b"\xaa" * 32, b"\xbb" * 32, 16)
 

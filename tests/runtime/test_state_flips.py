@@ -10,9 +10,9 @@ import dataclasses
 import numpy as np
 import pytest
 
+from kvwire.holding import StateError, TransceiverState
 from kvwire.registry import ConfigError, PluginError, load
 from kvwire.runtime import ModelConfig, Worker
-from kvwire.runtime.state import StateError, TransceiverState
 
 MODEL = ModelConfig(layers=2, layers_per_group=1, heads=2, head_dim=8, block_tokens=16, max_tokens=512, seed=7)
 

@@ -10,8 +10,7 @@ import atheris
 with atheris.instrument_imports():
     from kvwire.contract import Hint
     from kvwire.contract.serving import PullRequest
-    from kvwire.runtime.auth import PullGuard
-    from kvwire.runtime.state import StateError, TransceiverState
+    from kvwire.holding import PullGuard, StateError, TransceiverState
 
     try:
         from kvwire_ucx import wire

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from kvwire.contract import Hint
-from kvwire.runtime.state import StateError, TransceiverState
+from kvwire.holding import StateError, TransceiverState
 
 HERE = Path(__file__).parent
 

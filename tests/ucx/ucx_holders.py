@@ -1,5 +1,5 @@
 """Test stand-ins for the lease holders on both ends of a pull, written against the contract and
-the one public holder loop (``kvwire.runtime.holding``): a serving holder that answers pulls from
+the one public holder loop (``kvwire.holding``): a serving holder that answers pulls from
 a dict "reuse tree" with pin counting, and a requesting holder that lends rows, fetches and
 releases once the attempt quiesces. Both look at an attempt only after a wake: a lost wake fails
 the test (``WaitStatus.UNWOKEN``) instead of being papered over by polling."""
@@ -29,7 +29,7 @@ from kvwire.contract import (
     View,
 )
 from kvwire.contract.serving import PullRequest
-from kvwire.runtime.holding import AtDeadline, Direction, Submission, WaitStatus, Wakes, submit, wait
+from kvwire.holding import AtDeadline, Direction, Submission, WaitStatus, Wakes, submit, wait
 
 BLOCK_TOKENS = 16
 
@@ -252,7 +252,7 @@ class ServingHolder:
 
 class Requester:
     """Plays the requesting end's lease holder: lends free rows, fetches, waits (through
-    ``kvwire.runtime.holding``), releases."""
+    ``kvwire.holding``), releases."""
 
     def __init__(self, backend, pool: Pool) -> None:
         self.backend = backend

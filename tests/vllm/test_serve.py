@@ -25,7 +25,7 @@ import pytest
 from engines import kvwire_transfer_config
 from servers import Process, get, kvwire_proxy, post, vllm_server
 
-from kvwire.runtime.state import TransceiverState
+from kvwire.holding import TransceiverState
 from kvwire.testing.holder import wait_for
 
 pytestmark = [pytest.mark.usefixtures("vllm_venv"), pytest.mark.xdist_group("vllm")]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from kvwire_vllm import peer
 
-from kvwire.runtime.state import StateError
+from kvwire.holding import StateError
 
 LAYOUT = {"block_size": 16, "layers": ["l0", "l1"], "num_kv_heads": 8, "head_size": 128}
 FACTS = {"model": "org/llama-8b", "model_dtype": "torch.bfloat16", "kv_cache_dtype": "auto",

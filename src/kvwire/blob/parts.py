@@ -20,10 +20,11 @@ import contextlib
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import Protocol
 
 import numpy as np
 
-from kvwire.blob.driver import BatchResult, KeyStatus, StoreDriver
+from kvwire.blob.results import BatchResult, KeyStatus
 from kvwire.contract import MemoryKind, SlotRegion
 
 __all__ = ["BOUNCE_BYTES", "KEPT_BOUNCES", "check_parts", "gather", "scatter", "lend", "pieces",
@@ -34,6 +35,17 @@ BOUNCE_BYTES = 16 << 20
 
 #: How many bounce buffers a driver keeps for reuse.
 KEPT_BOUNCES = 2
+
+
+class PartsDriver(Protocol):
+    """What the bounce buffers and the default part moves use of a
+    :class:`kvwire.blob.driver.StoreDriver` (a protocol: that module calls this one)."""
+
+    def register(self, regions: Sequence[SlotRegion]) -> None: ...
+
+    def unregister(self, regions: Sequence[SlotRegion]) -> None: ...
+
+    def put(self, keys: Sequence[str], addresses: np.ndarray, sizes: np.ndarray) -> BatchResult: ...
 
 
 def check_parts(op: str, keys: Sequence[str], addresses: np.ndarray, sizes: np.ndarray
@@ -118,7 +130,7 @@ class _Bounce:
 
     __slots__ = ("array", "region")
 
-    def __init__(self, driver: StoreDriver, nbytes: int) -> None:
+    def __init__(self, driver: PartsDriver, nbytes: int) -> None:
         self.array = np.empty(nbytes, dtype=np.uint8)
         self.region = SlotRegion(0, int(self.array.ctypes.data), nbytes, 1, MemoryKind.HOST)
         driver.register([self.region])
@@ -141,7 +153,7 @@ class _Bounces:
         self._free: list[_Bounce] = []
 
     @contextmanager
-    def lend(self, driver: StoreDriver, nbytes: int) -> Iterator[_Bounce]:
+    def lend(self, driver: PartsDriver, nbytes: int) -> Iterator[_Bounce]:
         """A buffer of at least ``nbytes``, registered with ``driver``, for the ``with`` block.
         Pieces of at most :data:`BOUNCE_BYTES` share kept buffers of that size; a larger one
         (one object beyond it) is made for the call and given back after it."""
@@ -165,7 +177,7 @@ _pools_lock = threading.Lock()
 _POOL = "_kvwire_parts_bounces"
 
 
-def _bounces(driver: StoreDriver) -> _Bounces:
+def _bounces(driver: PartsDriver) -> _Bounces:
     pool = getattr(driver, _POOL, None)
     if pool is None:
         with _pools_lock:
@@ -176,7 +188,7 @@ def _bounces(driver: StoreDriver) -> _Bounces:
     return pool
 
 
-def lend(driver: StoreDriver, nbytes: int) -> contextlib.AbstractContextManager[_Bounce]:
+def lend(driver: PartsDriver, nbytes: int) -> contextlib.AbstractContextManager[_Bounce]:
     """A bounce buffer of at least ``nbytes`` registered with ``driver`` (its ``base`` address),
     for a ``with`` block: one of the driver's kept buffers when ``nbytes`` is at most
     :data:`BOUNCE_BYTES`, else one made for the block and given back after it. For a driver's
@@ -214,7 +226,7 @@ def _joined(count: int, answers: list[tuple[int, BatchResult]], op: str) -> Batc
     return BatchResult(status, reasons)
 
 
-def put_parts_through(driver: StoreDriver, keys: Sequence[str], addresses: np.ndarray,
+def put_parts_through(driver: PartsDriver, keys: Sequence[str], addresses: np.ndarray,
                       sizes: np.ndarray) -> BatchResult:
     """The default :meth:`~kvwire.blob.driver.StoreDriver.put_parts`: each piece of objects is
     gathered into a bounce buffer and stored with the driver's ``put``."""
@@ -229,7 +241,7 @@ def put_parts_through(driver: StoreDriver, keys: Sequence[str], addresses: np.nd
     return _joined(count, answers, "put")
 
 
-def get_parts_through(driver: StoreDriver, keys: Sequence[str], addresses: np.ndarray, sizes: np.ndarray,
+def get_parts_through(driver: PartsDriver, keys: Sequence[str], addresses: np.ndarray, sizes: np.ndarray,
                       read: Callable[[Sequence[str], np.ndarray, np.ndarray], BatchResult | None]
                       ) -> BatchResult | None:
     """The default :meth:`~kvwire.blob.driver.StoreDriver.get_parts_into` (``read`` is the

@@ -182,8 +182,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except Exception as exc:
         from kvwire.cli.checks import UsageError
+        from kvwire.holding import StateError
         from kvwire.registry import ConfigError, PluginError
-        from kvwire.runtime.state import StateError
 
         if isinstance(exc, (UsageError, ConfigError, PluginError, StateError)):
             Console(stderr=True).print(f"kvwire: error: {exc}", highlight=False, markup=False, soft_wrap=True)

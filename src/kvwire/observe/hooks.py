@@ -8,7 +8,7 @@ import pluggy
 
 if TYPE_CHECKING:
     from kvwire.contract.outcome import Cause, OutcomeStatus
-    from kvwire.runtime.holding import Direction
+    from kvwire.holding import Direction
 
 hookspec = pluggy.HookspecMarker("kvwire")
 hookimpl = pluggy.HookimplMarker("kvwire")

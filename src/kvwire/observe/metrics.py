@@ -3,17 +3,29 @@
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from kvwire.contract.outcome import Cause, OutcomeStatus
+from kvwire.holding import Direction
 from kvwire.observe import cause_label
 from kvwire.observe.hooks import hookimpl
-from kvwire.runtime.holding import Direction
 
-if TYPE_CHECKING:
-    from kvwire.runtime.worker import Worker
+
+class _Pins(Protocol):
+    def pins(self) -> int: ...
+
+
+class Watched(Protocol):
+    """What :meth:`Metrics.watch` reads of a worker (a ``kvwire.runtime.Worker``): its name and
+    its cache's pins. A protocol, so that ``observe`` does not import the runtime that imports it."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def lender(self) -> _Pins: ...
 
 __all__ = ["Metrics", "METRICS", "LOAD_SECONDS_BUCKETS", "MISSING"]
 
@@ -117,7 +129,7 @@ class Metrics:
         self.blocks.labels(worker, "evicted").inc(evicted)
         self.pins.labels(worker).set(pinned)
 
-    def watch(self, worker: Worker) -> None:
+    def watch(self, worker: Watched) -> None:
         """Keep ``worker``'s pins gauge current: read from its cache at each scrape."""
         self.pins.labels(worker.name).set_function(worker.lender.pins)
 

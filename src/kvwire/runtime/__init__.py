@@ -1,8 +1,11 @@
-"""The lease holder: a :class:`Worker` that drives a lender and a backend chosen by config,
-its transceiver state, request-free pulls, and a tiny deterministic model to prove transfers.
+"""The demo lease holder: a :class:`Worker` that drives a lender and a backend chosen by config,
+answers request-free pulls, and runs a tiny deterministic model to prove transfers (torch).
 
-Names load on first use, so ``kvwire.runtime.holding`` (the holder loop) and
-``kvwire.runtime.state`` import without torch."""
+The torch-free holder kit it stands on is :mod:`kvwire.holding`; the names of it this package
+re-exports, and the modules ``kvwire.runtime.holding``, ``.state`` and ``.auth``, are aliases
+kept for code written before it moved. Names load on first use only while those aliases are
+imported by code that must not import torch (the conformance suite, until it imports
+``kvwire.holding``): importing ``kvwire.runtime.holding`` runs this file first."""
 
 from __future__ import annotations
 
@@ -10,18 +13,18 @@ import importlib
 from typing import Any
 
 _WHERE = {
-    "AtDeadline": "kvwire.runtime.holding",
-    "Cancel": "kvwire.runtime.holding",
-    "Direction": "kvwire.runtime.holding",
-    "Submission": "kvwire.runtime.holding",
-    "Wakes": "kvwire.runtime.holding",
-    "WaitExpired": "kvwire.runtime.holding",
-    "WaitStatus": "kvwire.runtime.holding",
-    "Waited": "kvwire.runtime.holding",
-    "submit": "kvwire.runtime.holding",
-    "wait": "kvwire.runtime.holding",
-    "wait_all": "kvwire.runtime.holding",
-    "wait_any": "kvwire.runtime.holding",
+    "AtDeadline": "kvwire.holding",
+    "Cancel": "kvwire.holding",
+    "Direction": "kvwire.holding",
+    "Submission": "kvwire.holding",
+    "Wakes": "kvwire.holding",
+    "WaitExpired": "kvwire.holding",
+    "WaitStatus": "kvwire.holding",
+    "Waited": "kvwire.holding",
+    "submit": "kvwire.holding",
+    "wait": "kvwire.holding",
+    "wait_all": "kvwire.holding",
+    "wait_any": "kvwire.holding",
     "Generation": "kvwire.runtime.worker",
     "PromptOffer": "kvwire.runtime.worker",
     "TransferError": "kvwire.runtime.worker",
@@ -31,8 +34,8 @@ _WHERE = {
     "WorkerClosed": "kvwire.runtime.worker",
     "ModelConfig": "kvwire.runtime.model",
     "TinyTransformer": "kvwire.runtime.model",
-    "StateError": "kvwire.runtime.state",
-    "TransceiverState": "kvwire.runtime.state",
+    "StateError": "kvwire.holding",
+    "TransceiverState": "kvwire.holding",
 }
 
 __all__ = sorted(_WHERE)

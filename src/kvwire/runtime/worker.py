@@ -28,22 +28,24 @@ from kvwire.contract.capabilities import OFFER_PULLS, SERVE_PULLS, OtherEnd
 from kvwire.contract.errors import SubmissionError
 from kvwire.contract.outcome import Cause
 from kvwire.contract.serving import OffersPulls, PullRequest, ServesPulls
-from kvwire.lender import Lease, Lender, Scope
-from kvwire.observe import Observers, cause_label
-from kvwire.registry import BackendConfig, ConfigError, load_config
-from kvwire.runtime.auth import PullGuard, sign_pull
-from kvwire.runtime.holding import (
+from kvwire.holding import (
     QUIESCE_GRACE_S,
     AtDeadline,
     Cancel,
     Direction,
+    PullGuard,
+    StateError,
     Submission,
+    TransceiverState,
     WaitStatus,
+    sign_pull,
     submit,
     wait,
 )
+from kvwire.lender import Lease, Lender, Scope
+from kvwire.observe import Observers, cause_label
+from kvwire.registry import BackendConfig, ConfigError, load_config
 from kvwire.runtime.model import ModelConfig, TinyTransformer
-from kvwire.runtime.state import StateError, TransceiverState
 
 __all__ = ["Worker", "Cancel", "Generation", "PromptOffer", "TransferResult", "TransferStatus", "TransferError", "StateError",
            "WorkerClosed"]
@@ -512,7 +514,7 @@ class Worker:
     def _transfer(self, lease: Lease, direction: Direction, hint: Hint, timeout: float,
                   cancel: Cancel | None = None) -> Outcome:
         """Lend → wait for the view → submit as it stands → wait for quiescence → mark →
-        release, through the holder loop (``kvwire.runtime.holding``). Refusals release at once
+        release, through the holder loop (``kvwire.holding``). Refusals release at once
         (S3); any other raise keeps the lease until the backend has shut down (S4, B3), and an
         attempt that did not quiesce in time keeps it until the attempt quiesces."""
         self._return_kept()

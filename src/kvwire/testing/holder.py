@@ -14,9 +14,9 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from kvwire import holding
 from kvwire.contract import Attempt, Backend, Cause, Hint, InvalidSubmission, Outcome, View
 from kvwire.contract.errors import SubmissionError
-from kvwire.runtime import holding
 
 __all__ = ["Wakes", "RaisingWakes", "Submission", "submit", "settle", "check_outcome", "same_outcome",
            "call_briefly", "wait_for", "refused", "check_refusal_message", "speaks_causes", "declares", "holder_call",
@@ -56,7 +56,7 @@ class holder_call:
 
 
 class Wakes(holding.Wakes):
-    """The holder loop's counting ``WakeFn`` (:class:`kvwire.runtime.holding.Wakes`), which also
+    """The holder loop's counting ``WakeFn`` (:class:`kvwire.holding.Wakes`), which also
     records a wake that came from inside a call the holder made to the backend (W1.6). The
     suite never calls into a backend from inside it (W1)."""
 
@@ -81,7 +81,7 @@ class RaisingWakes(Wakes):
 
 @dataclass(eq=False)
 class Submission(holding.Submission):
-    """One submission as the suite tracks it, in the holder loop of :mod:`kvwire.runtime.holding`:
+    """One submission as the suite tracks it, in the holder loop of :mod:`kvwire.holding`:
     what was submitted, the attempt, its wakes, and what the backend has said so far; every
     answer is checked as it comes."""
 
@@ -171,7 +171,7 @@ def submit(backend: Backend, op: str, view: View, hint: Hint, wakes: Wakes | Non
 
 
 def settle(sub: Submission, patience_s: float, *, quiesce: bool = True, purpose: str | None = None) -> Outcome:
-    """Wait as a holder does, through the holder loop (:func:`kvwire.runtime.holding.wait`),
+    """Wait as a holder does, through the holder loop (:func:`kvwire.holding.wait`),
     looking only after each wake, until the attempt has concluded (and, with ``quiesce``,
     quiesced). Fails naming W1 if the change became visible but no wake came after it, W1.6 if
     a wake came from inside a call the holder made, and A3 or A8 (or ``purpose``, which names

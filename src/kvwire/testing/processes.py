@@ -166,9 +166,9 @@ class StoreProcess:
 def _child(spec: str, store: str, namespace: str, timeout_s: float) -> None:
     import importlib
 
+    from kvwire import holding
     from kvwire.blob import BlobBackend, store_keys
     from kvwire.contract import CacheKind, Hint, LayerGroupRows, TokenRange, View
-    from kvwire.runtime import holding
     from kvwire.testing.regions import HostMemory
 
     module, _, name = spec.partition(":")

@@ -21,7 +21,7 @@ import numpy as np
 from kvwire.contract import Attempt, CacheKind, Hint, LayerGroupRows, SlotRegion, TokenRange, View
 from kvwire.contract.backend import Backend
 from kvwire.contract.serving import OffersPulls, PullRequest, ServesPulls
-from kvwire.runtime.holding import Direction
+from kvwire.holding import Direction
 from kvwire.testing.harness import Hold
 from kvwire.testing.holder import Submission, Wakes, declares, holder_call, settle, submit
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -21,7 +21,6 @@ from kvwire_ucx.regions import GroupRows
 
 if TYPE_CHECKING:
     from kvwire_ucx.attempt import UcxAttempt
-    from kvwire_ucx.jobs import ReplyJob
 
 __all__ = ["OfferedGroup", "StandingOffer", "OfferIndex", "offered_groups"]
 
@@ -85,7 +84,8 @@ class StandingOffer:
         self.attempt = attempt
         self.groups = groups
         self.deadline = deadline
-        self.answers: set[ReplyJob] = set()
+        # The ReplyJobs (kvwire_ucx.jobs) reading from it: typed loosely, since jobs imports this module.
+        self.answers: set[Any] = set()
         self.standing = True  # until it concludes: it answers pulls only while standing
 
     def cover(self, groups: tuple[tuple[int, int], ...], width: int, names: bytes,

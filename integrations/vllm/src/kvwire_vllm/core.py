@@ -55,8 +55,8 @@ from kvwire.contract.blocks import BLOCKS_FIELD
 from kvwire.contract.capabilities import SERVE_PULLS, OtherEnd
 from kvwire.contract.outcome import Cause
 from kvwire.contract.serving import PullRequest, ServesPulls
+from kvwire.holding import Direction, Wakes
 from kvwire.observe import cause_label
-from kvwire.runtime.holding import Direction, Wakes
 from kvwire_vllm import trace
 from kvwire_vllm.holder import (
     MISSING,

@@ -1,5 +1,5 @@
 """How the connector moves a request's blocks, in one place: a *move* is one load, save or pull
-reply of one request, driven through kvwire's holder loop (:mod:`kvwire.runtime.holding`) with the
+reply of one request, driven through kvwire's holder loop (:mod:`kvwire.holding`) with the
 worker's one shared :class:`Wakes`. A move only progresses when :meth:`Move.advance` looks at it
 (never blocking), so the engine's step is held up only where vLLM needs memory back (a
 preemption, a load inside the step, shutdown). Imports no vLLM.
@@ -47,8 +47,8 @@ from kvwire.contract import CacheKind, Hint, LayerGroupRows, TokenRange, View
 from kvwire.contract.backend import Backend
 from kvwire.contract.errors import SubmissionError, SubmissionRejected
 from kvwire.contract.outcome import Cause
+from kvwire.holding import QUIESCE_GRACE_S, Direction, Submission, Wakes, submit, wait_any
 from kvwire.observe import cause_label
-from kvwire.runtime.holding import QUIESCE_GRACE_S, Direction, Submission, Wakes, submit, wait_any
 from kvwire_vllm.plan import BlockPlan
 from kvwire_vllm.staging import StagingPool
 

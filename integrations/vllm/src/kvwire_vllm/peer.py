@@ -2,7 +2,7 @@
 the connector share.
 
 - :func:`transceiver_state` / :func:`check_state`: the serving engine's transceiver state
-  (kvwire's :class:`~kvwire.runtime.state.TransceiverState`: opaque, versioned, bounded bytes,
+  (kvwire's :class:`~kvwire.holding.TransceiverState`: opaque, versioned, bounded bytes,
   JSON inside, no pickle), and the pulling engine's checks of one against its own cache.
 - :class:`Doorbell`: vLLM's engine core sleeps on its input queue when no request is in it,
   and the worker (which has the peer backend) is stepped only by the engine core. A pull that
@@ -28,7 +28,7 @@ from types import FrameType
 from typing import Any
 
 from kvwire.contract.capabilities import OtherEnd
-from kvwire.runtime.state import StateError, TransceiverState
+from kvwire.holding import StateError, TransceiverState
 
 __all__ = ["transceiver_state", "check_state", "source_of", "Doorbell", "ring", "layout_digest", "find_engine_core",
            "SOURCE_KEY"]
@@ -54,7 +54,7 @@ def transceiver_state(*, worker: str, backend: str, address: bytes, model_id: st
 
 def check_state(raw: bytes, *, backend: str, layout: Mapping[str, Any], scope: bytes, block_size: int,
                 facts: tuple[tuple[str, str], ...] = ()) -> TransceiverState:
-    """Decode (bounded, :data:`kvwire.runtime.state.MAX_STATE_BYTES`) and check a serving
+    """Decode (bounded, :data:`kvwire.holding.MAX_STATE_BYTES`) and check a serving
     engine's state against this engine's cache; :class:`StateError` says which field differs
     (each fact of ``facts`` the source's state names otherwise, by name and both values)."""
     state = TransceiverState.from_bytes(raw)

@@ -14,7 +14,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from kvwire.runtime.state import MAX_STATE_BYTES
+from kvwire.holding import MAX_STATE_BYTES
 from kvwire_vllm.names import NAME_BYTES
 
 __all__ = ["BlockPlan", "ServePlan", "StepPlan", "PullAsk", "SyncLoad", "WorkerReport", "COUNTERS",

@@ -24,7 +24,7 @@ from kvwire.contract import Backend, Hint
 from kvwire.contract.blocks import BLOCKS_FIELD
 from kvwire.contract.capabilities import SERVE_PULLS, Capabilities, OtherEnd
 from kvwire.contract.errors import SubmissionError
-from kvwire.runtime.state import StateError
+from kvwire.holding import StateError
 from kvwire_vllm import peer, trace
 from kvwire_vllm.config import ConnectorConfig
 from kvwire_vllm.events import StoreEvents, block_infos, medium_of, to_vllm
