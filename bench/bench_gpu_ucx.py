@@ -30,6 +30,7 @@ def main() -> int:
     parser.add_argument("--sizes-mib", default="1,16,64,256")
     parser.add_argument("--slot-kib", type=int, default=64)
     parser.add_argument("--modes", default="two-sided,one-sided")
+    parser.add_argument("--window-mib", type=int, default=0, help="the puller's window_bytes (0: its default)")
     args = parser.parse_args()
     slot = args.slot_kib << 10
     sizes = [int(s) << 20 for s in args.sizes_mib.split(",")]
@@ -48,13 +49,14 @@ def main() -> int:
                 continue
             handle = [bytes.fromhex(x) if isinstance(x, str) else x for x in first["ipc"]]
             there = torch.empty(0, dtype=torch.uint8, device="cuda").set_(torch.UntypedStorage._new_shared_cuda(*handle))
-            puller = peer.Puller(mode, 1, blocks, slot)
+            options = {"window_bytes": args.window_mib << 20} if args.window_mib else {}
+            puller = peer.Puller(mode, 1, blocks, slot, **options)
             names = peer.names(1, blocks)
             address = bytes.fromhex(first["address"])
             puller.pull(address, names[:16])  # connection and wire-up
             for size in sizes:
                 n = size // slot
-                ours, copies = [], []
+                ours, copies, steps = [], [], []
                 for _ in range(args.runs):
                     puller.tensors[0].zero_()
                     torch.cuda.synchronize()
@@ -62,6 +64,7 @@ def main() -> int:
                     outcome = puller.pull(address, names[:n])
                     torch.cuda.synchronize()
                     ours.append(time.perf_counter() - start)
+                    steps.append(puller.timeline)
                     if outcome.status.value != "delivered" or not bool(outcome.masks[0].all()):
                         raise SystemExit(f"{mode} {size >> 20} MiB: {outcome}")
                     start = time.perf_counter()
@@ -73,6 +76,9 @@ def main() -> int:
                 a, b = statistics.median(ours), statistics.median(copies)
                 print(f"{mode:<10} {size >> 20:>5} {a * 1e3:>10.3f} {size / a / 1e9:>7.2f} {b * 1e3:>12.3f} "
                       f"{size / b / 1e9:>7.1f} {b / a:>6.3f}", flush=True)
+                print("           steps (ms from the submission, medians): " + ", ".join(
+                    f"{step} {statistics.median(s.get(step, float('nan')) for s in steps) * 1e3:.3f}"
+                    for step in steps[0]), flush=True)
             left = puller.close()
             print(f"{mode}: left at the puller after shutdown: {len(left)}")
             del there  # the serving process's memory, opened here: let go of it before that process ends
