@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -51,7 +52,8 @@ def main() -> int:
             there = torch.empty(0, dtype=torch.uint8, device="cuda").set_(torch.UntypedStorage._new_shared_cuda(*handle))
             options = {"window_bytes": args.window_mib << 20} if args.window_mib else {}
             puller = peer.Puller(mode, 1, blocks, slot, **options)
-            names = peer.names(1, blocks)
+            # the names as one array, built once: joining 16k names per pull took ~1 ms on its own
+            names = np.frombuffer(b"".join(peer.names(1, blocks)), dtype=np.uint8).reshape(blocks, -1)
             address = bytes.fromhex(first["address"])
             puller.pull(address, names[:16])  # connection and wire-up
             for size in sizes:

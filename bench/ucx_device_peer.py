@@ -48,9 +48,12 @@ def regions(tensors: Sequence[torch.Tensor], first_id: int = 0) -> list[SlotRegi
             for i, t in enumerate(tensors)]
 
 
-def view(region_list: Sequence[SlotRegion], slots: Sequence[int], block_names: Sequence[bytes]) -> View:
-    slot_array = np.asarray(slots, dtype=np.int64)
-    name_array = np.frombuffer(b"".join(block_names), dtype=np.uint8).reshape(len(block_names), -1)
+def view(region_list: Sequence[SlotRegion], slots: Sequence[int] | np.ndarray,
+         block_names: Sequence[bytes] | np.ndarray) -> View:
+    """Arrays are taken as they are (a bench builds them once, outside its clock)."""
+    slot_array = slots if isinstance(slots, np.ndarray) else np.asarray(slots, dtype=np.int64)
+    name_array = (block_names if isinstance(block_names, np.ndarray) else
+                  np.frombuffer(b"".join(block_names), dtype=np.uint8).reshape(len(block_names), -1))
     return View(tuple(LayerGroupRows(g, CacheKind.PAGED, r, slot_array, TokenRange(0, len(slots) * BLOCK_TOKENS),
                                      name_array) for g, r in enumerate(region_list)))
 
@@ -66,8 +69,9 @@ class Puller:
         self.regions = regions(self.tensors, first_id=100)
         self.registration = self.backend.register_regions(self.regions)
 
-    def pull(self, address: bytes, block_names: Sequence[bytes], timeout_s: float = 60.0) -> Outcome:
-        submission = submit(self.backend, Direction.FETCH, view(self.regions, range(len(block_names)), block_names),
+    def pull(self, address: bytes, block_names: Sequence[bytes] | np.ndarray, timeout_s: float = 60.0) -> Outcome:
+        slots = np.arange(len(block_names), dtype=np.int64)
+        submission = submit(self.backend, Direction.FETCH, view(self.regions, slots, block_names),
                             Hint.of("peer", address=address, timeout_s=timeout_s))
         waited = wait(submission, timeout_s + 10, quiesce=True, at_deadline=AtDeadline.RETURN)
         if waited.status is not WaitStatus.DONE or waited.outcome is None:
