@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 
-__all__ = ["LONGEST_WAIT_S", "piece", "wait_event", "wait_for"]
+__all__ = ["LONGEST_WAIT_S", "join", "piece", "wait_event", "wait_for"]
 
 #: The longest single wait handed to a threading primitive.
 LONGEST_WAIT_S = 3600.0
@@ -43,3 +43,14 @@ def wait_event(event: threading.Event, timeout_s: float) -> bool:
         if time.monotonic() >= deadline:
             return event.is_set()
     return True
+
+
+def join(thread: threading.Thread, timeout_s: float) -> bool:
+    """``thread.join(timeout_s)`` for a timeout of any length; whether the thread has ended."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        thread.join(piece(max(0.0, deadline - time.monotonic())))
+        if not thread.is_alive():
+            return True
+        if time.monotonic() >= deadline:
+            return False

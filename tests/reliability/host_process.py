@@ -248,7 +248,7 @@ def _attempts_open(backend: Any) -> int:
         return len(engine.attempts)
     core = getattr(backend, "_core", None)
     if core is not None:  # a blob backend (mooncake)
-        return len(core.active)
+        return len(core.attempts)
     raise TypeError(f"no count of open attempts for {type(backend).__name__}")
 
 

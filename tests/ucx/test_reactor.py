@@ -126,9 +126,9 @@ def test_run_here_wakes_the_sleeping_loop_only_for_something_due_before_it_wakes
     reactor.call_later(0.0, lambda: None)  # due now
     assert reactor._wakes_sooner()
     reactor._timers.clear()
-    reactor.wake_later("attempt", lambda: None)
+    reactor.wake_later(lambda: None)
     assert reactor._wakes_sooner()
-    reactor._wakes.clear()
+    reactor._wakes.take()
     driver.cap = 0.001  # a one-sided answer out: NIXL needs progress soon
     assert reactor._wakes_sooner()
     reactor.close()
@@ -144,12 +144,12 @@ def test_work_after_the_wakes_runs_after_them_and_what_it_owes_is_woken_in_the_s
 
         def last_word() -> None:
             order.append("last word")
-            reactor.wake_later("other", lambda: order.append("other woken"))
+            reactor.wake_later(lambda: order.append("other woken"))
 
         def broken() -> None:
             raise RuntimeError("socket gone")
 
-        reactor.wake_later("fetch", lambda: order.append("holder woken"))
+        reactor.wake_later(lambda: order.append("holder woken"))
         reactor.after_wakes(broken)
         reactor.after_wakes(last_word)
         reactor._flush_wakes()

@@ -294,3 +294,20 @@ def test_a_withdrawn_offer_is_not_kept_until_its_deadline(make_backend, holders)
     assert wake.until(lambda a=attempt: a.quiesced(), 10)
     del attempt
     assert Wake().until(lambda: (gc.collect(), kept() is None)[1], 5), "the withdrawn offer is still held"
+
+
+def test_shutdown_with_a_grace_beyond_any_single_wait_returns_once_the_offer_quiesces(make_backend, holders) -> None:
+    """A grace of 1e10 s is allowed (a finite number > 0) and longer than Python's longest single
+    wait (threading.TIMEOUT_MAX, 9.2e9 s): ``shutdown()`` waits for the attempts in flight through
+    ``kvwire.waiting``, in pieces, so it returns once the offer has quiesced instead of raising
+    ``OverflowError`` (issue 41)."""
+    e = ends(make_backend, holders, GROUPS, 4, SLOT, serving={"grace_s": 1e10})
+    attempt, wake = offer(e, [0, 1], e.names[:2], timeout_s=60.0)
+    go = threading.Event()
+    e.a.engine.submit(go.wait)  # the progress thread takes the shutdown up only after go: it is in flight
+    threading.Timer(0.2, go.set).start()
+    started = time.monotonic()
+    assert e.a.shutdown() == frozenset()
+    assert time.monotonic() - started < 10
+    outcome = attempt.poll()
+    assert outcome is not None and outcome.cause is Cause.SHUTDOWN and attempt.quiesced()

@@ -78,7 +78,6 @@ import itertools
 import logging
 import math
 import threading
-import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Literal, overload
@@ -86,6 +85,7 @@ from typing import Literal, overload
 import numpy as np
 
 from kvwire import waiting
+from kvwire.attempts import AttemptTable, TableAttempt, Wakes, call_wakes, clock
 from kvwire.blob.driver import BatchResult, KeyStatus, StoreDriver, _call
 from kvwire.blob.driver import all_ok as _all_ok
 from kvwire.blob.keys import block_keys, check_namespace, store_keys
@@ -175,20 +175,18 @@ class _Core:
 
     def __init__(self, driver: StoreDriver, max_in_flight: int) -> None:
         self.driver = driver
-        self.max_in_flight = max_in_flight
         lock = threading.Lock()
-        #: Signalled when an attempt quiesces (``close`` waits on it).
+        #: The lock of the backend's state (``with core.cond``); the attempt table shares it.
         self.cond = threading.Condition(lock)
+        #: Attempts not yet both concluded and quiesced: kvwire's one attempt lifecycle
+        #: (admission under ``max_in_flight``, conclude once, quiesce once; ``close`` waits on it).
+        self.attempts: AttemptTable[_BlobAttempt] = AttemptTable(max_in_flight, lock=lock, name="the blob backend")
         #: The deadline thread's own condition on the same lock, signalled only when it has
         #: something to do: an earlier deadline, a wake due, or stopping. Attempts that end
         #: before the deadline it sleeps towards do not wake it, so it costs the hot path nothing.
         self.watch = threading.Condition(lock)
         self.queue = _Dispatch()
-        #: Attempts not yet both concluded and quiesced (an ordered set).
-        self.active: dict[_BlobAttempt, None] = {}
         self.closed = False
-        #: How many close() calls wait on ``cond`` for attempts to quiesce.
-        self.closing = 0
         self.stopping = False
         self.watch_until = math.inf
         self.threads: list[threading.Thread] = []
@@ -202,9 +200,9 @@ class _Core:
         #: the region (V1.2). Only ever a subset of what the table recognizes: cleared whenever
         #: a registration closes (M3.7, M4.5). Read on the holder's call sequence (B2).
         self.recognized: dict[int, SlotRegion] = {}
-        #: Attempts whose change came from the holder's own call (cancel, shutdown): the
-        #: deadline thread wakes them, so wake never runs inside a backend method.
-        self.wakes_due: list[_BlobAttempt] = []
+        #: Wakes of changes the holder's own call made (cancel, shutdown, an inline chunk): the
+        #: deadline thread calls them, so wake never runs inside a backend method (W1.6).
+        self.wakes = Wakes()
 
     def recognize(self, group: LayerGroupRows, index: int) -> None:
         """M4 for one group, by the table (raises ``InvalidSubmission``); remembers the group's
@@ -218,10 +216,9 @@ class _Core:
 
     def wake_later(self, attempt: _BlobAttempt) -> None:
         """Under ``cond``: have the deadline thread call ``attempt``'s wake. Wakes are batched:
-        the thread is signalled only when no wake was already due, and it calls each holder's
-        wake once for all its attempts due together (W1.8)."""
-        self.wakes_due.append(attempt)
-        if len(self.wakes_due) == 1:
+        the thread is signalled only when no wake was already due, and it calls each distinct
+        wake callable once for all its attempts due together (the W1.8 note, :class:`Wakes`)."""
+        if self.wakes.add(attempt.wake):
             self.watch.notify()
 
     def stop(self) -> None:
@@ -231,7 +228,7 @@ class _Core:
                 return
             self.closed = True
             self.stopping = True
-            self.cond.notify_all()
+            self.attempts.notify_locked()
             self.watch.notify()
         for _ in self.threads:
             self.queue.put(None)
@@ -305,7 +302,7 @@ class BlobRegistration(Registration):
         return f"BlobRegistration({len(self.regions)} regions, {state})"
 
 
-class _BlobAttempt(Attempt):
+class _BlobAttempt(TableAttempt):
     """One fetch or publish. Workers fill ``_delivered`` chunk by chunk; the outcome's masks are
     cut from it once, when the attempt concludes, and never written again.
 
@@ -322,12 +319,12 @@ class _BlobAttempt(Attempt):
                  addresses: np.ndarray, sizes: np.ndarray, offsets: list[int], chunks: int,
                  timeout_s: float, unorder: np.ndarray | None = None, parts: np.ndarray | None = None,
                  later: collections.deque[tuple[int, int]] | None = None) -> None:
+        super().__init__(wake, clock() + timeout_s)
         self._core = core
         self._later = later
         self._parts = parts
         self._op = op
         self._view = view
-        self._wake = wake
         self._keys = keys
         self._addresses = addresses
         self._sizes = sizes
@@ -340,19 +337,10 @@ class _BlobAttempt(Attempt):
         self._held = 0
         self._fault: tuple[int, str] | None = None
         self._timeout_s = timeout_s
-        self._deadline = time.monotonic() + timeout_s
         self._remaining = chunks
         self._running = 0
-        self._outcome: Outcome | None = None
-        self._quiesced = False
 
-    # -- the holder's side (A1, A2, A4) -----------------------------------------------------
-
-    def poll(self) -> Outcome | None:
-        return self._outcome
-
-    def quiesced(self) -> bool:
-        return self._quiesced
+    # -- the holder's side (A1, A2, A4; poll and quiesced are the table's) -------------------
 
     def cancel(self) -> None:
         core = self._core
@@ -404,29 +392,19 @@ class _BlobAttempt(Attempt):
         return delivered
 
     def _conclude_locked(self, outcome: Outcome) -> None:
-        self._outcome = outcome
+        self._core.attempts.conclude_locked(self, outcome)
         if self._running == 0:
             # No chunk is inside the driver and none will start: memory access has ended.
             self._quiesce_locked()
 
     def _quiesce_locked(self) -> None:
-        self._quiesced = True
-        core = self._core
-        core.active.pop(self, None)
-        if core.closing:
-            core.cond.notify_all()
+        self._core.attempts.quiesce_locked(self)
 
     def _expire_locked(self) -> None:
         self._conclude_locked(Outcome.failed(
             f"deadline passed: the {self._op} did not conclude within {self._timeout_s:g} s",
             self._masks_locked(), Cause.DEADLINE,
         ))
-
-    def _notify(self) -> None:
-        try:
-            self._wake()
-        except Exception:  # a broken wake must not stop the workers
-            log.exception("the wake callback of %r raised; ignored", self)
 
     def _begin_chunk(self, inline: bool) -> tuple[bool, bool]:
         """Whether the next chunk may run, and whether a wake is owed (the attempt concluded
@@ -437,7 +415,7 @@ class _BlobAttempt(Attempt):
 
     def _begin_chunk_locked(self, inline: bool) -> tuple[bool, bool]:
         expired = False
-        if self._outcome is None and time.monotonic() >= self._deadline:
+        if self._outcome is None and clock() >= self.deadline:
             self._expire_locked()
             expired = True
             if inline:
@@ -565,7 +543,7 @@ def _serve(core: _Core) -> None:
             return
         attempt, lo, hi = item
         if _run_chunk(core.driver, attempt, lo, hi, inline=False):
-            attempt._notify()
+            call_wakes((attempt.wake,))
 
 
 def _run_chunk(driver: StoreDriver, attempt: _BlobAttempt, lo: int, hi: int, *, inline: bool) -> bool:
@@ -599,7 +577,7 @@ def _call_driver(driver: StoreDriver, attempt: _BlobAttempt, lo: int, hi: int, n
         call = driver.put
     else:
         call = driver.get_into_now if now else driver.get_into
-    _call.deadline = attempt._deadline  # what call_deadline() answers inside the driver
+    _call.deadline = attempt.deadline  # what call_deadline() answers inside the driver
     try:
         sizes = attempt._sizes[lo:hi] if parts is None else parts
         result = call(attempt._keys[lo:hi], attempt._addresses[lo:hi], sizes)
@@ -629,37 +607,23 @@ def _watch(core: _Core) -> None:
     stuck inside the driver (A8)."""
     with core.cond:
         while True:
-            now = time.monotonic()
-            due, core.wakes_due = core.wakes_due, []
-            nearest = math.inf
-            for attempt in list(core.active):  # expiring may quiesce, which leaves core.active
-                if attempt._outcome is None:
-                    if attempt._deadline <= now:
-                        due.append(attempt)
-                        attempt._expire_locked()
-                    else:
-                        nearest = min(nearest, attempt._deadline)
+            now = clock()
+            overdue, nearest = core.attempts.overdue_locked(now)
+            for attempt in overdue:
+                attempt._expire_locked()  # may quiesce it, which takes it out of the table
+                core.wakes.add(attempt.wake)
             core.watch_until = nearest
-            if due:
+            if core.wakes:
+                due = core.wakes.take()  # one call per distinct wake callable (the W1.8 note)
                 core.cond.release()
                 try:
-                    for attempt in _one_per_wake(due):
-                        attempt._notify()
+                    call_wakes(due)
                 finally:
                     core.cond.acquire()
                 continue
             if core.stopping:
                 return
             core.watch.wait(None if nearest == math.inf else waiting.piece(nearest - now))
-
-
-def _one_per_wake(due: list[_BlobAttempt]) -> Iterable[_BlobAttempt]:
-    """``due`` with one attempt per distinct wake callable: one call of a wake reports every
-    change of the attempts it serves (W1.8), and a holder sharing one wake over many attempts
-    gets one call per batch, not one per attempt."""
-    if len(due) < 2:
-        return due
-    return {id(attempt._wake): attempt for attempt in due}.values()  # identity: equal is not enough
 
 
 class BlobBackend(Backend, Lookup):
@@ -861,19 +825,15 @@ class BlobBackend(Backend, Lookup):
         with core.cond:
             if core.closed:
                 raise SubmissionRejected(f"this blob backend is shut down; it takes no {op}")
-            if len(core.active) >= core.max_in_flight:
-                raise SubmissionRejected(
-                    f"the blob backend's queue is full ({core.max_in_flight} attempts in flight); "
-                    "retry once one has concluded and quiesced")
             attempt = _BlobAttempt(core, op, view, wake, keys, flat_addresses, flat_sizes, offsets,
                                    len(bounds) - 1, timeout_s, unorder, parts, later)
-            core.active[attempt] = None
+            core.attempts.admit_locked(attempt)  # SubmissionRejected when every slot is held (S3.9)
             if inline:
                 # The chunk's start, under the same hold of the lock (A8.1: the deadline is
                 # still checked before the copy).
                 go = attempt._begin_chunk_locked(inline=True)[0]
-            elif attempt._deadline < core.watch_until:
-                core.watch_until = attempt._deadline
+            elif attempt.deadline < core.watch_until:
+                core.watch_until = attempt.deadline
                 core.watch.notify()
         if inline:
             # One chunk, moved here: the attempt has concluded and quiesced when this returns
@@ -890,8 +850,8 @@ class BlobBackend(Backend, Lookup):
                 finally:
                     if attempt._outcome is None:  # handed off, or recording failed: the deadline thread watches it
                         with core.cond:
-                            if attempt._deadline < core.watch_until:
-                                core.watch_until = attempt._deadline
+                            if attempt.deadline < core.watch_until:
+                                core.watch_until = attempt.deadline
                                 core.watch.notify()
             return attempt
         put = core.queue.put
@@ -1078,13 +1038,13 @@ class BlobBackend(Backend, Lookup):
             self._lookups.stop()
         with core.cond:
             core.closed = True
-            for attempt in list(core.active):
+            for attempt in core.attempts.live_locked():
                 if attempt._outcome is None:
                     attempt._conclude_locked(
                         Outcome.cancelled(attempt._masks_locked(), reason="the backend shut down",
                                           cause=Cause.SHUTDOWN))
                     core.wake_later(attempt)
-            pending = frozenset(a for a in core.active if not a._quiesced)
+            pending = frozenset(a for a in core.attempts.live_locked() if not a._quiesced)
         if not pending:
             self._stop_threads()
         return pending  # type: ignore[return-value]
@@ -1105,23 +1065,17 @@ class BlobBackend(Backend, Lookup):
         it. Raises ``TimeoutError``, leaving registrations and driver open, if an attempt has not
         quiesced by then. Idempotent."""
         core = self._core
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        deadline = None if timeout_s is None else clock() + timeout_s
         while True:
             pending = self.shutdown()
             if not pending:
                 break
-            with core.cond:
-                left = None if deadline is None else deadline - time.monotonic()
-                core.closing += 1
-                try:
-                    quiet = (left is None or left > 0) and waiting.wait_for(
-                        core.cond, functools.partial(_all_quiesced, pending), left)
-                finally:
-                    core.closing -= 1
-                if not quiet:
-                    raise TimeoutError(
-                        f"{len(pending)} blob attempt(s) still inside the store driver after "
-                        f"{timeout_s} s; their memory may still be in use")
+            left = None if deadline is None else deadline - clock()
+            quiet = (left is None or left > 0) and core.attempts.wait_quiesced(pending, left)
+            if not quiet:
+                raise TimeoutError(
+                    f"{len(pending)} blob attempt(s) still inside the store driver after "
+                    f"{timeout_s} s; their memory may still be in use")
         with core.cond:
             registrations = list(core.registered.values())
         for registration in registrations:
@@ -1138,7 +1092,7 @@ class BlobBackend(Backend, Lookup):
 
     def __repr__(self) -> str:
         return (f"BlobBackend({type(self._core.driver).__name__}, namespace={self._namespace!r}, "
-                f"{len(self._core.active)} in flight{', shut down' if self._core.closed else ''})")
+                f"{len(self._core.attempts)} in flight{', shut down' if self._core.closed else ''})")
 
 
 #: ``_read_hint``'s answer for a hint without ``blocks`` (a hint's value may be ``None``).
@@ -1149,10 +1103,6 @@ def _clip(text: object, most: int = 200) -> str:
     """``text`` as a str of at most about ``most`` characters, for a message."""
     shown = str(text)
     return shown if len(shown) <= most else shown[:most] + "..."
-
-
-def _all_quiesced(attempts: frozenset[Attempt]) -> bool:
-    return all(a.quiesced() for a in attempts)
 
 
 def _kinds(kinds: frozenset[MemoryKind]) -> str:

@@ -1,11 +1,11 @@
-"""What the holder holds of a transfer (:class:`UcxAttempt`), the set of those in flight and the
-one lock under which each concludes and quiesces (:class:`LiveAttempts`), and the backend's
-counters (:class:`WireStats`)."""
+"""What the holder holds of a transfer (:class:`UcxAttempt`) and the backend's counters
+(:class:`WireStats`). The attempts in flight, and the lock under which each concludes and
+quiesces, are kvwire's one :class:`~kvwire.attempts.AttemptTable` (the engine's)."""
 
 from __future__ import annotations
 
 import enum
-import threading
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -13,10 +13,11 @@ from typing import Any
 
 import numpy as np
 
-from kvwire.contract import Attempt, Outcome, SubmissionRejected, View
+from kvwire.attempts import TableAttempt
+from kvwire.contract import View
 from kvwire.contract.backend import WakeFn
 
-__all__ = ["UcxAttempt", "AttemptKind", "LiveAttempts", "WireStats"]
+__all__ = ["UcxAttempt", "AttemptKind", "WireStats"]
 
 
 class AttemptKind(enum.Enum):
@@ -40,32 +41,25 @@ class WireStats:
     pulls_offered: int = 0  #: of pulls_received, those answered from a standing offer (O1)
 
 
-class UcxAttempt(Attempt):
-    """A fetch or publish in flight. Its outcome and quiescence change only through the
-    :class:`LiveAttempts` that admitted it, under the engine's lock, each once (the holder's
-    :meth:`cancel` concludes it there too)."""
+class UcxAttempt(TableAttempt):
+    """A fetch, publish or offer in flight. Its outcome and quiescence change only through the
+    engine's :class:`~kvwire.attempts.AttemptTable`, under the engine's lock, each once (the
+    holder's :meth:`cancel` concludes it there too). ``deadline`` is read on
+    :data:`kvwire.attempts.clock`."""
 
     def __init__(self, cancel: Callable[[UcxAttempt], None], view: View, kind: AttemptKind, wake: WakeFn,
-                 masks: tuple[np.ndarray, ...] | None = None) -> None:
+                 masks: tuple[np.ndarray, ...] | None = None, deadline: float = math.inf) -> None:
+        super().__init__(wake, deadline)
         self._cancel = cancel
         self.view = view
         self.kind = kind
-        self.wake = wake
         #: the delivery masks the protocol marks (a fetch's); a cancel copies them
         self.masks = view.row_masks() if masks is None else masks
-        self._outcome: Outcome | None = None
-        self._quiesced = False
         self._cancel_requested = False
         #: the engine's record of this pull (:mod:`kvwire_ucx.jobs`) once the progress thread took
         #: it up: its ``machine`` tells the protocol's history (for tests and debugging)
         self.job: Any = None
         self._times = {"submitted": time.perf_counter()}
-
-    def poll(self) -> Outcome | None:
-        return self._outcome
-
-    def quiesced(self) -> bool:
-        return self._quiesced
 
     @property
     def cancel_requested(self) -> bool:
@@ -97,76 +91,3 @@ class UcxAttempt(Attempt):
     def __repr__(self) -> str:
         state = "quiesced" if self._quiesced else "touching memory"
         return f"UcxAttempt({self.kind.value}, {self._outcome!r}, {state})"
-
-
-class LiveAttempts:
-    """The attempts of one engine that have not both concluded and quiesced, and the lock under
-    which an attempt's outcome and quiescence are set, each once. Holder threads and the progress
-    thread meet here; the wakes these changes owe are the caller's to send, after the lock."""
-
-    def __init__(self, lock: threading.Lock, max_in_flight: int) -> None:
-        self._lock = lock
-        self.changed = threading.Condition(lock)
-        self._live: set[UcxAttempt] = set()
-        self._max = max_in_flight
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._live)
-
-    def admit(self, attempt: UcxAttempt) -> None:
-        with self._lock:
-            if len(self._live) >= self._max:
-                raise SubmissionRejected(f"kvwire-ucx has {self._max} attempts in flight (max_in_flight); retry later")
-            self._live.add(attempt)
-
-    def settled(self, attempt: UcxAttempt, outcome: Outcome) -> None:
-        """``attempt`` concluded with ``outcome`` and quiesced, from the start (it never needs the
-        thread, and was never admitted)."""
-        with self._lock:
-            attempt._outcome = outcome
-            attempt._quiesced = True
-            attempt.reached("concluded")
-            attempt.reached("quiesced")
-
-    def conclude(self, attempt: UcxAttempt, outcome: Outcome, *, by_holder: bool = False) -> bool:
-        """Conclude ``attempt`` with ``outcome`` unless it concluded already; whether it did now.
-        ``by_holder``: the holder's cancel, which its machine hears of later."""
-        with self._lock:
-            if attempt._outcome is not None:
-                return False
-            attempt._outcome = outcome
-            attempt._cancel_requested = by_holder
-            attempt.reached("concluded")
-            if attempt._quiesced:
-                self._retire(attempt)
-            return True
-
-    def quiesce(self, attempt: UcxAttempt) -> bool:
-        """Mark ``attempt`` quiesced unless it was already; whether it was now."""
-        with self._lock:
-            if attempt._quiesced:
-                return False
-            attempt._quiesced = True
-            attempt.reached("quiesced")
-            if attempt._outcome is not None:
-                self._retire(attempt)
-            return True
-
-    def _retire(self, attempt: UcxAttempt) -> None:  # under the lock
-        self._live.discard(attempt)
-        self.changed.notify_all()
-
-    def wait_idle(self, timeout: float) -> bool:
-        """Wait until no attempt is in flight; whether that happened within ``timeout``."""
-        with self.changed:
-            return self.changed.wait_for(lambda: not self._live, timeout)
-
-    def not_quiesced(self) -> frozenset[Attempt]:
-        with self._lock:
-            return frozenset(a for a in self._live if not a._quiesced)
-
-    def notify(self) -> None:
-        """Wake every waiter (the thread is gone: nothing will change any more)."""
-        with self._lock:
-            self.changed.notify_all()

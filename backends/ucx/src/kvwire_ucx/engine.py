@@ -11,8 +11,8 @@ event, and carries out the actions the machine returns (:meth:`Engine.feed`).
 
 One rule of order: a holder's cancel, once it concluded an attempt, reaches that attempt's
 machine before any later event does. Outcomes and quiescence are set under the engine lock
-(:class:`~kvwire_ucx.attempt.LiveAttempts`), and each attempt's ``wake`` is called after the lock
-is released (W1).
+(kvwire's one :class:`~kvwire.attempts.AttemptTable`), and the wakes they owe are called after the
+lock is released, once per distinct wake callable (W1, the W1.8 note: the reactor's wakes).
 
 Why one file of this size (~530 lines): the engine is the one router between the parts above;
 its holder entry points, its action table (:meth:`Engine._do`) and its connection handling all
@@ -29,13 +29,15 @@ import time
 import weakref
 from typing import Any
 
+from kvwire import waiting
+from kvwire.attempts import AttemptTable, deadline_after
 from kvwire.contract import Attempt, Cause, Outcome, SubmissionRejected, View
 from kvwire.contract.backend import WakeFn
 from kvwire.contract.serving import PullRequest
 from kvwire_ucx import wire
 from kvwire_ucx._ucx import context_config, ucx_api
 from kvwire_ucx.address import PeerAddress, is_loopback
-from kvwire_ucx.attempt import AttemptKind, LiveAttempts, UcxAttempt, WireStats
+from kvwire_ucx.attempt import AttemptKind, UcxAttempt, WireStats
 from kvwire_ucx.connection import Connection, Connections, ConnectionState, Endpoints
 from kvwire_ucx.cuda import CudaError, make_current, reaches_cuda
 from kvwire_ucx.faults import Direction, Faults
@@ -77,7 +79,8 @@ class Engine:
         self.settings = settings
         self.instance = secrets.randbits(63)
         self._lock = threading.Lock()
-        self.attempts = LiveAttempts(self._lock, settings.max_in_flight)
+        self.attempts: AttemptTable[UcxAttempt] = AttemptTable(settings.max_in_flight, lock=self._lock,
+                                                               name="kvwire-ucx")
         self._stats = collections.Counter[str]()  # guarded by the lock
         self._busy: set[Job] = set()  # pulls with receives or sends posted
         self._stop_deadline: float | None = None
@@ -129,7 +132,8 @@ class Engine:
         return len(self.attempts)
 
     def wait_idle(self, timeout: float) -> bool:
-        """Wait until no attempt is in flight; whether that happened within ``timeout``."""
+        """Wait until no attempt is in flight; whether that happened within ``timeout`` (any
+        finite number of seconds: a large ``grace_s`` is fine)."""
         return self.attempts.wait_idle(timeout)
 
     def not_quiesced(self) -> frozenset[Attempt]:
@@ -138,17 +142,20 @@ class Engine:
     def concluded_at_once(self, view: View, kind: AttemptKind, wake: WakeFn, outcome: Outcome) -> UcxAttempt:
         """An attempt that needs no transfer: concluded and quiesced now, woken from the thread."""
         attempt = UcxAttempt(self.cancel, view, kind, wake)
-        self.attempts.settled(attempt, outcome)
-        self.submit(self.reactor.wake_later, attempt, wake)
+        self.attempts.settle(attempt, outcome)
+        attempt.reached("concluded")
+        attempt.reached("quiesced")
+        self.submit(self.reactor.wake_later, wake)
         return attempt
 
     def fetch(self, view: View, wake: WakeFn, address: PeerAddress, timeout_s: float, groups: tuple[GroupRows, ...],
               width: int, names: bytes, credentials: bytes) -> UcxAttempt:
         """Engine side of ``fetch()``: the attempt, taken up on the thread."""
         machine = self.requesting.machine(view, address, timeout_s, groups, width, names, credentials)
-        attempt = UcxAttempt(self.cancel, view, AttemptKind.FETCH, wake, masks=machine.masks)
+        attempt = UcxAttempt(self.cancel, view, AttemptKind.FETCH, wake, masks=machine.masks,
+                             deadline=deadline_after(timeout_s))
         self.attempts.admit(attempt)
-        job = FetchJob(attempt, machine, address, time.monotonic() + timeout_s, groups)
+        job = FetchJob(attempt, machine, address, attempt.deadline, groups)
         attempt.job = job
         if self.nixl is not None:  # one-sided: taking a fetch up sends its Pull and calls no UCX
             self.reactor.run_here(self.requesting.start, job)
@@ -167,7 +174,8 @@ class Engine:
             self.serving.unclaim(job)  # nothing escaped
             raise
         refusal = refusal_of(view, job.request)
-        deadline = job.expires_at if timeout_s is None else min(job.expires_at, time.monotonic() + timeout_s)
+        deadline = job.expires_at if timeout_s is None else min(job.expires_at, deadline_after(timeout_s))
+        attempt.deadline = deadline
         answer = (self.serving.answer, job, attempt, groups, tuple(g.rows for g in view.groups), refusal, deadline)
         if self.nixl is not None:  # one-sided: the answer is a ReadOffer on the socket, no UCX call
             self.reactor.run_here(*answer)
@@ -177,9 +185,9 @@ class Engine:
 
     def offer(self, view: View, wake: WakeFn, groups: dict[int, OfferedGroup], timeout_s: float) -> UcxAttempt:
         """Engine side of ``offer()`` (O1): the attempt, standing once the thread takes it up."""
-        attempt = UcxAttempt(self.cancel, view, AttemptKind.OFFER, wake)
+        attempt = UcxAttempt(self.cancel, view, AttemptKind.OFFER, wake, deadline=deadline_after(timeout_s))
         self.attempts.admit(attempt)
-        offer = StandingOffer(attempt, groups, time.monotonic() + timeout_s)
+        offer = StandingOffer(attempt, groups, attempt.deadline)
         attempt.job = offer
         self.serving.offers.add(offer)  # standing from here (O1.4); its timer is the thread's
         self.submit(self.serving.arm_offer, offer)
@@ -194,8 +202,12 @@ class Engine:
         it on the thread before anything else that happens to it."""
         masks = tuple(m.copy() for m in attempt.masks)
         outcome = Outcome.cancelled(masks, reason="cancelled by the holder", cause=Cause.HOLDER_CANCELLED)
-        if self.attempts.conclude(attempt, outcome, by_holder=True):
-            self.submit(self._holder_cancelled, attempt)
+        with self._lock:
+            if not self.attempts.conclude_locked(attempt, outcome):
+                return
+            attempt._cancel_requested = True  # with the conclusion: the thread's next event sees both
+        attempt.reached("concluded")
+        self.submit(self._holder_cancelled, attempt)
 
     def start_serving(self, wake: WakeFn) -> None:
         self.serving.start(wake)
@@ -216,9 +228,9 @@ class Engine:
         self.submit(self._force_all)
 
     def join(self, timeout: float) -> bool:
-        """Wait for the thread to exit (it does once shut down with nothing in flight)."""
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
+        """Wait for the thread to exit (it does once shut down with nothing in flight); any
+        finite ``timeout``."""
+        return waiting.join(self._thread, timeout)
 
     # ================================================================ feeding the machines (Router)
 
@@ -226,15 +238,15 @@ class Engine:
         with self._lock:
             self._stats[key] += n
 
-    # Wakes are keyed by the attempt itself, which the pending wake keeps alive: an id() could be
-    # reused within one loop iteration by another attempt, whose wake would then replace this one.
     def conclude(self, attempt: UcxAttempt, outcome: Outcome) -> None:
         if self.attempts.conclude(attempt, outcome):
-            self.reactor.wake_later(attempt, attempt.wake)
+            attempt.reached("concluded")
+            self.reactor.wake_later(attempt.wake)
 
     def quiesce(self, attempt: UcxAttempt) -> None:
         if self.attempts.quiesce(attempt):
-            self.reactor.wake_later(attempt, attempt.wake)
+            attempt.reached("quiesced")
+            self.reactor.wake_later(attempt.wake)
 
     def feed(self, job: Job, event: Any) -> None:
         """Hand ``event`` to the job's machine and carry out its actions (and the events those

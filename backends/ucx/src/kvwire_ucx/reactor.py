@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from kvwire.attempts import Wakes, call_wakes
 from kvwire.contract.backend import WakeFn
 
 __all__ = ["Reactor", "Driver"]
@@ -57,7 +58,7 @@ class Reactor:
         self._commands: collections.deque[tuple[Callable[..., None], tuple[Any, ...]]] = collections.deque()
         self._timers: list[tuple[float, int, Callable[[], None]]] = []
         self._timer_seq = itertools.count()
-        self._wakes: dict[object, WakeFn] = {}
+        self._wakes = Wakes()
         self._after_wakes: list[tuple[Callable[..., None], tuple[Any, ...]]] = []
         self._doorbell_r, self._doorbell_w = os.pipe()
         os.set_blocking(self._doorbell_r, False)
@@ -139,9 +140,11 @@ class Reactor:
     def call_later(self, delay: float, fn: Callable[[], None]) -> None:
         heapq.heappush(self._timers, (time.monotonic() + max(0.0, delay), next(self._timer_seq), fn))
 
-    def wake_later(self, key: object, wake: WakeFn) -> None:
-        """Call ``wake`` once this iteration's changes are visible (W1); one call per key."""
-        self._wakes[key] = wake
+    def wake_later(self, wake: WakeFn) -> None:
+        """Call ``wake`` once this iteration's changes are visible (W1): one call per distinct
+        wake callable for all the changes of the iteration (kvwire's W1.8 policy,
+        :class:`kvwire.attempts.Wakes`)."""
+        self._wakes.add(wake)
 
     def after_wakes(self, fn: Callable[..., None], *args: Any) -> None:
         """Run ``fn(*args)`` on this thread right after this iteration's wakes (on a holder's
@@ -230,12 +233,8 @@ class Reactor:
 
     def _flush_wakes(self) -> None:
         while True:
-            wakes, self._wakes = self._wakes, {}
-            for wake in wakes.values():
-                try:
-                    wake()
-                except Exception:  # a holder's wake must never stop the engine
-                    log.exception("a wake callback raised")
+            if self._wakes:
+                call_wakes(self._wakes.take())  # each logged if it raises: a wake never stops the engine
             if not self._after_wakes:
                 return
             later, self._after_wakes = self._after_wakes, []

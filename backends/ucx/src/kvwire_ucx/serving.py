@@ -162,7 +162,7 @@ class Serving(Side):
             self._tickets[pull_id] = job
             self._incoming.append(job)
         self._reactor.call_later(timeout_s, lambda: self._wait_expired(job))
-        self._reactor.wake_later("serve", wake)
+        self._reactor.wake_later(wake)
 
     def on_word(self, conn: Connection, message: wire.Go | wire.Cancel | wire.Ack) -> None:
         """A requester's later word about the reply it names."""

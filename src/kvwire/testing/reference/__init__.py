@@ -10,6 +10,11 @@ and copy, and run by the conformance suite like any third-party backend:
 
     pytest --pyargs kvwire.testing.suite --kvwire-harness kvwire.testing.reference.harness:store_harness
     pytest --pyargs kvwire.testing.suite --kvwire-harness kvwire.testing.reference.harness:peer_harness
+
+They stay independent of the shipped backends' mechanisms on purpose (they use
+:class:`~kvwire.contract.RegionTable`, the contract's own toolkit, but neither
+:mod:`kvwire.attempts` nor :mod:`kvwire.blob`): they are the second implementation the suite is
+checked against, so a fault of a shared mechanism cannot pass in both.
 """
 
 from kvwire.testing.reference.peer import Fabric, ReferencePeer

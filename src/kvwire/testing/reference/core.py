@@ -13,7 +13,11 @@ Every rule about *when* an attempt changes is here, once:
 - W1: a change is made under the lock, and its wake is called after the lock is released, from a
   backend thread (never from inside a holder's call into the backend).
 - S3/B4: an attempt takes one slot of the bounded queue from submission until it has both
-  concluded and ended its access."""
+  concluded and ended its access.
+
+Independent on purpose: this lifecycle does not use :class:`kvwire.attempts.AttemptTable`, which
+the blob family and kvwire-ucx share. The reference backends are the second implementation the
+conformance suite is checked against, so a fault in the shared table cannot hide in both."""
 
 from __future__ import annotations
 

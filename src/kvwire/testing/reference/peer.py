@@ -1,7 +1,8 @@
-"""The reference peer backend: :class:`ReferencePeer`, written directly on ``kvwire.contract``,
-that pulls blocks by name from another peer, serves such pulls (``serve-pulls``, N2) and answers
-pulls of blocks its holder offered in advance on its own (``offer-pulls``, O1), over an
-in-process network (:class:`Fabric`).
+"""The reference peer backend: :class:`ReferencePeer`, written directly on ``kvwire.contract``
+(no :mod:`kvwire.attempts`, no kvwire-ucx: independent on purpose, the second implementation the
+conformance suite is checked against), that pulls blocks by name from another peer, serves such
+pulls (``serve-pulls``, N2) and answers pulls of blocks its holder offered in advance on its own
+(``offer-pulls``, O1), over an in-process network (:class:`Fabric`).
 
 The wire protocol, one message per arrow, each message handled on the receiving peer's worker
 thread (nothing shares an attempt across peers; they learn of each other only by messages)::

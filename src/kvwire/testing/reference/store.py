@@ -1,6 +1,8 @@
 """The reference store backend: :class:`ReferenceStoreBackend`, written directly on
-``kvwire.contract`` (no :mod:`kvwire.blob`), over :class:`ReferenceStore`, an in-process object
-store that the two backends of one harness pair share.
+``kvwire.contract`` (no :mod:`kvwire.blob`, no :mod:`kvwire.attempts`: independent on purpose,
+the second implementation the conformance suite is checked against), over
+:class:`ReferenceStore`, an in-process object store that the two backends of one harness pair
+share.
 
 Read it as a template. Where each clause is met:
 
