@@ -15,7 +15,15 @@ from kvwire.registry.discovery import (
     refresh,
     survey,
 )
-from kvwire.registry.plugin import REQUIRED, ConfigError, Option, Plugin
+from kvwire.registry.plugin import (
+    REQUIRED,
+    ConfigError,
+    Option,
+    Plugin,
+    check_options,
+    option_field,
+    options_of,
+)
 
 __all__ = [
     "GROUP",
@@ -26,6 +34,9 @@ __all__ = [
     "Entry",
     "Option",
     "Plugin",
+    "check_options",
+    "option_field",
+    "options_of",
     "PluginError",
     "REQUIRED",
     "Survey",

@@ -5,12 +5,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from kvwire.contract import Backend, Capabilities
 
-__all__ = ["Option", "Plugin", "ConfigError", "REQUIRED"]
+__all__ = ["Option", "Plugin", "ConfigError", "REQUIRED", "option_field", "options_of", "check_options"]
 
 _TYPES: dict[type, str] = {bool: "bool", int: "int", float: "float", str: "str"}
 
@@ -93,6 +93,14 @@ class Option:
                     value = float(text)
             except ValueError:
                 raise ConfigError(f"{where}: {value!r} is not a {_TYPES[self.type]}; expected {self.describe()}") from None
+        return self.check(value, backend)
+
+    def check(self, value: Any, backend: str) -> Any:
+        """``value`` if it is of this option's type (an int for a float, as a float) and within
+        its choices and bounds; else :class:`ConfigError` naming the option, ``backend`` and what
+        is allowed. Unlike :meth:`coerce`, it parses no text: for values given in Python (a
+        plugin's own settings type checks its fields with it, so both paths refuse alike)."""
+        where = f"option {self.name!r} of backend {backend!r}"
         if self.type is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         if not isinstance(value, self.type) or (self.type is int and isinstance(value, bool)):
@@ -107,6 +115,38 @@ class Option:
         if self.maximum is not None and number is not None and number > self.maximum:
             raise ConfigError(f"{where}: {value!r} is too large; expected {self.describe()}")
         return value
+
+
+def option_field(default: Any, help: str, *, choices: tuple[Any, ...] | None = None, minimum: float | None = None,
+                 maximum: float | None = None) -> Any:
+    """A field of a plugin's settings dataclass that declares its option once: default, help,
+    choices and bounds. :func:`options_of` makes the registry's :class:`Option` of each such
+    field, and :func:`check_options` checks an instance's fields by those same options, so the
+    registry and the settings type refuse a value alike, with the same message."""
+    return field(default=default, metadata={"option": (help, choices, minimum, maximum)})
+
+
+_TYPE_NAMES = {name: t for t, name in _TYPES.items()}
+
+
+def options_of(settings: type) -> tuple[Option, ...]:
+    """The :class:`Option` of every :func:`option_field` of the dataclass ``settings``, in order."""
+    found = []
+    for f in fields(settings):
+        if "option" not in f.metadata:
+            continue
+        help, choices, minimum, maximum = f.metadata["option"]
+        kind = f.type if isinstance(f.type, type) else _TYPE_NAMES[str(f.type)]
+        found.append(Option(f.name, kind, f.default, help, choices=choices, minimum=minimum, maximum=maximum))
+    return tuple(found)
+
+
+def check_options(settings: Any, options: tuple[Option, ...], backend: str) -> None:
+    """Check each of ``options`` on the field of that name of the (frozen) dataclass instance
+    ``settings``, keeping the checked value (an int given for a float becomes a float); the first
+    value refused raises :class:`ConfigError`, as the registry would for it."""
+    for option in options:
+        object.__setattr__(settings, option.name, option.check(getattr(settings, option.name), backend))
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,14 +3,13 @@ what a backend built with them declares (:func:`capabilities_for`)."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
 from kvwire.contract import Capabilities, MemoryKind
 from kvwire.contract.capabilities import OFFER_PULLS, SERVE_PULLS, OtherEnd
-from kvwire.registry.plugin import Option
+from kvwire.registry.plugin import Option, check_options, option_field, options_of
 from kvwire_ucx.address import is_host
 
 __all__ = ["UcxSettings", "OPTIONS", "MODES", "MEMORY_KINDS", "WITH_DEVICE", "capabilities_for"]
@@ -29,30 +28,43 @@ MODES = ("two-sided", "one-sided")
 class UcxSettings:
     """How one backend listens, how long its attempts may take, and how much it keeps in flight.
 
+    Each field declares its option once (:func:`~kvwire.registry.option_field`): the registry's
+    :data:`OPTIONS` are made from these fields, and the constructor checks every field by those
+    same options, so a value is refused alike, with the same message, whether it comes through
+    the registry or is given here.
+
     ``timeout_s`` is the default deadline of an attempt (a hint's ``timeout_s`` overrides it);
     ``grace_s`` is how long rows already in flight may take to stop after a deadline, a cancel or
     a shutdown before the connection to that peer is forced closed (A8's bounded grace)."""
 
-    listen_host: str = "127.0.0.1"
-    listen_port: int = 0
-    advertise_host: str = ""
-    timeout_s: float = 30.0
-    grace_s: float = 1.0
-    max_in_flight: int = 256
-    window_bytes: int = 64 << 20
-    max_pending_pulls: int = 1024
-    max_connections: int = 1024
-    net_devices: str = ""
-    mode: str = "two-sided"
-    spin_us: int = 0
+    listen_host: str = option_field(
+        "127.0.0.1", "address the control listener binds; peers connect to it (loopback by default)")
+    listen_port: int = option_field(0, "control listener port; 0 picks a free one", minimum=0, maximum=65535)
+    advertise_host: str = option_field("", "host put in address() for peers to connect to; empty: listen_host")
+    timeout_s: float = option_field(30.0, "default deadline of an attempt; a hint's timeout_s wins", minimum=0.001)
+    grace_s: float = option_field(
+        1.0, "after a deadline, cancel or shutdown: how long rows in flight may take before the connection is "
+        "forced closed", minimum=0.001)
+    max_in_flight: int = option_field(256, "attempts that may be unfinished at once", minimum=1, maximum=1 << 20)
+    window_bytes: int = option_field(64 << 20, "bytes a pull keeps posted for receiving at once", minimum=1)
+    max_pending_pulls: int = option_field(
+        1024, "pulls waiting for the serving holder before more are declined as busy", minimum=1)
+    max_connections: int = option_field(1024, "control connections accepted at once", minimum=1)
+    net_devices: str = option_field(
+        "", "UCX_NET_DEVICES for this backend's UCX context; empty: 'lo' when listening on loopback, else all")
+    mode: str = option_field(
+        "two-sided", "two-sided: rows move as tag messages into lent rows only; one-sided: pulls read the serving "
+        "end's registered memory through NIXL (faster; exposes every registered region to peers: trusted clusters "
+        "only; needs kvwire-ucx[nixl])", choices=MODES)
+    spin_us: int = option_field(
+        0, "after a message or a submission, how long (us) the progress thread keeps polling for the next instead "
+        "of sleeping: no wake-up per hop, at the cost of a busy core meanwhile; 0 (default) sleeps at once",
+        minimum=0, maximum=10_000_000)
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {list(MODES)}, got {self.mode!r}")
-        if not isinstance(self.listen_host, str) or not self.listen_host:
+        check_options(self, OPTIONS, "ucx")  # types, choices and bounds: the registry's own checks
+        if not self.listen_host:
             raise ValueError(f"listen_host must be a host name or IP address, got {self.listen_host!r}")
-        if not isinstance(self.advertise_host, str):
-            raise ValueError(f"advertise_host must be a host name or IP address (or empty), got {self.advertise_host!r}")
         for name in ("listen_host", "advertise_host"):
             host = getattr(self, name)
             if host and not is_host(host):
@@ -61,21 +73,6 @@ class UcxSettings:
         if not self.advertise_host and self.listen_host in ("0.0.0.0", "::"):
             raise ValueError(f"listening on the wildcard {self.listen_host!r} needs advertise_host: the address "
                              "peers are given must name this host")
-        if not isinstance(self.listen_port, int) or not 0 <= self.listen_port <= 65535:
-            raise ValueError(f"listen_port must be 0..65535 (0 picks a free port), got {self.listen_port!r}")
-        for name in ("timeout_s", "grace_s"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-            object.__setattr__(self, name, float(value))
-        if not isinstance(self.spin_us, int) or isinstance(self.spin_us, bool) or not 0 <= self.spin_us <= 10_000_000:
-            raise ValueError(f"spin_us must be an int from 0 to 10000000, got {self.spin_us!r}")
-        for name in ("max_in_flight", "window_bytes", "max_pending_pulls", "max_connections"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-        if not isinstance(self.net_devices, str):
-            raise ValueError(f"net_devices must be a string, got {self.net_devices!r}")
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> UcxSettings:
@@ -86,39 +83,9 @@ class UcxSettings:
         return cls(**dict(options))
 
 
-_DEFAULTS = UcxSettings()
-
-OPTIONS: tuple[Option, ...] = (
-    Option("listen_host", str, _DEFAULTS.listen_host,
-           "address the control listener binds; peers connect to it (loopback by default)"),
-    Option("listen_port", int, _DEFAULTS.listen_port, "control listener port; 0 picks a free one",
-           minimum=0, maximum=65535),
-    Option("advertise_host", str, _DEFAULTS.advertise_host,
-           "host put in address() for peers to connect to; empty: listen_host"),
-    Option("timeout_s", float, _DEFAULTS.timeout_s, "default deadline of an attempt; a hint's timeout_s wins",
-           minimum=0.001),
-    Option("grace_s", float, _DEFAULTS.grace_s,
-           "after a deadline, cancel or shutdown: how long rows in flight may take before the connection is "
-           "forced closed", minimum=0.001),
-    Option("max_in_flight", int, _DEFAULTS.max_in_flight, "attempts that may be unfinished at once",
-           minimum=1, maximum=1 << 20),
-    Option("window_bytes", int, _DEFAULTS.window_bytes, "bytes a pull keeps posted for receiving at once",
-           minimum=1),
-    Option("max_pending_pulls", int, _DEFAULTS.max_pending_pulls,
-           "pulls waiting for the serving holder before more are declined as busy", minimum=1),
-    Option("max_connections", int, _DEFAULTS.max_connections, "control connections accepted at once",
-           minimum=1),
-    Option("net_devices", str, _DEFAULTS.net_devices,
-           "UCX_NET_DEVICES for this backend's UCX context; empty: 'lo' when listening on loopback, else all"),
-    Option("mode", str, _DEFAULTS.mode,
-           "two-sided: rows move as tag messages into lent rows only; one-sided: pulls read the serving end's "
-           "registered memory through NIXL (faster; exposes every registered region to peers: trusted clusters "
-           "only; needs kvwire-ucx[nixl])", choices=MODES),
-    Option("spin_us", int, _DEFAULTS.spin_us,
-           "after a message or a submission, how long (us) the progress thread keeps polling for the next "
-           "instead of sleeping: no wake-up per hop, at the cost of a busy core meanwhile; 0 (default) sleeps "
-           "at once", minimum=0, maximum=10_000_000),
-)
+#: The registry's declaration of the options: made from :class:`UcxSettings`'s fields, the one
+#: source of their defaults, help, choices and bounds.
+OPTIONS: tuple[Option, ...] = options_of(UcxSettings)
 
 
 #: The contract version kvwire-ucx implements, a literal (docs/contract.md, Versions): the suite
