@@ -90,6 +90,7 @@ from kvwire.blob.driver import BatchResult, KeyStatus, StoreDriver, _call
 from kvwire.blob.driver import all_ok as _all_ok
 from kvwire.blob.keys import block_keys, check_namespace, store_keys
 from kvwire.blob.lookups import LookupRunner, check_timeout
+from kvwire.blob.options import MAX_IN_FLIGHT, NAMESPACE, TIMEOUT_S
 from kvwire.contract import (
     CONTRACT_VERSION,
     Capabilities,
@@ -643,9 +644,9 @@ class BlobBackend(Backend, Lookup):
         self,
         driver: StoreDriver,
         *,
-        namespace: str = "default",
-        timeout_s: float = 30.0,
-        max_in_flight: int = 64,
+        namespace: str = NAMESPACE.default,
+        timeout_s: float = TIMEOUT_S.default,
+        max_in_flight: int = MAX_IN_FLIGHT.default,
         workers: int = 2,
         chunk_bytes: int = 64 << 20,
         inline_bytes: int | None = None,
@@ -655,10 +656,10 @@ class BlobBackend(Backend, Lookup):
         if not isinstance(driver, StoreDriver):
             raise TypeError(f"driver must be a kvwire.blob.StoreDriver, got {type(driver).__name__}")
         self._namespace = check_namespace(namespace)
-        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not (
-                math.isfinite(timeout_s) and timeout_s > 0):
-            raise ValueError(f"timeout_s must be a finite number of seconds > 0, got {timeout_s!r}")
-        for label, value in (("max_in_flight", max_in_flight), ("workers", workers), ("chunk_bytes", chunk_bytes)):
+        # The bounds every store plugin declares for them (kvwire.blob.options): one declaration.
+        timeout_s = TIMEOUT_S.check(timeout_s, "blob")
+        max_in_flight = MAX_IN_FLIGHT.check(max_in_flight, "blob")
+        for label, value in (("workers", workers), ("chunk_bytes", chunk_bytes)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{label} must be an int >= 1, got {value!r}")
         if inline_bytes is None:

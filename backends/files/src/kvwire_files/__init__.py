@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kvwire.blob import BlobBackend, blob_capabilities, check_namespace
+from kvwire.blob import STORE_OPTIONS, BlobBackend, blob_capabilities, store_options
+from kvwire.blob.options import MAX_IN_FLIGHT
 from kvwire.registry import ConfigError, Option, Plugin
 from kvwire_files.driver import FilesDriver
 from kvwire_files.local import doctor, local_services
@@ -35,19 +36,13 @@ OPTIONS: tuple[Option, ...] = (
            "when full, evict least-recently-used objects; when off, a put that does not fit is declined"),
     Option("fsync", bool, False,
            "fsync each pack and the index before a put is committed (only a root on disk that must survive power loss)"),
-    Option("timeout_s", float, 30.0, "each attempt's and lookup's deadline unless its hint gives one", minimum=0.001),
-    Option("max_in_flight", int, 64, "attempts in flight before submissions are rejected", minimum=1,
-           maximum=1 << 16),
-    Option("namespace", str, "default", "key namespace when a hint names none (letters, digits, ._:@+=-/)"),
+    *STORE_OPTIONS,  # timeout_s, max_in_flight, namespace: every blob store's (kvwire.blob.options)
 )
 
 
 def create(options: Mapping[str, Any]) -> BlobBackend:
     """A backend on the directory ``options["root"]``, from validated options."""
-    try:
-        namespace = check_namespace(options["namespace"])
-    except ValueError as exc:
-        raise ConfigError(f"option 'namespace' of backend 'files': {exc}") from None
+    shared = store_options(options, "files")
     if not options["root"].strip():
         raise ConfigError("option 'root' of backend 'files' is empty; name the store's directory (an empty root "
                           "would put the store in the current directory)")
@@ -61,9 +56,7 @@ def create(options: Mapping[str, Any]) -> BlobBackend:
         raise ConfigError(f"option 'root' of backend 'files': {exc}") from None
     return BlobBackend(
         FilesDriver(store, owns_store=True),
-        namespace=namespace,
-        timeout_s=options["timeout_s"],
-        max_in_flight=options["max_in_flight"],
+        **shared,
         owns_driver=True,
         contract_version=CONTRACT,
     )
@@ -72,7 +65,7 @@ def create(options: Mapping[str, Any]) -> BlobBackend:
 plugin = Plugin(
     name="files",
     contract_version=CONTRACT,
-    capabilities=blob_capabilities(FilesDriver.memory_kinds, max_in_flight=64, lookup=True, contract_version=CONTRACT),
+    capabilities=blob_capabilities(FilesDriver.memory_kinds, max_in_flight=MAX_IN_FLIGHT.default, lookup=True, contract_version=CONTRACT),
     create=create,
     options=OPTIONS,
     summary="blob store in a shared directory (default /dev/shm): no server, shared by every process on this machine",

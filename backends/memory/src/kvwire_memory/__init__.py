@@ -14,7 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kvwire.blob import BlobBackend, blob_capabilities, check_namespace
+from kvwire.blob import STORE_OPTIONS, BlobBackend, blob_capabilities, store_options
+from kvwire.blob.options import MAX_IN_FLIGHT
 from kvwire.registry import ConfigError, Option, Plugin
 from kvwire_memory.driver import MemoryDriver
 from kvwire_memory.store import MemoryStore, forget_store, named_store
@@ -30,10 +31,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("capacity_bytes", int, 1 << 30, "the most object bytes the store holds", minimum=1),
     Option("eviction", bool, True,
            "when full, evict least-recently-used objects; when off, a put that does not fit is declined"),
-    Option("timeout_s", float, 30.0, "each attempt's deadline unless its hint gives one", minimum=0.001),
-    Option("max_in_flight", int, 64, "attempts in flight before submissions are rejected", minimum=1,
-           maximum=1 << 16),
-    Option("namespace", str, "default", "key namespace when a hint names none (letters, digits, ._:@+=-/)"),
+    *STORE_OPTIONS,  # timeout_s, max_in_flight, namespace: every blob store's (kvwire.blob.options)
     Option("store", str, "default",
            "the in-process store to use: backends of this process naming the same store share it"),
 )
@@ -41,19 +39,14 @@ OPTIONS: tuple[Option, ...] = (
 
 def create(options: Mapping[str, Any]) -> BlobBackend:
     """A backend on the process's store named ``options["store"]``, from validated options."""
-    try:
-        namespace = check_namespace(options["namespace"])
-    except ValueError as exc:
-        raise ConfigError(f"option 'namespace' of backend 'memory': {exc}") from None
+    shared = store_options(options, "memory")
     try:
         store = named_store(options["store"], capacity_bytes=options["capacity_bytes"], eviction=options["eviction"])
     except ValueError as exc:
         raise ConfigError(f"option 'store' of backend 'memory': {exc}") from None
     return BlobBackend(
         MemoryDriver(store),
-        namespace=namespace,
-        timeout_s=options["timeout_s"],
-        max_in_flight=options["max_in_flight"],
+        **shared,
         owns_driver=True,
         contract_version=CONTRACT,
     )
@@ -62,7 +55,7 @@ def create(options: Mapping[str, Any]) -> BlobBackend:
 plugin = Plugin(
     name="memory",
     contract_version=CONTRACT,
-    capabilities=blob_capabilities(MemoryDriver.memory_kinds, max_in_flight=64, lookup=True,
+    capabilities=blob_capabilities(MemoryDriver.memory_kinds, max_in_flight=MAX_IN_FLIGHT.default, lookup=True,
                                    contract_version=CONTRACT),
     create=create,
     options=OPTIONS,

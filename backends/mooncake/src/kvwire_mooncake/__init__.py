@@ -11,10 +11,10 @@ import logging
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from kvwire.blob import BlobBackend, blob_capabilities
-from kvwire.blob.keys import check_namespace
+from kvwire.blob import BlobBackend, blob_capabilities, store_options
+from kvwire.blob.options import MAX_IN_FLIGHT
 from kvwire.contract import Backend, MemoryKind
-from kvwire.registry import ConfigError, Plugin
+from kvwire.registry import Plugin
 from kvwire_mooncake.library import INSTALL_HINT, problem
 from kvwire_mooncake.options import OPTIONS, ClientSettings
 
@@ -37,18 +37,13 @@ def create(options: Mapping[str, Any]) -> Backend:
     master is configured), shut down with the backend."""
     from kvwire_mooncake.driver import MooncakeDriver
 
-    try:
-        check_namespace(options["namespace"])
-    except ValueError as exc:
-        raise ConfigError(f"option 'namespace' of backend 'mooncake': {exc}") from None
+    shared = store_options(options, "mooncake")
     settings = ClientSettings.from_options(options)
     driver = MooncakeDriver.connect(settings, check_existing=options["check_existing"])
     try:
         return BlobBackend(
             driver,
-            namespace=options["namespace"],
-            timeout_s=options["timeout_s"],
-            max_in_flight=options["max_in_flight"],
+            **shared,
             workers=options["workers"],
             chunk_bytes=options["chunk_bytes"],
             owns_driver=True,
@@ -83,7 +78,7 @@ def local_services(options: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
 plugin = Plugin(
     name="mooncake",
     contract_version=CONTRACT,
-    capabilities=blob_capabilities(MEMORY_KINDS, next(o.default for o in OPTIONS if o.name == "max_in_flight"),
+    capabilities=blob_capabilities(MEMORY_KINDS, MAX_IN_FLIGHT.default,
                                    lookup=True, contract_version=CONTRACT),
     create=create,
     options=OPTIONS,

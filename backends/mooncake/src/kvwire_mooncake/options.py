@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kvwire.blob.options import STORE_OPTIONS
 from kvwire.registry import ConfigError, Option
 
 __all__ = ["OPTIONS", "ClientSettings", "MIN_SEGMENT_BYTES", "MASTER_ENV"]
@@ -45,11 +46,7 @@ OPTIONS: tuple[Option, ...] = (
            "Mooncake's staging buffer. Rows move zero-copy from registered memory and do not pass "
            "through it (measured with 0.3.13), so the default suffices for any row size.",
            minimum=0),
-    Option("namespace", str, "default", "Store namespace: rows are stored under kvw1/<namespace>/g<group>/<name>."),
-    Option("timeout_s", float, 30.0, "Deadline of each publish or fetch unless the hint gives one.",
-           minimum=0.001),
-    Option("max_in_flight", int, 64, "Attempts neither concluded nor quiesced at once; more are rejected.",
-           minimum=1, maximum=1 << 16),
+    *STORE_OPTIONS,  # timeout_s, max_in_flight, namespace: every blob store's (kvwire.blob.options)
     Option("check_existing", bool, True,
            "Ask which keys already exist before a put, to report them ALREADY_THERE (Mooncake's put of an "
            "existing key answers 0 and keeps the first object, moving no bytes). Costs one master round "

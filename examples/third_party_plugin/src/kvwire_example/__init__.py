@@ -14,7 +14,15 @@ from typing import Any
 
 import numpy as np
 
-from kvwire.blob import BatchResult, BlobBackend, KeyStatus, StoreDriver, blob_capabilities
+from kvwire.blob import (
+    STORE_OPTIONS,
+    BatchResult,
+    BlobBackend,
+    KeyStatus,
+    StoreDriver,
+    blob_capabilities,
+    store_options,
+)
 from kvwire.contract import MemoryKind, SlotRegion
 from kvwire.registry import Option, Plugin
 
@@ -93,17 +101,13 @@ class DictDriver(StoreDriver):
 
 OPTIONS = (
     Option("store", str, "default", "the in-process store: backends naming the same one share it"),
-    Option("namespace", str, "default", "key namespace when a hint names none"),
-    Option("timeout_s", float, 30.0, "each attempt's deadline unless its hint gives one", minimum=0.001),
-    Option("max_in_flight", int, 64, "attempts in flight before submissions are rejected", minimum=1,
-           maximum=1 << 16),
+    *STORE_OPTIONS,  # timeout_s, max_in_flight, namespace: every blob store has them, declared once
 )
 
 
 def create(options: Mapping[str, Any]) -> BlobBackend:
     """A backend on the store named ``options["store"]``, from validated options."""
-    return BlobBackend(DictDriver(options["store"]), namespace=options["namespace"],
-                       timeout_s=options["timeout_s"], max_in_flight=options["max_in_flight"], owns_driver=True,
+    return BlobBackend(DictDriver(options["store"]), **store_options(options, "example"), owns_driver=True,
                        contract_version=CONTRACT)
 
 
