@@ -143,12 +143,20 @@ class AttemptTable(Generic[A]):
         with self.lock:
             return self.quiesce_locked(attempt)
 
-    def settle(self, attempt: A, outcome: Outcome) -> None:
-        """``attempt`` concluded with ``outcome`` and quiesced from the start: it never needed the
-        backend's threads and takes no slot (it is not admitted)."""
+    def settle_locked(self, attempt: A, outcome: Outcome) -> bool:
+        """Conclude ``attempt`` with ``outcome`` and quiesce it in one step (its access to memory
+        has ended), unless it has concluded; whether it did now. For an attempt never admitted
+        (it needed no thread of the backend) too: it takes no slot."""
+        if attempt._outcome is not None:
+            return False
+        attempt._outcome = outcome
+        attempt._quiesced = True
+        self._retire_locked(attempt)
+        return True
+
+    def settle(self, attempt: A, outcome: Outcome) -> bool:
         with self.lock:
-            attempt._outcome = outcome
-            attempt._quiesced = True
+            return self.settle_locked(attempt, outcome)
 
     def _retire_locked(self, attempt: A) -> None:
         self._live.pop(attempt, None)

@@ -320,7 +320,11 @@ class _BlobAttempt(TableAttempt):
                  addresses: np.ndarray, sizes: np.ndarray, offsets: list[int], chunks: int,
                  timeout_s: float, unorder: np.ndarray | None = None, parts: np.ndarray | None = None,
                  later: collections.deque[tuple[int, int]] | None = None) -> None:
-        super().__init__(wake, clock() + timeout_s)
+        # TableAttempt.__init__, written out: a call less on every submission
+        self.wake = wake
+        self.deadline = clock() + timeout_s
+        self._outcome: Outcome | None = None
+        self._quiesced = False
         self._core = core
         self._later = later
         self._parts = parts
@@ -393,10 +397,11 @@ class _BlobAttempt(TableAttempt):
         return delivered
 
     def _conclude_locked(self, outcome: Outcome) -> None:
-        self._core.attempts.conclude_locked(self, outcome)
         if self._running == 0:
             # No chunk is inside the driver and none will start: memory access has ended.
-            self._quiesce_locked()
+            self._core.attempts.settle_locked(self, outcome)
+        else:
+            self._core.attempts.conclude_locked(self, outcome)
 
     def _quiesce_locked(self) -> None:
         self._core.attempts.quiesce_locked(self)
