@@ -146,8 +146,13 @@ _CLAUSE_ID = re.compile(r"\b([A-Z][0-9]+\.[0-9]+)\b")
 
 
 def named_clauses(function: Any) -> list[str]:
-    """The clauses a suite test checks: those its docstring's first line names before its first
-    ``": "`` (``"A8.1 / A8.2: ..."``); a clause mentioned after it is context, not a check."""
+    """The clauses a suite test is about, which gate it by version and protocol: those it is
+    marked with (``@checks(...)``, :mod:`kvwire.testing.marks`; not its ``also`` clauses). A test
+    without the mark (one of a plugin's own, say) falls back to those its docstring's first line
+    names before its first ``": "`` (``"A8.1 / A8.2: ..."``)."""
+    marked = getattr(function, "kvwire_checks", None)
+    if marked is not None:
+        return list(marked)
     doc = (getattr(function, "__doc__", None) or "").strip()
     if not doc:
         return []

@@ -33,8 +33,6 @@ RULES: tuple[str, ...] = (
     "holder model",
 )
 _RULE = re.compile(r"^test_((?:[A-Z][0-9]{1,2}_)+)")
-#: A clause named in a docstring: "A10.6" (its rule, A10, is group 1).
-_CLAUSE = re.compile(r"\b([A-Z][0-9]{1,2})\.[0-9]+\b")
 
 
 @dataclass
@@ -68,41 +66,50 @@ def rules_of(test: str) -> list[str]:
 
 
 def clauses_inside() -> dict[str, dict[str, list[str]]]:
-    """For each suite test, the clauses of rules other than its own that its docstring or its
-    assert messages say it checks (``test_A4_...`` naming A10.6 checks that cause as well): test
-    name -> rule -> clauses. Read from the suite's source, nothing imported."""
-    spec = importlib.util.find_spec("kvwire.testing.suite")
-    if spec is None or not spec.submodule_search_locations:
-        return {}
+    """For each suite test, the clauses of rules other than its own that it is marked as checking
+    (``@checks(...)`` with its ``also``: a ``test_A4_...`` marked with A10.6 checks that cause as
+    well): test name -> rule -> clauses. Read from the suite's source, nothing imported."""
     out: dict[str, dict[str, list[str]]] = {}
-    for path in sorted(Path(next(iter(spec.submodule_search_locations))).glob("test_*.py")):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for name, marked in suite_marks().items():
+        own = set(rules_of(name))
+        for clause_id in marked:
+            rule = clause_id.split(".")[0]
+            if rule not in own:
+                clauses = out.setdefault(name, {}).setdefault(rule, [])
+                if clause_id not in clauses:
+                    clauses.append(clause_id)
+    return out
+
+
+def suite_marks(where: Path | None = None) -> dict[str, list[str]]:
+    """Every test of the suite (the ``test_*.py`` files of ``where``, by default the installed
+    ``kvwire.testing.suite``) and the clauses its ``@checks(...)`` mark names, those that gate it
+    first, then its ``also``; read from the source, nothing imported. A test without the mark
+    maps to an empty list."""
+    if where is None:
+        spec = importlib.util.find_spec("kvwire.testing.suite")
+        if spec is None or not spec.submodule_search_locations:
+            return {}
+        where = Path(next(iter(spec.submodule_search_locations)))
+    out: dict[str, list[str]] = {}
+    for path in sorted(where.glob("test_*.py")):
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
             if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
-                own = set(rules_of(node.name))
-                # What it says it checks: its docstring, and the messages of the asserts every run
-                # of it makes (not those in a branch, which may be another kind of backend's).
-                said = [ast.get_docstring(node) or ""] + [
-                    part.value for check in _unconditional(node.body) if isinstance(check, ast.Assert) and check.msg
-                    for part in ast.walk(check.msg) if isinstance(part, ast.Constant) and isinstance(part.value, str)]
-                for match in _CLAUSE.finditer("\n".join(said)):
-                    if match.group(1) not in own:
-                        clauses = out.setdefault(node.name, {}).setdefault(match.group(1), [])
-                        if match.group(0) not in clauses:
-                            clauses.append(match.group(0))
+                out[node.name] = marks_of(node)
     return out
 
 
-def _unconditional(body: list[ast.stmt]) -> list[ast.stmt]:
-    """The statements of ``body`` and of the blocks it always enters (``with``, ``try``), not
-    those under an ``if``, a loop or a nested function."""
-    out: list[ast.stmt] = []
-    for stmt in body:
-        out.append(stmt)
-        if isinstance(stmt, (ast.With, ast.AsyncWith)):
-            out += _unconditional(stmt.body)
-        elif isinstance(stmt, ast.Try):
-            out += _unconditional(stmt.body) + _unconditional(stmt.finalbody)
-    return out
+def marks_of(node: ast.FunctionDef) -> list[str]:
+    """The clauses of a test function's ``@checks(...)`` decorator, as written."""
+    for deco in node.decorator_list:
+        if isinstance(deco, ast.Call) and isinstance(deco.func, ast.Name) and deco.func.id == "checks":
+            found = [a.value for a in deco.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+            for keyword in deco.keywords:
+                if keyword.arg == "also":
+                    found += [a.value for a in ast.walk(keyword.value)
+                              if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+            return found
+    return []
 
 
 def summarize(tests: Sequence[dict[str, Any]],

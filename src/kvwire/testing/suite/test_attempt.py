@@ -38,6 +38,7 @@ from kvwire.testing.holder import (
     wait_for,
 )
 from kvwire.testing.layout import BLOCK_TOKENS, Bench, ViewPlan, simple_plan
+from kvwire.testing.marks import checks
 from kvwire.testing.plans import (
     check_bits,
     drain_queue,
@@ -78,6 +79,7 @@ def _held(ex: Exchange, bench: Bench, op: str) -> tuple[Submission, Hold]:
     return ex.held_publish(bench)
 
 
+@checks("A1.1", "A1.4", also=("A1.2",))
 @pytest.mark.parametrize("op", ["fetch", "publish"])
 def test_A1_poll_never_blocks_and_answers_the_same_outcome(kvwire_harness: Harness, op: str) -> None:
     """A1.1-A1.4: ``poll()`` of a fetch, or of a publish to a store, returns ``None`` at once while
@@ -108,6 +110,7 @@ def test_A1_poll_never_blocks_and_answers_the_same_outcome(kvwire_harness: Harne
 
 # -- A2 ----------------------------------------------------------------------------------------
 
+@checks("A2.1", "A2.2")
 @pytest.mark.parametrize("op", ["fetch", "publish"])
 def test_A2_quiesced_never_blocks_and_stays_true(kvwire_harness: Harness, op: str) -> None:
     """A2.1 / A2.2: ``quiesced()`` of a fetch, or of a publish to a store, returns at once while the
@@ -129,6 +132,7 @@ def test_A2_quiesced_never_blocks_and_stays_true(kvwire_harness: Harness, op: st
         bench.apply_fetch(out if op == "fetch" else ex.fetch_settled(bench.sink_view()))
 
 
+@checks("A2.3")
 def test_A2_fetch_writes_nothing_after_quiesced(kvwire_harness: Harness) -> None:
     """Once a fetch says it quiesced, the holder may reuse the rows at once: nothing the backend
     does afterwards may change them."""
@@ -151,6 +155,7 @@ def test_A2_fetch_writes_nothing_after_quiesced(kvwire_harness: Harness) -> None
         bench.verify("A2: the fetch had said it quiesced, and the holder then reused its rows")
 
 
+@checks("A2.4")
 def test_A2_publish_reads_nothing_after_quiesced(kvwire_harness: Harness) -> None:
     """Once a publish says it quiesced, the holder may overwrite its rows: the other end must
     still hold the bytes as they were at submission."""
@@ -188,6 +193,7 @@ def test_A2_publish_reads_nothing_after_quiesced(kvwire_harness: Harness) -> Non
 A3_ROWS = {"small": 4, "many-rows": 96}
 
 
+@checks("A3.1", "A3.3")
 @pytest.mark.parametrize("size", list(A3_ROWS))
 def test_A3_fetch_progresses_without_poll(kvwire_harness: Harness, size: str) -> None:
     """A3.1 / A3.3: without a single call to poll() or quiesced(), the fetched bytes land and
@@ -217,6 +223,7 @@ def test_A3_fetch_progresses_without_poll(kvwire_harness: Harness, size: str) ->
         assert all(m.all() for m in out.masks), f"A5: every row was held: {out!r}"
 
 
+@checks("A3.1", "A3.3")
 def test_A3_a_serving_publish_progresses_without_poll(kvwire_harness: Harness) -> None:
     """A3.1-A3.3 at the serving end: an answer nobody polls still reaches the requester, and its
     conclusion and quiescence come with a wake."""
@@ -242,6 +249,7 @@ def test_A3_a_serving_publish_progresses_without_poll(kvwire_harness: Harness) -
         holder.finish(answer)
 
 
+@checks("A3.1", "A3.3")
 @pytest.mark.parametrize("size", list(A3_ROWS))
 def test_A3_publish_progresses_without_poll(kvwire_harness: Harness, size: str) -> None:
     """A3.1 / A3.3: a publish nobody polls still reaches the other end: a fetch on the other end
@@ -269,6 +277,7 @@ def test_A3_publish_progresses_without_poll(kvwire_harness: Harness, size: str) 
 
 # -- A4 ----------------------------------------------------------------------------------------
 
+@checks("A4.1", "A4.3", "A4.5", also=("A10.6",))
 @pytest.mark.parametrize("op", ["fetch", "publish"])
 def test_A4_cancel_is_idempotent_yields_cancelled_and_still_quiesces(kvwire_harness: Harness, op: str) -> None:
     """A4.1-A4.3, A4.5: cancel() twice on a fetch or a publish the other end holds: it
@@ -319,6 +328,7 @@ def test_A4_cancel_is_idempotent_yields_cancelled_and_still_quiesces(kvwire_harn
                 assert (fetched | ~held).all(), f"A5.6/S1.3: rows the publish marked held were not fetched: {got!r}"
 
 
+@checks("A4.6", "A4.1", "A4.2", also=("A2.2",))
 @pytest.mark.parametrize("op", ["fetch", "publish"])
 def test_A4_cancel_after_conclusion_changes_nothing(kvwire_harness: Harness, op: str) -> None:
     """A4.6, A4.1, A4.2: cancel() (twice) after a fetch or a publish delivered changes nothing:
@@ -378,6 +388,7 @@ def test_A4_cancel_after_conclusion_changes_nothing(kvwire_harness: Harness, op:
             bench.verify("A4.6: cancel() after the publish delivered changed the rows the requester got")
 
 
+@checks("A4.1", "A4.6", "S5.2")
 def test_A4_cancel_raises_nothing_after_a_failure_or_shutdown(kvwire_harness: Harness) -> None:
     """A4.1 / A4.6 / S5.2: ``cancel()`` never raises: not on a fetch a fault at the other end
     failed (a store's), and not on any attempt of an instance that was shut down since; each
@@ -436,6 +447,7 @@ def _cancel_quietly(sub: Submission, what: str) -> None:
 
 # -- A5 ----------------------------------------------------------------------------------------
 
+@checks("A5.7", "A5.8")
 def test_A5_a_miss_is_a_false_bit_in_a_delivered_outcome(kvwire_harness: Harness) -> None:
     """Fetching rows the other end never held delivers, with their bits false."""
     caps = kvwire_harness.capabilities()
@@ -453,6 +465,7 @@ def test_A5_a_miss_is_a_false_bit_in_a_delivered_outcome(kvwire_harness: Harness
         bench.apply_fetch(out)
 
 
+@checks("A5.9", "A7.2")
 def test_A5_a_fault_is_a_failure_not_a_miss(kvwire_harness: Harness) -> None:
     caps = kvwire_harness.capabilities()
     needs.transfer(caps)
@@ -475,6 +488,7 @@ def test_A5_a_fault_is_a_failure_not_a_miss(kvwire_harness: Harness) -> None:
 
 # -- A6 ----------------------------------------------------------------------------------------
 
+@checks("A6.5", "A6.3", "A6.4")
 def test_A6_masks_are_plain_read_only_bool_and_never_change(kvwire_harness: Harness) -> None:
     """Every outcome's masks are plain read-only bool arrays, and later work on the backend
     never changes a mask it handed over."""
@@ -497,6 +511,7 @@ def test_A6_masks_are_plain_read_only_bool_and_never_change(kvwire_harness: Harn
                         f"A6: a mask handed over in {out!r} changed during later work on the backend")
 
 
+@checks("A6.5", "A6.3")
 def test_A6_the_masks_of_a_failed_fetch_never_change(kvwire_harness: Harness) -> None:
     """A6.5 / A6.3: a fetch that failed (a fault at the other end on one row) hands over masks
     that stay as they were while later transfers run, like those of a delivered one."""
@@ -531,6 +546,7 @@ def test_A6_the_masks_of_a_failed_fetch_never_change(kvwire_harness: Harness) ->
 
 # -- A7 ----------------------------------------------------------------------------------------
 
+@checks("A7.1")
 def test_A7_a_true_bit_means_identical_bytes(kvwire_harness: Harness) -> None:
     """Over drawn views, with the sink full of junk: every row marked delivered holds exactly the
     source's bytes; rows marked missing are left to the holder."""
@@ -559,6 +575,7 @@ def test_A7_a_true_bit_means_identical_bytes(kvwire_harness: Harness) -> None:
 
 # -- A8 ----------------------------------------------------------------------------------------
 
+@checks("A8.2", "A8.3", "A8.4", "A8.5")
 @pytest.mark.parametrize("source", ["options", "hint"])
 def test_A8_a_held_attempt_fails_by_its_deadline(kvwire_harness: Harness, source: str) -> None:
     """With the other end not answering, the attempt concludes failed by its deadline (from the
@@ -567,6 +584,7 @@ def test_A8_a_held_attempt_fails_by_its_deadline(kvwire_harness: Harness, source
     _fails_by_its_deadline(kvwire_harness, source, "fetch")
 
 
+@checks("A8.4", "A8.2", "H1.6", also=("A10.7",))
 @pytest.mark.parametrize("source", ["options", "hint"])
 def test_A8_a_held_publish_fails_by_its_deadline(kvwire_harness: Harness, source: str) -> None:
     """A8.4 / A8.2 / H1.6: a publish has a deadline too: with its store not answering, it
@@ -627,6 +645,7 @@ def _fails_by_its_deadline(harness: Harness, source: str, op: str) -> None:
             assert (mask | ~held).all(), f"A5.12/A7.4: rows the failed publish marked held were not found: {got!r}"
 
 
+@checks("A8.4", "H1.6")
 def test_A8_a_hint_deadline_longer_than_the_option_is_kept(kvwire_harness: Harness) -> None:
     """A8.4 / H1.6: a hint's ``timeout_s`` overrides the deadline option also when it is longer:
     with the other end held past the option's deadline, the attempt is still in flight, and once
@@ -659,6 +678,7 @@ def test_A8_a_hint_deadline_longer_than_the_option_is_kept(kvwire_harness: Harne
         bench.apply_fetch(out)
 
 
+@checks("A8.2", "H1.6")
 @pytest.mark.parametrize("far_s", [1e10, 1e300], ids=["1e10 s", "1e300 s"])
 def test_A8_a_far_deadline_leaves_a_near_one_kept(kvwire_harness: Harness, far_s: float) -> None:
     """A8.2 / H1.6: a hint's ``timeout_s`` may be any finite number of seconds. With the other end
@@ -726,6 +746,7 @@ def _parts(assignments: list[list[int]], count: int) -> list[dict[int, list[int]
     return [p for p in parts if p]
 
 
+@checks("A9.1", "A9.2", "A9.3")
 def test_A9_batching_and_order_do_not_change_the_result(kvwire_harness: Harness) -> None:
     """The same rows, published in one view or split over several, fetched whole or in parts, in
     any order: the same bits, the same bytes."""
@@ -768,6 +789,7 @@ def test_A9_batching_and_order_do_not_change_the_result(kvwire_harness: Harness)
     run()
 
 
+@checks("A9.5")
 def test_A9_fetches_of_the_same_rows_in_flight_together_each_get_them(kvwire_harness: Harness) -> None:
     """A9.5: two fetches of the same held rows (the same groups and names, into two sets of
     memory), in flight together on one instance, each get every row: neither passes rows the other
@@ -802,6 +824,7 @@ def test_A9_fetches_of_the_same_rows_in_flight_together_each_get_them(kvwire_har
 
 # -- A1.5, A9.4, A9.5 --------------------------------------------------------------------------------
 
+@checks("A1.5", also=("A2.2",))
 def test_A1_an_outcome_outlives_shutdown_and_closed_registrations(kvwire_harness: Harness) -> None:
     """A1.5: the outcome an attempt answered stays the same after later work, ``shutdown()`` and
     closing the registrations."""
@@ -829,6 +852,7 @@ def test_A1_an_outcome_outlives_shutdown_and_closed_registrations(kvwire_harness
         assert sub.quiesced(), "A2.2: quiesced() turned false after shutdown and closed registrations"
 
 
+@checks("A9.4")
 def test_A9_the_order_of_groups_does_not_change_the_bits(kvwire_harness: Harness) -> None:
     """A9.4: the same groups in another order in the view: each group's bits are the same."""
     caps = kvwire_harness.capabilities()
@@ -857,6 +881,7 @@ def test_A9_the_order_of_groups_does_not_change_the_bits(kvwire_harness: Harness
         bench.apply_fetch(Outcome(out.status, reordered, out.reason, out.by_peer, out.cause))
 
 
+@checks("A9.5")
 def test_A9_many_attempts_in_flight_each_get_their_own_rows(kvwire_harness: Harness) -> None:
     """A9.5: up to the queue bound of fetches in flight at once, each of other rows: each outcome
     is exactly its own rows' bits, whatever the others do."""
@@ -902,6 +927,7 @@ def _spin_until_quiesced(sub: Submission, what: str) -> None:
 
 # -- A2 / W1 at a held attempt's end ----------------------------------------------------------------
 
+@checks("A2.3", "A2.2")
 @pytest.mark.parametrize("ending", ["cancel", "deadline"])
 def test_A2_an_attempt_ended_while_held_touches_nothing_once_quiesced(kvwire_harness: Harness, ending: str) -> None:
     """A2.3 / A2.2: a fetch cancelled, or failed by its deadline, while the other end holds it says
@@ -942,6 +968,7 @@ def test_A2_an_attempt_ended_while_held_touches_nothing_once_quiesced(kvwire_har
         assert not out.is_delivered, f"A4/A8: the {ending} of a held fetch must not deliver: {out!r}"
 
 
+@checks("A2.2")
 def test_A2_quiesced_stays_true_while_other_attempts_are_held(kvwire_harness: Harness) -> None:
     """A2.2: once an attempt quiesced, ``quiesced()`` answers true whatever the backend does
     later, a held attempt included."""
@@ -969,6 +996,7 @@ def test_A2_quiesced_stays_true_while_other_attempts_are_held(kvwire_harness: Ha
 
 # -- A2 at the serving end -----------------------------------------------------------------------------
 
+@checks("A2.4")
 def test_A2_a_serving_answer_reads_nothing_once_quiesced(kvwire_harness: Harness) -> None:
     """A2.4 at the serving end: the moment an answer says it quiesced, the serving holder overwrites
     the rows it served; the requester still gets the bytes as they were.
@@ -1002,6 +1030,7 @@ def test_A2_a_serving_answer_reads_nothing_once_quiesced(kvwire_harness: Harness
             assert out.is_delivered and all(m.all() for m in out.masks), f"S1 (trial {trial}): {out!r}"
 
 
+@checks("A2.4")
 def test_A2_a_publish_reads_nothing_the_moment_it_quiesced(kvwire_harness: Harness) -> None:
     """A2.4: the moment a publish of large rows says it quiesced, the holder overwrites them; the
     other end still holds them as they were offered."""
@@ -1022,6 +1051,7 @@ def test_A2_a_publish_reads_nothing_the_moment_it_quiesced(kvwire_harness: Harne
         assert all(m.all() for m in fetched.masks), f"S1: {fetched!r}"
 
 
+@checks("A8.2")
 def test_A8_a_held_attempt_concludes_at_its_deadline_not_later(kvwire_harness: Harness) -> None:
     """A8.2: a fetch the other end never answers concludes by its deadline, not a good while
     after it: with a deadline of 2 s, within 1.5 times the deadline after the submission call (the
@@ -1069,6 +1099,7 @@ def test_A8_a_held_attempt_concludes_at_its_deadline_not_later(kvwire_harness: H
 
 # -- faults --------------------------------------------------------------------------------------------------
 
+@checks("A5.9")
 @pytest.mark.parametrize("where", ["last group", "every group"])
 def test_A5_a_fault_in_any_group_fails_the_fetch(kvwire_harness: Harness, where: str) -> None:
     """A5.9: a fault at the other end for a row of any group, not only the first, fails the fetch;
@@ -1099,6 +1130,7 @@ def test_A5_a_fault_in_any_group_fails_the_fetch(kvwire_harness: Harness, where:
                     assert not mask[row], f"A5.9: group {gi} row {row} faulted, yet is marked delivered"
 
 
+@checks("A5.11", also=("A5.6",))
 def test_A5_rows_declined_for_space_are_false_bits_in_a_delivered_publish(kvwire_harness: Harness) -> None:
     """A5.11: a store that declines some rows for space is no fault: the publish delivers, those
     rows' bits are false, and a fetch finds exactly the rows marked held."""
@@ -1124,6 +1156,7 @@ def test_A5_rows_declined_for_space_are_false_bits_in_a_delivered_publish(kvwire
 
 # -- A5.10: an answer stopped between its offer and its last row ---------------------------------------------
 
+@checks("A5.10", "A5.9", "A4.3", "A2.4")
 def test_A5_an_answer_stopped_before_its_last_row_is_no_shorter_prefix(kvwire_harness: Harness) -> None:
     """A5.10 / A5.9 / A4.3 / A2.4: the serving holder answers a pull with every block it holds, and
     cancels the answer while it is on the wire: the answer concludes ``CANCELLED`` (not by the
@@ -1164,6 +1197,7 @@ def test_A5_an_answer_stopped_before_its_last_row_is_no_shorter_prefix(kvwire_ha
 BURST = 200
 
 
+@checks("A1.1", "A2.1")
 def test_A1_A2_a_burst_of_polls_of_a_held_attempt_returns_at_once(kvwire_harness: Harness) -> None:
     """A1.1 / A2.1: ``poll()`` and ``quiesced()`` never block, not even briefly: 200 of each on a
     fetch its other end holds (and on a publish a store holds) return within the suite's blocking
@@ -1203,6 +1237,7 @@ def test_A1_A2_a_burst_of_polls_of_a_held_attempt_returns_at_once(kvwire_harness
 
 # -- A2.3: an attempt waiting behind others says it quiesced ------------------------------------------------
 
+@checks("A2.3", "A2.5")
 def test_A2_an_attempt_waiting_behind_others_has_not_quiesced(kvwire_harness: Harness) -> None:
     """A2.3 / A2.5: with the other end held, fetches submitted one after another wait behind the
     first; one that says ``quiesced()`` before it concluded promises that nothing will write its
@@ -1245,6 +1280,7 @@ def test_A2_an_attempt_waiting_behind_others_has_not_quiesced(kvwire_harness: Ha
 
 # -- A5.11: a store that is really full ------------------------------------------------------------------
 
+@checks("A5.11", "A5.8", "S1.3", also=("S1.2", "A5.6"))
 def test_A5_a_publish_to_a_full_store_delivers_with_false_bits(kvwire_harness: Harness) -> None:
     """A5.11 / A5.8 / S1.3: with the store really full (the harness filled it, ``Ends.fill``), a
     publish of rows it already holds and rows it has no room for delivers, without a cause: the
@@ -1293,6 +1329,7 @@ def test_A5_a_publish_to_a_full_store_delivers_with_false_bits(kvwire_harness: H
             f"{later.masks[0].astype(int).tolist()}, fetch {fetched.masks[0].astype(int).tolist()}")
 
 
+@checks("A9.2", "A7.1", "A9.4", also=("S1.3", "S2.4"))
 def test_A9_rows_of_two_sizes_published_apart_arrive_in_adjacent_slots(kvwire_harness: Harness) -> None:
     """A9.2 / A7.1 / A9.4: four 64 KiB rows of one group and four 32 KiB rows of another, each
     published on its own in reverse order (so the store holds them apart), fetched in one view
@@ -1347,6 +1384,7 @@ def test_A9_rows_of_two_sizes_published_apart_arrive_in_adjacent_slots(kvwire_ha
 
 # -- deadlines ------------------------------------------------------------------------------------
 
+@checks("A8.1")
 def test_A8_the_deadline_counts_from_submission_also_behind_others(kvwire_harness: Harness) -> None:
     """A8.1: with the other end not answering, every attempt of a full queue concludes failed by
     its own deadline, counted from its submission, not from when the backend got to it."""
@@ -1398,6 +1436,7 @@ def test_A8_the_deadline_counts_from_submission_also_behind_others(kvwire_harnes
 
 # -- A2 with large rows -------------------------------------------------------------------------------
 
+@checks("A2.3", "A2.4")
 def test_A2_large_rows_are_left_alone_once_quiesced(kvwire_harness: Harness) -> None:
     """A2.3 / A2.4: with rows of 1 MiB, once a publish says it quiesced the holder overwrites its
     rows and the other end still holds them as offered; once a fetch says it quiesced the holder
@@ -1444,6 +1483,7 @@ def test_A2_large_rows_are_left_alone_once_quiesced(kvwire_harness: Harness) -> 
 # -- A5.10: a name asked twice in one fetch ------------------------------------------------------------
 
 
+@checks("A5.10", "N1.1", "A9.1")
 def test_A5_a_name_asked_twice_in_one_fetch_fills_both_rows(kvwire_harness: Harness) -> None:
     """A5.10 / N1.1 / A9.1: equal names in one group name interchangeable bytes, so a store fetch
     may ask one name on several rows (into distinct slots): every such row of a held name is a
@@ -1479,6 +1519,7 @@ def test_A5_a_name_asked_twice_in_one_fetch_fills_both_rows(kvwire_harness: Harn
 # -- A4.6 / A4.2: cancel() of a fetch that concluded but has not quiesced ----------------------------------
 
 
+@checks("A4.6", "A1.3", also=("A8.2",))
 def test_A4_cancel_of_a_fetch_that_failed_by_its_deadline_changes_nothing(kvwire_harness: Harness) -> None:
     """A4.6 / A1.3: a fetch its other end holds fails by its deadline; ``cancel()`` (twice)
     afterwards, while the other end still holds the call and the fetch may not have quiesced,
@@ -1518,6 +1559,7 @@ def test_A4_cancel_of_a_fetch_that_failed_by_its_deadline_changes_nothing(kvwire
         bench.apply_fetch(out)
 
 
+@checks("A4.2", "A2.3", "A4.5", also=("A4.3",))
 def test_A4_a_second_cancel_changes_nothing_the_first_did_not(kvwire_harness: Harness) -> None:
     """A4.2 / A2.3 / A4.5: ``cancel()`` twice does what once does: a fetch its other end holds,
     cancelled and concluded, then cancelled again, says it quiesced only once nothing will write
@@ -1555,6 +1597,7 @@ def test_A4_a_second_cancel_changes_nothing_the_first_did_not(kvwire_harness: Ha
 
 # -- A10.11: a pull from a serving end that is gone ----------------------------------------------
 
+@checks("A10.11")
 def test_A10_a_pull_from_a_serving_end_that_is_gone_fails_as_peer_gone(kvwire_harness: Harness) -> None:
     """A10.11: once the serving end has shut down and closed, a pull naming its address fails
     with cause ``PEER_GONE`` (the backend knows its other end is gone), or, from a backend that
@@ -1573,6 +1616,7 @@ def test_A10_a_pull_from_a_serving_end_that_is_gone_fails_as_peer_gone(kvwire_ha
 
 # -- sizes and shapes ---------------------------------------------------------------------------
 
+@checks("A7.1")
 def test_A7_rows_from_one_byte_to_four_mebibytes(kvwire_harness: Harness) -> None:
     """A7.1 / M2: rows of any size, drawn on a log scale from 1 B to 4 MiB, arrive byte for byte."""
     caps = kvwire_harness.capabilities()
@@ -1598,6 +1642,7 @@ def test_A7_rows_from_one_byte_to_four_mebibytes(kvwire_harness: Harness) -> Non
     run()
 
 
+@checks("A9.6")
 def test_A9_views_of_thousands_of_rows_and_many_groups(kvwire_harness: Harness) -> None:
     """A9.6: a view's size does not change what moves: 3 groups of 1500 rows, and 16 groups,
     each with held and missing rows in place."""
@@ -1617,6 +1662,7 @@ def test_A9_views_of_thousands_of_rows_and_many_groups(kvwire_harness: Harness) 
             transfer_checked(ex, bench, offer, None, "A9.6")
 
 
+@checks("A9.2", "A9.3")
 def test_A9_misses_keep_their_place_whatever_the_order(kvwire_harness: Harness) -> None:
     """A9.2 / A9.3: the rows of a fetch in any order, whole or split over views: every bit stays with its
     row, held rows true and missing rows false."""
@@ -1657,6 +1703,7 @@ def test_A9_misses_keep_their_place_whatever_the_order(kvwire_harness: Harness) 
 
 # -- publish masks ---------------------------------------------------------------------------------
 
+@checks("A5.6", "A5.11", also=("A5.4",))
 def test_A5_a_publish_counts_rows_the_store_already_holds(kvwire_harness: Harness) -> None:
     """A5.6 / A5.11: a publish's mask marks the rows the other end holds once it concluded, those it held
     before included."""
@@ -1680,6 +1727,7 @@ def test_A5_a_publish_counts_rows_the_store_already_holds(kvwire_harness: Harnes
         assert all(m.all() for m in fetched.masks), f"S1: {fetched!r}"
 
 
+@checks("A5.6", "A5.9", "S1.3", also=("A5.3",))
 def test_A5_publish_masks_say_exactly_what_the_store_holds(kvwire_harness: Harness) -> None:
     """A5.6 / A5.9 / S1.3: with faults on some names, a row the publish marks true is found by a fetch,
     and a row that faulted is marked false and not found."""

@@ -50,6 +50,7 @@ from kvwire.testing.holder import (
     wait_for,
 )
 from kvwire.testing.layout import BLOCK_TOKENS, Bench, GroupPlan, ViewPlan
+from kvwire.testing.marks import checks
 from kvwire.testing.plans import store_only, with_field
 from kvwire.testing.strategies import view_plans
 
@@ -201,6 +202,7 @@ def _sink_bench(harness: Harness, ex: Exchange, plan: ViewPlan, names: np.ndarra
 
 # -- K1.1 ------------------------------------------------------------------------------------------
 
+@checks("K1.1")
 def test_K1_a_backend_with_block_objects_is_a_store_that_takes_the_blocks_field(kvwire_harness: Harness) -> None:
     """K1.1: a backend that names ``block-objects`` has a store at the other end and declares
     content addressing, and takes the store hint field ``blocks``: on a publish (it delivers,
@@ -310,6 +312,7 @@ def _refused_wakes(call: Callable[[Wakes], object], what: str) -> Wakes:
     return wakes
 
 
+@checks("K1.3", "S3.4", "S3.5", "S3.7", also=("K1.2",))
 def test_K1_a_view_that_does_not_fit_block_objects_is_refused_before_anything_escapes(
         kvwire_harness: Harness) -> None:
     """K1.3 / S3.4 / S3.5 / S3.7: a publish and a fetch whose ``blocks`` is not the view's block
@@ -352,6 +355,7 @@ def test_K1_a_view_that_does_not_fit_block_objects_is_refused_before_anything_es
             assert w.count == 0, f"S3.7: the wake of a submission refused for {what} was called {w.count} time(s)"
 
 
+@checks("K1.3", "S3.6", "S3.9", also=("K1.8", "K1.4"))
 def test_K1_refused_block_submissions_take_no_queue_slot(kvwire_harness: Harness) -> None:
     """K1.3 / S3.6 / S3.9: many more misfit block submissions than the queue holds, refused,
     take no slot: with the store held, the declared bound of block fetches is then taken, one
@@ -407,6 +411,7 @@ def test_K1_refused_block_submissions_take_no_queue_slot(kvwire_harness: Harness
 
 # -- K1.4 and K1.5: what a publish keeps and a fetch finds -------------------------------------------
 
+@checks("K1.4", "K1.5", "A7.1")
 def test_K1_a_publish_keeps_one_object_per_block_and_a_fetch_reads_it_whole(kvwire_harness: Harness) -> None:
     """K1.4 / K1.5 / A7.1: over drawn views (1 to 5 groups of any ids and row sizes from one
     byte, blocks named alike in every group): a publish of drawn blocks, its groups in a drawn
@@ -435,6 +440,7 @@ def test_K1_a_publish_keeps_one_object_per_block_and_a_fetch_reads_it_whole(kvwi
     run()
 
 
+@checks("K1.5", "K1.2", also=("K1.4",))
 def test_K1_a_fetch_finds_a_block_only_under_the_layout_it_was_published_with(kvwire_harness: Harness) -> None:
     """K1.5 / K1.2: blocks published with groups 0, 1, 2 of 64, 100 and 7 bytes are a miss in
     every group of a fetch of the same names under other group ids, one other row size, a subset
@@ -459,6 +465,7 @@ def test_K1_a_fetch_finds_a_block_only_under_the_layout_it_was_published_with(kv
                what="a fetch of the published layout, its groups in the view order 2, 0, 1")
 
 
+@checks("K1.4", "K1.5", "A9.6", also=("V1.6", "K1.6"))
 def test_K1_blocks_of_many_groups_many_rows_and_odd_sizes_move_whole(kvwire_harness: Harness) -> None:
     """K1.4 / K1.5 / A9.6: a view's size changes nothing: 80 groups (a model's layers) of rows
     from 1 byte to 4097 bytes, 3 groups of 1000 blocks each, one block of two PAGED groups
@@ -491,6 +498,7 @@ def test_K1_blocks_of_many_groups_many_rows_and_odd_sizes_move_whole(kvwire_harn
                 f"found rows: {out!r}")
 
 
+@checks("K1.4", "A5.11", "K1.5")
 def test_K1_a_block_the_store_declines_for_space_is_a_false_bit_in_every_group(kvwire_harness: Harness) -> None:
     """K1.4 / A5.11 / K1.5: when the store declines for space the first object of a publish's
     first store call, the publish still delivers, the block it belongs to is a false bit in every
@@ -511,6 +519,7 @@ def test_K1_a_block_the_store_declines_for_space_is_a_false_bit_in_every_group(k
         _fetch(ex, bench, want=np.ones(4, bool), what="a fetch of every block once all are held")
 
 
+@checks("K1.4", "A5.11", also=("S1.3",))
 def test_K1_a_full_store_declines_whole_blocks(kvwire_harness: Harness) -> None:
     """K1.4 / A5.11: with the store itself full (``Ends.fill``: it takes no object of a block's
     size more), a block publish of a block it holds and two it has no room for delivers: the
@@ -551,6 +560,7 @@ def test_K1_a_full_store_declines_whole_blocks(kvwire_harness: Harness) -> None:
         assert lost.size == 0, f"S1.3/K1.4: block(s) {lost.tolist()} the publish marked held were not found"
 
 
+@checks("K1.5", "A5.7", also=("K1.4", "A5.8"))
 def test_K1_a_block_evicted_in_part_is_a_miss_in_every_group(kvwire_harness: Harness) -> None:
     """K1.5 / A5.7: when the store loses the first object of a fetch's first store call behind
     the backend's back (evicted just before the call), the fetch still delivers, and each block
@@ -571,6 +581,7 @@ def test_K1_a_block_evicted_in_part_is_a_miss_in_every_group(kvwire_harness: Har
 
 # -- K1.6 ------------------------------------------------------------------------------------------
 
+@checks("K1.6", also=("K1.4", "S1.3"))
 @pytest.mark.parametrize("sizes", [[64], [64, 48]], ids=["one group", "two groups"])
 def test_K1_block_objects_and_per_group_objects_never_meet(kvwire_harness: Harness, sizes: list[int]) -> None:
     """K1.6: a fetch without ``blocks`` never finds a block object, and a fetch with it never a
@@ -616,6 +627,7 @@ def _lookup(ex: Exchange, groups: list[int], names: np.ndarray, hint: Hint, clau
     return answer
 
 
+@checks("K1.7", "L1.3", "L1.9", also=("K1.4",))
 def test_K1_a_lookup_with_blocks_answers_for_block_objects_of_that_layout(kvwire_harness: Harness) -> None:
     """K1.7 / L1.3 / L1.9: a lookup whose hint has ``blocks`` is true exactly for the names held
     as block objects of that layout (its groups listed in any order); false for another row size,
@@ -675,6 +687,7 @@ def test_K1_a_lookup_with_blocks_answers_for_block_objects_of_that_layout(kvwire
 
 # -- K1.8 ------------------------------------------------------------------------------------------
 
+@checks("K1.8", "V1.7")
 def test_K1_block_views_without_rows_conclude_like_any_other(kvwire_harness: Harness) -> None:
     """K1.8 / V1.7: a block publish and a block fetch of a view with no groups (``blocks`` the
     empty layout) and of groups with no rows are taken and deliver with zero-length masks,
@@ -693,6 +706,7 @@ def test_K1_block_views_without_rows_conclude_like_any_other(kvwire_harness: Har
                     f"{len(view.groups)} zero-length mask(s); got {out!r}")
         bench.verify("V1.7: after block submissions of views without rows")
 
+@checks("K1.8", "A8.2", "A4.3", "B3.2", also=("A5.12", "K1.4"))
 @pytest.mark.parametrize("op", ["fetch", "publish"])
 @pytest.mark.parametrize("end", ["deadline", "cancel", "shutdown"])
 def test_K1_a_held_block_submission_ends_by_its_deadline_cancel_or_shutdown(kvwire_harness: Harness, end: str,
@@ -750,6 +764,7 @@ def test_K1_a_held_block_submission_ends_by_its_deadline_cancel_or_shutdown(kvwi
             f"A5.12/K1.4: block(s) {missing.tolist()} the publish ended by its {end} marked held were not found")
 
 
+@checks("K1.8", "V4.5", also=("A5.10",))
 def test_K1_a_block_named_on_two_rows_is_one_object_read_into_both(kvwire_harness: Harness) -> None:
     """K1.8 / V4.5: a block publish naming one block on two rows (equal bytes) keeps one object
     and marks both rows held; a block fetch naming one block on two rows (into distinct slots)
@@ -790,6 +805,7 @@ def test_K1_a_block_named_on_two_rows_is_one_object_read_into_both(kvwire_harnes
         bench.verify("S2: after a block fetch naming some blocks twice")
 
 
+@checks("K1.8", "K1.5", "H1.10", also=("K1.4",))
 def test_K1_block_objects_of_one_namespace_are_never_read_in_another(kvwire_harness: Harness) -> None:
     """K1.8 / K1.5 / H1.10: blocks published under one namespace are a miss under another (and
     under the backend's configured one, when the harness names it); the same names published in
@@ -823,6 +839,7 @@ def test_K1_block_objects_of_one_namespace_are_never_read_in_another(kvwire_harn
                    clause="K1.5/H1.10")
 
 
+@checks("K1.8", "A5.9", "K1.4", "K1.5", also=("A5.6", "A5.5", "S1.4", "S1.3"))
 def test_K1_a_fault_on_one_block_fails_the_attempt_and_splits_no_block(kvwire_harness: Harness) -> None:
     """K1.8 / A5.9 / K1.4 / K1.5: a fault at the store on one block's name fails a block publish
     and a block fetch (cause ``FAULT``), never passes as a miss or a decline; the faulted block is

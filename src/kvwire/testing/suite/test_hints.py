@@ -29,6 +29,7 @@ from kvwire.testing.holder import (
     submit,
 )
 from kvwire.testing.layout import Bench, simple_plan
+from kvwire.testing.marks import checks
 from kvwire.testing.plans import (
     paged_exchange,
     pages,
@@ -40,6 +41,7 @@ from kvwire.testing.suite._kit import _one_pull, _patience, _pulls, _refused_pul
 
 # -- namespaces, credentials ----------------------------------------------------------------------------
 
+@checks("H1.10")
 def test_H1_rows_of_the_default_namespace_are_not_found_under_another(kvwire_harness: Harness) -> None:
     """H1.10: rows published with a store hint that names no namespace (the backend's configured
     one) are not found by a fetch naming another namespace."""
@@ -62,6 +64,7 @@ def test_H1_rows_of_the_default_namespace_are_not_found_under_another(kvwire_har
             f"H1.10: rows of the default namespace were found under namespace 'kvwire-suite/elsewhere': {out!r}")
 
 
+@checks("H1.12")
 def test_H1_a_pull_carries_the_requesters_credentials(kvwire_harness: Harness) -> None:
     """H1.12: the ``credentials`` bytes of the requester's hint reach the serving end unread, in
     ``PullRequest.credentials``."""
@@ -84,6 +87,7 @@ def test_H1_a_pull_carries_the_requesters_credentials(kvwire_harness: Harness) -
 
 # -- H1.6: a hint whose only content is its deadline ---------------------------------------------------------
 
+@checks("H1.6", "A8.4", "A8.2")
 @pytest.mark.parametrize("op", ["fetch", "publish"])
 def test_H1_A8_a_hint_with_only_a_deadline_keeps_it(kvwire_harness: Harness, op: str) -> None:
     """H1.6 / A8.4 / A8.2: a store hint with no field at all, only ``timeout_s`` (0.4 s, the
@@ -113,6 +117,7 @@ def test_H1_A8_a_hint_with_only_a_deadline_keeps_it(kvwire_harness: Harness, op:
 
 # -- H1 for stores -------------------------------------------------------------------------------------
 
+@checks("H1.10")
 def test_H1_a_store_keeps_namespaces_apart(kvwire_harness: Harness) -> None:
     """H1.10: a store hint's namespace is where rows are stored and found: a fetch under another
     namespace misses, one under the same namespace finds them."""
@@ -138,6 +143,7 @@ def test_H1_a_store_keeps_namespaces_apart(kvwire_harness: Harness) -> None:
         assert all(m.all() for m in same.masks), f"H1.10: rows were not found under their own namespace: {same!r}"
 
 
+@checks("H1.9")
 def test_H1_a_store_refuses_hint_fields_it_does_not_understand(kvwire_harness: Harness) -> None:
     """H1.9: a store hint with a field the backend does not understand is refused, and nothing
     escaped."""
@@ -177,6 +183,7 @@ def _held(bench: Bench, offer: dict[int, list[int]]) -> list[np.ndarray]:
     return [np.isin(np.arange(g.rows), offer.get(gi, ())) for gi, g in enumerate(bench.plan.groups)]
 
 
+@checks("H1.7")
 def test_H1_a_hint_without_a_namespace_means_the_configured_one(kvwire_harness: Harness) -> None:
     """H1.7: a store hint without ``namespace`` means the namespace the backend was configured
     with: rows published without one are found by a fetch (and a lookup) that names it, and
@@ -251,6 +258,7 @@ EDGE_NAMESPACES: tuple[tuple[str, str], ...] = (
 )
 
 
+@checks("H1.8", "H1.5", also=("L1.9",))
 def test_H1_a_namespace_of_the_wrong_form_or_type_is_refused(kvwire_harness: Harness) -> None:
     """H1.8 / H1.5: a store hint whose namespace is not 1-128 ASCII letters, digits or
     ``._:@+=-/`` not starting with ``/`` (or is no str at all) is refused with
@@ -298,6 +306,7 @@ def test_H1_a_namespace_of_the_wrong_form_or_type_is_refused(kvwire_harness: Har
 # -- H1.5 / H1.11 / H1.12: peer hints without an address, or with credentials that are no bytes ---------
 
 
+@checks("H1.5", "H1.11", "H1.15", also=("S3.4",))
 def test_H1_a_peer_hint_without_an_address_or_with_credentials_not_bytes_is_refused(kvwire_harness: Harness) -> None:
     """H1.5 / H1.11 / H1.15: a peer hint must name the serving end by its ``address``, and its
     ``credentials``, when given, are bytes: after a good pull, a pull whose hint has no address
@@ -326,6 +335,7 @@ def test_H1_a_peer_hint_without_an_address_or_with_credentials_not_bytes_is_refu
             f"N2: a good pull after the refused ones must deliver: {again!r}")
 
 
+@checks("H1.13")
 def test_H1_a_ticket_of_another_instance_is_rejected(kvwire_harness: Harness) -> None:
     """H1.13: an answer published on another serving instance with this one's ticket raises
     ``SubmissionRejected`` there and escapes nothing: the pull is still answered where it was
@@ -350,6 +360,7 @@ def test_H1_a_ticket_of_another_instance_is_rejected(kvwire_harness: Harness) ->
             f"H1.13: after another instance rejected the ticket, the pull must still be answered and deliver: {out!r}")
 
 
+@checks("H1.13")
 def test_H1_a_ticket_already_answered_is_refused(kvwire_harness: Harness) -> None:
     """H1.13: a second answer with a ticket already answered raises ``InvalidSubmission``, and
     changes nothing: the requester's fetch keeps the outcome and bytes of the first answer."""
@@ -369,6 +380,7 @@ def test_H1_a_ticket_already_answered_is_refused(kvwire_harness: Harness) -> Non
         bench.verify("H1.13: after a second answer with an answered ticket was refused")
 
 
+@checks("H1.14", "H1.5")
 def test_H1_a_peer_address_that_is_not_bytes_or_is_empty_is_refused(kvwire_harness: Harness) -> None:
     """H1.14 / H1.5: a peer hint whose ``address`` is no bytes (the address as a str, an int) or
     empty bytes is refused with ``InvalidSubmission``; no pull reaches the serving end and the
@@ -384,6 +396,7 @@ def test_H1_a_peer_address_that_is_not_bytes_or_is_empty_is_refused(kvwire_harne
         _refused_pulls_left_no_trace(ex, bench, bench.sink_view(), "address")
 
 
+@checks("H1.16", "N2.11")
 def test_H1_a_declined_ticket_cannot_be_answered_afterwards(kvwire_harness: Harness) -> None:
     """H1.16 / N2.11: declining a request answers it: a publish with its ticket afterwards raises
     ``InvalidSubmission``, and the requester's fetch stays failed as the decline left it, its
@@ -405,6 +418,7 @@ def test_H1_a_declined_ticket_cannot_be_answered_afterwards(kvwire_harness: Harn
         bench.apply_fetch(out)
 
 
+@checks("H1.3", "H1.13")
 def test_H1_a_ticket_decoded_from_its_bytes_answers_the_pull(kvwire_harness: Harness) -> None:
     """H1.3 / H1.13: a serving holder may keep a ticket as bytes (``to_bytes()``) and answer with
     the hint decoded from them: the backend treats it exactly like the ticket it handed out, and
@@ -426,6 +440,7 @@ def test_H1_a_ticket_decoded_from_its_bytes_answers_the_pull(kvwire_harness: Har
             f"H1.3/H1.13: the pull answered with its ticket decoded from bytes must deliver: {out!r}")
 
 
+@checks("H1.12")
 def test_H1_each_pull_carries_its_own_credentials(kvwire_harness: Harness) -> None:
     """H1.12: each pull's request carries the credentials of that pull's hint, also when the same
     requester pulled before with others: two credentials in turn, then none (empty bytes)."""
@@ -453,6 +468,7 @@ UNUSABLE_KIND = "kvwire_conformance_unusable"
 
 # -- H1 ----------------------------------------------------------------------------------------
 
+@checks("H1.5")
 def test_H1_unusable_hint_refused(kvwire_harness: Harness) -> None:
     """A hint of a kind the backend does not use is refused in either direction, and nothing
     escaped."""
@@ -478,6 +494,7 @@ def test_H1_unusable_hint_refused(kvwire_harness: Harness) -> None:
     run()
 
 
+@checks("H1.3")
 def test_H1_a_hint_decoded_from_bytes_works_alike(kvwire_harness: Harness) -> None:
     """The hint's byte encoding is the hint: one decoded from ``to_bytes()`` moves rows alike."""
     caps = kvwire_harness.capabilities()

@@ -39,6 +39,7 @@ from kvwire.testing.holder import (
     wait_for,
 )
 from kvwire.testing.layout import Bench, simple_plan
+from kvwire.testing.marks import checks
 from kvwire.testing.plans import (
     check_bits,
     drain_queue,
@@ -49,6 +50,7 @@ from kvwire.testing.plans import (
 from kvwire.testing.suite._kit import _patience
 
 
+@checks("B4.2")
 def test_B4_capabilities_do_not_change_with_work_in_flight(kvwire_harness: Harness) -> None:
     """B4.2: ``capabilities()`` answers the same with attempts in flight as when idle."""
     caps = kvwire_harness.capabilities()
@@ -72,6 +74,7 @@ def test_B4_capabilities_do_not_change_with_work_in_flight(kvwire_harness: Harne
 
 # -- B3.1: a submission while shutdown() drains ------------------------------------------------------------
 
+@checks("B3.1", "S3.1", "M3.10", also=("L1.10",))
 def test_B3_nothing_is_taken_while_shutdown_drains(kvwire_harness: Harness) -> None:
     """B3.1 / S3.1 / M3.10: with a fetch held at the other end, ``shutdown()`` of the fetching end
     may return it as not yet quiesced; from the first call on, a fetch (and a publish, a
@@ -116,6 +119,7 @@ SENTINEL = 0x3C
 
 # -- B1 ----------------------------------------------------------------------------------------
 
+@checks("B1.1", "B1.2", "B1.4")
 def test_B1_instances_share_no_state(kvwire_harness: Harness) -> None:
     """Two instances in one process: the same memory registered with both, one shut down, the
     other works on as if alone."""
@@ -142,6 +146,7 @@ def test_B1_instances_share_no_state(kvwire_harness: Harness) -> None:
         bench.close()
 
 
+@checks("B1.4", "B3.3")
 def test_B1_B3_shutdown_of_one_instance_leaves_anothers_attempt_in_flight(kvwire_harness: Harness) -> None:
     """B1.4 / B3.3: with a fetch held in flight on one pair of instances, shutting another pair
     down returns the empty set (it lists only attempts of its own instance) and leaves that fetch
@@ -191,6 +196,7 @@ def _on_thread(fn: Callable[[], Any]) -> Any:
     return out[0]
 
 
+@checks("B2.2")
 def test_B2_one_call_sequence_may_span_threads(kvwire_harness: Harness) -> None:
     """The holder calls in sequence but not always from one thread: registering, submitting,
     polling and shutting down from different threads works alike."""
@@ -218,6 +224,7 @@ def test_B2_one_call_sequence_may_span_threads(kvwire_harness: Harness) -> None:
 
 # -- B3 ----------------------------------------------------------------------------------------
 
+@checks("B3.1", "B3.4")
 def test_B3_shutdown_refuses_later_submissions_and_is_idempotent(kvwire_harness: Harness) -> None:
     """B3.1, B3.4: with nothing in flight shutdown() returns an empty frozenset, again and again;
     later submissions raise SubmissionRejected and touch nothing; close() after it is idempotent."""
@@ -242,6 +249,7 @@ def test_B3_shutdown_refuses_later_submissions_and_is_idempotent(kvwire_harness:
                 call_briefly(backend.close, "B3: close() after shutdown", limit_s=10.0)
 
 
+@checks("B3.2", "B3.3", "B3.5", "B3.6", also=("A10.8",))
 def test_B3_shutdown_ends_work_in_flight_before_it_returns_empty(kvwire_harness: Harness) -> None:
     """B3.2, B3.3, B3.5, B3.6: with a fetch held at the other end, shutdown() ends or
     cancels it (cause SHUTDOWN, A10.8, for a 1.1 backend) and keeps returning it until its memory access
@@ -303,6 +311,7 @@ def _shutdown_lists_it(backend: Backend, sub: Submission, call: str, hold: Hold,
     assert all(a is sub.attempt for a in pending), "B3.3: shutdown() returned an attempt never submitted"
 
 
+@checks("B3.3", "B3.4", "A1.5")
 @pytest.mark.parametrize("end", ["cancel", "deadline"])
 def test_B3_A1_shutdown_lists_concluded_attempts_until_quiesced_and_keeps_their_outcome(
         kvwire_harness: Harness, end: str) -> None:
@@ -357,6 +366,7 @@ def test_B3_A1_shutdown_lists_concluded_attempts_until_quiesced_and_keeps_their_
         bench.verify("B3.6: after shutdown() returned empty the holder reused the rows")
 
 
+@checks("B3.5", "B3.2")
 def test_B3_shutdown_comes_to_the_empty_set_without_polling(kvwire_harness: Harness) -> None:
     """B3.5, B3.2: a fetch the holder waits on through its wakes alone, never calling poll() or
     quiesced(): shutdown(), asked again, returns the empty set within the documented grace."""
@@ -391,6 +401,7 @@ def test_B3_shutdown_comes_to_the_empty_set_without_polling(kvwire_harness: Harn
             assert out.cause is Cause.SHUTDOWN, f"A10.8: a fetch shutdown() concluded has cause SHUTDOWN: {out!r}"
 
 
+@checks("B3.3")
 def test_B3_shutdown_after_work_that_quiesced_returns_the_empty_set(kvwire_harness: Harness) -> None:
     """B3.3: attempts that concluded and quiesced are not in a shutdown() set: after transfers the
     holder waited out (each concluded and quiesced), the very first shutdown() of each end returns
@@ -410,6 +421,7 @@ def test_B3_shutdown_after_work_that_quiesced_returns_the_empty_set(kvwire_harne
                 f"{len(pending)} attempt(s); it returns only the attempts whose memory access may not have ended")
 
 
+@checks("B3.2", "B3.3")
 def test_B3_shutdown_concludes_a_publish_its_store_holds(kvwire_harness: Harness) -> None:
     """B3.2 / B3.3: ``shutdown()`` concludes a publish its store holds without waiting for
     the store (cause ``SHUTDOWN`` for a 1.1 backend), with a wake, and returns it until it
@@ -446,6 +458,7 @@ def test_B3_shutdown_concludes_a_publish_its_store_holds(kvwire_harness: Harness
 
 # -- B4 ----------------------------------------------------------------------------------------
 
+@checks("B4.1", "B4.2", "B4.3")
 def test_B4_capabilities_are_frozen_data_that_match_the_declaration(kvwire_harness: Harness) -> None:
     declared = kvwire_harness.capabilities()
     assert isinstance(declared, Capabilities)
@@ -466,6 +479,7 @@ def test_B4_capabilities_are_frozen_data_that_match_the_declaration(kvwire_harne
                 "(only the queue bound may follow the options)")
 
 
+@checks("B4.4")
 def test_B4_undeclared_directions_refused(kvwire_harness: Harness) -> None:
     caps = kvwire_harness.capabilities()
     if caps.fetch and caps.publish:
@@ -481,6 +495,7 @@ def test_B4_undeclared_directions_refused(kvwire_harness: Harness) -> None:
         bench.verify("after refused submissions")
 
 
+@checks("B4.5")
 def test_B4_undeclared_cancellation_is_harmless(kvwire_harness: Harness) -> None:
     """B4.5: without declared cancellation, ``cancel()`` of a fetch in flight returns at once and
     raises nothing, and the fetch still concludes and quiesces."""
@@ -502,6 +517,7 @@ def test_B4_undeclared_cancellation_is_harmless(kvwire_harness: Harness) -> None
         bench.apply_fetch(out)
 
 
+@checks("B4.5")
 def test_B4_undeclared_cancellation_of_a_held_fetch_never_blocks(kvwire_harness: Harness) -> None:
     """B4.5: without declared cancellation, ``cancel()`` of a fetch whose other end holds it (so it
     cannot conclude yet) still returns at once and raises nothing; the fetch concludes and
@@ -528,6 +544,7 @@ def test_B4_undeclared_cancellation_of_a_held_fetch_never_blocks(kvwire_harness:
         bench.apply_fetch(out)
 
 
+@checks("B4.7")
 def test_B4_an_undeclared_serving_protocol_refuses_every_call(kvwire_harness: Harness) -> None:
     """B4.7: a backend that implements ``ServesPulls`` without declaring ``serve-pulls`` refuses
     every call of it with ``InvalidSubmission`` (``address()``, ``serve()``, ``incoming()``), and
@@ -549,6 +566,7 @@ def test_B4_an_undeclared_serving_protocol_refuses_every_call(kvwire_harness: Ha
             assert not woken, f"B4.7: a refused serve() called its wake {len(woken)} time(s)"
 
 
+@checks("B4.7")
 def test_B4_an_undeclared_lookup_refuses_every_call(kvwire_harness: Harness) -> None:
     """B4.7: a backend that implements ``Lookup`` without declaring ``lookup`` refuses every
     lookup with ``InvalidSubmission``."""
@@ -565,6 +583,7 @@ def test_B4_an_undeclared_lookup_refuses_every_call(kvwire_harness: Harness) -> 
                         "B4.7: a lookup on a backend that does not declare the lookup protocol")
 
 
+@checks("B4.2")
 def test_B4_capabilities_stay_the_same_after_shutdown(kvwire_harness: Harness) -> None:
     """B4.2: ``capabilities()`` answers equal data for the instance's life, after shutdown too."""
     with needs.open_exchange(kvwire_harness) as ex:
@@ -576,6 +595,7 @@ def test_B4_capabilities_stay_the_same_after_shutdown(kvwire_harness: Harness) -
 
 # -- instances -----------------------------------------------------------------------------------
 
+@checks("B1.3", "B1.5")
 def test_B1_pairs_of_instances_share_no_store_queue_or_shutdown(kvwire_harness: Harness) -> None:
     """B1.3-B1.5: two pairs of instances in one process: what one pair's other end holds the other's
     does not; one's full queue does not refuse the other's submissions; one's shutdown leaves the
@@ -644,6 +664,7 @@ def test_B1_pairs_of_instances_share_no_store_queue_or_shutdown(kvwire_harness: 
 # -- B1.5: queues per instance, also on one store ---------------------------------------------------
 
 
+@checks("B1.5", "S3.10")
 def test_B1_an_instance_takes_its_whole_bound_while_another_beside_it_is_full(kvwire_harness: Harness) -> None:
     """B1.5 / S3.10: queues are per instance, also of two instances on one store or two connected
     peers: with the other end held and ``max_in_flight`` attempts in flight on one instance, the
@@ -699,6 +720,7 @@ def test_B1_an_instance_takes_its_whole_bound_while_another_beside_it_is_full(kv
 # -- B3.2 / A10.8 / W1.2: shutdown() concludes a fetch its other end holds ------------------------------
 
 
+@checks("B3.2", "W1.2", also=("B3.3",))
 def test_B3_shutdown_concludes_a_fetch_the_other_end_holds(kvwire_harness: Harness) -> None:
     """B3.2 / W1.2: ``shutdown()`` ends or cancels every attempt in flight: a fetch its
     other end still holds concludes (not delivered; cause ``SHUTDOWN`` for a 1.1 backend) with a

@@ -34,6 +34,7 @@ from kvwire.testing.holder import (
     wait_for,
 )
 from kvwire.testing.layout import Bench, ViewPlan, random_names, simple_plan
+from kvwire.testing.marks import checks
 from kvwire.testing.plans import paged_exchange
 from kvwire.testing.strategies import selections
 
@@ -96,6 +97,7 @@ def _plan(caps: Capabilities, *, groups: int = 2, rows: int = 4, seed: int, widt
     return simple_plan(groups=groups, rows=rows, seed=seed, name_width=width, shared_names=True)
 
 
+@checks(also=("L1.1", "L1.2", "L1.3"))
 def test_L1_held_names_answer_true_and_others_false(kvwire_harness: Harness) -> None:
     """Property: offer some rows of every group; a lookup of each group's names answers true
     exactly for the offered ones, and names never stored answer false."""
@@ -123,6 +125,7 @@ def test_L1_held_names_answer_true_and_others_false(kvwire_harness: Harness) -> 
     run()
 
 
+@checks("L1.3", "N1.2")
 def test_L1_a_name_held_in_one_group_is_not_held_in_another(kvwire_harness: Harness) -> None:
     """L1.3 / N1.2: a store keys rows by (group, name): names offered in group 0 only answer false
     for group 1, and for groups (0, 1) and (1, 0) together; names offered in both answer true; of
@@ -147,6 +150,7 @@ def test_L1_a_name_held_in_one_group_is_not_held_in_another(kvwire_harness: Harn
             _expect(_ask(ex, listed, names), both, f"groups {listed}: names held in two of them but not in group {g1}")
 
 
+@checks(also=("L1.3",))
 @pytest.mark.parametrize("width", [1, 16, 64])
 def test_L1_names_that_differ_in_one_byte_or_hold_zero_bytes(kvwire_harness: Harness, width: int) -> None:
     """Names are opaque fixed-width bytes: an all-zero name is a name like any other; names
@@ -179,6 +183,7 @@ def test_L1_names_that_differ_in_one_byte_or_hold_zero_bytes(kvwire_harness: Har
                                           err_msg="A5: the fetch after the lookup holds what the lookup said")
 
 
+@checks("L1.3")
 def test_L1_names_that_are_a_slice_of_a_larger_array_are_read_as_given(kvwire_harness: Harness) -> None:
     """L1.3: bit ``i`` answers ``names[i]`` as the caller's array holds it, also when the array is
     not one contiguous block: every other row of a larger array, a column slice of wider rows, the
@@ -207,6 +212,7 @@ def test_L1_names_that_are_a_slice_of_a_larger_array_are_read_as_given(kvwire_ha
             _expect(_ask(ex, [gid], given), expected, f"names given as {what}")
 
 
+@checks("L1.3")
 def test_L1_a_name_asked_several_times_answers_each_time(kvwire_harness: Harness) -> None:
     """L1.3: bit ``i`` answers ``names[i]`` wherever else that name appears in the same lookup: a
     name asked several times (as when the lookups of requests that share a prefix are batched)
@@ -223,6 +229,7 @@ def test_L1_a_name_asked_several_times_answers_each_time(kvwire_harness: Harness
                 f"rows {order} asked in one lookup, rows 0 and 2 held")
 
 
+@checks(also=("L1.11", "H1.7"))
 def test_L1_names_of_another_namespace_are_not_held(kvwire_harness: Harness) -> None:
     """A store namespace (a tenant) is part of the key: names held in the hint's namespace
     answer false when the hint names another one."""
@@ -245,6 +252,7 @@ def test_L1_names_of_another_namespace_are_not_held(kvwire_harness: Harness) -> 
         _expect(_ask(ex, [gid], bench.names[0], other), np.zeros(3, bool), "the same names in another namespace")
 
 
+@checks("L1.9")
 def test_L1_unusable_hints_and_bad_arguments_refused(kvwire_harness: Harness) -> None:
     """L1.9: an unusable hint, names that are not a 2-D uint8 array of width 1..64 (one or three
     dimensions, another dtype, a list), no groups, a group id that is negative or no int (a
@@ -288,6 +296,7 @@ def test_L1_unusable_hints_and_bad_arguments_refused(kvwire_harness: Harness) ->
                                  "with InvalidSubmission")
 
 
+@checks(also=("L1.10",))
 def test_L1_lookup_after_shutdown_rejected(kvwire_harness: Harness) -> None:
     caps = kvwire_harness.capabilities()
     _needs_lookup(caps)
@@ -305,6 +314,7 @@ def test_L1_lookup_after_shutdown_rejected(kvwire_harness: Harness) -> None:
         raise AssertionError("L1/B3: lookup() after shutdown() was answered; it raises SubmissionRejected")
 
 
+@checks(also=("L1.4", "L1.5"))
 def test_L1_lookup_takes_no_capacity_and_changes_nothing(kvwire_harness: Harness) -> None:
     """More lookups than the queue bound leave the queue free; asking about names that are not
     held stores nothing; a fetch afterwards delivers exactly the held rows, byte for byte, and
@@ -348,6 +358,7 @@ def test_L1_lookup_takes_no_capacity_and_changes_nothing(kvwire_harness: Harness
         _expect(_ask(ex, gids, bench.names[0]), want, "a lookup after the fetch")
 
 
+@checks(also=("L1.2",))
 def test_L1_answers_are_new_plain_read_only_bool_arrays(kvwire_harness: Harness) -> None:
     """Each answer is a new array: two lookups never share memory, and no answer changes when a
     later lookup or a publish happens; asking about no names answers an empty array."""
@@ -370,6 +381,7 @@ def test_L1_answers_are_new_plain_read_only_bool_arrays(kvwire_harness: Harness)
         _expect(after, np.ones(3, bool), "names after they were offered")
 
 
+@checks("L1.8")
 def test_L1_a_fault_at_the_other_end_fails_the_lookup_never_answers_not_held(kvwire_harness: Harness) -> None:
     """L1.8: a lookup during which the other end fails for one of the names it asks about (the
     harness injects the fault, ``FaultPlan.lookup``) raises ``LookupFailed``, saying why; it never
@@ -401,6 +413,7 @@ def test_L1_a_fault_at_the_other_end_fails_the_lookup_never_answers_not_held(kvw
         _expect(_ask(ex, [gid], np.delete(names, 2, axis=0)), np.ones(3, dtype=bool), "the offered names without the faulty one")
 
 
+@checks("L1.7", "L1.8")
 @pytest.mark.parametrize("source", ["argument", "hint", "options", "argument over hint"])
 def test_L1_a_held_other_end_fails_the_lookup_by_its_deadline(kvwire_harness: Harness, source: str) -> None:
     """L1.7 / L1.8: with the other end not answering, a lookup raises ``LookupFailed`` by its
@@ -453,6 +466,7 @@ def test_L1_a_held_other_end_fails_the_lookup_by_its_deadline(kvwire_harness: Ha
                 "once the other end answers again")
 
 
+@checks("L1.5", "L1.12", also=("W1.6",))
 def test_L1_a_lookup_beside_a_full_queue_is_not_refused_and_wakes_nothing(kvwire_harness: Harness) -> None:
     """L1.5 / L1.12: with the queue full of fetches the held other end does not answer, a lookup
     on the same instance is not refused for capacity (it answers, or raises ``LookupFailed`` by
@@ -521,6 +535,7 @@ def test_L1_a_lookup_beside_a_full_queue_is_not_refused_and_wakes_nothing(kvwire
 # -- L1.3: a lookup of thousands of names ----------------------------------------------------------------
 
 
+@checks("L1.3", "A9.6", also=("S1.2", "B4.6", "L1.2"))
 def test_L1_thousands_of_names_in_one_lookup_each_answer(kvwire_harness: Harness) -> None:
     """L1.3 (A9.6 for a lookup): one lookup of 1500 names, of which the store holds every row but
     those at positions 3, 10, 17, ... (also past the first thousand): each bit answers its own

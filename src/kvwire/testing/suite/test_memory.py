@@ -29,6 +29,7 @@ from kvwire.testing.holder import (
     refused,
 )
 from kvwire.testing.layout import BLOCK_TOKENS, Bench, simple_plan
+from kvwire.testing.marks import checks
 from kvwire.testing.plans import (
     paged_exchange,
     pages,
@@ -41,6 +42,7 @@ SENTINEL_5A = 0x5A
 
 # -- registration and recognition ------------------------------------------------------------------
 
+@checks("M3.10", "M3.11")
 def test_M3_registration_after_shutdown_is_rejected_and_closing_still_works(kvwire_harness: Harness) -> None:
     """M3.10 / M3.11: after ``shutdown()`` a registration raises ``SubmissionRejected`` and
     registers nothing; closing an earlier registration is still allowed, twice."""
@@ -82,6 +84,7 @@ def _sub_span_view(view: View, offset_slots: int) -> View:
     return View(tuple(groups))
 
 
+@checks("M4.1", "M4.2")
 def test_M4_a_view_over_part_of_a_registered_region_moves_its_rows(kvwire_harness: Harness) -> None:
     """M4.1 / M4.2: a row is recognized by where its bytes lie: a view whose regions are other
     descriptions of registered memory (a sub-span under another id) moves its rows like any other."""
@@ -152,6 +155,7 @@ def _moved_as_described(ex: Exchange, source: View, sink: View, how: str) -> Out
     return fetched
 
 
+@checks("M4.2", "M4.1")
 def test_M4_rows_described_with_another_slot_size_move(kvwire_harness: Harness) -> None:
     """M4.2 / M4.1: recognition reads where a row's bytes lie, not the registered slot size: a view
     that describes registered memory in slots of half the registered size (every registered row
@@ -185,6 +189,7 @@ def _across_view(view: View, case: str, names: np.ndarray) -> View:
     return View(tuple(groups))
 
 
+@checks("M4.2", "M4.1", "M2.4")
 @pytest.mark.parametrize("case", list(ACROSS_SLOTS))
 def test_M4_rows_that_span_registered_slots_move(kvwire_harness: Harness, case: str) -> None:
     """M4.2 / M4.1 / M2.4: recognition reads where a row's bytes lie, not the registered slots: a
@@ -211,6 +216,7 @@ def test_M4_rows_that_span_registered_slots_move(kvwire_harness: Harness, case: 
         bench.verify("M4.2: after rows spanning registered slots moved")
 
 
+@checks("M4.6", "B1.2")
 def test_M4_rows_registered_only_with_another_instance_are_refused(kvwire_harness: Harness) -> None:
     """M4.6 / B1.2: memory registered with one instance is not registered with another."""
     caps = kvwire_harness.capabilities()
@@ -234,6 +240,7 @@ def _span(memory_region: SlotRegion, offset: int, slot_bytes: int, count: int) -
     return SlotRegion(next_region_id(), r.base + offset, slot_bytes, count, r.memory_kind, r.device)
 
 
+@checks("M3.5", "M3.4", "M3.2")
 def test_M3_regions_of_other_slot_sizes_overlap_by_their_bytes(kvwire_harness: Harness) -> None:
     """M3.5 / M3.4 / M3.2: overlap is judged by the bytes regions span, whatever their slot
     sizes: a region of 16-byte slots inside a registered region of 64-byte slots, or sharing its
@@ -270,6 +277,7 @@ def test_M3_regions_of_other_slot_sizes_overlap_by_their_bytes(kvwire_harness: H
 
 # -- found by mutation testing of the shipped backends (issue 39) ---------------------------------------------
 
+@checks("M4.1", "M4.4", "M4.2", also=("S3.5",))
 def test_M4_a_region_reaching_past_its_registration_is_checked_row_by_row(kvwire_harness: Harness) -> None:
     """M4.1 / M4.4 / M4.2: a view's region may describe more memory than is registered, as long as
     its rows lie inside a registration: a fetch of rows inside is taken; the same region object
@@ -309,6 +317,7 @@ def _sub_region(region: SlotRegion, offset_slots: int, count: int) -> SlotRegion
 
 # -- M1 ----------------------------------------------------------------------------------------
 
+@checks("M1.3")
 def test_M1_declared_memory_kinds_move_bytes(kvwire_harness: Harness) -> None:
     """Every declared memory kind this machine has can be registered, and rows in it move."""
     caps = kvwire_harness.capabilities()
@@ -327,6 +336,7 @@ def test_M1_declared_memory_kinds_move_bytes(kvwire_harness: Harness) -> None:
                         f"M1: rows in {kind.value} memory were offered and held, yet not all arrived: {result.fetched!r}")
 
 
+@checks("M1.4")
 def test_M1_undeclared_memory_kind_refused(kvwire_harness: Harness) -> None:
     caps = kvwire_harness.capabilities()
     missing = [k for k in MemoryKind if k not in caps.memory_kinds]
@@ -342,6 +352,7 @@ def test_M1_undeclared_memory_kind_refused(kvwire_harness: Harness) -> None:
 
 # -- M2 ----------------------------------------------------------------------------------------
 
+@checks("M2.3", "M2.4")
 def test_M2_a_row_is_exactly_one_slot(kvwire_harness: Harness) -> None:
     """Odd slot sizes, scattered slots: each row moves exactly its slot's bytes; the slots and
     bytes around it stay as they were."""
@@ -364,6 +375,7 @@ def test_M2_a_row_is_exactly_one_slot(kvwire_harness: Harness) -> None:
 
 # -- M3 ----------------------------------------------------------------------------------------
 
+@checks("M3.1")
 def test_M3_registration_covers_its_batch(kvwire_harness: Harness) -> None:
     """M3.1: ``register_regions`` registers one batch and returns one ``Registration`` whose
     regions are that batch."""
@@ -379,6 +391,7 @@ def test_M3_registration_covers_its_batch(kvwire_harness: Harness) -> None:
         registration.close()
 
 
+@checks("M3.5", "M3.4")
 def test_M3_overlapping_region_refused(kvwire_harness: Harness) -> None:
     """M3.5 / M3.4: a region overlapping one already registered (inside it, sharing a slot, or
     the very same span again, as the same object or under another id), or another of its own
@@ -402,6 +415,7 @@ def test_M3_overlapping_region_refused(kvwire_harness: Harness) -> None:
                  "M3.4: registering a batch whose two regions overlap")
 
 
+@checks("M3.6")
 def test_M3_refused_batch_leaves_nothing_registered(kvwire_harness: Harness) -> None:
     """M3.6: a refused batch leaves nothing registered: none of its regions is recognized
     afterwards, and an earlier registration it overlapped is unchanged (its rows still move)."""
@@ -440,6 +454,7 @@ def test_M3_refused_batch_leaves_nothing_registered(kvwire_harness: Harness) -> 
             registration.close()
 
 
+@checks("M3.4", "M3.5", "M3.2")
 def test_M3_regions_that_only_touch_do_not_overlap(kvwire_harness: Harness) -> None:
     """M3.4 / M3.5 / M3.2: two regions that only touch (one ends on the byte where the next
     begins: two halves of one allocation) do not overlap; registered in one batch or in two, both
@@ -492,6 +507,7 @@ def test_M3_regions_that_only_touch_do_not_overlap(kvwire_harness: Harness) -> N
             bench.forget_sink()
 
 
+@checks("M3.8", "M3.9")
 def test_M3_close_is_idempotent_and_spares_a_later_registration(kvwire_harness: Harness) -> None:
     caps = kvwire_harness.capabilities()
     kind = needs.usable_kind(kvwire_harness, caps)
@@ -517,6 +533,7 @@ def test_M3_close_is_idempotent_and_spares_a_later_registration(kvwire_harness: 
 
 # -- M4 ----------------------------------------------------------------------------------------
 
+@checks("M4.4", "M4.7")
 def test_M4_unrecognized_rows_refuse_the_whole_submission(kvwire_harness: Harness) -> None:
     """A view with rows in a region the backend never registered is refused whole, in either
     direction, and nothing escaped: no byte written, nothing stored, never a skipped row."""
@@ -556,6 +573,7 @@ def test_M4_unrecognized_rows_refuse_the_whole_submission(kvwire_harness: Harnes
     run()
 
 
+@checks("M4.5", "M3.7")
 def test_M4_rows_of_a_closed_registration_refused(kvwire_harness: Harness) -> None:
     caps = kvwire_harness.capabilities()
     kind = needs.usable_kind(kvwire_harness, caps)
@@ -618,6 +636,7 @@ def _refused_both_ways(harness: Harness, slot_bytes: int, slot_count: int, parts
                     _untouched(memory, before, clause, f"by a refused {op} of a group {what}")
 
 
+@checks("M4.3")
 def test_M4_a_group_over_two_registered_regions_is_refused(kvwire_harness: Harness) -> None:
     """M4.3: all rows of one group lie in one registered region. Two regions that touch (the two
     halves of one allocation) are registered; a group whose region covers both and whose rows lie
@@ -629,6 +648,7 @@ def test_M4_a_group_over_two_registered_regions_is_refused(kvwire_harness: Harne
     ], "M4.3")
 
 
+@checks("M4.1", "M4.4")
 def test_M4_a_row_partly_outside_its_registered_region_is_refused(kvwire_harness: Harness) -> None:
     """M4.1 / M4.4: a row is recognized only when all of its bytes lie in one registered region. A
     row that runs half a slot past the registered region's end, or starts half a slot before its
@@ -670,6 +690,7 @@ def _other_labels(kind: MemoryKind, device: int | None) -> list[tuple[str, Memor
     return labels
 
 
+@checks("M1.4", "M4.1", "M1.2", also=("M1.3",))
 def test_M1_a_view_naming_another_memory_kind_over_registered_memory_is_refused(kvwire_harness: Harness) -> None:
     """M1.4 / M4.1 / M1.2: a row is recognized only inside a registered region of the same memory
     kind and device: a publish or fetch whose regions name another kind (DEVICE over registered
@@ -706,6 +727,7 @@ def test_M1_a_view_naming_another_memory_kind_over_registered_memory_is_refused(
 # -- M4.5: rows seen through a sub-span, once their registration closed --------------------------------
 
 
+@checks("M4.5", "M3.7", also=("M4.2",))
 def test_M4_rows_seen_through_a_sub_span_are_refused_once_their_registration_closed(kvwire_harness: Harness) -> None:
     """M4.5 / M3.7: rows moved through a view of another ``SlotRegion`` inside a registered region
     (a sub-span, M4.2) are no longer recognized once that registration closed: a later publish or

@@ -48,6 +48,7 @@ from kvwire.testing.holder import (
     wait_for,
 )
 from kvwire.testing.layout import Bench
+from kvwire.testing.marks import checks
 from kvwire.testing.plans import (
     paged_exchange,
     pages,
@@ -58,6 +59,7 @@ from kvwire.testing.suite._kit import _patience, _requesters
 
 # -- O1 under load: many pulls of one offer in flight at once ------------------------------------------------
 
+@checks("O1.4", "O1.12", "O1.10", also=("O1.9",))
 def test_O1_many_pulls_in_flight_at_once_are_answered_from_one_offer(kvwire_harness: Harness) -> None:
     """O1.4 / O1.12 / O1.10: three requesters each fill their queue bound with pulls of blocks one
     standing offer covers, all in flight at once: every pull delivers with the offered bytes (those
@@ -233,6 +235,7 @@ def _source_untouched(bench: Bench, when: str) -> None:
 
 # -- O1.1 -----------------------------------------------------------------------------------------
 
+@checks("O1.1", also=("O1.7", "A4.3"))
 def test_O1_a_backend_that_offers_also_serves_pulls(kvwire_harness: Harness) -> None:
     """O1.1: a backend that declares ``offer-pulls`` also declares ``serve-pulls`` and
     cancellation, implements ``OffersPulls`` and ``ServesPulls``, and ``offer()`` returns an
@@ -269,6 +272,7 @@ def _repeated(view: View) -> View:
     return View((LayerGroupRows(g.group_id, g.kind, g.region, g.slots, g.tokens, names), *view.groups[1:]))
 
 
+@checks("O1.2", also=("S3.6",))
 def test_O1_an_offer_of_a_bad_view_or_timeout_is_refused(kvwire_harness: Harness) -> None:
     """O1.2 / S3: an offer whose rows are not registered, whose group carries no names, that names
     one block twice in a group, that is no ``View``, or whose ``timeout_s`` is zero, negative, a
@@ -306,6 +310,7 @@ def test_O1_an_offer_of_a_bad_view_or_timeout_is_refused(kvwire_harness: Harness
         _clause_bytes("S3.5", lambda: bench.verify("after refused offers"))
 
 
+@checks("O1.7", "O1.2", "B3.3")
 def test_O1_an_offer_after_shutdown_is_rejected_and_a_standing_one_ends(kvwire_harness: Harness) -> None:
     """O1.7 / O1.2 / B3.3: ``shutdown()`` concludes a standing offer not delivered (cause
     ``SHUTDOWN`` from a 1.1 backend), returns it for as long as it has not quiesced, and then the
@@ -336,6 +341,7 @@ def test_O1_an_offer_after_shutdown_is_rejected_and_a_standing_one_ends(kvwire_h
 
 # -- O1.3 -----------------------------------------------------------------------------------------
 
+@checks("O1.3", "S3.9", "S3.11")
 def test_O1_an_offer_takes_one_queue_slot_and_its_answers_none(kvwire_harness: Harness) -> None:
     """O1.3 / S3.9 / S3.11: each standing offer takes one queue slot: with the queue full of
     offers, one more raises ``SubmissionRejected``, while pulls they cover are still answered (an
@@ -385,6 +391,7 @@ PULLS: dict[str, Select] = {
 }
 
 
+@checks("O1.4", also=("O1.6",))
 def test_O1_an_offered_pull_is_answered_without_the_holder(kvwire_harness: Harness) -> None:
     """O1.4: while an offer stands and the backend serves, a pull of blocks it offers in every
     requested group (all of them, the groups' subset, blocks in another order than the offer's, a
@@ -402,6 +409,7 @@ def test_O1_an_offered_pull_is_answered_without_the_holder(kvwire_harness: Harne
         _source_untouched(bench, "after pulls answered from an offer")
 
 
+@checks("O1.11")
 def test_O1_an_offer_answers_any_requester_whatever_its_credentials(kvwire_harness: Harness) -> None:
     """O1.11: an offer checks no credentials: pulls carrying credentials, other credentials, or
     none, are each answered from the offer, none reaching the holder."""
@@ -436,6 +444,7 @@ UNCOVERED: dict[str, tuple[list[Select], Select]] = {
 }
 
 
+@checks("O1.5", also=("N2.6",))
 @pytest.mark.parametrize("how", list(UNCOVERED))
 def test_O1_a_pull_no_one_offer_covers_goes_to_the_holder(kvwire_harness: Harness, how: str) -> None:
     """O1.5: a pull with a block, a group or a slot size that no one standing offer covers (a
@@ -469,6 +478,7 @@ def test_O1_a_pull_no_one_offer_covers_goes_to_the_holder(kvwire_harness: Harnes
 
 # -- O1.7 -----------------------------------------------------------------------------------------
 
+@checks("O1.7", "O1.6")
 @pytest.mark.parametrize("deadline", ["argument", "options"])
 def test_O1_an_offer_delivers_at_its_deadline_with_every_bit_true(kvwire_harness: Harness, deadline: str) -> None:
     """O1.7 / O1.6: at its deadline (the ``timeout_s`` argument, else the backend's deadline
@@ -505,6 +515,7 @@ def test_O1_an_offer_delivers_at_its_deadline_with_every_bit_true(kvwire_harness
         bench.apply_fetch(fetched, _both([0, 1]))
 
 
+@checks("O1.7", "O1.6", also=("A4.3",))
 def test_O1_a_cancelled_offer_concludes_cancelled_and_answers_no_more(kvwire_harness: Harness) -> None:
     """O1.7 / O1.6: ``cancel()`` concludes a standing offer ``CANCELLED`` with cause
     ``HOLDER_CANCELLED``, ``by_peer`` false and every bit false, and it quiesces; its rows are
@@ -555,6 +566,7 @@ def _after_release(ex: Exchange, sub: Submission) -> Outcome:
     return ex.settle(sub)
 
 
+@checks("O1.8", "O1.7", "B3.3")
 @pytest.mark.parametrize("how", ["cancel", "deadline", "shutdown"])
 def test_O1_an_offer_ends_its_held_answers_and_reads_nothing_once_quiesced(kvwire_harness: Harness,
                                                                            how: str) -> None:
@@ -603,6 +615,7 @@ def test_O1_an_offer_ends_its_held_answers_and_reads_nothing_once_quiesced(kvwir
 
 # -- O1.9 -----------------------------------------------------------------------------------------
 
+@checks("O1.9")
 @pytest.mark.parametrize("how", ["cancel", "deadline", "fault"])
 def test_O1_a_requesters_end_ends_only_its_answer(kvwire_harness: Harness, how: str) -> None:
     """O1.9: a requester that cancels its pull, whose pull meets its deadline, or whose answer
@@ -650,6 +663,7 @@ def test_O1_a_requesters_end_ends_only_its_answer(kvwire_harness: Harness, how: 
 
 # -- O1.10 ----------------------------------------------------------------------------------------
 
+@checks("O1.10")
 def test_O1_several_offers_of_the_same_blocks_each_answer_alone(kvwire_harness: Harness) -> None:
     """O1.10: two standing offers name the same blocks (one of both groups, one of the first
     group only); pulls either covers are answered; once the first is cancelled the second still
@@ -676,6 +690,7 @@ def test_O1_several_offers_of_the_same_blocks_each_answer_alone(kvwire_harness: 
         _source_untouched(bench, "after two offers of the same blocks")
 
 
+@checks("O1.10", "W1.2", "W1.3")
 def test_O1_W1_answering_from_an_offer_wakes_no_holder(kvwire_harness: Harness) -> None:
     """O1.10 / W1.2 / W1.3: answering pulls from a standing offer calls neither the offer's wake
     nor the serve wake; the offer's wake is called once it concludes and once it quiesces."""

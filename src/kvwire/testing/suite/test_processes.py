@@ -23,6 +23,7 @@ from kvwire.testing import needs, profiles
 from kvwire.testing.exchange import Exchange
 from kvwire.testing.harness import Harness, Unavailable
 from kvwire.testing.holder import submit
+from kvwire.testing.marks import checks
 from kvwire.testing.processes import StoreProcess, digest, row_bytes
 from kvwire.testing.regions import HostMemory
 
@@ -88,6 +89,7 @@ def _fetch(ex: Exchange, rows: _Rows, which: Sequence[int] | None = None):  # ty
     return ex.settle(submit(rows.backend, "fetch", rows.view(which), ex.ends.fetch_hint)), which
 
 
+@checks("A7.2", "A7.1", "A5.8", "S1.3")
 def test_A7_an_object_another_process_publishes_is_read_whole_or_missed(kvwire_harness: Harness) -> None:
     """A7.2 / A7.1 / A5.8 / S1.3: while another process publishes 256 KiB objects in rounds, this
     process fetches all of them again and again: each fetch delivers (what is not there yet is a
@@ -115,6 +117,7 @@ def test_A7_an_object_another_process_publishes_is_read_whole_or_missed(kvwire_h
             rows.close()
 
 
+@checks("A5.7", "A5.8", "A5.6", "S1.3", "L1.3", also=("S1.2",))
 def test_A5_an_object_another_process_removed_is_a_miss_never_held(kvwire_harness: Harness) -> None:
     """A5.7 / A5.8 / A5.6 / S1.3 / L1.3: objects another process published are found here; once it
     removed half of them (as an eviction does), a fetch here delivers with exactly those rows
@@ -172,6 +175,7 @@ def test_A5_an_object_another_process_removed_is_a_miss_never_held(kvwire_harnes
             again.close()
 
 
+@checks("A8.5", "A7.2", "S1.3", also=("S1.2",))
 def test_A8_another_process_dying_mid_publish_leaves_the_store_working(kvwire_harness: Harness) -> None:
     """A8.5 / A7.2 / S1.3: another process is killed (SIGKILL) while it publishes 2 MiB objects,
     its store calls and locks left as they were; this process goes on: a fetch of everything the

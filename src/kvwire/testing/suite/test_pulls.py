@@ -37,6 +37,7 @@ from kvwire.testing.holder import (
     submit,
 )
 from kvwire.testing.layout import BLOCK_TOKENS, Bench, GroupPlan, ViewPlan, simple_plan
+from kvwire.testing.marks import checks
 from kvwire.testing.plans import (
     needs_misses,
     offer_for,
@@ -62,6 +63,7 @@ SENTINEL_5A = 0x5A
 
 # -- N2.5 ---------------------------------------------------------------------------------------------------
 
+@checks("N2.5")
 def test_N2_incoming_hands_over_each_request_once(kvwire_harness: Harness) -> None:
     """N2.5: a request taken through ``incoming()`` and not yet answered is not handed over again
     when the next one arrives."""
@@ -91,6 +93,7 @@ def test_N2_incoming_hands_over_each_request_once(kvwire_harness: Harness) -> No
 
 # -- N2.13: an answer that crosses the requester's cancel --------------------------------------------------
 
+@checks("N2.13", "A4.3", "A2.3")
 def test_N2_an_answer_that_crosses_a_cancel_ends_cancelled_by_the_peer(kvwire_harness: Harness) -> None:
     """N2.13 / A4.3 / A2.3: with the serving holder's answer on the wire (published, its rows not yet
     at the requester), the requester cancels: its fetch concludes ``CANCELLED`` at once, not by the
@@ -137,6 +140,7 @@ def test_N2_an_answer_that_crosses_a_cancel_ends_cancelled_by_the_peer(kvwire_ha
         bench.apply_fetch(again)
 
 
+@checks("N2.4", "N2.11", "A10.10")
 def test_N2_a_busy_serving_end_declines_only_beyond_its_bound(kvwire_harness: Harness) -> None:
     """N2.4 / N2.11 / A10.10: pulls from several requesters wait for the serving holder, who takes
     none: while fewer than the serving end's declared bound of waiting pulls
@@ -220,6 +224,7 @@ def test_N2_a_busy_serving_end_declines_only_beyond_its_bound(kvwire_harness: Ha
 # -- N2.7 / N2.5: a pull declined before serve() ------------------------------------------------------
 
 
+@checks("N2.7", "N2.5")
 def test_N2_a_pull_declined_before_serve_is_not_handed_over_once_serving(kvwire_harness: Harness) -> None:
     """N2.7 / N2.5: a pull made before the serving end's holder called ``serve()`` is declined
     (cause ``DECLINED`` for 1.1), and is done with: once ``serve()`` is called, ``incoming()``
@@ -257,6 +262,7 @@ def _prefix(bench: Bench, count: int) -> dict[int, list[int]]:
     return {gi: list(range(min(count, g.rows))) for gi, g in enumerate(bench.plan.groups)}
 
 
+@checks(also=("N2.4", "N2.6", "N2.10"))
 def test_N2_the_held_prefix_is_served_pinned_and_unpinned(kvwire_harness: Harness) -> None:
     """The serving end asks its holder for exactly the fetched names; the holder pins the held
     prefix and publishes it; the fetch delivers that prefix (a partial prefix is no error), and
@@ -303,6 +309,7 @@ def test_N2_the_held_prefix_is_served_pinned_and_unpinned(kvwire_harness: Harnes
     run()
 
 
+@checks(also=("N2.11", "A10.10"))
 def test_N2_a_declined_pull_fails_the_fetch_with_the_reason(kvwire_harness: Harness) -> None:
     caps = kvwire_harness.capabilities()
     needs.serve_pulls(caps)
@@ -325,6 +332,7 @@ def test_N2_a_declined_pull_fails_the_fetch_with_the_reason(kvwire_harness: Harn
         bench.apply_fetch(out)
 
 
+@checks("N2.13", "N2.9")
 def test_N2_a_cancelled_pull_still_quiesces_and_unpins(kvwire_harness: Harness) -> None:
     """N2.13 / N2.9: the requester cancels before the serving holder answers: both attempts
     conclude and quiesce, the requester's as cancelled, the answer as CANCELLED with ``by_peer``
@@ -359,6 +367,7 @@ def test_N2_a_cancelled_pull_still_quiesces_and_unpins(kvwire_harness: Harness) 
         bench.apply_fetch(out)
 
 
+@checks("N2.7")
 def test_N2_a_peer_that_is_not_serving_fails_the_fetch(kvwire_harness: Harness) -> None:
     """N2.7: a pull from a peer whose holder never called ``serve()`` is declined: the
     fetch fails saying why, before its deadline, and (contract 1.1) with cause ``DECLINED``."""
@@ -377,6 +386,7 @@ def test_N2_a_peer_that_is_not_serving_fails_the_fetch(kvwire_harness: Harness) 
         bench.apply_fetch(out)
 
 
+@checks(also=("N2.14",))
 def test_N2_blocks_the_requester_holds_are_not_sent_again(kvwire_harness: Harness) -> None:
     """A requester that already holds the first blocks fetches only the rest: the request names
     only those, and only those arrive."""
@@ -401,6 +411,7 @@ def test_N2_blocks_the_requester_holds_are_not_sent_again(kvwire_harness: Harnes
         assert all(g.kind is CacheKind.PAGED for g in plan.groups)
 
 
+@checks("N2.2", "H1.11", also=("N2.1",))
 def test_N2_the_serving_address_is_at_most_4_KiB_of_bytes_a_pull_can_name(kvwire_harness: Harness) -> None:
     """N2.2 / H1.11: ``address()`` of the serving end returns non-empty bytes of at most 4 KiB,
     and a pull whose peer hint names exactly those bytes delivers."""
@@ -418,6 +429,7 @@ def test_N2_the_serving_address_is_at_most_4_KiB_of_bytes_a_pull_can_name(kvwire
             f"N2.2/H1.11: a pull naming the serving end's address() must deliver: {out!r}")
 
 
+@checks("N2.5")
 def test_N2_incoming_with_nothing_waiting_answers_at_once(kvwire_harness: Harness) -> None:
     """N2.5: ``incoming()`` never blocks: with no request waiting (before any pull, and once the
     only one was taken and answered) it answers an empty tuple at once."""
@@ -436,6 +448,7 @@ def test_N2_incoming_with_nothing_waiting_answers_at_once(kvwire_harness: Harnes
         assert empty == (), f"N2.5: the only request was taken before, yet incoming() answered {empty!r}"
 
 
+@checks("N2.3")
 def test_N2_a_pull_whose_groups_name_different_blocks_is_refused(kvwire_harness: Harness) -> None:
     """N2.3: a pull names each block once for all its groups: a view whose groups carry other
     names (the second group's in another order, or other blocks), or a group without names, is
@@ -490,6 +503,7 @@ def _misfit_answer(request: PullRequest, bench: Bench, how: str) -> View:
     return View(tuple(groups))
 
 
+@checks("N2.12", also=("H1.13", "N2.15"))
 @pytest.mark.parametrize("how", MISFITS)
 def test_N2_an_answer_that_does_not_fit_its_pull_fails_both_ends(kvwire_harness: Harness, how: str) -> None:
     """N2.12: an answer with more rows than the pull asked for, rows named other than the pull's
@@ -529,6 +543,7 @@ def test_N2_an_answer_that_does_not_fit_its_pull_fails_both_ends(kvwire_harness:
                                  f"{exc}") from None
 
 
+@checks("N1.7", also=("N2.12", "N1.5", "S3.4"))
 def test_N1_an_answer_whose_groups_carry_no_names_is_refused(kvwire_harness: Harness) -> None:
     """N1.7 / S3: an answer is a publish, so a serving backend that declares content addressing
     refuses one whose groups carry no names with ``InvalidSubmission``, before the
@@ -575,6 +590,7 @@ def _crafted_names(rows: int, width: int) -> np.ndarray:
     return names
 
 
+@checks("N1.3", "N1.4")
 def test_N1_names_are_opaque_bytes_every_byte_counts(kvwire_harness: Harness) -> None:
     """N1.3 / N1.4: names are opaque fixed-width bytes: zero bytes count, and names one byte apart name
     different blocks, also when neither byte is text (names never decoded as text)."""
@@ -592,6 +608,7 @@ def test_N1_names_are_opaque_bytes_every_byte_counts(kvwire_harness: Harness) ->
         transfer_checked(ex, bench, offer, None, "N1.4")
 
 
+@checks("N1.2")
 def test_N1_a_store_keys_rows_by_group_and_name(kvwire_harness: Harness) -> None:
     """N1.2: the same name in two groups stands for two rows with different bytes; each group's
     row is found only in that group."""
@@ -607,6 +624,7 @@ def test_N1_a_store_keys_rows_by_group_and_name(kvwire_harness: Harness) -> None
         transfer_checked(ex, bench, offer, None, "N1.2")
 
 
+@checks("N1.5", "S3.2")
 def test_N1_a_content_addressed_backend_refuses_views_without_names(kvwire_harness: Harness) -> None:
     """N1.5 / S3.2: a backend that declares content addressing refuses a publish and a fetch whose
     groups carry no names with ``InvalidSubmission`` (never as rows nobody holds), touching no
@@ -624,6 +642,7 @@ def test_N1_a_content_addressed_backend_refuses_views_without_names(kvwire_harne
             transfer_checked(ex, bench, {}, None, "N1.5")
 
 
+@checks("N1.3")
 @pytest.mark.parametrize("width", [1, 64])
 def test_N1_names_of_one_byte_and_of_64_bytes_name_their_blocks(kvwire_harness: Harness, width: int) -> None:
     """N1.3: names are 1 to 64 bytes wide, and a name of either extreme names its block: rows named
@@ -647,6 +666,7 @@ def test_N1_names_of_one_byte_and_of_64_bytes_name_their_blocks(kvwire_harness: 
         transfer_checked(ex, bench, offer, None, f"N1.3 (names of {width} bytes)")
 
 
+@checks("N1.4", "S1.4")
 def test_N1_a_name_with_a_trailing_zero_or_a_byte_less_is_another_name(kvwire_harness: Harness) -> None:
     """N1.4 / S1.4: a name and the same name with one more trailing zero byte, or with its last
     byte dropped, are different names: after a publish of names of width w (1, 16 and 64, some

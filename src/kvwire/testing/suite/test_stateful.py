@@ -9,9 +9,11 @@ from hypothesis.stateful import run_state_machine_as_test
 from kvwire.contract import OtherEnd
 from kvwire.testing import needs
 from kvwire.testing.harness import Harness
+from kvwire.testing.marks import checks
 from kvwire.testing.stateful import holder_model, settings_for_machine
 
 
+@checks()
 def test_stateful_holder_model(kvwire_harness: Harness) -> None:
     caps = kvwire_harness.capabilities()
     needs.transfer(caps)
@@ -22,6 +24,7 @@ def test_stateful_holder_model(kvwire_harness: Harness) -> None:
     run_state_machine_as_test(holder_model(kvwire_harness, kind), settings=settings_for_machine())
 
 
+@checks()
 def test_stateful_pull_model(kvwire_harness: Harness) -> None:
     """The holder model of a serving peer: both holders in any interleaving of pulls, answers,
     declines, cancels, evictions and waits (N2, S1, S2, A1, A2, A4, A5, A7, W1 at every step)."""

@@ -41,6 +41,7 @@ from kvwire.testing.holder import (
     wait_for,
 )
 from kvwire.testing.layout import BLOCK_TOKENS, Bench, GroupPlan, ViewPlan, simple_plan
+from kvwire.testing.marks import checks
 from kvwire.testing.plans import (
     check_bits,
     drain_queue,
@@ -56,6 +57,7 @@ from kvwire.testing.suite._kit import _schedule_or_skip
 
 # -- queue slots ------------------------------------------------------------------------------------
 
+@checks("S3.11", also=("S3.6",))
 def test_S3_a_slot_frees_without_polling(kvwire_harness: Harness) -> None:
     """S3.11: once the attempts of a full queue concluded and quiesced, new submissions are taken,
     though the holder never called ``poll()`` or ``quiesced()`` on them.
@@ -116,6 +118,7 @@ def test_S3_a_slot_frees_without_polling(kvwire_harness: Harness) -> None:
 
 # -- queue slots and capabilities -----------------------------------------------------------------------
 
+@checks("S3.6", "S3.10")
 def test_S3_a_full_queue_rejection_leaks_no_slot(kvwire_harness: Harness) -> None:
     """S3.6 / S3.10: after a submission was rejected for a full queue and the queue drained, the
     queue takes its whole bound again."""
@@ -135,6 +138,7 @@ def test_S3_a_full_queue_rejection_leaks_no_slot(kvwire_harness: Harness) -> Non
         bench.forget_sink()
 
 
+@checks("S3.9", "S3.10")
 def test_S3_a_slot_stays_taken_until_its_attempt_also_quiesced(kvwire_harness: Harness) -> None:
     """S3.9 / S3.10: an attempt that concluded but has not quiesced still holds its queue slot.
     A full queue of held fetches is cancelled (each concludes; those the other end still holds
@@ -196,6 +200,7 @@ def test_S3_a_slot_stays_taken_until_its_attempt_also_quiesced(kvwire_harness: H
             bench.forget_sink()
 
 
+@checks("S5.3", also=("A5.5",))
 @pytest.mark.parametrize("op", ["get", "put"])
 def test_S5_a_store_call_that_raises_fails_the_attempt_with_a_fault(kvwire_harness: Harness, op: str) -> None:
     """S5.3: a store call that raises (a broken client) is a fault in the outcome: the
@@ -232,6 +237,7 @@ def _overlapping(bench: Bench) -> View:
     return View((LayerGroupRows(g.group_id, g.kind, g.region, slots, g.tokens, g.names),))
 
 
+@checks("S3.6", "V4.3", "S3.9")
 def test_S3_refused_overlapping_fetches_keep_no_queue_slot(kvwire_harness: Harness) -> None:
     """S3.6 / V4.3 / S3.9: 2 x bound + 1 fetches refused for overlapping rows take no queue slot:
     afterwards the declared bound of held fetches is taken, and one more is rejected; all deliver
@@ -275,6 +281,7 @@ def _stray_group(harness: Harness, kind: MemoryKind, template: LayerGroupRows, g
     return LayerGroupRows(gid, CacheKind.PAGED, g.region, g.slots, g.tokens, names), stray
 
 
+@checks("S3.4", "S3.6")
 def test_S3_a_refused_view_leaves_no_trace_of_its_valid_groups(kvwire_harness: Harness) -> None:
     """S3.4-S3.6: a view refused for its last group (rows nobody registered, or no names where names
     are required) told the other end nothing about its first groups: nothing stored, nothing
@@ -323,6 +330,7 @@ def test_S3_a_refused_view_leaves_no_trace_of_its_valid_groups(kvwire_harness: H
                 stray.close()
 
 
+@checks("S3.7")
 def test_S3_a_refused_submission_never_wakes(kvwire_harness: Harness) -> None:
     """S3.7: after ``InvalidSubmission`` or ``SubmissionRejected`` the backend never calls that
     submission's wake, however much work follows."""
@@ -368,6 +376,7 @@ def _not_hints(hint: Hint) -> dict[str, object]:
     return {"None": None, "the hint's bytes": hint.to_bytes(), "a dict of the hint's fields": fields}
 
 
+@checks("S4.1", "S3.2", "H1.5", "L1.9")
 def test_S4_a_hint_that_is_no_Hint_is_refused(kvwire_harness: Harness) -> None:
     """S4.1 / S3.2 / H1.5 (and L1.9 for a lookup): a fetch, a publish or a lookup whose hint is not
     a ``Hint`` (``None``, the hint's bytes, a dict of its fields) raises ``InvalidSubmission``,
@@ -420,6 +429,7 @@ def _check_masks(ex: Exchange, bench: Bench, offer, take, fetched) -> None:  # t
 
 # -- S1 ----------------------------------------------------------------------------------------
 
+@checks("S1.1", "S1.2", "S1.3", "S1.4")
 def test_S1_publish_then_fetch_moves_exactly_what_is_held(kvwire_harness: Harness) -> None:
     """Offer some rows, fetch some rows: every fetched row the other end holds arrives with its
     bit set and its bytes equal; every other row is a miss; both attempts deliver."""
@@ -451,6 +461,7 @@ def test_S1_publish_then_fetch_moves_exactly_what_is_held(kvwire_harness: Harnes
 GROUP_IDS = (300, 300 % 256, 300 + (1 << 16), 300 + (1 << 32))
 
 
+@checks("S1.4", "S1.3", "V1.2", also=("S1.2",))
 def test_S1_a_store_finds_rows_only_under_the_group_id_they_were_published_with(kvwire_harness: Harness) -> None:
     """S1.4 / S1.3 / V1.2: a group id is any int >= 0: rows published under group 300 are found by
     a fetch of group 300, and a fetch of the same names under group 44 (300 kept in 8 bits), 65836
@@ -479,6 +490,7 @@ def test_S1_a_store_finds_rows_only_under_the_group_id_they_were_published_with(
 
 # -- S2 ----------------------------------------------------------------------------------------
 
+@checks("S1.3", "A5.6")
 def test_S1_every_row_of_a_long_run_of_publishes_is_found(kvwire_harness: Harness) -> None:
     """S1.3 / A5.6: a store finds every row a publish marked held, however many publishes came
     before it on the instance: eight publishes one after another (one of three rows, then ones of
@@ -496,6 +508,7 @@ def test_S1_every_row_of_a_long_run_of_publishes_is_found(kvwire_harness: Harnes
         check_bits(ex, bench, {0: held}, None, fetched, "S1.3")
 
 
+@checks("S2.4", "S2.5")
 def test_S2_backend_touches_only_the_rows_given(kvwire_harness: Harness) -> None:
     """Around the fetched rows lie slots of the same regions and guard bytes; none changes, and
     a publish never writes the rows it reads."""
@@ -520,6 +533,7 @@ def test_S2_backend_touches_only_the_rows_given(kvwire_harness: Harness) -> None
 
 # -- S3 ----------------------------------------------------------------------------------------
 
+@checks("S3.1", "S3.4")
 def test_S3_rejected_after_shutdown_and_nothing_escaped(kvwire_harness: Harness) -> None:
     caps = kvwire_harness.capabilities()
     kind = needs.usable_kind(kvwire_harness, caps)
@@ -544,6 +558,7 @@ def test_S3_rejected_after_shutdown_and_nothing_escaped(kvwire_harness: Harness)
 FILL_LIMIT = 256
 
 
+@checks("S3.9", "S3.10", "S3.4")
 def test_S3_full_queue_rejected_and_nothing_escaped(kvwire_harness: Harness) -> None:
     """S3.9 / S3.10 / S3.4: with the other end held, ``max_in_flight`` submissions are taken and
     the next is rejected; the rejected one never reaches the other end, and once the queue
@@ -647,6 +662,7 @@ def _fill_with_pulls(ex: Exchange, harness: Harness, kind: MemoryKind, bound: in
         assert again.is_delivered, f"S3: after the queue drained, a pull must be taken and delivered: {again!r}"
 
 
+@checks("S3.6")
 def test_S3_refusals_consume_no_capacity(kvwire_harness: Harness) -> None:
     """Many more refused submissions than the queue holds leave the queue as it was."""
     caps = kvwire_harness.capabilities()
@@ -667,6 +683,7 @@ def test_S3_refusals_consume_no_capacity(kvwire_harness: Harness) -> None:
                 raise AssertionError(f"S3: refused submissions consumed queue capacity: {exc}") from exc
 
 
+@checks("S3.5")
 def test_S3_a_fetch_rejected_for_a_full_queue_leaves_its_rows_alone(kvwire_harness: Harness) -> None:
     """S3.5: a fetch rejected because ``max_in_flight`` attempts are in flight wrote nothing: its
     rows hold what the holder left there, before and after the queue drained."""
@@ -684,6 +701,7 @@ def test_S3_a_fetch_rejected_for_a_full_queue_leaves_its_rows_alone(kvwire_harne
         bench.verify("after the queue drained")
 
 
+@checks("S3.9", also=("S3.10",))
 def test_S3_one_queue_bound_counts_fetches_and_publishes_together(kvwire_harness: Harness) -> None:
     """S3.9: ``max_in_flight`` bounds the attempts in flight on an instance, fetches and publishes
     together: with one held fetch and held publishes filling the declared bound on one instance, a
@@ -724,6 +742,7 @@ def _rows_unchanged(bench: Bench, row: int, when: str) -> None:
         "of the view was read or written")
 
 
+@checks("S3.7", "S3.5", "V4.3")
 def test_S3_a_fetch_refused_for_overlapping_rows_never_wakes(kvwire_harness: Harness) -> None:
     """S3.7 / S3.5 / V4.3: the wake passed with a fetch refused for overlapping rows is never
     called, however much work follows, and its rows are untouched."""
@@ -759,6 +778,7 @@ def _refused_wakes(ex: Exchange, view: View, what: str) -> Wakes:
 
 # -- S4 ----------------------------------------------------------------------------------------
 
+@checks("S4.1")
 def test_S4_wrong_submissions_raise_only_the_contract_refusals(kvwire_harness: Harness) -> None:
     """Rows it does not recognize, overlapping fetch rows, an unusable hint, memory of an
     undeclared kind: each raises ``InvalidSubmission`` (never another exception, which would
@@ -800,6 +820,7 @@ def test_S4_wrong_submissions_raise_only_the_contract_refusals(kvwire_harness: H
 
 # -- S5 ----------------------------------------------------------------------------------------
 
+@checks("S5.1", "S5.2")
 def test_S5_faults_at_the_other_end_arrive_in_the_outcome(kvwire_harness: Harness) -> None:
     """Objects that fault at the other end make the attempt fail with a reason, in its outcome
     (never an exception); the masks say exactly which rows moved."""
@@ -867,6 +888,7 @@ def test_S5_faults_at_the_other_end_arrive_in_the_outcome(kvwire_harness: Harnes
     run()
 
 
+@checks("S5.1", "S5.2", "S5.3")
 def test_S5_store_fault_schedules_never_raise(kvwire_harness: Harness) -> None:
     """Under drawn store fault schedules (failed calls and keys, declines, evictions, slow
     calls), submissions return attempts, polls return outcomes, every attempt concludes and
@@ -901,6 +923,7 @@ def test_S5_store_fault_schedules_never_raise(kvwire_harness: Harness) -> None:
         pytest.skip("backend's other end is a peer; store fault schedules apply to stores")
 
 
+@checks("S4.1", "S3.2")
 def test_S4_a_view_that_is_not_a_View_is_refused(kvwire_harness: Harness) -> None:
     """S4.1 / S3.2: a submission whose view is no ``View`` (its groups as a bare tuple, or one
     ``LayerGroupRows`` alone) is a malformed view: ``InvalidSubmission``, never another exception;

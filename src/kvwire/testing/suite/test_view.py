@@ -30,6 +30,7 @@ from kvwire.testing.holder import (
     refused,
 )
 from kvwire.testing.layout import BLOCK_TOKENS, Bench, GroupPlan, ViewPlan, simple_plan
+from kvwire.testing.marks import checks
 from kvwire.testing.plans import (
     offer_for,
     paged_exchange,
@@ -41,6 +42,7 @@ from kvwire.testing.strategies import view_plans
 
 # -- empty views, repeated publish rows ------------------------------------------------------------
 
+@checks("V1.7")
 def test_V1_empty_views_and_groups_conclude_like_any_other(kvwire_harness: Harness) -> None:
     """V1.7: a view with no groups, and a group with zero rows beside others, are valid and
     conclude with masks of the right (zero) length."""
@@ -66,6 +68,7 @@ def test_V1_empty_views_and_groups_conclude_like_any_other(kvwire_harness: Harne
         transfer_checked(ex, bench, offer, take, "V1.7")
 
 
+@checks("V4.4")
 def test_V4_the_rows_of_a_publish_may_repeat(kvwire_harness: Harness) -> None:
     """V4.4: a publish only reads its rows, so two rows may locate the same memory; it is
     accepted and delivers."""
@@ -100,6 +103,7 @@ def random_names_like(names: np.ndarray, count: int) -> np.ndarray:
 
 # -- STATE rows through a serving peer ------------------------------------------------------------------
 
+@checks("V1.4", "N2.3", also=("A5.7",))
 @pytest.mark.parametrize("groups", ["state alone", "paged and state"])
 def test_V1_a_pull_moves_a_state_row_with_the_block_it_stands_for(kvwire_harness: Harness, groups: str) -> None:
     """V1.4 / N2.3 for peers: a one-block pull whose view has a STATE group (one row, named like
@@ -161,6 +165,7 @@ def _large_group_transfer(ex: Exchange, harness: Harness, kind: MemoryKind, grou
         return None
 
 
+@checks("V1.8", "S3.2")
 def test_V1_a_group_id_limit_holds_at_the_limit_and_one_past_it(kvwire_harness: Harness) -> None:
     """V1.8 / S3.2: a backend that refuses a large group id (2**62) names its limit in the
     refusal, and keeps it exactly: a view with the id just below the limit it names moves every
@@ -191,6 +196,7 @@ def test_V1_a_group_id_limit_holds_at_the_limit_and_one_past_it(kvwire_harness: 
 
 # -- V4 through a second region ---------------------------------------------------------------------
 
+@checks("V4.1", "V4.2")
 def test_V4_rows_that_alias_through_a_second_region_are_refused(kvwire_harness: Harness) -> None:
     """V4.1 / V4.2: a fetch whose rows overlap through a second region describing the same
     registered memory (shifted by half a slot, the same span under another id, or a region of
@@ -240,6 +246,7 @@ STATE_TOKENS = (
 )
 
 
+@checks("V1.6", "V1.4", "S1.3")
 @pytest.mark.parametrize("case", range(len(STATE_TOKENS)), ids=[what for what, _ in STATE_TOKENS])
 def test_V1_a_state_row_is_found_whatever_token_range_names_it(kvwire_harness: Harness, case: int) -> None:
     """V1.6 / V1.4 / S1.3: which bytes move depends only on the regions, the slots and the names;
@@ -268,6 +275,7 @@ def test_V1_a_state_row_is_found_whatever_token_range_names_it(kvwire_harness: H
 # -- V4.4: a publish whose groups share a slot -------------------------------------------------------
 
 
+@checks("V4.4", "V4.1", also=("S1.3", "A7.1"))
 def test_V4_a_publish_whose_groups_share_a_slot_is_taken(kvwire_harness: Harness) -> None:
     """V4.4 / V4.1: a publish only reads its rows, so rows of two groups may locate the same
     memory: a publish of a group and a second group (another id, other names) over one of its
@@ -305,6 +313,7 @@ def _first_group(outcome: Outcome) -> Outcome:
     return Outcome(outcome.status, outcome.masks[:1], outcome.reason, outcome.by_peer, outcome.cause)
 
 
+@checks("V1.8", "V1.2")
 @pytest.mark.parametrize("group_id", [(1 << 31) - 1, (1 << 32) - 1, 1 << 32, 1 << 62],
                          ids=["31_bits", "32_bits", "33_bits", "63_bits"])
 def test_V1_a_large_group_id_moves_or_is_refused_when_submitted(kvwire_harness: Harness, group_id: int) -> None:
@@ -350,6 +359,7 @@ def _unchanged(view: View, before: list[tuple]) -> None:  # type: ignore[type-ar
 
 # -- V1 ----------------------------------------------------------------------------------------
 
+@checks("V1.6", "A5.4")
 def test_V1_every_group_moves_in_view_order(kvwire_harness: Harness) -> None:
     """Views of several groups, PAGED and STATE, with names: every offered row arrives, and the
     outcome carries one mask per group, in the view's order."""
@@ -403,6 +413,7 @@ ODD_TOKENS: tuple[tuple[str, Callable[[int], TokenRange]], ...] = (
 )
 
 
+@checks("V1.6")
 def test_V1_token_ranges_do_not_decide_which_rows_move(kvwire_harness: Harness) -> None:
     """V1.6: which bytes move depends only on the regions, the slots and the names, never on the
     token ranges: the same rows under ranges unrelated to their count (one token, none, a range
@@ -431,6 +442,7 @@ def test_V1_token_ranges_do_not_decide_which_rows_move(kvwire_harness: Harness) 
 
 # -- V2 ----------------------------------------------------------------------------------------
 
+@checks("V2.2")
 def test_V2_backend_leaves_the_view_as_it_was(kvwire_harness: Harness) -> None:
     """A view is an immutable snapshot: after a submission its groups, slots and names are what
     they were, still read-only; the outcome stays valid after the memory is given back."""
@@ -459,6 +471,7 @@ def test_V2_backend_leaves_the_view_as_it_was(kvwire_harness: Harness) -> None:
             assert all(m.all() for m in published.masks)
 
 
+@checks("V2.2", "V2.3")
 def test_V2_later_submissions_leave_earlier_views_as_they_were(kvwire_harness: Harness) -> None:
     """V2.2 / V2.3: a backend never changes a view it was given, also not while it works on later
     submissions: after four transfers, the view of every earlier publish and fetch (a serving
@@ -477,6 +490,7 @@ def test_V2_later_submissions_leave_earlier_views_as_they_were(kvwire_harness: H
                                          f"worked on later submissions: {exc}") from None
 
 
+@checks("V2.2", "V4.3")
 def test_V2_a_fetch_refused_for_overlapping_rows_leaves_its_view_as_it_was(kvwire_harness: Harness) -> None:
     """V2.2 / V4.3: a backend never changes a view, also not one it refuses: a fetch whose rows
     overlap (two rows of one group on one slot, or rows of two groups on one slot), its slots in
@@ -502,6 +516,7 @@ def test_V2_a_fetch_refused_for_overlapping_rows_leaves_its_view_as_it_was(kvwir
 
 # -- V3 ----------------------------------------------------------------------------------------
 
+@checks("V3.1", "V3.2")
 def test_V3_row_masks_stay_fresh_beside_an_outcome(kvwire_harness: Harness) -> None:
     """After a backend concluded, ``row_masks()`` still gives new, writable, all-false arrays,
     and writing them changes no outcome mask."""
@@ -529,6 +544,7 @@ def test_V3_row_masks_stay_fresh_beside_an_outcome(kvwire_harness: Harness) -> N
 
 # -- V4 ----------------------------------------------------------------------------------------
 
+@checks("V4.3")
 def test_V4_overlapping_fetch_rows_refused(kvwire_harness: Harness) -> None:
     """A fetch with two rows on the same memory is refused and touches nothing."""
     caps = kvwire_harness.capabilities()

@@ -23,6 +23,7 @@ from kvwire.testing.holder import (
     wait_for,
 )
 from kvwire.testing.layout import Bench, simple_plan
+from kvwire.testing.marks import checks
 from kvwire.testing.plans import (
     paged_exchange,
     pages,
@@ -31,6 +32,7 @@ from kvwire.testing.suite._kit import _pulls
 
 # -- W1.6, W1.7 ----------------------------------------------------------------------------------------
 
+@checks("W1.6")
 def test_W1_registration_and_capabilities_never_wake_from_inside(kvwire_harness: Harness) -> None:
     """W1.6: ``register_regions()``, ``Registration.close()`` and ``capabilities()`` are calls the
     holder makes too: while a fetch is in flight (held at its other end), none of them calls the
@@ -62,6 +64,7 @@ def test_W1_registration_and_capabilities_never_wake_from_inside(kvwire_harness:
         bench.apply_fetch(out)
 
 
+@checks("W1.6")
 def test_W1_close_never_wakes_from_inside(kvwire_harness: Harness) -> None:
     """W1.6: ``close()`` is a call the holder makes too: once ``shutdown()`` returned the empty set
     and the registrations are closed, ``close()`` calls no wake of the attempts the instance made
@@ -98,6 +101,7 @@ def test_W1_close_never_wakes_from_inside(kvwire_harness: Harness) -> None:
 
 # -- W1.7 ----------------------------------------------------------------------------------------------
 
+@checks("W1.7")
 def test_W1_a_wake_that_raises_does_not_stop_the_backend(kvwire_harness: Harness) -> None:
     """W1.7: a wake that raises is survived: the attempt still concludes and quiesces, and the
     backend goes on working."""
@@ -124,6 +128,7 @@ def test_W1_a_wake_that_raises_does_not_stop_the_backend(kvwire_harness: Harness
         assert again.is_delivered, f"W1.7: after a raising wake the backend must go on working: {again!r}"
 
 
+@checks("W1.7", "W1.3")
 def test_W1_a_raising_wake_is_called_again_for_a_later_quiescence(kvwire_harness: Harness) -> None:
     """W1.7 / W1.3: a wake that raised is not dropped: a held fetch fails by its deadline (its wake
     raises), and the quiescence that follows once the other end lets go comes with a wake too."""
@@ -148,6 +153,7 @@ def test_W1_a_raising_wake_is_called_again_for_a_later_quiescence(kvwire_harness
         bench.apply_fetch(out)
 
 
+@checks("W1.3", also=("W1.2",))
 def test_W1_a_quiescence_after_the_conclusion_is_woken(kvwire_harness: Harness) -> None:
     """W1.3: a fetch cancelled while the other end holds it concludes at once; its quiescence, which
     comes only when the other end lets go, is followed by a wake of its own."""
@@ -181,6 +187,7 @@ def test_W1_a_quiescence_after_the_conclusion_is_woken(kvwire_harness: Harness) 
 
 # -- W1 ----------------------------------------------------------------------------------------
 
+@checks("W1.1", "W1.2", "W1.3")
 def test_W1_a_wake_follows_every_visible_change(kvwire_harness: Harness) -> None:
     """A holder that looks only after wakes sees every conclusion and every quiescence: after
     each wake it polls, and the last change is always followed by a wake."""
@@ -207,6 +214,7 @@ def test_W1_a_wake_follows_every_visible_change(kvwire_harness: Harness) -> None
             assert ex.settle(sub).is_delivered, f"V1.7: a {op} of {len(view.groups)} groups without rows: {sub.outcome!r}"
 
 
+@checks("W1.2", "W1.3")
 def test_W1_wakes_come_for_changes_while_held(kvwire_harness: Harness) -> None:
     """Attempts that conclude while their other end is held (by cancellation) and quiesce once it
     lets go: a wake follows each change."""
@@ -234,6 +242,7 @@ def test_W1_wakes_come_for_changes_while_held(kvwire_harness: Harness) -> None:
 
 # -- W1 for serving peers ----------------------------------------------------------------------------
 
+@checks("W1.4")
 def test_W1_every_pull_request_is_followed_by_a_wake(kvwire_harness: Harness) -> None:
     """W1.4: pulls that arrive together are each announced: the serving holder, looking only after
     wakes, sees every one of them."""
@@ -259,6 +268,7 @@ def test_W1_every_pull_request_is_followed_by_a_wake(kvwire_harness: Harness) ->
             assert out.is_delivered and out.masks[0].all(), f"S1: {out!r}"
 
 
+@checks("W1.4", "N2.4", "W1.7")
 @pytest.mark.parametrize("wake", ["plain", "raising"])
 def test_W1_a_pull_beside_an_untaken_one_gets_its_own_serve_wake(kvwire_harness: Harness, wake: str) -> None:
     """W1.4 / N2.4 (and W1.7 with a serve wake that raises): a second pull that arrives while the
@@ -295,6 +305,7 @@ def _by_block(requests: list[PullRequest], bench: Bench) -> list[PullRequest]:
     return sorted(requests, key=lambda r: rows[r.names[0].tobytes()])
 
 
+@checks("W1.6", also=("N2.11",))
 def test_W1_the_serve_wake_never_comes_from_inside_the_holders_calls(kvwire_harness: Harness) -> None:
     """W1.6 (serve wake): the serving holder calls ``serve()``, ``incoming()`` and ``decline()``
     maybe holding a lock its serve wake takes: the backend never calls that wake from inside
