@@ -57,3 +57,43 @@ def test_every_suite_test_is_marked_with_clauses_the_contract_has() -> None:
     assert not unmarked, f"suite tests without a @checks(...) clause: {unmarked}"
     unknown = sorted({c for found in marks.values() for c in found} - set(clauses()))
     assert not unknown, f"@checks(...) names clauses docs/contract.md does not have: {unknown}"
+
+
+def _conformance_map():  # type: ignore[no-untyped-def]
+    import importlib.util
+
+    path = Path(__file__).parents[2] / "scripts" / "conformance_map.py"
+    spec = importlib.util.spec_from_file_location("kvwire_conformance_map", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_clause_map_in_the_doc_is_what_the_script_generates() -> None:
+    """docs/conformance.md's clause map is generated: run ``python scripts/conformance_map.py``
+    after changing a mark, a mutant registration or the contract."""
+    generated = _conformance_map()
+    text = DOC.read_text()
+    assert generated.rewritten(text) == text, "docs/conformance.md is stale: run python scripts/conformance_map.py"
+
+
+def test_every_checkable_backend_clause_has_a_marked_test_or_is_listed_uncovered() -> None:
+    """Every backend clause the suite can check has a suite test marked with it, except those of
+    tests/conformance/uncovered_clauses.txt; that list may only shrink: a clause uncovered and
+    not listed fails, and so does a listed clause that a test now covers (take it off)."""
+    generated = _conformance_map()
+    now, listed = set(generated.uncovered_now()), generated.listed_uncovered()
+    assert len(listed) == len(set(listed)), "uncovered_clauses.txt names a clause twice"
+    assert not now - set(listed), f"backend clauses with no marked test: {sorted(now - set(listed))}"
+    assert not set(listed) - now, (f"uncovered_clauses.txt names clauses a test now covers (take them off): "
+                                   f"{sorted(set(listed) - now)}")
+    unknown = set(listed) - set(clauses())
+    assert not unknown, f"uncovered_clauses.txt names clauses the contract does not have: {sorted(unknown)}"
+
+
+def test_every_rule_with_checkable_backend_clauses_has_a_registered_mutant() -> None:
+    """Per rule for now: mutants are registered by rule, not yet by clause (issue 36)."""
+    broken = _conformance_map().mutants()
+    rules = {c.rule for c in clauses().values() if c.binds == "backend" and c.checked}
+    assert not rules - set(broken), f"rules with checkable backend clauses and no mutant: {sorted(rules - set(broken))}"
