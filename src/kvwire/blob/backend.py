@@ -47,7 +47,10 @@ How it keeps the contract:
   holder may call ``cancel()`` while holding the lock its ``wake`` takes. Wakes the holder's own
   calls made due (an inline submission, cancel, shutdown) are batched: the deadline thread is
   signalled only when none was due yet, and it calls each distinct wake callable once for all
-  its attempts due together (W1.8).
+  its attempts due together (the W1.8 note).
+- **The attempt lifecycle** (admission under ``max_in_flight``, conclude once, quiesce once, the
+  wakes owed, the deadline clock, the waits of ``close``) is kvwire's one
+  :class:`~kvwire.attempts.AttemptTable`, sharing the backend's lock.
 - **Keys.** Rows are addressed by content name: ``kvw1/{namespace}/g{group_id}/{name.hex()}``
   (:func:`~kvwire.blob.keys.store_keys`). A hint of kind ``"store"`` may carry ``namespace``.
 - **Block objects (K1).** A store hint with ``blocks`` (the view's block layout) stores one
