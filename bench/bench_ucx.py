@@ -199,10 +199,9 @@ def checked(run: Callable[[], float], memory: np.ndarray, expected: np.ndarray, 
 
 
 def close(backend: Any) -> None:
-    deadline = time.monotonic() + 5
-    while backend.shutdown() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    backend.close()
+    from kvwire.holding import drain
+
+    drain(backend, 5.0)
 
 
 def wait_all(worker: Any, requests: list[Any], busy: bool = False) -> None:
@@ -250,6 +249,7 @@ def serve(max_bytes: int, busy: bool, mode: str, spin: bool = False) -> None:
     from kvwire_ucx._ucx import Array, ucx_api
 
     from kvwire.contract import MemoryKind, SlotRegion
+    from kvwire.holding import ServingLoop, drain
     from kvwire.registry import load
 
     memory = pattern(max_bytes).copy()
@@ -258,7 +258,6 @@ def serve(max_bytes: int, busy: bool, mode: str, spin: bool = False) -> None:
     tree = np.zeros(0, dtype="S32")  # the held names, sorted
     region: SlotRegion | None = None
     lock = threading.Lock()
-    wake = threading.Event()
     stop = False
     polling = threading.Event()  # the raw NIXL agent is progressed by the thread below
     polled = threading.Lock()  # held by that thread while it progresses the agent
@@ -267,26 +266,36 @@ def serve(max_bytes: int, busy: bool, mode: str, spin: bool = False) -> None:
     spinning = threading.Event()  # --spin, during kvwire's runs: the holder looks without sleeping
     offered: list[Any] = []  # the standing offer (contract O1) of the region's blocks, while one stands
 
+    called = 0.0  # when the holder's lookup gave publish() its view
+
+    def pin(request: Any) -> tuple[Any, None]:
+        nonlocal called
+        with lock:
+            count = held_prefix(tree, request.names)
+            view = view_of(region, count, request.names)
+        called = time.perf_counter()
+        return view, None  # nothing to pin: the bench's rows stay put
+
+    loop = ServingLoop(backend, pin, lambda held: None)
+    wakes = loop.wakes
+
     def holder() -> None:
-        live: list[Any] = []
+        seen = 0
         while not stop:
             if spinning.is_set():
                 time.sleep(0)  # look again at once, yielding the GIL to the progress thread
             else:
-                wake.wait(0.5)
-                wake.clear()
-            for request in backend.incoming():  # type: ignore[attr-defined]
+                wakes.wait_beyond(seen, time.monotonic() + 0.5)
+            seen = wakes.count
+            for request in loop.take():
                 taken = time.perf_counter()
-                with lock:
-                    count = held_prefix(tree, request.names)
-                    view = view_of(region, count, request.names)
-                called = time.perf_counter()
-                live.append(backend.publish(view, request.ticket, wake.set))
-                served.append((taken, called, live[-1]))
-            live = [a for a in live if not (a.poll() is not None and a.quiesced())]
+                reply = loop.answer(request)
+                if reply is not None:
+                    served.append((taken, called, reply.submission.attempt))
+            loop.sweep()
 
     threading.Thread(target=holder, daemon=True).start()
-    backend.serve(wake.set)  # type: ignore[attr-defined]
+    loop.serve()
     if mode == "one-sided":
         agent = raw_nixl_agent("raw-server", memory)
 
@@ -365,7 +374,7 @@ def serve(max_bytes: int, busy: bool, mode: str, spin: bool = False) -> None:
             if command["on"]:
                 with lock:
                     offered.append(backend.offer(view_of(region, len(tree), block_names(len(tree))),  # type: ignore[attr-defined]
-                                                 wake.set, 3600.0))
+                                                 wakes, 3600.0))
             else:
                 attempt = offered.pop()
                 attempt.cancel()
@@ -382,15 +391,10 @@ def serve(max_bytes: int, busy: bool, mode: str, spin: bool = False) -> None:
         elif command["do"] == "quit":
             break
     stop = True
-    wake.set()
+    wakes()  # the holder's thread looks at stop now
     if peer_ep is not None:
         peer_ep.close_blocking()
-    deadline = time.monotonic() + 5
-    while backend.shutdown() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    if registration is not None:
-        registration.close()
-    backend.close()
+    drain(backend, 5.0, release=(registration.close,) if registration is not None else ())
     say(bye=True)
 
 

@@ -3,11 +3,12 @@ always stopped."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+
+from kvwire.holding import drain
 
 
 @pytest.fixture
@@ -31,11 +32,8 @@ def make_backend() -> Iterator[Callable[..., Any]]:
     yield build
     stuck = []
     for backend in built:
-        deadline = time.monotonic() + 5
-        while backend.shutdown():
-            if time.monotonic() > deadline:
-                stuck.append(backend)
-                break
+        if drain(backend, 5.0, close=False):
+            stuck.append(backend)
     assert not stuck, f"backends still touching memory after shutdown: {stuck}"
 
 

@@ -19,17 +19,15 @@ from kvwire.contract import (
     Attempt,
     CacheKind,
     Hint,
-    InvalidSubmission,
     LayerGroupRows,
     MemoryKind,
     Outcome,
     SlotRegion,
-    SubmissionRejected,
     TokenRange,
     View,
 )
 from kvwire.contract.serving import PullRequest
-from kvwire.holding import AtDeadline, Direction, Submission, WaitStatus, Wakes, submit, wait
+from kvwire.holding import AtDeadline, Direction, ServingLoop, Submission, WaitStatus, submit, wait
 
 BLOCK_TOKENS = 16
 
@@ -134,10 +132,11 @@ class Answer:
 
 
 class ServingHolder:
-    """Plays the serving end's lease holder on its own thread: on wake it takes the incoming
-    requests, pins the held prefix, publishes it with the request's ticket, and unpins once the
-    attempt quiesces. ``mode``: ``serve``, ``ignore`` (never answers), ``decline``,
-    ``wrong-slot`` (answers with rows of another size). ``gate``: an event each answer waits for."""
+    """Plays the serving end's lease holder on its own thread, through kvwire's one serving loop
+    (:class:`kvwire.holding.ServingLoop`): on wake it takes the incoming requests, pins the held
+    prefix, publishes it with the request's ticket, and unpins once the attempt quiesces.
+    ``mode``: ``serve``, ``ignore`` (never answers), ``decline``, ``wrong-slot`` (answers with
+    rows of another size). ``gate``: an event each answer waits for."""
 
     def __init__(self, backend, pool: Pool, tree: ReuseTree, mode: str = "serve",
                  decline_reason: str = "no thanks", on_publish: Callable[[Answer], None] | None = None,
@@ -152,66 +151,64 @@ class ServingHolder:
         self.other_pool = other_pool
         self.answers: list[Answer] = []
         self.requests_seen = 0
-        self.wakes = Wakes()  # one for serve() and every publish
+        self.loop: ServingLoop[list[int]] = ServingLoop(backend, self._pin, tree.unpin, on_declined=self._declined)
+        self.wakes = self.loop.wakes  # one for serve() and every publish
+        self._of: dict[int, Answer] = {}  # id of a reply -> its answer
+        self._refused: str | None = None
         self._nudged = 0
         self._stop = False
         self._lock = threading.Lock()
         self.settled = threading.Condition(self._lock)
         self._thread = threading.Thread(target=self._run, name="serving-holder", daemon=True)
         self._thread.start()
-        backend.serve(self.wakes)
+        self.loop.serve()
 
     def _run(self) -> None:
-        live: list[Answer] = []
         seen = -1
         while not self._stop:
             if seen >= 0:  # sleep until the backend wakes this holder (or stop() nudges it)
                 self.wakes.wait_beyond(seen, time.monotonic() + 3600, nudges=self._nudged)
                 self._nudged = self.wakes.nudges
             seen = self.wakes.count
-            for request in self.backend.incoming():
+            for request in self.loop.take():
                 with self._lock:
                     self.requests_seen += 1
                     self.settled.notify_all()
-                answer = self._answer(request)
-                if answer is not None and answer.submission is not None:
-                    live.append(answer)
-            still = []
-            for answer in live:
-                assert answer.submission is not None
-                if answer.submission.look(quiesce=True):
-                    answer.outcome = answer.submission.outcome
-                    self.tree.unpin(answer.slots)
-                else:
-                    still.append(answer)
-            live = still
+                self._answer(request)
+            for reply in self.loop.sweep():
+                answer = self._of.pop(id(reply))
+                answer.outcome = reply.outcome
             with self._lock:
                 self.settled.notify_all()
+
+    def _pin(self, request: PullRequest) -> tuple[View, list[int]]:
+        names = [request.names[i].tobytes() for i in range(request.blocks)]
+        slots = self.tree.pin_prefix(names)
+        pool = self.other_pool if self.mode == "wrong-slot" and self.other_pool is not None else self.pool
+        return pool.view(slots, names[: len(slots)], groups=request.groups), slots
+
+    def _declined(self, request: PullRequest, reason: str, refused: bool) -> None:
+        if not refused:  # the publish was refused (S3): its pins are back already
+            self._refused = reason
 
     def _answer(self, request: PullRequest) -> Answer | None:
         if self.mode == "ignore":
             return None
-        names = [request.names[i].tobytes() for i in range(request.blocks)]
         if self.gate is not None:
             self.gate.wait(10)
         if self.mode == "decline":
-            self.backend.decline(request, self.decline_reason)
+            self.loop.decline(request, self.decline_reason)
             answer = Answer(request, [], declined=self.decline_reason)
             with self._lock:
                 self.answers.append(answer)
             return answer
-        slots = self.tree.pin_prefix(names)
-        pool = self.other_pool if self.mode == "wrong-slot" and self.other_pool is not None else self.pool
-        view = pool.view(slots, names[: len(slots)], groups=request.groups)
-        answer = Answer(request, slots)
-        try:
-            answer.submission = submit(self.backend, Direction.PUBLISH, view, request.ticket, wakes=self.wakes)
-            answer.attempt = answer.submission.attempt
-        except (InvalidSubmission, SubmissionRejected) as exc:
-            self.tree.unpin(slots)
-            self.backend.decline(request, f"cannot answer: {exc}")
-            answer.declined = str(exc)
-            answer.slots = []
+        self._refused = None
+        reply = self.loop.answer(request)
+        if reply is None:
+            answer = Answer(request, [], declined=self._refused)
+        else:
+            answer = Answer(request, reply.held, attempt=reply.submission.attempt, submission=reply.submission)
+            self._of[id(reply)] = answer
         with self._lock:
             self.answers.append(answer)
         if self.on_publish is not None:

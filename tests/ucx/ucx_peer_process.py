@@ -22,6 +22,8 @@ import time
 
 from ucx_holders import Pool, Requester, ReuseTree, ServingHolder, block_names, fill
 
+from kvwire.holding import drain
+
 GROUPS = (0, 1)
 
 
@@ -77,9 +79,7 @@ def main(argv: list[str]) -> int:
             break
     if holder is not None:
         holder.stop()
-    deadline = time.monotonic() + 5
-    while backend.shutdown() and time.monotonic() < deadline:
-        pass
+    drain(backend, 5.0, close=False)
     say(bye=True)
     return 0
 

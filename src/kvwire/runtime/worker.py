@@ -34,10 +34,13 @@ from kvwire.holding import (
     Cancel,
     Direction,
     PullGuard,
+    Reply,
+    ServingLoop,
     StateError,
     Submission,
     TransceiverState,
     WaitStatus,
+    drain,
     sign_pull,
     submit,
     wait,
@@ -230,17 +233,16 @@ class Worker:
         self._tree_seen = (0, 0)  # (committed blocks, evictions) last announced
         self._closed = False
         self._serving: threading.Thread | None = None
-        self._serve_signal = threading.Event()
-        self._replies: list[tuple[Attempt, Lease, PullRequest]] = []
-        self._offers: list[tuple[Attempt, Lease]] = []  # standing offers (O1) and the leases pinning them
-        self._offers_lock = threading.Lock()  # offer() appends on the caller's thread, the serving loop sweeps
-        self._served = threading.Condition()  # notified after each serving round
+        # Answers to pulls and standing offers (O1), each with the lease pinning its rows.
+        self._loop: ServingLoop[Lease] | None = None
         self.pull_filter: Callable[[PullRequest], str | None] | None = None
         if SERVE_PULLS in self.capabilities.protocols and isinstance(self.backend, ServesPulls):
-            self._serving = threading.Thread(target=self._serve_loop, name=f"kvwire-serve-{self.name}", daemon=True)
+            self._loop = ServingLoop(self.backend, self._pin, Lease.release, fit=self._fit, lock=self._lock,
+                                     on_declined=self._declined, on_served=self._served_pull)
+            self._loop.serve()
+            self._serving = threading.Thread(target=self._serve_loop, args=(self._loop,),
+                                             name=f"kvwire-serve-{self.name}", daemon=True)
             self._serving.start()
-            with self._lock:
-                self.backend.serve(self._serve_signal.set)
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -250,30 +252,22 @@ class Worker:
         if self._closed:
             return
         self._closed = True
-        self._serve_signal.set()
+        if self._loop is not None:
+            self._loop.wakes.nudge()
         if self._serving is not None:
             self._serving.join(timeout_s)
-        deadline = time.monotonic() + timeout_s
-        while True:
-            with self._lock:
-                pending = self.backend.shutdown()
-            if not pending or time.monotonic() > deadline:
-                break
-            time.sleep(0.01)
+        pending = drain(self.backend, timeout_s, lock=self._lock,
+                        release=(self._release_held, self._registration.close))
         if pending:
             log.error("%s: %d attempt(s) never quiesced; their leases stay held", self.name, len(pending))
-            return
-        for _, lease, _ in self._replies:
-            lease.release()
-        self._replies.clear()
-        for _, lease in self._offers:
-            lease.release()
-        self._offers.clear()
+
+    def _release_held(self) -> None:
+        """Once ``shutdown()`` returned the empty set: every lease still held comes back."""
+        if self._loop is not None:
+            self._loop.release_all()
         for _, lease in self._kept:
             lease.release()
         self._kept.clear()
-        self._registration.close()
-        self.backend.close()
 
     def __enter__(self) -> Worker:
         return self
@@ -576,46 +570,17 @@ class Worker:
 
     # --- serving pulls ------------------------------------------------------------------------
 
-    def _serve_loop(self) -> None:
+    def _serve_loop(self, loop: ServingLoop[Lease]) -> None:
+        wakes = loop.wakes
         while not self._closed:
-            self._serve_signal.wait()
-            self._serve_signal.clear()
+            seen, nudged = wakes.count, wakes.nudges  # before the round: a wake during it is not missed
             try:
-                self._serve_once()
+                self._return_kept()
+                loop.step()
             except Exception:  # serving must outlive any one bad request
                 log.exception("%s: serving a pull failed", self.name)
-            with self._served:
-                self._served.notify_all()
-
-    def _serve_once(self) -> None:
-        assert isinstance(self.backend, ServesPulls)
-        self._return_kept()
-        with self._lock:
-            requests = self.backend.incoming()
-        for request in requests:
-            self._answer(request)
-        still: list[tuple[Attempt, Lease, PullRequest]] = []
-        for attempt, lease, request in self._replies:
-            with self._lock:
-                done = attempt.poll() is not None and attempt.quiesced()
-            if done:
-                lease.release()
-            else:
-                still.append((attempt, lease, request))
-        with self._served:  # wait_served reads the replies under it
-            self._replies = still
-        with self._offers_lock:
-            offers, self._offers = self._offers, []
-        standing: list[tuple[Attempt, Lease]] = []
-        for attempt, lease in offers:
-            with self._lock:
-                done = attempt.poll() is not None and attempt.quiesced()
-            if done:
-                lease.release()
-            else:
-                standing.append((attempt, lease))
-        with self._offers_lock:
-            self._offers = standing + self._offers  # and those offered meanwhile
+            while not self._closed and not wakes.wait_beyond(seen, time.monotonic() + 3600, nudged):
+                pass
 
     def offer(self, prompt: Sequence[int] | np.ndarray, *, timeout_s: float | None = None) -> PromptOffer:
         """Pin the leading whole blocks of ``prompt`` this cache holds, and let the backend answer
@@ -643,76 +608,74 @@ class Worker:
         if lease.found == 0:
             lease.release()
             return PromptOffer(0, None, self)
+        loop = self._loop
+        assert loop is not None  # O1.1: a backend that offers also serves pulls
         try:
             if not lease.wait_ready(self.timeout_s):
                 raise TransferError("staging copies did not complete")
             with self._lock:
-                attempt = self.backend.offer(lease.view, self._serve_signal.set, offer_s)
+                attempt = self.backend.offer(lease.view, loop.wakes, offer_s)
         except (SubmissionError, TransferError):
             lease.release()  # S3: nothing escaped
             raise
         except BaseException:
             self._keep(lease)  # S4
             raise
-        with self._offers_lock:
-            self._offers.append((attempt, lease))
-        self._serve_signal.set()
+        loop.track(Submission(Direction.PUBLISH, self.backend, lease.view, attempt, loop.wakes), lease)
         return PromptOffer(lease.found, attempt, self)
 
     def _withdraw(self, attempt: Attempt) -> None:
         with self._lock:
             attempt.cancel()
-        self._serve_signal.set()  # the serving loop releases the pins once the offer quiesced
+        if self._loop is not None:
+            self._loop.wakes.nudge()  # the serving loop releases the pins once the offer quiesced
 
-    def _answer(self, request: PullRequest) -> None:
-        assert isinstance(self.backend, ServesPulls)
+    def _fit(self, request: PullRequest) -> str | None:
+        """Why this worker declines ``request`` (credentials, allowlist, filter, another layout),
+        or ``None`` to answer it."""
         reason = self.guard.check(request)
         if reason is None and self.pull_filter is not None:
             reason = self.pull_filter(request)
+        if reason is not None:
+            return reason
         layout = self.lender.layout
         paged = [g.group_id for g in layout.paged_groups]
         states = [g.group_id for g in layout.state_groups] if self.lender.checkpoints else []
         wanted = list(request.groups)
-        if reason is None and wanted != paged and (not states or wanted != states):
-            reason = (f"requested groups {wanted} differ from this cache's PAGED groups {paged}"
-                      + (f" and from its STATE groups {states}" if states else ""))
-        if reason is None:
-            sizes = [self._pools[g][0].numel() * self._pools[g].element_size() for g in wanted]
-            if list(request.slot_bytes) != sizes:
-                reason = f"requested row sizes {list(request.slot_bytes)} differ from this cache's {sizes}"
-        if reason is not None:
-            with self._lock:
-                self.backend.decline(request, reason)
-            self.counters.pulls_declined += 1
-            self.observers.announce("pull_declined", worker=self.name, backend=self.plugin.name,
-                                    peer=request.peer, reason=reason)
-            return
-        if wanted == paged:
+        if wanted != paged and (not states or wanted != states):
+            return (f"requested groups {wanted} differ from this cache's PAGED groups {paged}"
+                    + (f" and from its STATE groups {states}" if states else ""))
+        sizes = [self._pools[g][0].numel() * self._pools[g].element_size() for g in wanted]
+        if list(request.slot_bytes) != sizes:
+            return f"requested row sizes {list(request.slot_bytes)} differ from this cache's {sizes}"
+        return None
+
+    def _pin(self, request: PullRequest) -> tuple[View, Lease]:
+        """A lease pinning the longest prefix of ``request``'s blocks this cache holds, its rows
+        ready: of the PAGED groups, or the STATE checkpoint after the block ``names[0]`` names."""
+        if list(request.groups) == [g.group_id for g in self.lender.layout.paged_groups]:
             lease = self.lender.lend_names(request.names, staging=self.staged)
-        else:  # the STATE checkpoint after the block request.names[0] names
+        else:
             lease = self.lender.lend_checkpoint_names(request.names, staging=self.staged)
         try:
             if not lease.wait_ready(self.timeout_s):
                 raise TransferError("staging copies did not complete")
-            with self._lock:
-                attempt = self.backend.publish(lease.view, request.ticket, self._serve_signal.set)
-        except SubmissionError as exc:
-            lease.release()
-            with self._lock:
-                self.backend.decline(request, f"cannot answer now: {exc}")
-            self.counters.pulls_declined += 1
-            return
         except BaseException:
-            self._keep(lease)
+            self._keep(lease)  # a staging copy may still touch its rows: kept until shutdown (S4)
             raise
-        # In flight before anyone hears of it: an observer of pull_served, or a wait_served on
-        # another thread, must find the reply not yet ended.
-        with self._served:
-            self._replies.append((attempt, lease, request))
+        return lease.view, lease
+
+    def _declined(self, request: PullRequest, reason: str, refused: bool) -> None:
+        self.counters.pulls_declined += 1
+        if refused:
+            self.observers.announce("pull_declined", worker=self.name, backend=self.plugin.name,
+                                    peer=request.peer, reason=reason)
+
+    def _served_pull(self, reply: Reply[Lease]) -> None:
+        assert reply.request is not None
         self.counters.pulls_served += 1
-        self.observers.announce("pull_served", worker=self.name, backend=self.plugin.name, peer=request.peer,
-                                requested=request.blocks, served=lease.found)
-        self._serve_signal.set()  # look at the reply again soon, even if it is done already
+        self.observers.announce("pull_served", worker=self.name, backend=self.plugin.name, peer=reply.request.peer,
+                                requested=reply.request.blocks, served=reply.held.found)
 
     def _keep(self, lease: Lease, attempt: Attempt | None = None) -> None:
         """Keep ``lease``: its rows may still be touched by ``attempt`` (until it quiesces) or,
@@ -776,8 +739,7 @@ class Worker:
         """Wait until every pull this worker answered has ended at its end too (the requester's
         Ack arrives after the requester's pull returned) and its pins are back; whether that
         happened within ``timeout_s``."""
-        with self._served:
-            return self._served.wait_for(lambda: not self._replies, timeout_s)
+        return self._loop.wait_answered(timeout_s) if self._loop is not None else True
 
     #: The former name of :meth:`wait_served`, kept so callers keep working.
     settle = wait_served

@@ -33,13 +33,13 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
 from kvwire.contract import Backend, Capabilities, Hint, MemoryKind
+from kvwire.holding import drain
 from kvwire.testing.regions import DeviceMemory, HostMemory, RegionMemory, cuda_devices
 
 __all__ = ["Harness", "Ends", "Hold", "FaultPlan", "Unavailable", "shut_down", "close_spawned"]
@@ -305,17 +305,9 @@ class Harness(abc.ABC):
 def shut_down(backend: Backend, timeout_s: float) -> None:
     """Call ``shutdown()`` until it returns an empty set, as a holder does (B3). Raises
     ``AssertionError`` naming the attempts still in flight after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    delay = 0.001
-    while True:
-        pending = backend.shutdown()
-        if not pending:
-            return
-        if time.monotonic() >= deadline:
-            raise AssertionError(
-                f"B3: shutdown() still returns {len(pending)} attempt(s) whose memory access has not "
-                f"ended, {timeout_s:g} s after the first call")
-        # shutdown() has no wake of its own; a holder re-asks after its attempts' wakes. Here
-        # the attempts' wakes belong to the tests, so re-ask on a short, growing interval.
-        time.sleep(delay)
-        delay = min(delay * 2, 0.05)
+    # The attempts' wakes belong to the tests: the drain re-asks on a short, growing interval.
+    pending = drain(backend, timeout_s, close=False)
+    if pending:
+        raise AssertionError(
+            f"B3: shutdown() still returns {len(pending)} attempt(s) whose memory access has not "
+            f"ended, {timeout_s:g} s after the first call")

@@ -55,7 +55,7 @@ from kvwire.contract.blocks import BLOCKS_FIELD
 from kvwire.contract.capabilities import SERVE_PULLS, OtherEnd
 from kvwire.contract.outcome import Cause
 from kvwire.contract.serving import PullRequest, ServesPulls
-from kvwire.holding import Direction, Wakes
+from kvwire.holding import Direction, Wakes, drain
 from kvwire.observe import cause_label
 from kvwire_vllm import trace
 from kvwire_vllm.holder import (
@@ -697,17 +697,11 @@ class WorkerCore:
                      *(m for load in self._sync.values() for m in load.transfers if isinstance(m, Move))]
         for move in in_flight:
             move.cancel()
-        deadline = time.monotonic() + timeout_s
-        while True:
-            seen = self.wakes.count
-            pending = backend.shutdown()
-            if not pending:
-                break
-            if time.monotonic() >= deadline:
-                log.error("kvwire: %d attempt(s) still touch KV memory after %.0f s; leaving the backend, its "
-                          "registration and the staging slots open", len(pending), timeout_s)
-                return False
-            self.wakes.wait_beyond(seen, min(deadline, time.monotonic() + 0.1))
+        pending = drain(backend, timeout_s, self.wakes, close=False)
+        if pending:
+            log.error("kvwire: %d attempt(s) still touch KV memory after %.0f s; leaving the backend, its "
+                      "registration and the staging slots open", len(pending), timeout_s)
+            return False
         for move in in_flight:  # every attempt quiesced: the last looks give staging slots back
             for event in move.events():
                 event.synchronize()  # shutdown only: a copy still queued touches slots
