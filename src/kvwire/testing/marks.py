@@ -7,7 +7,7 @@ naming the clause. ``also=(...)`` names clauses the test checks on the way, wher
 without gating the test on them (a test of A4 that also checks the cause of A10.6 still runs
 against a backend of contract 1.0).
 
-Both lists feed ``docs/conformance.md`` (``python -m kvwire.testing.map``) and the coverage
+Both lists feed ``docs/conformance.md`` (``scripts/conformance_map.py``) and the coverage
 test per clause. A clause id the contract does not have is refused when the suite is imported."""
 
 from __future__ import annotations
