@@ -3,9 +3,9 @@ answers request-free pulls, and runs a tiny deterministic model to prove transfe
 
 The torch-free holder kit it stands on is :mod:`kvwire.holding`; the names of it this package
 re-exports, and the modules ``kvwire.runtime.holding``, ``.state`` and ``.auth``, are aliases
-kept for code written before it moved. Names load on first use only while those aliases are
-imported by code that must not import torch (the conformance suite, until it imports
-``kvwire.holding``): importing ``kvwire.runtime.holding`` runs this file first."""
+kept for plugins and holders written before it moved (nothing in this repository imports them).
+Names load on first use because such code must not import torch: importing
+``kvwire.runtime.holding`` runs this file first."""
 
 from __future__ import annotations
 

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from kvwire import holding
 from kvwire.contract import (
     CacheKind,
     Cause,
@@ -25,7 +26,6 @@ from kvwire.contract import (
     View,
 )
 from kvwire.contract.capabilities import OtherEnd
-from kvwire.runtime import holding
 from kvwire.testing import needs, profiles
 from kvwire.testing.exchange import Exchange
 from kvwire.testing.harness import FaultPlan, Harness, Hold, Unavailable, shut_down

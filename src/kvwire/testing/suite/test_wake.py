@@ -12,7 +12,7 @@ from kvwire.contract import (
     PullRequest,
     View,
 )
-from kvwire.runtime.holding import Direction
+from kvwire.holding import Direction
 from kvwire.testing import needs, profiles
 from kvwire.testing.harness import Harness, shut_down
 from kvwire.testing.holder import (
