@@ -49,7 +49,7 @@ from kvwire.testing.harness import FaultPlan, Hold
 
 __all__ = ["Gate", "faults_name", "faulted_rows", "CallFaults", "CallVerdict"]
 
-Direction = Literal["fetch", "publish"]
+FetchOrPublish = Literal["fetch", "publish"]
 
 
 class Gate(Hold):
@@ -116,7 +116,7 @@ class Gate(Hold):
         return f"<Gate {state}, {self._waiting} waiting, {self._running} running>"
 
 
-def faults_name(plan: FaultPlan | None, op: Direction, name: bytes) -> bool:
+def faults_name(plan: FaultPlan | None, op: FetchOrPublish, name: bytes) -> bool:
     """Whether ``plan`` makes the other end fail a ``op`` ("fetch" or "publish") of the row
     named ``name``."""
     if plan is None:
@@ -126,7 +126,7 @@ def faults_name(plan: FaultPlan | None, op: Direction, name: bytes) -> bool:
     return bytes(name) in (plan.fetch if op == "fetch" else plan.publish)
 
 
-def faulted_rows(plan: FaultPlan | None, op: Direction, names: np.ndarray | None) -> np.ndarray:
+def faulted_rows(plan: FaultPlan | None, op: FetchOrPublish, names: np.ndarray | None) -> np.ndarray:
     """One bool per row of ``names`` (shape ``(rows, width)`` uint8): whether ``plan`` fails a
     ``op`` of that row. All false for no plan, or for rows without names (``None``: zero rows)."""
     if names is None:

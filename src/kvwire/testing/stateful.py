@@ -71,7 +71,7 @@ class InFlight:
 
 
 @dataclass(eq=False)
-class Side:
+class ModelEnd:
     memories: list[RegionMemory]
     #: Per group, per slot: the name index whose content the slot holds, JUNK, or UNKNOWN.
     holds: list[np.ndarray] = field(default_factory=list)
@@ -107,8 +107,8 @@ class HolderModel(RuleBasedStateMachine):
         self.shut: set[str] = set()
         self.steps = 0
 
-    def _side(self) -> Side:
-        side = Side([self.harness.allocate(self.kind, size, SLOTS) for _, size in GROUPS])
+    def _side(self) -> ModelEnd:
+        side = ModelEnd([self.harness.allocate(self.kind, size, SLOTS) for _, size in GROUPS])
         for gi, (_, size) in enumerate(GROUPS):
             junk = np.full((SLOTS, size), 0x11 * (gi + 1), dtype=np.uint8)
             side.memories[gi].write(np.arange(SLOTS), junk)
@@ -121,7 +121,7 @@ class HolderModel(RuleBasedStateMachine):
     def _busy(self, op: str, gi: int) -> set[int]:
         return {int(s) for f in self.flight if f.sub.op == op for g, slots, _ in f.rows if g == gi for s in slots}
 
-    def _view(self, side: Side, rows: list[tuple[int, np.ndarray, np.ndarray]]) -> View:
+    def _view(self, side: ModelEnd, rows: list[tuple[int, np.ndarray, np.ndarray]]) -> View:
         groups = []
         for gi, slots, names in rows:
             gid, _ = GROUPS[gi]
@@ -129,7 +129,7 @@ class HolderModel(RuleBasedStateMachine):
                                          TokenRange(0, 16 * max(1, slots.size)), self.names[gi][names]))
         return View(tuple(groups))
 
-    def _expected(self, side: Side, gi: int, slot: int) -> np.ndarray | None:
+    def _expected(self, side: ModelEnd, gi: int, slot: int) -> np.ndarray | None:
         held = int(side.holds[gi][slot])
         if held == UNKNOWN:
             return None
