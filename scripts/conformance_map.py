@@ -36,36 +36,18 @@ def _literal_list(path: Path, name: str) -> list[tuple]:  # type: ignore[type-ar
     raise LookupError(f"{path.name} has no literal {name}")
 
 
+def registered() -> list[tuple[str, str, str, str]]:
+    """Every mutant of tests/conformance: (file, harness, the clause it breaks, -k selection), from
+    tests/conformance/mutant_table.py (read as a literal, nothing imported)."""
+    return _literal_list(CONFORMANCE / "mutant_table.py", "MUTANTS")  # type: ignore[return-value]
+
+
 def mutants() -> dict[str, list[str]]:
-    """Every registered mutant of tests/conformance, by the rule it breaks (read as literals,
-    nothing imported)."""
+    """Every registered mutant of tests/conformance, by the rule of the clause it breaks."""
     out: dict[str, list[str]] = defaultdict(list)
-    for name, rule, _ in _literal_list(CONFORMANCE / "test_mutants.py", "MUTANTS"):
-        out[rule].append(name)
-    for path in sorted(CONFORMANCE.glob("mutants_*.py")):
-        for name, rule, _ in _literal_list(path, "CATCHES"):
-            out[rule].append(name)
-    for (name,) in _literal_list(CONFORMANCE / "test_lookup_mutants.py", "MUTANTS"):
-        out["L1"].append(name)
-    for entry in _reference_mutants():
-        for rule in entry[1]:
-            out[rule].append(entry[0])
+    for _, name, clause, _ in registered():
+        out[clause.split(".")[0]].append(name)
     return out
-
-
-def _reference_mutants() -> list[tuple[str, tuple[str, ...]]]:
-    """(name, rules) of test_reference_mutants.MUTANTS, whose entries carry pytest marks."""
-    for node in ast.parse((CONFORMANCE / "test_reference_mutants.py").read_text()).body:
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == "MUTANTS":
-            assert isinstance(node.value, ast.List)
-            found = []
-            for elt in node.value.elts:
-                assert isinstance(elt, ast.Tuple)
-                name = ast.literal_eval(elt.elts[0])
-                rules = ast.literal_eval(elt.elts[1])
-                found.append((name, tuple(rules)))
-            return found
-    raise LookupError("test_reference_mutants.py has no MUTANTS")
 
 
 def marks() -> dict[str, list[str]]:

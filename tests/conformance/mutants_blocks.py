@@ -1,6 +1,6 @@
 """Deliberately broken block objects (``block-objects``, K1): each is the reference store with one
 plausible author's bug that breaks one K1 clause, wrapped in :class:`mutants.Mutant` (which
-forwards ``lookup()``) as the other mutants are. ``test_mutants.py`` reads :data:`CATCHES` and
+forwards ``lookup()``) as the other mutants are. ``test_mutants.py`` reads its entries in ``mutant_table.py`` and
 checks that the suite fails each one on a ``test_K1_`` test (``kvwire/testing/suite/test_blocks.py``);
 :data:`faithful` wraps the unbroken reference store and must pass the whole suite.
 
@@ -26,37 +26,6 @@ from kvwire.testing.reference.store import (
     _Call,
     _Work,
 )
-
-#: (harness, the rule it breaks, -k selection of the suite's tests): read by test_mutants.py as
-#: a literal, without importing this file.
-CATCHES = [
-    ("blocks_declared_for_nameless_rows", "K1", "K1 and takes_the_blocks_field"),
-    ("fetch_refuses_the_blocks_field", "K1", "K1 and takes_the_blocks_field"),
-    ("lookup_refuses_the_blocks_field", "K1", "K1 and takes_the_blocks_field"),
-    ("misfit_names_taken", "K1", "K1 and does_not_fit"),
-    ("one_block_names_unchecked", "K1", "K1 and does_not_fit"),
-    ("layout_checked_by_group_ids", "K1", "K1 and does_not_fit"),
-    ("layout_in_view_order", "K1", "K1 and does_not_fit"),
-    ("misfit_publish_stores_first", "K1", "K1 and does_not_fit"),
-    ("misfit_refusal_keeps_a_slot", "K1", "K1 and no_queue_slot"),
-    ("block_view_without_rows_refused", "K1", "K1 and without_rows"),
-    ("block_stored_per_group", "K1", "K1 and declines"),
-    ("decline_in_one_group_only", "K1", "K1 and declines"),
-    ("declined_block_marked_held", "K1", "K1 and declines"),
-    ("layout_without_row_sizes", "K1", "K1 and only_under_the_layout"),
-    ("part_of_a_block_found", "K1", "K1 and only_under_the_layout"),
-    ("block_bytes_in_view_order", "K1", "K1 and only_under_the_layout"),
-    ("block_fetch_falls_back_to_per_group", "K1", "K1 and never_meet"),
-    ("block_publish_also_per_group", "K1", "K1 and never_meet"),
-    ("one_group_block_as_per_group_object", "K1", "K1 and never_meet"),
-    ("lookup_ignores_the_layout", "K1", "K1 and lookup_with_blocks"),
-    ("lookup_takes_any_groups", "K1", "K1 and lookup_with_blocks"),
-    ("block_hint_deadline_ignored", "K1", "K1 and held_block_submission"),
-    ("cancel_waits_for_the_store", "K1", "K1 and held_block_submission"),
-    ("block_namespace_ignored", "K1", "K1 and never_read_in_another"),
-    ("block_fault_as_miss", "K1", "K1 and fault_on_one_block"),
-    ("repeated_block_fills_one_row", "K1", "K1 and named_on_two_rows"),
-]
 
 
 class _BlockStoreHarness(ReferenceStoreHarness):

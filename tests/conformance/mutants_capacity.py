@@ -2,10 +2,10 @@
 each wraps the memory backend (through :mod:`mutants`) and breaks one clause that the suite
 once let through (S3.3, S3.9, S3.10, S3.11, M3.4/M3.5, M3.6, A8.2, A5.2, A10.2).
 
-``test_mutants.py`` reads :data:`CATCHES` (without importing this file) and runs the suite's
+``test_mutants.py`` reads its entries in ``mutant_table.py`` (without importing this file) and runs the suite's
 tests of each rule against each harness here: each must fail on a test named after the rule.
 :data:`faithful` keeps a queue bound in the wrapper correctly (the control for the bound
-mutants); it is not in ``CATCHES``, and the suite must pass it."""
+mutants); it is not in ``mutant_table.py``, and the suite must pass it."""
 
 from __future__ import annotations
 
@@ -29,20 +29,6 @@ from kvwire.contract import (
 from kvwire.contract.backend import Registration
 from kvwire.contract.errors import SubmissionError
 from kvwire.testing.harness import Ends, FaultPlan
-
-#: (harness object in this file, the rule it breaks, -k selection of the suite's tests).
-CATCHES = [
-    ("slot_freed_at_conclusion", "S3", "S3"),
-    ("slot_freed_only_when_asked", "S3", "S3"),
-    ("declares_huge_bound", "S3", "S3"),
-    ("silent_refusals", "S3", "S3"),
-    ("refuses_adjacent_regions", "M3", "M3"),
-    ("refused_batch_revokes_earlier", "M3", "M3_refused_batch"),
-    ("late_deadline", "A8", "A8"),
-    ("delivered_carries_reason", "A5", "A5"),
-    ("delivered_carries_cause", "A5", "A5"),
-]
-
 
 # -- S3.9-S3.11: a queue bound kept by the wrapper --------------------------------------------------
 

@@ -1,7 +1,7 @@
 """Deliberately broken store namespaces (H1.5, H1.7, H1.8) and lookups (L1.5, L1.7, L1.9, L1.12):
 each wraps the memory backend and breaks exactly one clause, leaving the rest as it is.
 
-``test_mutants.py`` reads :data:`CATCHES` and points the suite at each harness here with
+``test_mutants.py`` reads its entries in ``mutant_table.py`` and points the suite at each harness here with
 ``--kvwire-harness tests/conformance/mutants_hints.py:NAME``: each run must fail on a test named
 after the rule. :data:`faithful` (which breaks nothing; :class:`mutants.MutantHarness` passes
 the configured namespace on in ``Ends.extra["namespace"]``) must pass."""
@@ -16,17 +16,6 @@ from mutants import Mutant, MutantHarness, Wrapped  # beside this file; on sys.p
 
 from kvwire.contract import Hint, SubmissionRejected, View, WakeFn
 from kvwire.contract.errors import LookupFailed
-
-#: (harness, the rule it breaks, -k selection of the suite's tests).
-CATCHES = [
-    ("missing_namespace_to_default", "H1", "H1"),
-    ("accepts_bad_namespace", "H1", "H1"),
-    ("coerces_namespace_type", "H1", "H1"),
-    ("slow_lookup_failure", "L1", "L1"),
-    ("lookup_refused_when_queue_full", "L1", "L1"),
-    ("lookup_wakes_in_flight", "L1", "L1"),
-    ("lenient_lookup_args", "L1", "L1"),
-]
 
 
 def _with_namespace(hint: Hint, namespace: object) -> Hint:

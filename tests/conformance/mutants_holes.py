@@ -7,7 +7,7 @@ slot (S3.6), a hint deadline kept only when the hint has fields (H1.6), submissi
 ``shutdown()`` drains (B3.1), region overlap judged in the new region's slot size (M3.5) and a full
 store that fails the publish (A5.11). Each wraps the memory backend or the reference peer
 (``loopback_peer.py``), as ``mutants.py`` does, and breaks one clause; ``test_mutants.py`` reads
-:data:`CATCHES` and checks that the suite fails each one on a test named after the rule it breaks.
+its entries in ``mutant_table.py`` and checks that the suite fails each one on a test named after the rule it breaks.
 
 Point the suite at one with ``--kvwire-harness tests/conformance/mutants_holes.py:NAME``."""
 
@@ -43,23 +43,6 @@ from kvwire.contract import (
 from kvwire.testing.harness import Ends, FaultPlan, close_spawned
 from kvwire.testing.reference.core import Access, read_rows
 from kvwire.testing.reference.peer import Declined, Fabric, Message, ReferencePeer, Request, Rows
-
-#: (harness, the rule it breaks, -k selection of the suite's tests): read by test_mutants.py as
-#: a literal, without importing this file.
-CATCHES = [
-    ("answer_ignores_a_late_cancel", "N2", "N2 and crosses_a_cancel"),
-    ("busy_count_never_drops", "N2", "N2 and busy_serving_end"),
-    ("stopped_answer_as_short_prefix", "A5", "A5 and stopped_before_its_last_row"),
-    ("poll_waits_briefly", "A1", "A1 and burst_of_polls"),
-    ("quiesced_while_queued", "A2", "A2 and waiting_behind_others"),
-    ("overlap_refusal_keeps_a_slot", "S3", "S3 and refused_overlapping_fetches"),
-    ("deadline_needs_other_fields", "H1", "H1 and only_a_deadline"),
-    ("takes_work_while_draining", "B3", "B3 and while_shutdown_drains"),
-    ("overlap_in_own_slot_size", "M3", "M3 and other_slot_sizes"),
-    ("full_store_fails_the_publish", "A5", "A5 and full_store"),
-    ("group_ids_tighter_than_stated", "V1", "V1 and limit_holds_at_the_limit"),
-    ("publish_trusts_a_stale_index", "A5", "A5 and another_process_removed"),
-]
 
 
 class HoleHarness(MutantHarness):

@@ -1,6 +1,6 @@
 """Deliberately broken standing offers (``offer-pulls``, O1): each is the reference peer with one
 plausible author's bug that breaks one O1 clause, wrapped in :class:`mutants.PeerMutant` (which
-forwards ``offer()``) as the other peer mutants are. ``test_mutants.py`` reads :data:`CATCHES`
+forwards ``offer()``) as the other peer mutants are. ``test_mutants.py`` reads its entries in ``mutant_table.py``
 and checks that the suite fails each one on a ``test_O1_`` test
 (``kvwire/testing/suite/test_offers.py``).
 
@@ -18,30 +18,6 @@ from kvwire.contract import OFFER_PULLS, Capabilities, Cause, InvalidSubmission,
 from kvwire.testing.reference.core import Access, ReferenceAttempt, write_rows
 from kvwire.testing.reference.offers import OfferedAnswer, OfferIndex, StandingOffer
 from kvwire.testing.reference.peer import Fabric, ReferencePeer, Request, Rows
-
-#: (harness, the rule it breaks, -k selection of the suite's tests): read by test_mutants.py as
-#: a literal, without importing this file.
-CATCHES = [
-    ("offer_declared_without_serve_pulls", "O1", "O1 and also_serves_pulls"),
-    ("offer_declared_without_cancellation", "O1", "O1 and also_serves_pulls"),
-    ("offer_accepts_repeated_names", "O1", "O1 and bad_view_or_timeout"),
-    ("offer_timeout_unchecked", "O1", "O1 and bad_view_or_timeout"),
-    ("offer_admitted_beyond_the_bound", "O1", "O1 and queue_slot"),
-    ("offered_pull_also_handed_to_holder", "O1", "O1 and answered_without_the_holder"),
-    ("offer_answers_rows_by_position", "O1", "O1 and answered_without_the_holder"),
-    ("answers_part_of_a_pull", "O1", "O1 and no_one_offer_covers"),
-    ("offer_ignores_slot_size", "O1", "O1 and no_one_offer_covers"),
-    ("offer_scrubs_rows_at_its_end", "O1", "O1 and cancelled_offer"),
-    ("offer_expires_as_failure", "O1", "O1 and at_its_deadline"),
-    ("cancelled_offer_still_answers", "O1", "O1 and cancelled_offer"),
-    ("shutdown_delivers_offers", "O1", "O1 and after_shutdown"),
-    ("offer_waits_for_its_answers", "O1", "O1 and held_answers"),
-    ("offer_quiesces_before_its_answers_end", "O1", "O1 and held_answers"),
-    ("requester_cancel_ends_the_offer", "O1", "O1 and requesters_end"),
-    ("offer_index_keyed_by_name", "O1", "O1 and several_offers"),
-    ("offer_wakes_on_each_answer", "O1", "O1 and wakes_no_holder"),
-    ("offer_answers_only_anonymous_pulls", "O1", "O1 and credentials"),
-]
 
 
 class _OfferPeerHarness(LoopbackHarness):

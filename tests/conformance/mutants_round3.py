@@ -1,6 +1,6 @@
 """Deliberately broken backends of the third probing round: each wraps the memory backend (as
 ``mutants.py`` does) and breaks one clause the earlier rounds did not probe. ``test_mutants.py``
-reads :data:`CATCHES` and checks that the suite fails each one on a test named after the rule it
+reads its entries in ``mutant_table.py`` and checks that the suite fails each one on a test named after the rule it
 breaks.
 
 Point the suite at one with ``--kvwire-harness tests/conformance/mutants_round3.py:NAME``."""
@@ -37,32 +37,6 @@ from kvwire.contract import (
 )
 from kvwire.contract.backend import Registration
 from kvwire.testing.harness import Ends, FaultPlan
-
-#: (harness, the rule it breaks, -k selection of the suite's tests): read by test_mutants.py as
-#: a literal, without importing this file.
-CATCHES = [
-    ("quiesced_flickers", "A2", "A2"),
-    ("quiesces_before_last_row", "A2", "A2 and large"),
-    ("publish_needs_polling", "A3", "A3"),
-    ("big_views_need_polling", "A3", "A3"),
-    ("partial_fault_as_miss", "A5", "A5 and fault"),
-    ("shifts_group_masks", "A5", "A5"),
-    ("publish_claims_declined_rows", "A5", "A5"),
-    ("subclass_masks", "A6", "A6"),
-    ("mask_changes_after_poll", "A6", "A6"),
-    ("last_byte_of_big_rows", "A7", "A7"),
-    ("last_byte_of_odd_rows", "A7", "A7"),
-    ("torn_at_chunk_boundary", "A7", "A7"),
-    ("hint_timeout_only_shortens", "A8", "A8"),
-    ("deadline_cause_fault", "A8", "A8"),
-    ("misses_beyond_64_rows", "A9", "A9"),
-    ("masks_in_group_id_order", "A9", "A9"),
-    ("old_close_revokes_same_span", "M3", "M3"),
-    ("accepts_same_span_twice", "M3", "M3"),
-    ("mutable_capabilities", "B4", "B4"),
-    ("lookup_caches_answers", "L1", "L1"),
-]
-
 
 # -- A2.2: quiesced() answers false once more after its first true -------------------------------
 

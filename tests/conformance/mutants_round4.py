@@ -3,7 +3,7 @@ for the serving protocol the reference peer (``loopback_peer.py``), as ``mutants
 breaks one clause the earlier rounds covered least: views that later work rewrites (V2.2), a
 refusal that touched memory or woke later (S3.5, S3.7), the masks of a failed outcome (A6.5),
 fetches of the same rows in flight together (A9.5), and the serving protocol's tickets, addresses
-and answers (H1.11, H1.13, N2.3, N2.12). ``test_mutants.py`` reads :data:`CATCHES` and checks that
+and answers (H1.11, H1.13, N2.3, N2.12). ``test_mutants.py`` reads its entries in ``mutant_table.py`` and checks that
 the suite fails each one on a test named after the rule it breaks.
 
 Point the suite at one with ``--kvwire-harness tests/conformance/mutants_round4.py:NAME``."""
@@ -28,23 +28,6 @@ from kvwire.contract import (
     View,
     WakeFn,
 )
-
-#: (harness, the rule it breaks, -k selection of the suite's tests): read by test_mutants.py as
-#: a literal, without importing this file.
-CATCHES = [
-    ("mutates_an_earlier_view", "V2", "V2 and later_submissions"),
-    ("rejected_fetch_clears_rows", "S3", "S3 and rejected_for_a_full_queue"),
-    ("overlap_refusal_wakes_later", "S3", "S3 and overlapping_rows_never_wakes"),
-    ("failed_masks_cleared_later", "A6", "A6 and failed_fetch"),
-    ("dedupes_names_in_flight", "A9", "A9 and same_rows_in_flight"),
-    ("foreign_ticket_invalid", "H1", "H1 and another_instance"),
-    ("answers_a_ticket_twice", "H1", "H1 and already_answered"),
-    ("coerces_str_address", "H1", "H1 and peer_address"),
-    ("pull_names_from_first_group", "N2", "N2 and name_different_blocks"),
-    ("trims_oversized_answer", "N2", "N2 and does_not_fit"),
-    ("answer_names_unchecked", "N2", "N2 and does_not_fit"),
-]
-
 
 # -- V2.2: a later submission rewrites an earlier view in place -------------------------------
 

@@ -4,7 +4,7 @@ one clause the earlier rounds touched least: names read as text and views withou
 N1.5), rows described in another slot size (M4.2), a shutdown set that lists finished attempts
 (B3.3), a run of publishes that loses a row (S1.3), and the serving end's address, ``incoming()``,
 serve wakes and misfit answers (N2.2, N2.5, W1.4, W1.7, N2.12). ``test_mutants.py`` reads
-:data:`CATCHES` and checks that the suite fails each one on a test named after the rule it breaks.
+its entries in ``mutant_table.py`` and checks that the suite fails each one on a test named after the rule it breaks.
 
 Point the suite at one with ``--kvwire-harness tests/conformance/mutants_round5.py:NAME``."""
 
@@ -33,22 +33,6 @@ from kvwire.contract import (
 from kvwire.contract.backend import Registration
 from kvwire.contract.serving import PullRequest
 from kvwire.testing.harness import Ends, FaultPlan
-
-#: (harness, the rule it breaks, -k selection of the suite's tests): read by test_mutants.py as
-#: a literal, without importing this file.
-CATCHES = [
-    ("names_read_as_text", "N1", "N1 and opaque"),
-    ("unnamed_views_as_misses", "N1", "N1 and without_names"),
-    ("registered_slot_size_only", "M4", "M4 and another_slot_size"),
-    ("shutdown_lists_quiesced_once", "B3", "B3 and quiesced_returns"),
-    ("fifth_publish_drops_its_last_row", "S1", "S1 and long_run"),
-    ("oversized_address", "N2", "N2 and serving_address"),
-    ("incoming_waits_for_a_pull", "N2", "N2 and nothing_waiting"),
-    ("serve_wake_only_when_drained", "W1", "W1 and untaken and plain"),
-    ("raising_serve_wake_stops_serving", "W1", "W1 and untaken and raising"),
-    ("answer_slot_size_unchecked", "N2", "N2 and does_not_fit and another"),
-    ("answer_groups_unchecked", "N2", "N2 and does_not_fit and groups"),
-]
 
 
 def _renamed(view: View, rename: Callable[[np.ndarray], np.ndarray]) -> View:

@@ -6,7 +6,7 @@ a publish's deadline (A8.4), a queue bound kept per direction (S3.9), shutdown a
 (B3.2, A10.8) or another instance's attempts (B1.4, B3.3), an empty view that never wakes
 (W1.2), wakes from inside ``close()`` (W1.6), a raising wake dropped (W1.7), ``cancel()`` that
 raises (A4.1), and a publish's ``poll()`` or ``quiesced()`` that waits on its store (A1.1, A2.1).
-``test_mutants.py`` reads :data:`CATCHES` and checks that the suite fails each one on a test
+``test_mutants.py`` reads its entries in ``mutant_table.py`` and checks that the suite fails each one on a test
 named after the rule it breaks.
 
 Point the suite at one with ``--kvwire-harness tests/conformance/mutants_round6.py:NAME``."""
@@ -33,31 +33,6 @@ from kvwire.contract import (
     WakeFn,
 )
 from kvwire.contract.backend import Registration
-
-#: (harness, the rule it breaks, -k selection of the suite's tests): read by test_mutants.py as
-#: a literal, without importing this file.
-CATCHES = [
-    ("group_ids_wrap_at_256", "S1", "S1 and group_id_they_were"),
-    ("sorts_slots_to_find_overlap", "V2", "V2 and refused_for_overlapping"),
-    ("rows_must_fit_a_registered_slot", "M4", "M4 and span_registered_slots"),
-    ("aligned_bases_only", "M4", "M4 and span_registered_slots"),
-    ("publish_ignores_hint_timeout", "A8", "A8 and held_publish"),
-    ("publishes_without_deadline", "A8", "A8 and held_publish"),
-    ("queues_per_direction", "S3", "S3 and fetches_and_publishes_together"),
-    ("shutdown_spares_publishes", "B3", "B3 and publish_its_store_holds"),
-    ("shutdown_publish_cause_fault", "B3", "B3 and publish_its_store_holds"),
-    ("shutdown_cancels_other_instances", "B1", "B1 and anothers_attempt"),
-    ("shutdown_lists_other_instances", "B3", "B3 and anothers_attempt"),
-    ("empty_views_never_wake", "W1", "W1 and every_visible_change"),
-    ("wakes_inside_close", "W1", "W1 and close_never_wakes"),
-    ("raising_wake_dropped", "W1", "W1 and raising_wake_is_called_again"),
-    ("cancel_raises_after_failure", "A4", "A4 and raises_nothing"),
-    ("cancel_raises_after_shutdown", "A4", "A4 and raises_nothing"),
-    ("publish_poll_waits_for_the_store", "A1", "A1 and poll_never_blocks"),
-    ("publish_quiesced_waits_for_the_store", "A2", "A2 and quiesced_never_blocks"),
-    ("no_view_type_error", "S4", "S4 and not_a_View"),
-    ("shutdown_hides_publishes", "B3", "B3 and publish_its_store_holds"),
-]
 
 
 class _Down(Mutant):

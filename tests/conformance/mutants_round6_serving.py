@@ -6,7 +6,7 @@ decoded from bytes (H1.13, N2.12, H1.3), answers with the pull's groups missing 
 (N2.12), serve wakes from inside the holder's calls (W1.6), credentials (H1.12), names at the
 widths the contract allows (N1.3), the cause of a pull from a peer that is gone (A10.11), and
 lookups over several groups, with two deadlines, of names that are not contiguous or repeat
-(L1.3, L1.7). ``test_mutants.py`` reads :data:`CATCHES` and checks that the suite fails each one on a
+(L1.3, L1.7). ``test_mutants.py`` reads its entries in ``mutant_table.py`` and checks that the suite fails each one on a
 test named after the rule it breaks.
 
 Point the suite at one with ``--kvwire-harness tests/conformance/mutants_round6_serving.py:NAME``."""
@@ -35,26 +35,6 @@ from kvwire.contract import (
 from kvwire.contract.serving import PullRequest
 
 log = logging.getLogger(__name__)
-
-#: (harness, the rule it breaks, -k selection of the suite's tests): read by test_mutants.py as
-#: a literal, without importing this file.
-CATCHES = [
-    ("unserved_pull_fails_as_gone", "N2", "N2 and not_serving"),
-    ("declined_ticket_still_answerable", "H1", "H1 and declined_ticket"),
-    ("answer_missing_groups_as_empty", "N2", "N2 and does_not_fit and fewer"),
-    ("answer_groups_in_any_order", "N2", "N2 and does_not_fit and order"),
-    ("misfit_keeps_the_ticket", "N2", "N2 and does_not_fit and prefix"),
-    ("serve_wake_inside_serve", "W1", "W1 and from_inside_the_holders"),
-    ("serve_wake_inside_incoming", "W1", "W1 and from_inside_the_holders"),
-    ("credentials_of_first_pull", "H1", "H1 and own_credentials"),
-    ("pull_names_cut_to_32_bytes", "N1", "N1 and 64_bytes"),
-    ("ticket_known_by_identity", "H1", "H1 and decoded_from_its_bytes"),
-    ("gone_peer_as_fault", "A10", "A10 and gone"),
-    ("lookup_first_and_last_group", "L1", "L1 and not_held_in_another"),
-    ("lookup_hint_deadline_first", "L1", "L1 and by_its_deadline and over"),
-    ("lookup_reads_names_contiguously", "L1", "L1 and slice"),
-    ("lookup_repeated_name_once", "L1", "L1 and several_times"),
-]
 
 
 # -- N2.7 / A10.10: a pull before serve() fails, but not as declined ----------------------------

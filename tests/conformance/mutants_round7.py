@@ -5,7 +5,7 @@ STATE row under another token range (V1.6), a publish whose groups share a slot 
 for the instances on a store (B1.5), and peer hints without an address or with credentials that
 are no bytes (H1.5). Each wraps the reference peer (``loopback_peer.py``) or the memory backend,
 as ``mutants.py`` does, and breaks one clause. ``test_mutants.py`` reads
-:data:`CATCHES` and checks that the suite fails each one on a test named after the rule it breaks.
+its entries in ``mutant_table.py`` and checks that the suite fails each one on a test named after the rule it breaks.
 
 Point the suite at one with ``--kvwire-harness tests/conformance/mutants_round7.py:NAME``."""
 
@@ -36,20 +36,6 @@ from kvwire.contract import (
 )
 from kvwire.contract.backend import Registration
 from kvwire.testing.harness import Ends, FaultPlan
-
-#: (harness, the rule it breaks, -k selection of the suite's tests): read by test_mutants.py as
-#: a literal, without importing this file.
-CATCHES = [
-    ("large_group_ids_fail_later", "V1", "V1 and large_group_id and 33_bits"),
-    ("device_label_over_host_memory", "M1", "M1 and another_memory_kind_over_registered"),
-    ("sub_span_pins_registration", "M4", "M4 and sub_span_are_refused_once"),
-    ("state_rows_keyed_by_checkpoint", "V1", "V1 and state_row_is_found_whatever"),
-    ("queue_shared_on_a_store", "B1", "B1 and whole_bound_while_another"),
-    ("publish_overlap_across_groups_refused", "V4", "V4 and groups_share_a_slot"),
-    ("missing_address_means_last_peer", "H1", "H1 and without_an_address_or_with_credentials"),
-    ("str_credentials_encoded", "H1", "H1 and without_an_address_or_with_credentials"),
-]
-
 
 # -- V1.8: a group id the wire cannot carry is taken, then fails ---------------------------------
 

@@ -4,7 +4,7 @@ fetch (A5.10), a hint that is no ``Hint`` (S4.1), ``cancel()`` of an attempt tha
 has not quiesced (A4.6, A4.2), a lookup of thousands of names (L1.3), and a pull made before the
 serving end called ``serve()`` (N2.7). Each wraps the memory backend or the reference peer
 (``loopback_peer.py``), as ``mutants.py`` does, and breaks one clause. ``test_mutants.py`` reads
-:data:`CATCHES` and checks that the suite fails each one on a test named after the rule it breaks.
+its entries in ``mutant_table.py`` and checks that the suite fails each one on a test named after the rule it breaks.
 
 Point the suite at one with ``--kvwire-harness tests/conformance/mutants_round8.py:NAME``."""
 
@@ -32,22 +32,6 @@ from kvwire.contract.backend import Registration
 from kvwire.contract.errors import LookupFailed
 from kvwire.contract.outcome import OutcomeStatus
 from kvwire.testing.reference.peer import Declined, Fabric, ReferencePeer, Request
-
-#: (harness, the rule it breaks, -k selection of the suite's tests): read by test_mutants.py as
-#: a literal, without importing this file.
-CATCHES = [
-    ("shutdown_lets_fetches_finish", "B3", "B3 and shutdown_concludes_a_fetch_the_other_end_holds"),
-    ("shutdown_concludes_fetches_unwoken", "B3", "B3 and shutdown_concludes_a_fetch_the_other_end_holds"),
-    ("fetch_dedupes_repeated_names", "A5", "A5 and name_asked_twice"),
-    ("hint_read_before_checked", "S4", "S4 and hint_that_is_no_Hint"),
-    ("cancel_rewrites_a_failed_outcome", "A4", "A4 and cancel_of_a_fetch_that_failed"),
-    ("second_cancel_forces_quiescence", "A4", "A4 and second_cancel"),
-    ("lookup_answers_the_first_thousand", "L1", "L1 and thousands_of_names"),
-    ("declined_before_serve_still_queued", "N2", "N2 and declined_before_serve"),
-    ("lookup_fault_as_not_held", "L1", "L1 and fault_at_the_other_end"),
-    ("lookup_fault_raised_plainly", "L1", "L1 and fault_at_the_other_end"),
-]
-
 
 # -- B3.2: shutdown() lets a fetch in flight run to its end -------------------------------------------
 

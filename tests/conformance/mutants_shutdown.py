@@ -1,6 +1,6 @@
 """Deliberately broken backends around shutdown and cancel: each wraps the memory backend (as
 ``mutants.py`` does) and breaks one clause of B3, A1.5, A4 or A10.8 that the suite once let
-through. ``test_mutants.py`` reads :data:`CATCHES` and checks that the suite fails each one on a
+through. ``test_mutants.py`` reads its entries in ``mutant_table.py`` and checks that the suite fails each one on a
 test named after the rule it breaks.
 
 Point the suite at one with ``--kvwire-harness tests/conformance/mutants_shutdown.py:NAME``."""
@@ -11,18 +11,6 @@ from mutants import Mutant, MutantHarness, Wrapped  # beside this file; on sys.p
 
 from kvwire.blob.keys import store_keys
 from kvwire.contract import Attempt, Cause, Hint, Outcome, View, WakeFn
-
-#: (harness, the rule it breaks, -k selection of the suite's tests): read by test_mutants.py as
-#: a literal, without importing this file.
-CATCHES = [
-    ("shutdown_cause_fault", "B3", "B3 and shutdown"),
-    ("shutdown_omits_earlier_concluded", "B3", "B3 and shutdown"),
-    ("shutdown_needs_polling", "B3", "B3 and shutdown"),
-    ("shutdown_overwrites_concluded", "A1", "B3 and shutdown"),
-    ("cancelled_publish_fails", "A4", "A4 and cancel"),
-    ("cancel_rolls_back_publish", "A4", "A4 and cancel"),
-]
-
 
 # -- B3.2 / A10.8: an attempt shutdown() concluded fails with cause FAULT ------------------------
 

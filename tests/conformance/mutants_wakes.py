@@ -4,7 +4,7 @@ each wraps a correct backend (the memory backend, or the reference serving peer 
 and breaks exactly one clause that the suite once let through (found by the second probing
 round).
 
-``test_mutants.py`` reads :data:`CATCHES` and points the suite at each harness here with
+``test_mutants.py`` reads its entries in ``mutant_table.py`` and points the suite at each harness here with
 ``--kvwire-harness tests/conformance/mutants_wakes.py:NAME``: each run must fail on a test named
 after the rule."""
 
@@ -19,18 +19,6 @@ from mutants import Mutant, MutantHarness, PeerMutant, Wrapped
 
 from kvwire.contract import Capabilities, Hint, Outcome, SlotRegion, View, WakeFn
 from kvwire.contract.backend import Registration
-
-#: (harness, the rule it breaks, -k selection of the suite's tests): read by test_mutants.py as
-#: a literal, without importing this file.
-CATCHES = [
-    ("wakes_inside_registration", "W1", "W1"),
-    ("wakes_inside_registration_close", "W1", "W1"),
-    ("wakes_inside_capabilities", "W1", "W1"),
-    ("blocking_undeclared_cancel", "B4", "B4"),
-    ("cancelled_pull_answer_delivers", "N2", "N2"),
-    ("cancelled_pull_answer_not_by_peer", "N2", "N2"),
-]
-
 
 # -- W1.6: wakes called from inside register_regions(), Registration.close(), capabilities() ------
 

@@ -34,7 +34,7 @@ def test_every_rule_has_a_test_named_after_it() -> None:
 
 
 def test_every_rule_has_a_mutant_the_suite_catches() -> None:
-    broken = {rule for _, rule, _ in MUTANTS}
+    broken = {clause.split(".")[0] for _, clause, _ in MUTANTS}
     assert set(RULES) <= broken, f"rules no mutant breaks: {sorted(set(RULES) - broken)}"
 
 

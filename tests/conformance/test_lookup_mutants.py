@@ -10,6 +10,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from mutant_table import MUTANTS as REGISTERED
 from test_mutants import run_suite
 
 #: Every test of this module on one xdist worker: its module fixture starts every mutant's suite
@@ -18,24 +19,8 @@ pytestmark = pytest.mark.xdist_group("lookup-mutants")
 
 MUTANTS_FILE = Path(__file__).with_name("lookup_mutants.py")
 
-#: The harness objects of lookup_mutants.py that break one promise of lookup each.
-MUTANTS = [
-    "answers_true",
-    "ignores_the_group",
-    "any_group",
-    "ignores_the_namespace",
-    "writable_mask",
-    "non_bool_mask",
-    "reuses_the_answer",
-    "ignores_the_deadline",
-    "fault_as_not_held",
-    "answers_after_shutdown",
-    "plain_errors",
-    "accepts_any_names",
-    "truncates_names",
-    "treats_zero_as_no_name",
-    "holds_a_queue_slot",
-]
+#: The harness objects of lookup_mutants.py that break one promise of lookup each (mutant_table.py).
+MUTANTS = [name for file, name, _, _ in REGISTERED if file == MUTANTS_FILE.name]
 
 
 @pytest.fixture(scope="module")

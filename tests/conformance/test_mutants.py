@@ -1,18 +1,16 @@
 """The conformance suite is itself tested: against each deliberately broken backend of
-``mutants.py`` it must fail, on a test named after the rule the mutant breaks; against the
-memory backend, and against the wrapper that breaks nothing, it must pass.
-
-More mutants live in ``mutants_*.py`` beside it, each file with a module-level ``CATCHES`` list
-of ``(harness, rule, -k selection)``, read here without importing the file.
+``mutants.py`` and ``mutants_*.py`` it must fail, on a test named after the rule of the clause the
+mutant breaks (or a rule its selection names); against the memory backend, and against the wrapper
+that breaks nothing, it must pass. Every mutant is registered once, in ``mutant_table.py``.
 
 Each run is a real ``pytest --pyargs kvwire.testing.suite`` in a subprocess, as a plugin author
 runs it, selected with ``-k`` to the broken rule's tests so the whole module stays fast."""
 
 from __future__ import annotations
 
-import ast
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -21,68 +19,32 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from mutant_table import MUTANTS as REGISTERED
 
 #: Every test of this module on one xdist worker: its module fixture starts every mutant's suite
 #: run at once, and a second worker running any of its tests would start them all again.
 pytestmark = pytest.mark.xdist_group("mutants")
 
 MUTANTS_FILE = Path(__file__).with_name("mutants.py")
-
-#: (harness object in mutants.py, the rule it breaks, -k selection of the suite's tests).
-MUTANTS: list[tuple[str, str, str]] = [
-    ("accepts_undeclared_memory", "M1", "M1"),
-    ("skips_unrecognized_rows", "M4", "M4"),
-    ("registers_part_of_a_batch", "M3", "M3"),
-    ("writes_past_the_slot", "M2", "M2"),
-    ("reverses_groups", "V1", "V1"),
-    ("changes_the_view", "V2", "V2"),
-    ("shared_row_masks", "V3", "V3"),
-    ("drops_overlapping_fetch_rows", "V4", "V4"),
-    ("accepts_any_hint", "H1", "H1"),
-    ("publishes_nowhere", "S1", "S1"),
-    ("scrubs_published_rows", "S2", "S2"),
-    ("escapes_on_rejection", "S3", "S3"),
-    ("raises_plain_errors", "S4", "S4"),
-    ("raises_faults", "S5", "S5"),
-    ("blocks_in_poll", "A1", "A1"),
-    ("unstable_outcome", "A1", "A1"),
-    ("quiesces_early", "A2", "A2"),
-    ("needs_polling", "A3", "A3"),
-    ("ignores_cancel", "A4", "A4"),
-    ("miss_as_failure", "A5", "A5"),
-    ("fault_as_miss", "A5", "A5"),
-    ("keeps_non_bool_mask", "A6", "A6"),
-    ("mutates_mask_after_handover", "A6", "A6"),
-    ("marks_torn_rows", "A7", "A7"),
-    ("ignores_deadline", "A8", "A8"),
-    ("limits_batches", "A9", "A9"),
-    ("wakes_early", "W1", "W1"),
-    ("silent_cancel", "W1", "W1"),
-    ("shares_shutdown", "B1", "B1"),
-    ("thread_bound_attempts", "B2", "B2"),
-    ("accepts_after_shutdown", "B3", "B3"),
-    ("drifting_capabilities", "B4", "B4"),
-    ("partial_prefix_fails", "N2", "N2"),
-    ("serves_without_wake", "N2", "N2"),
-    ("decline_delivers", "N2", "N2"),
-]
+#: The mutant files with a runner of their own (test_lookup_mutants.py, test_reference_mutants.py).
+OWN_RUNNER = ("lookup_mutants.py", "reference_mutants.py")
 
 
-def _catches(path: Path) -> list[tuple[str, str, str]]:
-    """The ``CATCHES`` list of a ``mutants_*.py`` file, read as a literal (nothing imported)."""
-    for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "CATCHES" for t in node.targets):
-            return [tuple(entry) for entry in ast.literal_eval(node.value)]  # type: ignore[misc]
-    raise AssertionError(f"{path.name} has no CATCHES list")
+def rules_of(clause: str, select: str) -> tuple[str, ...]:
+    """The rules a catching test may be named after: the broken clause's, then any other rule the
+    ``-k`` selection names (``"A10 or A8"``: the bug necessarily breaks both)."""
+    rule = clause.split(".")[0]
+    named = [term for term in select.split(" or ") if re.fullmatch(r"[A-Z][0-9]+", term)]
+    return (rule, *dict.fromkeys(t for t in named if t != rule))
 
 
-#: Where each mutant harness lives: mutants.py, or the mutants_*.py file that lists it.
-MUTANT_FILES: dict[str, Path] = {name: MUTANTS_FILE for name, _, _ in MUTANTS}
-for _path in sorted(MUTANTS_FILE.parent.glob("mutants_*.py")):
-    for _entry in _catches(_path):
-        assert _entry[0] not in MUTANT_FILES, f"mutant {_entry[0]} is listed twice"
-        MUTANT_FILES[_entry[0]] = _path
-        MUTANTS.append(_entry)
+#: (harness, the clause it breaks, -k selection of the suite's tests) of each mutant this module runs.
+MUTANTS: list[tuple[str, str, str]] = [(name, clause, select) for file, name, clause, select in REGISTERED
+                                       if file not in OWN_RUNNER]
+#: Where each mutant harness lives: mutants.py, or a mutants_*.py file beside it.
+MUTANT_FILES: dict[str, Path] = {name: MUTANTS_FILE.with_name(file) for file, name, _, _ in REGISTERED
+                                 if file not in OWN_RUNNER}
+assert len(MUTANT_FILES) == len(MUTANTS), "a mutant is registered twice in mutant_table.py"
 
 
 def run_suite(tmp_path: Path, *args: str) -> tuple[int, list[dict[str, Any]], str]:
@@ -110,19 +72,25 @@ def mutant_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
         }
 
 
-@pytest.mark.parametrize(("mutant", "rule", "select"), MUTANTS, ids=[m[0] for m in MUTANTS])
-def test_suite_catches_the_mutant(mutant_runs: dict[str, Future], mutant: str, rule: str,  # type: ignore[type-arg]
+@pytest.mark.parametrize(("mutant", "clause", "select"), MUTANTS, ids=[m[0] for m in MUTANTS])
+def test_suite_catches_the_mutant(mutant_runs: dict[str, Future], mutant: str, clause: str,  # type: ignore[type-arg]
                                   select: str) -> None:
     code, tests, output = mutant_runs[mutant].result()
     failed = [t["test"] for t in tests if t["outcome"] == "failed"]
+    rules = rules_of(clause, select)
     assert code == 1, f"the suite did not fail against {mutant} (exit {code}):\n{output[-3000:]}"
-    assert any(f"_{rule}_" in name for name in failed), (
-        f"the suite failed against {mutant}, but not on a {rule} test (failed: {failed}):\n{output[-3000:]}")
+    assert any(f"_{rule}_" in name for name in failed for rule in rules), (
+        f"the suite failed against {mutant} ({clause}), but not on a {'/'.join(rules)} test (failed: {failed}):\n"
+        f"{output[-3000:]}")
 
 
 def test_all_mutants_are_exported() -> None:
-    """Every mutant harness in mutants.py and in each mutants_*.py is listed: none goes unchecked."""
+    """Every mutant harness in mutants.py and in each mutants_*.py is registered in mutant_table.py:
+    none goes unchecked."""
     import importlib.util
+
+    files = {path.name for path in MUTANTS_FILE.parent.glob("mutants*.py")}
+    assert files == {path.name for path in MUTANT_FILES.values()}, "a mutants*.py file has no registered mutant"
 
     sys.path.insert(0, str(MUTANTS_FILE.parent))
     try:
