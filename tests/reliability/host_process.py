@@ -172,7 +172,7 @@ class Host:
             "requests_open": stats["requests_open"],
             "staging_in_use": staging - stats["staging_slots_free"] if staging else 0,
             "kept_leases": len(worker._kept),
-            "replies_open": len(worker._replies),
+            "replies_open": len(worker._loop.in_flight) if worker._loop is not None else 0,
             "attempts_open": _attempts_open(worker.backend),
             "registered_regions": _registered_regions(worker.backend),
             "store_registrations": _store_registrations(worker.backend),
