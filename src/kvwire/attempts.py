@@ -137,6 +137,8 @@ class AttemptTable(Generic[A]):
         attempt._quiesced = True
         if attempt._outcome is not None:
             self._retire_locked(attempt)
+        elif self._waiters:  # a wait_quiesced() waits for this, not for the slot
+            self._changed.notify_all()
         return True
 
     def quiesce(self, attempt: A) -> bool:

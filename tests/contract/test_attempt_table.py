@@ -5,13 +5,13 @@ waits of any length)."""
 from __future__ import annotations
 
 import threading
-import time
 
 import numpy as np
 import pytest
 
 from kvwire.attempts import AttemptTable, TableAttempt, Wakes, call_wakes, clock, deadline_after
 from kvwire.contract import Outcome, SubmissionRejected
+from kvwire.testing.holder import wait_for
 
 
 def _done() -> Outcome:
@@ -37,8 +37,9 @@ def test_a_slot_is_held_until_the_attempt_has_both_concluded_and_quiesced() -> N
     assert table.conclude(a, _done()) and len(table) == 2  # concluded, not quiesced: still holds its slot
     assert table.quiesce(b) and len(table) == 2  # quiesced, not concluded
     assert table.quiesce(a) and len(table) == 1  # both: the slot is free, whether or not anyone polled
-    table.admit(_attempt())
-    assert table.not_quiesced() == frozenset(x for x in table.live_locked() if not x.quiesced())
+    c = _attempt()
+    table.admit(c)
+    assert table.not_quiesced() == frozenset({c})  # b is concluded-pending but quiesced
 
 
 def test_an_attempt_concludes_once_and_quiesces_once() -> None:
@@ -82,17 +83,23 @@ def test_wakes_owed_together_are_called_once_per_callable_and_a_raising_one_stop
 
 
 def test_waits_of_any_length_do_not_overflow() -> None:
-    """A timeout beyond threading.TIMEOUT_MAX is a finite wait like any other (issue 41)."""
+    """A timeout beyond threading.TIMEOUT_MAX is a finite wait like any other (issue 41), and a
+    wait for quiescence ends when the attempt quiesces, before it concludes: each wait is seen
+    waiting when the attempt moves on, and must end within seconds."""
     table: AttemptTable[TableAttempt] = AttemptTable(1)
     a = _attempt()
     table.admit(a)
 
-    def finish() -> None:
-        time.sleep(0.1)
-        table.conclude(a, _done())
-        table.quiesce(a)
+    def waited(wait, step) -> bool:
+        answers: list[bool] = []
+        thread = threading.Thread(target=lambda: answers.append(wait()), daemon=True)
+        thread.start()
+        wait_for(lambda: table._waiters > 0, 10, "a thread waiting on the table")
+        step()
+        thread.join(10)
+        assert not thread.is_alive(), "the wait did not end when the attempt moved on"
+        return answers == [True]
 
-    threading.Thread(target=finish).start()
-    assert table.wait_idle(1e12)
-    assert table.wait_quiesced([a], 1e12)
+    assert waited(lambda: table.wait_quiesced([a], 1e12), lambda: table.quiesce(a))
+    assert waited(lambda: table.wait_idle(1e12), lambda: table.conclude(a, _done()))
     assert table.wait_idle(0.0)
