@@ -53,7 +53,8 @@ def mutants() -> dict[str, list[str]]:
 
 
 def marks() -> dict[str, list[str]]:
-    sys.path.insert(0, str(ROOT / "src"))
+    if str(ROOT / "src") not in sys.path:
+        sys.path.insert(0, str(ROOT / "src"))
     from kvwire.testing.runner import suite_marks
 
     return suite_marks(SUITE)
@@ -88,7 +89,8 @@ def _listed(path: Path) -> list[str]:
 
 
 def generate() -> str:
-    sys.path.insert(0, str(ROOT / "src"))
+    if str(ROOT / "src") not in sys.path:
+        sys.path.insert(0, str(ROOT / "src"))
     from kvwire.contract.clauses import clauses
 
     table = clauses()

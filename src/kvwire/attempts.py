@@ -9,7 +9,7 @@ needs and none should write again. It keeps these rules of ``docs/contract.md``:
 - **Once (A1.3, A1.4, A2.2).** An attempt concludes once and quiesces once: a later conclusion
   is refused (the first outcome stays), and quiescence never goes back.
 - **Wakes after the lock (W1.1, W1.6, W1.7).** The table only says whether a change happened; the
-  wakes it owes are collected in :class:`Wakes` and called by the backend's own thread once the
+  wakes it owes are collected in :class:`OwedWakes` and called by the backend's own thread once the
   lock is released, never inside a holder's call, each exception logged. Wakes owed together are
   called once per distinct wake callable (the note under W1.8): one call reports every change of
   every attempt that shares that wake.
@@ -39,7 +39,7 @@ from kvwire.contract.backend import Attempt, WakeFn
 from kvwire.contract.errors import SubmissionRejected
 from kvwire.contract.outcome import Outcome
 
-__all__ = ["AttemptTable", "TableAttempt", "Wakes", "call_wakes", "deadline_after", "clock"]
+__all__ = ["AttemptTable", "TableAttempt", "OwedWakes", "call_wakes", "deadline_after", "clock"]
 
 log = logging.getLogger(__name__)
 
@@ -208,8 +208,8 @@ class AttemptTable(Generic[A]):
         self._changed.notify_all()
 
 
-class Wakes:
-    """Wakes owed and not yet called, one per distinct wake callable (the W1.8 note). The
+class OwedWakes:
+    """OwedWakes owed and not yet called, one per distinct wake callable (the W1.8 note). The
     backend adds them under its lock and calls :meth:`take`'s answer with :func:`call_wakes`
     after releasing it (W1.1, W1.6)."""
 

@@ -9,7 +9,7 @@ import threading
 import numpy as np
 import pytest
 
-from kvwire.attempts import AttemptTable, TableAttempt, Wakes, call_wakes, clock, deadline_after
+from kvwire.attempts import AttemptTable, OwedWakes, TableAttempt, call_wakes, clock, deadline_after
 from kvwire.contract import Outcome, SubmissionRejected
 from kvwire.testing.holder import wait_for
 
@@ -74,7 +74,7 @@ def test_wakes_owed_together_are_called_once_per_callable_and_a_raising_one_stop
     def broken() -> None:
         raise RuntimeError("a holder's bug")
 
-    wakes = Wakes()
+    wakes = OwedWakes()
     assert wakes.add(shared)  # the first owed: the caller signals its thread
     assert not wakes.add(shared) and not wakes.add(broken)
     wakes.add(lambda: calls.append("other"))

@@ -88,7 +88,7 @@ from typing import Literal, overload
 import numpy as np
 
 from kvwire import waiting
-from kvwire.attempts import AttemptTable, TableAttempt, Wakes, call_wakes, clock
+from kvwire.attempts import AttemptTable, OwedWakes, TableAttempt, call_wakes, clock
 from kvwire.blob.driver import BatchResult, KeyStatus, StoreDriver, _call
 from kvwire.blob.driver import all_ok as _all_ok
 from kvwire.blob.keys import block_keys, check_namespace, store_keys
@@ -206,7 +206,7 @@ class _Core:
         self.recognized: dict[int, SlotRegion] = {}
         #: Wakes of changes the holder's own call made (cancel, shutdown, an inline chunk): the
         #: deadline thread calls them, so wake never runs inside a backend method (W1.6).
-        self.wakes = Wakes()
+        self.wakes = OwedWakes()
 
     def recognize(self, group: LayerGroupRows, index: int) -> None:
         """M4 for one group, by the table (raises ``InvalidSubmission``); remembers the group's
@@ -221,7 +221,7 @@ class _Core:
     def wake_later(self, attempt: _BlobAttempt) -> None:
         """Under ``cond``: have the deadline thread call ``attempt``'s wake. Wakes are batched:
         the thread is signalled only when no wake was already due, and it calls each distinct
-        wake callable once for all its attempts due together (the W1.8 note, :class:`Wakes`)."""
+        wake callable once for all its attempts due together (the W1.8 note, :class:`~kvwire.attempts.OwedWakes`)."""
         if self.wakes.add(attempt.wake):
             self.watch.notify()
 

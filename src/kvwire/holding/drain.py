@@ -34,7 +34,7 @@ def drain(backend: Backend, timeout_s: float, wakes: Wakes | None = None, *,
     deadline = time.monotonic() + timeout_s
     look = FIRST_LOOK_S
     while True:
-        seen = wakes._count  # before the call: a wake that comes during it is not missed
+        seen = wakes.count  # before the call: a wake that comes during it is not missed
         with guard:
             pending = frozenset(backend.shutdown())
         if not pending:

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from kvwire import waiting
 from kvwire.blob.keys import check_namespace
 from kvwire.contract import Attempt, Backend, CacheKind, Hint, InvalidSubmission, MemoryKind, Outcome, View
 from kvwire.contract.capabilities import OFFER_PULLS, SERVE_PULLS, OtherEnd
@@ -255,7 +256,7 @@ class Worker:
         if self._loop is not None:
             self._loop.wakes.nudge()
         if self._serving is not None:
-            self._serving.join(timeout_s)
+            waiting.join(self._serving, timeout_s)
         pending = drain(self.backend, timeout_s, lock=self._lock,
                         release=(self._release_held, self._registration.close))
         if pending:

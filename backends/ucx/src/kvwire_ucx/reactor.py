@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from kvwire.attempts import Wakes, call_wakes
+from kvwire.attempts import OwedWakes, call_wakes
 from kvwire.contract.backend import WakeFn
 
 __all__ = ["Reactor", "Driver"]
@@ -58,7 +58,7 @@ class Reactor:
         self._commands: collections.deque[tuple[Callable[..., None], tuple[Any, ...]]] = collections.deque()
         self._timers: list[tuple[float, int, Callable[[], None]]] = []
         self._timer_seq = itertools.count()
-        self._wakes = Wakes()
+        self._wakes = OwedWakes()
         self._after_wakes: list[tuple[Callable[..., None], tuple[Any, ...]]] = []
         self._doorbell_r, self._doorbell_w = os.pipe()
         os.set_blocking(self._doorbell_r, False)
@@ -143,7 +143,7 @@ class Reactor:
     def wake_later(self, wake: WakeFn) -> None:
         """Call ``wake`` once this iteration's changes are visible (W1): one call per distinct
         wake callable for all the changes of the iteration (kvwire's W1.8 policy,
-        :class:`kvwire.attempts.Wakes`)."""
+        :class:`kvwire.attempts.OwedWakes`)."""
         self._wakes.add(wake)
 
     def after_wakes(self, fn: Callable[..., None], *args: Any) -> None:
