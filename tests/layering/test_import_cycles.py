@@ -137,6 +137,13 @@ def test_a_planted_cycle_is_found(planted: str):
     assert cycles(imports(sources)) == []
 
 
+def test_a_planted_cycle_between_packages_is_found():
+    """Modules that form no cycle, in packages that do: the package graph finds it."""
+    graph = {"k.a.x": {"k.b.y"}, "k.b.y": {"k.a.z"}, "k.a.z": set()}
+    assert cycles(graph) == []
+    assert cycles(packages(graph)) == [["k.a", "k.b"]]
+
+
 def test_the_trees_are_read():
     graph = imports(modules(TREES))
     assert "kvwire.holding.loop" in graph["kvwire.runtime.worker"] | graph["kvwire.holding"]

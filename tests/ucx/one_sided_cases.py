@@ -23,7 +23,7 @@ from kvwire_ucx.nixl import nixl_problem  # noqa: E402
 if nixl_problem() is not None:
     pytest.skip(nixl_problem(), allow_module_level=True)
 
-from test_ucx_processes import Child  # noqa: E402
+from test_ucx_processes import Child, answer_after_the_requester_died, children  # noqa: E402,F401
 from ucx_holders import (  # noqa: E402
     Pool,
     Requester,
@@ -290,20 +290,8 @@ def test_a_requester_killed_after_the_offer_leaves_no_pin_on_the_server(make_bac
     assert holder.tree.wait_unpinned(5)
 
 
-def test_an_answer_to_a_requester_that_died_before_it_fails_as_peer_gone_one_sided(make_backend) -> None:
-    from test_ucx_processes import answer_after_the_requester_died
-
-    started: list[Child] = []
-
-    def children(*args: object, mode: str = "two-sided") -> Child:
-        started.append(Child(*args, mode=mode))
-        return started[-1]
-
-    try:
-        outcome, answer = answer_after_the_requester_died(make_backend(mode="one-sided"), children, mode="one-sided")
-    finally:
-        for child in started:
-            child.stop()
+def test_an_answer_to_a_requester_that_died_before_it_fails_as_peer_gone_one_sided(make_backend, children) -> None:  # noqa: F811
+    outcome, answer = answer_after_the_requester_died(make_backend(mode="one-sided"), children, mode="one-sided")
     assert outcome.is_failed, outcome  # a dead requester did not cancel anything (A10.4)
     assert outcome.cause is Cause.PEER_GONE and not outcome.by_peer, outcome
     assert outcome.rows_delivered == 0 and answer.attempt.quiesced()

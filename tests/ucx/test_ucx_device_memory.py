@@ -117,6 +117,6 @@ def test_cuda_ipc_get_is_enabled_for_nixl_unless_the_user_said_otherwise(preset:
     env = {k: v for k, v in os.environ.items() if k != "UCX_CUDA_IPC_ENABLE_GET_ZCOPY"}
     if preset is not None:
         env["UCX_CUDA_IPC_ENABLE_GET_ZCOPY"] = preset
-    code = "import os, kvwire_ucx._ucx; print(os.environ['UCX_CUDA_IPC_ENABLE_GET_ZCOPY'])"
+    code = "import os, kvwire_ucx.backend; print(os.environ['UCX_CUDA_IPC_ENABLE_GET_ZCOPY'])"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == expected

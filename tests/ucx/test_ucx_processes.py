@@ -34,6 +34,7 @@ from ucx_holders import (  # noqa: E402
 )
 
 from kvwire.contract import Cause  # noqa: E402
+from kvwire.testing.holder import wait_for  # noqa: E402
 
 CHILD = Path(__file__).with_name("ucx_peer_process.py")
 GROUPS = (0, 1)
@@ -216,10 +217,9 @@ def answer_after_the_requester_died(server, children, mode: str = "two-sided"):
         lost = server.stats().connections_lost
         client.proc.send_signal(signal.SIGKILL)
         assert client.wait_dead() == -signal.SIGKILL
-        deadline = time.monotonic() + 10
-        while server.stats().connections_lost == lost and time.monotonic() < deadline:
-            time.sleep(0.005)
-        assert server.stats().connections_lost > lost, "the serving end never saw the requester's connection go"
+        wait_for(lambda: server.stats().connections_lost > lost, 10, "the serving end seeing the requester's "
+                 "connection go")
+        assert not holder.answers, "the holder answered before the requester's death was seen"
         gate.set()
         assert holder.wait_settled(1, 10)
         assert tree.wait_unpinned(5), "the answer's pins were not given back"
