@@ -18,7 +18,7 @@ from kvwire.contract import CONTRACT_VERSION
 #: Every rule of contract 1.3, in the text's order.
 RULES = tuple(
     "M1 M2 M3 M4 V1 V2 V3 V4 H1 S1 S2 S3 S4 S5 A1 A2 A3 A4 A5 A6 A7 A8 A9 A10 W1 B1 B2 B3 B4 "
-    "N1 N2 N3 L1 O1 K1".split()
+    "N1 N3 N2 L1 O1 K1".split()
 )
 SOURCE = Path(__file__).parents[2] / "docs" / "contract.md"
 TITLE = re.compile(r"^# The kvwire contract, version (\d+)\.(\d+)$")
