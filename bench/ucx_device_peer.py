@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import sys
 import threading
 import time
@@ -85,6 +86,34 @@ class Puller:
         return self.backend.shutdown()
 
 
+class RawNixl:
+    """A bare NIXL agent (kvwire-ucx's thin wrapper of it, no kvwire protocol) with ``regions``
+    registered: the transport alone, for the bench's raw row."""
+
+    def __init__(self, name: str, region_list: Sequence[SlotRegion]) -> None:
+        from kvwire_ucx.nixl import NixlAgent
+
+        self.name = name
+        self.agent = NixlAgent(name, loopback=True)
+        self._handles = self.agent.register(region_list)
+
+    def metadata(self) -> bytes:
+        return self.agent.metadata()[1]
+
+    def read_span(self, peer: bytes, local: int, remote: int, nbytes: int, device: int) -> None:
+        """Read ``nbytes`` at ``remote`` of ``peer`` into ``local`` as one span; returns when done."""
+        here = np.array([[local, nbytes, device]], dtype=np.uint64)
+        there = np.array([[remote, nbytes, device]], dtype=np.uint64)
+        handle, done = self.agent.read(here, there, peer, (device, device))
+        while not done:
+            done = self.agent.done(handle)
+        self.agent.release(handle)
+
+    def close(self) -> None:
+        self.agent.deregister(self._handles)
+        self.agent.close()
+
+
 def serve(args: argparse.Namespace) -> int:
     backend = UcxBackend(mode=args.mode)
     kinds = sorted(k.value for k in backend.capabilities().memory_kinds)
@@ -97,18 +126,26 @@ def serve(args: argparse.Namespace) -> int:
         return 3
     region_list = regions(tensors)
     registration = backend.register_regions(region_list)
+    raw = RawNixl(f"raw-server-{os.getpid()}", region_list[:1]) if args.raw_nixl else None
+    if raw is not None:  # the bench's raw NIXL row: its agent's metadata, read by the puller
+        print(json.dumps({"agent": raw.name, "metadata": raw.metadata().hex(), "base": region_list[0].base}),
+              flush=True)
     backend.serve(lambda: None)
     offer = backend.offer(view(region_list, range(args.blocks), names(args.seed, args.blocks)), lambda: None,
                           timeout_s=3600)
     closed = threading.Event()
     threading.Thread(target=lambda: (sys.stdin.read(), closed.set()), daemon=True).start()
-    while not closed.wait(0.01):  # until the puller closes standard input
+    while not closed.wait(0.001 if raw is not None else 0.01):  # until the puller closes standard input
         for request in backend.incoming():  # a pull the offer does not cover whole
             backend.decline(request, "not offered here")
+        if raw is not None:
+            raw.agent.progress()  # NIXL's connection wire-up needs the serving agent's progress
     offer.cancel()
     end = time.monotonic() + 10
     while not offer.quiesced() and time.monotonic() < end:
         time.sleep(0.01)
+    if raw is not None:
+        raw.close()
     registration.close()
     left = backend.shutdown()
     print(json.dumps({"left": len(left), "quiesced": offer.quiesced()}), flush=True)
@@ -122,4 +159,5 @@ if __name__ == "__main__":
     parser.add_argument("--blocks", type=int, default=64)
     parser.add_argument("--slot-bytes", type=int, default=64 << 10)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--raw-nixl", action="store_true", help="also serve the bench's raw NIXL row")
     sys.exit(serve(parser.parse_args()))
