@@ -175,7 +175,7 @@ class MisfitPublishStoresFirst(ReferenceStoreBackend):
             for i, group in enumerate(view.groups):
                 if group.rows and group.names is not None:
                     rows = read_rows(self._table.locate(group, i), group.region.slot_bytes)
-                    self._reactor.run(lambda g=group, r=rows: self._store.put(namespace, g.group_id, g.names, r))
+                    self._runner.run(lambda g=group, r=rows: self._store.put(namespace, g.group_id, g.names, r))
         return super()._check(op, view, hint, wake)
 
 
@@ -187,9 +187,9 @@ class MisfitRefusalKeepsASlot(ReferenceStoreBackend):
         try:
             ReferenceStoreBackend._check_blocks(view, blocks)
         except InvalidSubmission:
-            with self._reactor.lock:
-                if len(self._reactor.live) < self._reactor.max_in_flight:
-                    self._reactor.admit_locked(ReferenceAttempt(self._reactor, "fetch", view, lambda: None, 3600.0),
+            with self._runner.lock:
+                if len(self._runner.live) < self._runner.max_in_flight:
+                    self._runner.admit_locked(ReferenceAttempt(self._runner, "fetch", view, lambda: None, 3600.0),
                                                "submission")
             raise
 
@@ -411,7 +411,7 @@ class _CancelWhenTheStoreAnswers(ReferenceAttempt):
     wants_cancel = False
 
     def cancel(self) -> None:
-        with self.reactor.lock:
+        with self.runner.lock:
             if self.outcome is None and self.access is Access.TOUCHING:
                 self.wants_cancel = True  # concluded once the store call returns
                 return

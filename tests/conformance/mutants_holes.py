@@ -42,7 +42,7 @@ from kvwire.contract import (
 )
 from kvwire.testing.harness import Ends, FaultPlan, close_spawned
 from kvwire.testing.reference.core import Access, read_rows
-from kvwire.testing.reference.peer import Declined, Fabric, Message, ReferencePeer, Request, Rows
+from kvwire.testing.reference.peer import Declined, Fabric, Message, PullMessage, ReferencePeer, Rows
 
 
 class HoleHarness(MutantHarness):
@@ -92,7 +92,7 @@ class _IgnoresLateCancel(ReferencePeer):
     ignored: the answer waits for an ``Ack`` that never comes."""
 
     def _on_cancel(self, message: Message) -> None:
-        with self._reactor.lock:
+        with self._runner.lock:
             answer = self._answers.get(message.ticket)  # type: ignore[union-attr]
             if answer is not None and answer.access is Access.ENDED:
                 return
@@ -115,8 +115,8 @@ class _BusyCountLeaks(ReferencePeer):
     """Declines a pull as busy once ``BUSY_BOUND`` pulls wait for its holder, counting every pull
     it ever handed over (answered or not)."""
 
-    def _to_holder(self, message: Request) -> None:
-        with self._reactor.lock:
+    def _to_holder(self, message: PullMessage) -> None:
+        with self._runner.lock:
             handed = self.__dict__.setdefault("handed", 0)
             busy = self._serving_wake is not None and handed >= BUSY_BOUND
             if not busy:
@@ -140,19 +140,19 @@ class _StopsShort(ReferencePeer):
     had "already sent", and the requester takes that as the served prefix."""
 
     def _send_rows(self, answer: Any) -> None:
-        with self._reactor.lock:
+        with self._runner.lock:
             if not answer.touch_locked():
                 return
         data = tuple(read_rows(loc, g.region.slot_bytes) for g, loc in zip(answer.view.groups, answer.located,
                                                                            strict=True))
-        with self._reactor.lock:
+        with self._runner.lock:
             answer.untouch_locked()
             answer.end_access_locked()
         gate = getattr(self._fabric.link, "gate", None)
         if gate is not None:
             with gate.passage():  # the wire, held by the harness
                 pass
-        with self._reactor.lock:
+        with self._runner.lock:
             stopped = answer.outcome is not None and answer.outcome.status is OutcomeStatus.CANCELLED
         if stopped:
             data = tuple(d[:1] for d in data)

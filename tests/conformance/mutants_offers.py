@@ -17,7 +17,7 @@ from mutants import MutantHarness, PeerMutant
 from kvwire.contract import OFFER_PULLS, Capabilities, Cause, InvalidSubmission, OutcomeStatus, View, WakeFn
 from kvwire.testing.reference.core import Access, ReferenceAttempt, write_rows
 from kvwire.testing.reference.offers import OfferedAnswer, OfferIndex, StandingOffer
-from kvwire.testing.reference.peer import Fabric, ReferencePeer, Request, Rows
+from kvwire.testing.reference.peer import Fabric, PullMessage, ReferencePeer, Rows
 
 
 class _OfferPeerHarness(LoopbackHarness):
@@ -103,13 +103,13 @@ class OfferAdmittedBeyondTheBound(ReferencePeer):
     nothing until pulled, so it may take one slot more")."""
 
     def offer(self, view: View, wake: WakeFn, timeout_s: float | None = None) -> StandingOffer:
-        with self._reactor.lock:
-            self._reactor.max_in_flight += 1
+        with self._runner.lock:
+            self._runner.max_in_flight += 1
         try:
             return super().offer(view, wake, timeout_s)
         finally:
-            with self._reactor.lock:
-                self._reactor.max_in_flight -= 1
+            with self._runner.lock:
+                self._runner.max_in_flight -= 1
 
 
 # -- O1.4 and O1.11 ----------------------------------------------------------------------------------
@@ -118,8 +118,8 @@ class OfferedPullAlsoHandedToHolder(ReferencePeer):
     """O1.4: a pull an offer covers is answered from it, and also handed to the holder through
     ``incoming()`` ("so the holder knows what was pulled")."""
 
-    def _on_request(self, message: Request) -> None:
-        with self._reactor.lock:
+    def _on_request(self, message: PullMessage) -> None:
+        with self._runner.lock:
             covered = self._serving_wake is not None and self._offers.cover(
                 message.groups, message.slot_bytes, message.names) is not None
         if covered:
@@ -131,7 +131,7 @@ class OfferAnswersRowsByPosition(ReferencePeer):
     """O1.4: an answer sends the offer's first rows, row ``j`` for the pull's block ``j``, not the
     rows of the names the pull asks for (right only when the pull asks for the offer's prefix)."""
 
-    def _claim_locked(self, message: Request) -> OfferedAnswer | None:
+    def _claim_locked(self, message: PullMessage) -> OfferedAnswer | None:
         answer = super()._claim_locked(message)
         if answer is not None:
             answer.rows = tuple((gi, np.arange(rows.size)) for gi, rows in answer.rows)
@@ -142,7 +142,7 @@ class OfferAnswersOnlyAnonymousPulls(ReferencePeer):
     """O1.11: a pull that carries credentials is never answered from an offer ("credentials are
     for the holder to check"): it goes to the holder."""
 
-    def _claim_locked(self, message: Request) -> OfferedAnswer | None:
+    def _claim_locked(self, message: PullMessage) -> OfferedAnswer | None:
         return None if message.credentials else super()._claim_locked(message)
 
 
@@ -152,7 +152,7 @@ class AnswersPartOfAPull(ReferencePeer):
     """O1.5: a pull no offer covers whole is answered from an offer that covers a prefix of its
     blocks, and the requester gets that prefix (a partial prefix delivers, N2.10)."""
 
-    def _claim_locked(self, message: Request) -> OfferedAnswer | None:
+    def _claim_locked(self, message: PullMessage) -> OfferedAnswer | None:
         answer = super()._claim_locked(message)
         for count in range(message.names.shape[0] - 1, 0, -1):
             if answer is not None:
@@ -218,7 +218,7 @@ class CancelledOfferStillAnswers(ReferencePeer):
         if offer.outcome.cause is Cause.HOLDER_CANCELLED:
             self._offers.add(offer)
 
-    def _claim_locked(self, message: Request) -> OfferedAnswer | None:
+    def _claim_locked(self, message: PullMessage) -> OfferedAnswer | None:
         found = self._offers.cover(message.groups, message.slot_bytes, message.names)
         if found is None or not found[0].concluded:
             return super()._claim_locked(message)
@@ -232,7 +232,7 @@ class CancelledOfferStillAnswers(ReferencePeer):
             super()._answer_from_offer(answer)
             return
         data = answer.offer.read(answer)
-        with self._reactor.lock:
+        with self._runner.lock:
             answer.offer.claims.discard(answer)
         self._send(answer.reply_to, Rows(answer.ticket, self.address(), data))
 
@@ -242,8 +242,8 @@ class ShutdownDeliversOffers(ReferencePeer):
     with every bit true ("it stood until the end")."""
 
     def shutdown(self) -> frozenset[ReferenceAttempt]:
-        with self._reactor.lock:
-            for attempt in list(self._reactor.live):
+        with self._runner.lock:
+            for attempt in list(self._runner.live):
                 if isinstance(attempt, StandingOffer) and attempt.outcome is None:
                     attempt.expire_locked()
         return super().shutdown()
@@ -268,11 +268,11 @@ class OfferQuiescesBeforeItsAnswersEnd(ReferencePeer):
         offer.claims.clear()
         if offer.access is not Access.ENDED:
             offer.access = Access.ENDED
-            self._reactor.changed_locked(offer)
+            self._runner.changed_locked(offer)
 
     def _answer_from_offer(self, answer: OfferedAnswer) -> None:
         data = answer.offer.read(answer)
-        with self._reactor.lock:
+        with self._runner.lock:
             answer.offer.release_locked(answer)
         self._send(answer.reply_to, Rows(answer.ticket, self.address(), data))
 
@@ -283,7 +283,7 @@ class RequesterCancelEndsTheOffer(ReferencePeer):
     """O1.9: a requester's ``Cancel`` of a pull an offer answered ends the offer itself (cancelled
     by the peer, as N2.13 ends an answer), so the next pull of its blocks goes to the holder."""
 
-    def _claim_locked(self, message: Request) -> OfferedAnswer | None:
+    def _claim_locked(self, message: PullMessage) -> OfferedAnswer | None:
         answer = super()._claim_locked(message)
         if answer is not None:
             self.__dict__.setdefault("answered_by", {})[message.ticket] = answer.offer
@@ -291,7 +291,7 @@ class RequesterCancelEndsTheOffer(ReferencePeer):
 
     def _on_cancel(self, message: object) -> None:
         super()._on_cancel(message)  # type: ignore[arg-type]
-        with self._reactor.lock:
+        with self._runner.lock:
             offer = self.__dict__.get("answered_by", {}).pop(message.ticket, None)  # type: ignore[attr-defined]
             if offer is not None:
                 offer.conclude_locked(OutcomeStatus.CANCELLED, Cause.PEER_CANCELLED, "the requester cancelled",
@@ -316,10 +316,10 @@ class OfferWakesOnEachAnswer(ReferencePeer):
     """O1.10: each answer from an offer calls the offer's wake ("its holder may want to know it
     is in use"), though nothing the holder can poll changed."""
 
-    def _claim_locked(self, message: Request) -> OfferedAnswer | None:
+    def _claim_locked(self, message: PullMessage) -> OfferedAnswer | None:
         answer = super()._claim_locked(message)
         if answer is not None:
-            self._reactor.later_locked(answer.offer.wake)
+            self._runner.later_locked(answer.offer.wake)
         return answer
 
 

@@ -31,7 +31,7 @@ from kvwire.contract import (
 from kvwire.contract.backend import Registration
 from kvwire.contract.errors import LookupFailed
 from kvwire.contract.outcome import OutcomeStatus
-from kvwire.testing.reference.peer import Declined, Fabric, ReferencePeer, Request
+from kvwire.testing.reference.peer import Declined, Fabric, PullMessage, ReferencePeer
 
 # -- B3.2: shutdown() lets a fetch in flight run to its end -------------------------------------------
 
@@ -249,8 +249,8 @@ class _QueuesUnservedPulls(ReferencePeer):
     """A reference peer that puts every arriving pull in its queue; before ``serve()`` it also
     declines it, and leaves it there."""
 
-    def _on_request(self, message: Request) -> None:
-        with self._reactor.lock:
+    def _on_request(self, message: PullMessage) -> None:
+        with self._runner.lock:
             unserved = self._serving_wake is None
             if unserved:
                 self._serving_wake = _unset  # queue it as a served pull is queued
@@ -260,7 +260,7 @@ class _QueuesUnservedPulls(ReferencePeer):
         try:
             super()._on_request(message)
         finally:
-            with self._reactor.lock:
+            with self._runner.lock:
                 if self._serving_wake is _unset:
                     self._serving_wake = None
         self._send(message.reply_to, Declined(message.ticket, "the peer is not serving pulls"))

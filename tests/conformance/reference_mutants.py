@@ -31,9 +31,9 @@ from kvwire.contract import (
     View,
     WakeFn,
 )
-from kvwire.testing.reference.core import Access, Reactor, ReferenceAttempt, read_rows
+from kvwire.testing.reference.core import Access, ReferenceAttempt, Runner, read_rows
 from kvwire.testing.reference.harness import ControlledStore, ReferencePeerHarness, ReferenceStoreHarness
-from kvwire.testing.reference.peer import Ack, Cancel, Fabric, ReferencePeer, Request, Rows, _Pull
+from kvwire.testing.reference.peer import Ack, Cancel, Fabric, PullMessage, ReferencePeer, Rows, _Pull
 from kvwire.testing.reference.store import (
     ReferenceStoreBackend,
     RowStatus,
@@ -80,17 +80,17 @@ class DeadlineFromStart(ReferenceStoreBackend):
 
     def _submit(self, op: str, view: View, hint: Hint, wake: WakeFn) -> ReferenceAttempt:
         attempt = super()._submit(op, view, hint, wake)
-        with self._reactor.lock:
+        with self._runner.lock:
             attempt.deadline = float("inf")
-            self._reactor._deadlines = [e for e in self._reactor._deadlines if e[2] is not attempt]
-            heapq.heapify(self._reactor._deadlines)
+            self._runner._deadlines = [e for e in self._runner._deadlines if e[2] is not attempt]
+            heapq.heapify(self._runner._deadlines)
         return attempt
 
     def _move(self, attempt: ReferenceAttempt, work: _Work) -> None:
-        with self._reactor.lock:
+        with self._runner.lock:
             attempt.deadline = time.monotonic() + attempt.timeout_s
-            heapq.heappush(self._reactor._deadlines, (attempt.deadline, -id(attempt), attempt))
-            self._reactor.lock.notify_all()
+            heapq.heappush(self._runner._deadlines, (attempt.deadline, -id(attempt), attempt))
+            self._runner.lock.notify_all()
         super()._move(attempt, work)
 
 
@@ -152,8 +152,8 @@ class QuiescesAtConclusion(ReferenceStoreBackend):
 class _QuiescedWhileIdle(ReferenceAttempt):
     def quiesced(self) -> bool:
         # "quiet" meant: this attempt is done and no worker is busy.
-        return self.access is Access.ENDED and self.reactor._jobs.__len__() == 0 and not getattr(
-            self.reactor, "busy", False)
+        return self.access is Access.ENDED and self.runner._jobs.__len__() == 0 and not getattr(
+            self.runner, "busy", False)
 
 
 class QuiescedFlipsBack(ReferenceStoreBackend):
@@ -166,11 +166,11 @@ class QuiescedFlipsBack(ReferenceStoreBackend):
         return attempt
 
     def _move(self, attempt: ReferenceAttempt, work: _Work) -> None:
-        self._reactor.busy = True  # type: ignore[attr-defined]
+        self._runner.busy = True  # type: ignore[attr-defined]
         try:
             super()._move(attempt, work)
         finally:
-            self._reactor.busy = False  # type: ignore[attr-defined]
+            self._runner.busy = False  # type: ignore[attr-defined]
 
 
 class _SilentQuiescence(ReferenceAttempt):
@@ -178,7 +178,7 @@ class _SilentQuiescence(ReferenceAttempt):
         if self.access is Access.TOUCHING:
             self.access = Access.ENDED if self.outcome is not None else Access.WAITING
             if self.settled:
-                self.reactor.live.discard(self)  # frees the slot, but no wake
+                self.runner.live.discard(self)  # frees the slot, but no wake
 
 
 class NoWakeForLateQuiescence(ReferenceStoreBackend):
@@ -198,8 +198,8 @@ class _WakeFirst(ReferenceAttempt):
             self.wake()  # tell the holder at once, from this thread, instead of after the change
             time.sleep(0.001)  # (the store's bookkeeping between the two)
         concluded = super().conclude_locked(status, cause, reason, by_peer=by_peer)
-        if concluded and self.wake in self.reactor._wakes:
-            self.reactor._wakes.remove(self.wake)  # already woken above
+        if concluded and self.wake in self.runner._wakes:
+            self.runner._wakes.remove(self.wake)  # already woken above
         return concluded
 
 
@@ -290,7 +290,7 @@ class StoresBeforeValidating(ReferenceStoreBackend):
                 located = self._table.locate(group, i)
                 if group.rows and group.names is not None:
                     rows = read_rows(located, group.region.slot_bytes)
-                    self._reactor.run(lambda g=group, r=rows: self._store.put(namespace, g.group_id, g.names, r))
+                    self._runner.run(lambda g=group, r=rows: self._store.put(namespace, g.group_id, g.names, r))
         return super()._check(op, view, hint, wake)
 
 
@@ -302,12 +302,12 @@ class RejectedStillWakes(ReferenceStoreBackend):
         try:
             return super()._submit(op, view, hint, wake)
         except Exception:
-            with self._reactor.lock:
-                self._reactor.later_locked(wake)
+            with self._runner.lock:
+                self._runner.later_locked(wake)
             raise
 
 
-class _LeakyReactor(Reactor):
+class _LeakyRunner(Runner):
     def admit_locked(self, attempt: ReferenceAttempt, what: str) -> None:
         if not self.closed and len(self.live) >= self.max_in_flight:
             self.live.add(attempt)  # counted before the bound is checked
@@ -319,7 +319,7 @@ class RejectionConsumesSlot(ReferenceStoreBackend):
 
     def __init__(self, store: Any, **options: Any) -> None:
         super().__init__(store, **options)
-        self._reactor.__class__ = _LeakyReactor
+        self._runner.__class__ = _LeakyRunner
 
 
 class _SharedLive:
@@ -332,7 +332,7 @@ class SharesQueueBetweenInstances(ReferenceStoreBackend):
 
     def __init__(self, store: Any, **options: Any) -> None:
         super().__init__(store, **options)
-        self._reactor.live = _SharedLive.live
+        self._runner.live = _SharedLive.live
 
 
 _module_tables: dict[int, Any] = {}
@@ -346,15 +346,15 @@ class RegionsAtModuleLevel(ReferenceStoreBackend):
         self._table = _module_tables.setdefault(0, self._table)
 
     def shutdown(self) -> frozenset[ReferenceAttempt]:
-        with self._reactor.lock:
-            self._reactor.closed = True
-        pending = frozenset(a for a in self._reactor.live if not a.quiesced())
-        for a in list(self._reactor.live):
-            with self._reactor.lock:
+        with self._runner.lock:
+            self._runner.closed = True
+        pending = frozenset(a for a in self._runner.live if not a.quiesced())
+        for a in list(self._runner.live):
+            with self._runner.lock:
                 a.conclude_locked(OutcomeStatus.CANCELLED, Cause.SHUTDOWN, "the backend shut down")
-        pending = frozenset(a for a in self._reactor.live if not a.quiesced())
+        pending = frozenset(a for a in self._runner.live if not a.quiesced())
         if not pending:
-            self._reactor.stop()
+            self._runner.stop()
         return pending
 
 
@@ -362,10 +362,10 @@ class DriftingBound(ReferenceStoreBackend):
     """B4: capabilities() builds a fresh declaration each call, its queue bound the room left."""
 
     def capabilities(self) -> Capabilities:
-        return store_capabilities(max(1, self._capabilities.max_in_flight - len(self._reactor.live)))
+        return store_capabilities(max(1, self._capabilities.max_in_flight - len(self._runner.live)))
 
 
-class _OffByOneReactor(Reactor):
+class _OffByOneRunner(Runner):
     def admit_locked(self, attempt: ReferenceAttempt, what: str) -> None:
         self.max_in_flight += 1
         try:
@@ -379,7 +379,7 @@ class AdmitsOneBeyondBound(ReferenceStoreBackend):
 
     def __init__(self, store: Any, **options: Any) -> None:
         super().__init__(store, **options)
-        self._reactor.__class__ = _OffByOneReactor
+        self._runner.__class__ = _OffByOneRunner
 
 
 class OverlapBySlotIndex(ReferenceStoreBackend):
@@ -580,7 +580,7 @@ class IncomingRepeats(ReferencePeer):
     (the list is cleared on answer, not on hand-over)."""
 
     def incoming(self) -> tuple[PullRequest, ...]:
-        with self._reactor.lock:
+        with self._runner.lock:
             again = tuple(getattr(self, "_handed", {}).get(t) for t in self._taken if t in getattr(self, "_handed", {}))
         fresh = super().incoming()
         handed = self.__dict__.setdefault("_handed", {})
@@ -593,15 +593,15 @@ class WakesBeforeRequestVisible(ReferencePeer):
     """W1: the serving wake is called as a request arrives, just before it is put where
     incoming() finds it."""
 
-    def _on_request(self, message: Request) -> None:
-        with self._reactor.lock:
+    def _on_request(self, message: PullMessage) -> None:
+        with self._runner.lock:
             wake = self._serving_wake
         if wake is None:
             super()._on_request(message)
             return
         wake()
         time.sleep(0.001)  # (building the PullRequest)
-        with self._reactor.lock:
+        with self._runner.lock:
             self._serving_wake = lambda: None  # woken above already
             try:
                 super()._on_request(message)
@@ -615,7 +615,7 @@ class DeclineAsFault(ReferencePeer):
     def _handle(self, message: Any) -> None:
         from kvwire.testing.reference.peer import Declined, Fault
         if isinstance(message, Declined):
-            with self._reactor.lock:
+            with self._runner.lock:
                 pull = self._pulls.pop(message.ticket, None)
                 if pull is not None:
                     pull.conclude_locked(OutcomeStatus.FAILED, Cause.FAULT, message.reason)
@@ -636,8 +636,8 @@ class DropsCredentials(ReferencePeer):
     PullRequest carries none (H1.12)."""
 
     def _send(self, to: bytes, message: Any) -> bool:
-        if isinstance(message, Request) and message.credentials:
-            message = Request(message.ticket, message.reply_to, message.groups, message.slot_bytes, message.names)
+        if isinstance(message, PullMessage) and message.credentials:
+            message = PullMessage(message.ticket, message.reply_to, message.groups, message.slot_bytes, message.names)
         return super()._send(to, message)
 
 
@@ -646,12 +646,12 @@ class PeerRequestsBeforeAdmission(ReferencePeer):
     rejected fetch has already asked the server."""
 
     def fetch(self, view: View, hint: Hint, wake: WakeFn) -> ReferenceAttempt:
-        with self._reactor.lock:
-            full = len(self._reactor.live) >= self._reactor.max_in_flight and not self._reactor.closed
+        with self._runner.lock:
+            full = len(self._runner.live) >= self._runner.max_in_flight and not self._runner.closed
         if full and view.groups and view.groups[0].names is not None:
             server, _ = self._peer_of(hint)
             ticket = next(self._fabric.tickets)
-            self._send(server, Request(ticket, self.address(), tuple(g.group_id for g in view.groups),
+            self._send(server, PullMessage(ticket, self.address(), tuple(g.group_id for g in view.groups),
                                        tuple(g.region.slot_bytes for g in view.groups), view.groups[0].names))
         return super().fetch(view, hint, wake)
 
@@ -675,13 +675,13 @@ class ShutdownKeepsPulls(ReferencePeer):
     """B3: shutdown() leaves pulls waiting for an answer in flight and reports them quiesced."""
 
     def shutdown(self) -> frozenset[ReferenceAttempt]:
-        with self._reactor.lock:
+        with self._runner.lock:
             waiting = {t: p for t, p in self._pulls.items()}
             for pull in waiting.values():
-                self._reactor.live.discard(pull)
+                self._runner.live.discard(pull)
             self._pulls.clear()
         pending = super().shutdown()
-        with self._reactor.lock:
+        with self._runner.lock:
             self._pulls.update(waiting)
         return pending
 

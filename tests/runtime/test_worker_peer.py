@@ -110,9 +110,9 @@ def test_settle_waits_until_the_serving_end_has_its_pins_back(workers):
     p = prompt(200)
     a.generate(p, max_tokens=1)
     from kvwire_ucx import wire
-    from kvwire_ucx.faults import Direction
+    from kvwire_ucx.faults import FrameFlow
 
-    acks = b.backend.engine.faults.hold(Direction.OUTGOING, lambda message: isinstance(message, wire.Ack))
+    acks = b.backend.engine.faults.hold(FrameFlow.OUTGOING, lambda message: isinstance(message, wire.Ack))
     assert b.pull(p, source=a.transceiver_state()).blocks_moved == 12
     assert a.pins() > 0  # B is done; A still waits for the Ack, held at B
     acks.release(after_s=0.3)  # a slow Ack

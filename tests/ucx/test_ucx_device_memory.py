@@ -14,7 +14,7 @@ import pytest
 from kvwire_ucx.backend import UcxBackend
 from kvwire_ucx.cuda import reaches_cuda
 from kvwire_ucx.nixl_reads import RangeReads
-from kvwire_ucx.regions import HOST, DeviceBytes, GroupRows, HostRegions
+from kvwire_ucx.regions import HOST, DeviceBytes, GroupRows, RegisteredRegions
 from kvwire_ucx.settings import WITH_DEVICE
 
 from kvwire.contract import InvalidSubmission, MemoryKind, SlotRegion
@@ -53,13 +53,13 @@ def test_device_bytes_slice_into_contiguous_spans_that_cuda_readers_see() -> Non
 
 
 def test_one_backend_takes_the_device_memory_of_one_device() -> None:
-    regions = HostRegions(WITH_DEVICE)
+    regions = RegisteredRegions(WITH_DEVICE)
     first = regions.register([SlotRegion(1, 1 << 40, 4096, 4, MemoryKind.DEVICE, device=0)])
     assert regions.device == 0
     with pytest.raises(InvalidSubmission, match=r"devices \[0, 1\]"):
         regions.register([SlotRegion(2, 1 << 41, 4096, 4, MemoryKind.DEVICE, device=1)])
     with pytest.raises(InvalidSubmission, match=r"devices \[1, 2\]"):
-        HostRegions(WITH_DEVICE).register([SlotRegion(3, 1 << 40, 64, 1, MemoryKind.DEVICE, device=1),
+        RegisteredRegions(WITH_DEVICE).register([SlotRegion(3, 1 << 40, 64, 1, MemoryKind.DEVICE, device=1),
                                            SlotRegion(4, 1 << 41, 64, 1, MemoryKind.DEVICE, device=2)])
     first.close()
 

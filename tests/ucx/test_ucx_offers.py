@@ -18,7 +18,7 @@ from kvwire.testing.require import backend_module
 backend_module("ucxx._lib.libucxx", "ucx", "ucxx-cu12==0.52.0")  # skips, or fails when the run requires ucx
 
 from kvwire_ucx import wire  # noqa: E402
-from kvwire_ucx.faults import Direction  # noqa: E402
+from kvwire_ucx.faults import FrameFlow  # noqa: E402
 from test_ucx_pull import check_rows, ends  # noqa: E402
 from ucx_holders import Requester, block_names  # noqa: E402
 
@@ -115,7 +115,7 @@ def test_a_pull_an_offer_does_not_cover_whole_goes_to_the_holder(make_backend, h
 def test_cancelling_an_offer_ends_an_answer_mid_flight_and_the_offer_quiesces(make_backend, holders) -> None:
     e = ends(make_backend, holders, GROUPS, 8, SLOT)
     attempt, wake = offer(e, list(range(8)), e.names)
-    hold = e.b.engine.faults.hold(Direction.OUTGOING, lambda m: isinstance(m, wire.Ack))  # the pull never finishes
+    hold = e.b.engine.faults.hold(FrameFlow.OUTGOING, lambda m: isinstance(m, wire.Ack))  # the pull never finishes
     fetch, slots = e.req.fetch(e.a.address(), e.names, 10)
     assert wake.until(lambda: e.a.stats().pulls_offered == 1, 5)
     assert wake.until(lambda: e.b.stats().rows_received >= 16, 5)  # the rows are in; the Ack is held back
@@ -133,7 +133,7 @@ def test_cancelling_an_offer_ends_an_answer_mid_flight_and_the_offer_quiesces(ma
 def test_a_requester_that_cancels_ends_its_answer_only(make_backend, holders) -> None:
     e = ends(make_backend, holders, GROUPS, 8, SLOT)
     attempt, _ = offer(e, list(range(8)), e.names)
-    hold = e.a.engine.faults.hold(Direction.OUTGOING, lambda m: isinstance(m, wire.Offer))
+    hold = e.a.engine.faults.hold(FrameFlow.OUTGOING, lambda m: isinstance(m, wire.Offer))
     fetch, slots = e.req.fetch(e.a.address(), e.names, 10)
     assert Wake().until(lambda: bool(hold.messages), 5)
     fetch.cancel()
@@ -241,7 +241,7 @@ def test_answers_from_offers_beyond_max_pending_pulls_go_to_the_holder(make_back
     goes to the holder (who may decline it when busy) instead of opening another."""
     e = ends(make_backend, holders, GROUPS, 8, SLOT, serving={"max_pending_pulls": 1})
     attempt, wake = offer(e, list(range(8)), e.names)
-    hold = e.b.engine.faults.hold(Direction.OUTGOING, lambda m: isinstance(m, wire.Ack))  # the first stays open
+    hold = e.b.engine.faults.hold(FrameFlow.OUTGOING, lambda m: isinstance(m, wire.Ack))  # the first stays open
     first, first_slots = e.req.fetch(e.a.address(), e.names[:2], 10)
     assert wake.until(lambda: e.a.stats().pulls_offered == 1, 5)
     second, second_slots = e.req.fetch(e.a.address(), e.names[2:4], 10)
@@ -264,7 +264,7 @@ def test_an_offer_that_ends_with_an_answer_open_quiesces_once_that_answer_ended(
     requester's connection; shutdown() then returns the empty set."""
     e = ends(make_backend, holders, GROUPS, 8, SLOT, serving={"grace_s": 0.5})
     attempt, wake = offer(e, list(range(8)), e.names, timeout_s=3.0)
-    hold = e.b.engine.faults.hold(Direction.OUTGOING, lambda m: isinstance(m, wire.Ack | wire.Cancel))
+    hold = e.b.engine.faults.hold(FrameFlow.OUTGOING, lambda m: isinstance(m, wire.Ack | wire.Cancel))
     fetch, slots = e.req.fetch(e.a.address(), e.names, 30)
     assert wake.until(lambda: e.b.stats().rows_received >= 16, 5)  # the rows are in; the Ack is held back
     assert attempt.poll() is None and not attempt.quiesced()

@@ -640,7 +640,7 @@ def test_a_one_sided_stop_waits_for_the_requesters_word_or_the_grace() -> None:
 
 @pytest.mark.parametrize(("event", "cause", "declines"), [
     (ev.CancelReceived("the requester cancelled the pull"), Cause.PEER_CANCELLED, True),
-    (ev.WaitExpired(), Cause.DEADLINE, True),
+    (ev.AnswerUnclaimed(), Cause.DEADLINE, True),
     (ev.ConnectionLost("gone"), Cause.PEER_GONE, False),
     (ev.Shutdown(), Cause.SHUTDOWN, True),
 ])

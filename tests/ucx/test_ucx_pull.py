@@ -444,11 +444,11 @@ def test_an_offer_that_crosses_a_cancel_is_still_told_the_pull_is_over(make_back
     must conclude cancelled by the peer, not wait for an Ack until its deadline (found under load
     by the suite's N2, fixed in 55dfe49)."""
     from kvwire_ucx import wire
-    from kvwire_ucx.faults import Direction
+    from kvwire_ucx.faults import FrameFlow
 
     gate = threading.Event()
     e = ends(make_backend, holders, GROUPS, 4, SLOT, requester={"timeout_s": 10.0}, gate=gate)
-    cancels = e.b.engine.faults.hold(Direction.OUTGOING, lambda message: isinstance(message, wire.Cancel))
+    cancels = e.b.engine.faults.hold(FrameFlow.OUTGOING, lambda message: isinstance(message, wire.Cancel))
     attempt, slots = e.req.fetch(e.a.address(), e.names)
     assert e.holder.wait_requests(1, 5)
     attempt.cancel()
@@ -480,10 +480,10 @@ def test_a_cancel_that_finds_every_row_arrived_before_the_offer_still_tells_the_
     a cancel then finds nothing posted and must still tell the serving end (fixed in c5d6258;
     before, the serving end waited for its deadline)."""
     from kvwire_ucx import wire
-    from kvwire_ucx.faults import Direction
+    from kvwire_ucx.faults import FrameFlow
 
     e = ends(make_backend, holders, GROUPS, 4, SLOT, requester={"timeout_s": 10.0})
-    offers = e.b.engine.faults.hold(Direction.INCOMING, lambda message: isinstance(message, wire.Offer))
+    offers = e.b.engine.faults.hold(FrameFlow.INCOMING, lambda message: isinstance(message, wire.Offer))
     attempt, slots = e.req.fetch(e.a.address(), e.names)
     assert wait_for(lambda: e.b.stats().rows_received == 8 and len(offers.held) == 1, 5), "every row and the offer came"
     attempt.cancel()

@@ -35,7 +35,7 @@ from kvwire_ucx.attempt import AttemptKind, WireStats
 from kvwire_ucx.engine import Engine
 from kvwire_ucx.nixl import NixlAgent, NixlError
 from kvwire_ucx.offers import offered_groups
-from kvwire_ucx.regions import HostRegions
+from kvwire_ucx.regions import RegisteredRegions
 from kvwire_ucx.settings import UcxSettings, capabilities_for
 
 __all__ = ["UcxBackend", "capabilities_for"]
@@ -60,7 +60,7 @@ class UcxBackend(Backend, ServesPulls, OffersPulls):
         with widened():  # its threads (and UCX's, NIXL's) must not inherit an engine's one-core pin
             self._engine = Engine(settings)
         self._capabilities = capabilities_for(settings, self._engine.memory_kinds)
-        self._regions = HostRegions(self._engine.memory_kinds)
+        self._regions = RegisteredRegions(self._engine.memory_kinds)
         self._closed = False
         log.debug("kvwire-ucx backend listening on %s", self._engine.address)
 

@@ -40,7 +40,7 @@ from kvwire_ucx.address import PeerAddress, is_loopback
 from kvwire_ucx.attempt import AttemptKind, UcxAttempt, WireStats
 from kvwire_ucx.connection import Connection, Connections, ConnectionState, Endpoints
 from kvwire_ucx.cuda import CudaError, make_current, reaches_cuda
-from kvwire_ucx.faults import Direction, Faults
+from kvwire_ucx.faults import Faults, FrameFlow
 from kvwire_ucx.jobs import FetchJob, Job, ReplyJob
 from kvwire_ucx.nixl import NixlAgent
 from kvwire_ucx.offers import OfferedGroup, StandingOffer
@@ -436,7 +436,7 @@ class Engine:
     # ================================================================ connections (Router)
 
     def send(self, conn: Connection, message: wire.Message) -> None:
-        if self.faults.active and self.faults.held(Direction.OUTGOING, conn, message):
+        if self.faults.active and self.faults.held(FrameFlow.OUTGOING, conn, message):
             return
         problem = self.wires.send(conn, message)
         if problem is not None:
@@ -459,7 +459,7 @@ class Engine:
         for message in messages:
             if conn.closed:
                 return False
-            if self.faults.active and self.faults.held(Direction.INCOMING, conn, message):
+            if self.faults.active and self.faults.held(FrameFlow.INCOMING, conn, message):
                 continue
             self._dispatch(conn, message)
         return True

@@ -2,7 +2,7 @@
 that a test makes two events cross (a ``Cancel`` and an ``Offer`` on the wire, rows before their
 offer, a slow ``Ack``) through the real engine instead of by patching it.
 
-    hold = backend.engine.faults.hold(Direction.OUTGOING, lambda m: isinstance(m, wire.Cancel))
+    hold = backend.engine.faults.hold(FrameFlow.OUTGOING, lambda m: isinstance(m, wire.Cancel))
     ...                      # the Cancel is held at this end, everything else flows
     hold.release()           # it goes out now, as if it had been slow
 
@@ -19,19 +19,21 @@ from kvwire_ucx import wire
 from kvwire_ucx.connection import Connection
 from kvwire_ucx.reactor import Reactor
 
-__all__ = ["Direction", "Faults", "Hold"]
+__all__ = ["Faults", "FrameFlow", "FrameHold"]
 
 
-class Direction(enum.Enum):
+class FrameFlow(enum.Enum):
+    """Which way a frame goes at this end."""
+
     OUTGOING = "outgoing"  #: frames this end sends, held before they reach the socket
     INCOMING = "incoming"  #: frames this end received, held before they are routed
 
 
-class Hold:
+class FrameHold:
     """Frames of one direction that ``matches`` picks, held back from the moment the progress
     thread takes the hold up until :meth:`release`."""
 
-    def __init__(self, faults: Faults, direction: Direction, matches: Callable[[wire.Message], bool]) -> None:
+    def __init__(self, faults: Faults, direction: FrameFlow, matches: Callable[[wire.Message], bool]) -> None:
         self._faults = faults
         self.direction = direction
         self.matches = matches
@@ -57,11 +59,11 @@ class Faults:
         self._reactor = reactor
         self._send = send
         self._route = route
-        self._holds: list[Hold] = []  # touched only on the progress thread
+        self._holds: list[FrameHold] = []  # touched only on the progress thread
 
-    def hold(self, direction: Direction, matches: Callable[[wire.Message], bool]) -> Hold:
+    def hold(self, direction: FrameFlow, matches: Callable[[wire.Message], bool]) -> FrameHold:
         """Hold back the frames of ``direction`` that ``matches`` picks, until released."""
-        hold = Hold(self, direction, matches)
+        hold = FrameHold(self, direction, matches)
         self._reactor.submit(self._holds.append, hold)
         return hold
 
@@ -69,7 +71,7 @@ class Faults:
     def active(self) -> bool:
         return bool(self._holds)
 
-    def held(self, direction: Direction, conn: Connection, message: wire.Message) -> bool:
+    def held(self, direction: FrameFlow, conn: Connection, message: wire.Message) -> bool:
         """Whether a hold took ``message`` (the engine then does nothing more with it)."""
         for hold in self._holds:
             if hold.direction is direction and hold.matches(message):
@@ -77,14 +79,14 @@ class Faults:
                 return True
         return False
 
-    def inject(self, direction: Direction, conn: Connection, message: wire.Message) -> None:
+    def inject(self, direction: FrameFlow, conn: Connection, message: wire.Message) -> None:
         """A frame a test makes up, from the progress thread after what it is doing now: sent on
         ``conn`` (OUTGOING), or routed as if it had arrived on ``conn`` (INCOMING), by the engine's
         own paths (a hold of that direction may take it). Nothing happens on a closed connection."""
-        go = self._send if direction is Direction.OUTGOING else self._route
+        go = self._send if direction is FrameFlow.OUTGOING else self._route
         self._reactor.submit(lambda: None if conn.closed else go(conn, message))
 
-    def _release(self, hold: Hold, after_s: float) -> None:
+    def _release(self, hold: FrameHold, after_s: float) -> None:
         if hold in self._holds:
             self._holds.remove(hold)
         if after_s > 0:
@@ -92,8 +94,8 @@ class Faults:
         else:
             self._let_go(hold)
 
-    def _let_go(self, hold: Hold) -> None:
-        go = self._send if hold.direction is Direction.OUTGOING else self._route
+    def _let_go(self, hold: FrameHold) -> None:
+        go = self._send if hold.direction is FrameFlow.OUTGOING else self._route
         for conn, message in hold.held:
             if not conn.closed:
                 go(conn, message)

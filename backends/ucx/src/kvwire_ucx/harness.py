@@ -51,11 +51,11 @@ class ServingHold(Hold):
 
     def __init__(self, engine: Any) -> None:
         from kvwire_ucx import wire
-        from kvwire_ucx.faults import Direction
+        from kvwire_ucx.faults import FrameFlow
 
         self._engine = engine
         answers = (wire.Offer, wire.ReadOffer, wire.Decline)
-        self._hold = engine.faults.hold(Direction.OUTGOING, lambda m: isinstance(m, answers))
+        self._hold = engine.faults.hold(FrameFlow.OUTGOING, lambda m: isinstance(m, answers))
         self._released = False
         _sync(engine)
 
@@ -94,18 +94,18 @@ class PlanFaults:
 
     def held(self, direction: Any, conn: Any, message: Any) -> bool:
         from kvwire_ucx import wire
-        from kvwire_ucx.faults import Direction
+        from kvwire_ucx.faults import FrameFlow
 
-        if direction is Direction.INCOMING and isinstance(message, wire.Pull):
+        if direction is FrameFlow.INCOMING and isinstance(message, wire.Pull):
             names = np.frombuffer(message.names, dtype=np.uint8).reshape(message.count, message.width)
             if (faulted_rows(self._plan, "fetch", names) | faulted_rows(self._plan, "publish", names)).any():
                 self._doomed.add((conn, message.transfer))
-        elif (direction is Direction.OUTGOING and isinstance(message, (wire.Offer, wire.ReadOffer))
+        elif (direction is FrameFlow.OUTGOING and isinstance(message, (wire.Offer, wire.ReadOffer))
               and (conn, message.transfer) in self._doomed):
             self._doomed.discard((conn, message.transfer))
             reason = "injected fault: the serving end failed a block of this pull"
-            self._inner.inject(Direction.OUTGOING, conn, wire.Decline(message.transfer, reason))
-            self._inner.inject(Direction.INCOMING, conn, wire.Cancel(message.transfer, reason))
+            self._inner.inject(FrameFlow.OUTGOING, conn, wire.Decline(message.transfer, reason))
+            self._inner.inject(FrameFlow.INCOMING, conn, wire.Cancel(message.transfer, reason))
             if isinstance(message, wire.ReadOffer) and message.metadata:
                 # The serving end counts its NIXL metadata as sent on this connection once it sent
                 # it; it never went out, so the next ReadOffer must carry it again.

@@ -2,8 +2,8 @@
 connection and the row mover it uses (:class:`FetchJob`, :class:`ReplyJob`), the holder's
 ticket for answering a pull (:class:`Ticket`), what the two sides of the engine
 (:mod:`kvwire_ucx.requesting`, :mod:`kvwire_ucx.serving`) ask of the engine that routes their
-events (:class:`Router`) and what each works with (:class:`Side`). Data only; the engine drives
-them."""
+events (:class:`Router`) and what each works with (:class:`EngineContext`). Data only; the engine
+drives them."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from kvwire_ucx.regions import GroupRows
 from kvwire_ucx.settings import UcxSettings
 from kvwire_ucx.tag_rows import TagReceives, TagSends
 
-__all__ = ["FetchJob", "Job", "ReplyJob", "Router", "Side", "Ticket"]
+__all__ = ["EngineContext", "FetchJob", "Job", "ReplyJob", "Router", "Ticket"]
 
 
 class FetchJob:
@@ -120,10 +120,11 @@ class Router(Protocol):
     def quiesce(self, attempt: UcxAttempt) -> None: ...                 # unless it quiesced already; wakes
 
 
-class Side:
-    """What each side of the engine works with: the engine (as its :class:`Router`), the engine's
-    lock (for what holder threads touch), the settings, the NIXL agent (one-sided mode only) and
-    the reactor (for timers and wakes)."""
+class EngineContext:
+    """What the engine gives each of its two sides (:class:`~kvwire_ucx.requesting.Requesting`,
+    :class:`~kvwire_ucx.serving.Serving`) to work with: the engine (as its :class:`Router`), the
+    engine's lock (for what holder threads touch), the settings, the NIXL agent (one-sided mode
+    only) and the reactor (for timers and wakes)."""
 
     def __init__(self, router: Router, lock: threading.Lock, settings: UcxSettings, nixl: NixlAgent | None,
                  reactor: Reactor) -> None:

@@ -17,7 +17,7 @@ import numpy as np
 from kvwire.contract import InvalidSubmission, MemoryKind, RegionTable, SlotRegion, View
 from kvwire.contract.backend import Registration
 
-__all__ = ["HostRegions", "GroupRows", "DeviceBytes", "HOST"]
+__all__ = ["RegisteredRegions", "GroupRows", "DeviceBytes", "HOST"]
 
 #: ``GroupRows.memory`` of host memory (else the CUDA device index).
 HOST = -1
@@ -75,7 +75,7 @@ def _views(region: SlotRegion) -> tuple[np.ndarray | DeviceBytes, np.ndarray | D
 class _Registration(Registration):
     """The table's registration; closing it (once) also lets go of the views."""
 
-    def __init__(self, owner: HostRegions, inner: Registration, token: int) -> None:
+    def __init__(self, owner: RegisteredRegions, inner: Registration, token: int) -> None:
         self._owner = owner
         self._inner = inner
         self._token = token
@@ -89,7 +89,7 @@ class _Registration(Registration):
         self._owner._forget(self._token)
 
 
-class HostRegions:
+class RegisteredRegions:
     """The regions registered with one backend (a :class:`RegionTable`) and their views."""
 
     def __init__(self, memory_kinds: frozenset[MemoryKind]) -> None:

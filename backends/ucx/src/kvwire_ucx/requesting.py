@@ -16,7 +16,7 @@ from kvwire.contract import View
 from kvwire_ucx import wire
 from kvwire_ucx.address import PeerAddress
 from kvwire_ucx.connection import Connection, Connections
-from kvwire_ucx.jobs import FetchJob, Router, Side
+from kvwire_ucx.jobs import EngineContext, FetchJob, Router
 from kvwire_ucx.nixl import NixlAgent, NixlError
 from kvwire_ucx.nixl_reads import RangeReads
 from kvwire_ucx.protocol import events as ev
@@ -29,7 +29,7 @@ from kvwire_ucx.tag_rows import TagReceives
 __all__ = ["Requesting"]
 
 
-class Requesting(Side):
+class Requesting(EngineContext):
     """The fetches of one engine, by connection and transfer id; ``wires`` open their
     connections, greeting with ``hello``."""
 

@@ -24,7 +24,7 @@ from kvwire.contract.serving import PullRequest
 from kvwire_ucx import wire
 from kvwire_ucx.attempt import AttemptKind, UcxAttempt
 from kvwire_ucx.connection import Connection
-from kvwire_ucx.jobs import ReplyJob, Router, Side, Ticket
+from kvwire_ucx.jobs import EngineContext, ReplyJob, Router, Ticket
 from kvwire_ucx.nixl import NixlAgent
 from kvwire_ucx.offers import OfferIndex, StandingOffer
 from kvwire_ucx.protocol import events as ev
@@ -52,7 +52,7 @@ _NIXL_SERVE_POLL_S = 0.005
 OFFER_ANSWER_RATE = 0.5e9
 
 
-class Serving(Side):
+class Serving(EngineContext):
     """The replies of one engine, by connection and transfer id, and the holder's tickets (each
     names this end's ``instance``)."""
 
@@ -161,7 +161,7 @@ class Serving(Side):
         with self._lock:
             self._tickets[pull_id] = job
             self._incoming.append(job)
-        self._reactor.call_later(timeout_s, lambda: self._wait_expired(job))
+        self._reactor.call_later(timeout_s, lambda: self._deadline_passed(job))
         self._reactor.wake_later(wake)
 
     def on_word(self, conn: Connection, message: wire.Go | wire.Cancel | wire.Ack) -> None:
@@ -259,11 +259,11 @@ class Serving(Side):
         self._router.count("pulls_declined")
         self._router.send(conn, wire.Decline(transfer, wire.clip_reason(reason)))
 
-    def _wait_expired(self, job: ReplyJob) -> None:
+    def _deadline_passed(self, job: ReplyJob) -> None:
         with self._lock:
             unclaimed = job.ticket is Ticket.OPEN
         if unclaimed and job.machine.state is ServerState.WAITING:
-            self._router.feed(job, ev.WaitExpired())
+            self._router.feed(job, ev.AnswerUnclaimed())
 
     def answer(self, job: ReplyJob, attempt: UcxAttempt, groups: tuple[GroupRows, ...], rows: tuple[int, ...],
                refusal: str | None, deadline: float) -> None:

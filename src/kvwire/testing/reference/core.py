@@ -1,6 +1,6 @@
 """What the reference store and the reference peer share: what they declare
 (:func:`reference_capabilities`), an attempt's two states (its outcome and its access to memory),
-the backend's threads (:class:`Reactor`), and moving rows between registered memory and plain
+the backend's threads (:class:`Runner`), and moving rows between registered memory and plain
 arrays.
 
 Every rule about *when* an attempt changes is here, once:
@@ -51,7 +51,7 @@ from kvwire.contract import (
 )
 from kvwire.contract.regions import Located
 
-__all__ = ["Access", "ReferenceAttempt", "Reactor", "read_rows", "reference_capabilities", "write_rows"]
+__all__ = ["Access", "ReferenceAttempt", "Runner", "read_rows", "reference_capabilities", "write_rows"]
 
 
 #: The contract version the reference backends implement, a literal (docs/contract.md, Versions),
@@ -92,11 +92,11 @@ class Access(enum.Enum):
 
 
 class ReferenceAttempt(Attempt):
-    """One submission. Its state changes only under ``reactor.lock``; its methods never block
+    """One submission. Its state changes only under ``runner.lock``; its methods never block
     beyond taking that lock, which no thread holds across a call to the other end."""
 
-    def __init__(self, reactor: Reactor, op: str, view: View, wake: WakeFn, timeout_s: float) -> None:
-        self.reactor = reactor
+    def __init__(self, runner: Runner, op: str, view: View, wake: WakeFn, timeout_s: float) -> None:
+        self.runner = runner
         self.op = op
         self.view = view
         self.wake = wake
@@ -117,10 +117,10 @@ class ReferenceAttempt(Attempt):
         return self.access is Access.ENDED
 
     def cancel(self) -> None:
-        with self.reactor.lock:
+        with self.runner.lock:
             self.conclude_locked(OutcomeStatus.CANCELLED, Cause.HOLDER_CANCELLED, "cancelled by the holder")
 
-    # -- the backend's transitions, each under reactor.lock -------------------------------------
+    # -- the backend's transitions, each under runner.lock --------------------------------------
 
     @property
     def concluded(self) -> bool:
@@ -152,7 +152,7 @@ class ReferenceAttempt(Attempt):
         self.outcome = outcome
         if self.access is Access.WAITING:
             self.access = Access.ENDED
-        self.reactor.changed_locked(self)
+        self.runner.changed_locked(self)
         return True
 
     def expire_locked(self) -> None:
@@ -172,14 +172,14 @@ class ReferenceAttempt(Attempt):
         if self.access is Access.TOUCHING:
             self.access = Access.ENDED if self.outcome is not None else Access.WAITING
             if self.access is Access.ENDED:
-                self.reactor.changed_locked(self)
+                self.runner.changed_locked(self)
 
     def end_access_locked(self) -> None:
         """The backend is done with the view's memory even though the attempt has not concluded
         (a publish whose bytes are copied out, waiting for the other end to confirm)."""
         if self.access is not Access.ENDED:
             self.access = Access.ENDED
-            self.reactor.changed_locked(self)
+            self.runner.changed_locked(self)
 
     @property
     def settled(self) -> bool:
@@ -189,7 +189,7 @@ class ReferenceAttempt(Attempt):
         return f"<{type(self).__name__} {self.op} {self.outcome!r} access={self.access.value}>"
 
 
-class Reactor:
+class Runner:
     """The threads of one backend instance (B1: never shared): ``workers`` threads that run jobs
     in submission order, and one clock thread that concludes attempts whose deadline passed and
     calls the wakes of changes made on a holder's thread (``cancel()``, ``shutdown()``)."""

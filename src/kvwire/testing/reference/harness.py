@@ -23,8 +23,8 @@ from kvwire.testing.reference.peer import (
     Fault,
     Link,
     Message,
+    PullMessage,
     ReferencePeer,
-    Request,
     Rows,
     peer_capabilities,
 )
@@ -171,7 +171,7 @@ class ControlledLink(Link):
         self.names: dict[int, np.ndarray] = {}
 
     def handle(self, at: bytes, message: Message, handler: Callable[[Message], None]) -> None:
-        if isinstance(message, Request) and self.plan:
+        if isinstance(message, PullMessage) and self.plan:
             self.names[message.ticket] = message.names
         if isinstance(message, Rows) and self.plan and message.ticket in self.names:
             count = message.data[0].shape[0] if message.data else 0
@@ -179,7 +179,7 @@ class ControlledLink(Link):
             hit = faulted_rows(self.plan, "fetch", names) | faulted_rows(self.plan, "publish", names)
             if hit.any():
                 message = Fault(message.ticket, f"injected fault: the server failed block {int(np.argmax(hit))}")
-        if at == self.serving and not isinstance(message, Request):
+        if at == self.serving and not isinstance(message, PullMessage):
             with self.gate.passage():
                 handler(message)
         else:

@@ -20,7 +20,7 @@ import numpy as np
 
 from kvwire.contract import Cause, InvalidSubmission, OutcomeStatus, View, WakeFn
 from kvwire.contract.regions import Located
-from kvwire.testing.reference.core import Access, Reactor, ReferenceAttempt, read_rows
+from kvwire.testing.reference.core import Access, ReferenceAttempt, Runner, read_rows
 
 __all__ = ["StandingOffer", "OfferedAnswer", "OfferIndex", "check_offer"]
 
@@ -69,9 +69,9 @@ class OfferedAnswer:
 class StandingOffer(ReferenceAttempt):
     """An offer (O1): the attempt, where its rows lie, and the answers that hold a claim on it."""
 
-    def __init__(self, reactor: Reactor, view: View, wake: WakeFn, timeout_s: float, located: tuple[Located, ...],
+    def __init__(self, runner: Runner, view: View, wake: WakeFn, timeout_s: float, located: tuple[Located, ...],
                  on_end: Callable[[StandingOffer], None]) -> None:
-        super().__init__(reactor, "offer", view, wake, timeout_s)
+        super().__init__(runner, "offer", view, wake, timeout_s)
         self.located = located
         self.on_end = on_end
         #: Answers that may still read its rows (O1.8): claimed, and not yet done reading.

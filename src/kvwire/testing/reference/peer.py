@@ -9,7 +9,7 @@ thread (nothing shares an attempt across peers; they learn of each other only by
 
     requester                                   server
     fetch(view, Hint.of("peer", address=...))
-        ---- Request(ticket, groups, names) ---->  incoming() after a wake; the holder pins
+        -- PullMessage(ticket, groups, names) -->  incoming() after a wake; the holder pins
                                                    the held prefix and answers publish(view,
                                                    ticket), or decline(request, reason)
         <--- Rows(ticket, bytes of the prefix) --  the answer has copied its rows out: it
@@ -27,7 +27,7 @@ rows stand, and one standing offer holds every requested group, at the expected 
 every requested name::
 
     requester                                   server
-        ---- Request(ticket, groups, names) ---->  covered whole by one standing offer: the
+        -- PullMessage(ticket, groups, names) -->  covered whole by one standing offer: the
                                                    answer claims the offer, copies the rows of
                                                    those names (the offer quiesces only once no
                                                    claim is left), and nothing reaches
@@ -88,15 +88,15 @@ from kvwire.contract import (
 )
 from kvwire.contract.regions import Located
 from kvwire.testing.reference.core import (
-    Reactor,
     ReferenceAttempt,
+    Runner,
     read_rows,
     reference_capabilities,
     write_rows,
 )
 from kvwire.testing.reference.offers import OfferedAnswer, OfferIndex, StandingOffer, check_offer
 
-__all__ = ["ReferencePeer", "Fabric", "Link", "Request", "Rows", "Ack", "Cancel", "Declined", "Fault",
+__all__ = ["ReferencePeer", "Fabric", "Link", "PullMessage", "Rows", "Ack", "Cancel", "Declined", "Fault",
            "peer_capabilities"]
 
 #: Numbers every peer made in this process: a ticket names the instance that handed it out (H1.13),
@@ -115,7 +115,9 @@ def peer_capabilities(max_in_flight: int = 16) -> Capabilities:
 # -- messages ------------------------------------------------------------------------------------
 
 @dataclass(frozen=True, slots=True)
-class Request:
+class PullMessage:
+    """A requester's pull: the rows of ``names`` in ``groups``, to be answered to ``reply_to``."""
+
     ticket: int
     reply_to: bytes
     groups: tuple[int, ...]
@@ -158,7 +160,7 @@ class Fault:
     reason: str
 
 
-Message = Request | Rows | Ack | Cancel | Declined | Fault
+Message = PullMessage | Rows | Ack | Cancel | Declined | Fault
 
 
 class Link:
@@ -199,9 +201,9 @@ class Fabric:
 class _Pull(ReferenceAttempt):
     """A requester's fetch: where its rows go, and the server it asked."""
 
-    def __init__(self, reactor: Reactor, view: View, wake: WakeFn, timeout_s: float, located: tuple[Located, ...],
+    def __init__(self, runner: Runner, view: View, wake: WakeFn, timeout_s: float, located: tuple[Located, ...],
                  server: bytes, ticket: int) -> None:
-        super().__init__(reactor, "fetch", view, wake, timeout_s)
+        super().__init__(runner, "fetch", view, wake, timeout_s)
         self.located = located
         self.server = server
         self.ticket = ticket
@@ -218,9 +220,9 @@ class _Pull(ReferenceAttempt):
 class _Answer(ReferenceAttempt):
     """A server's publish answering a pull."""
 
-    def __init__(self, reactor: Reactor, view: View, wake: WakeFn, timeout_s: float, located: tuple[Located, ...],
+    def __init__(self, runner: Runner, view: View, wake: WakeFn, timeout_s: float, located: tuple[Located, ...],
                  ticket: int, reply_to: bytes) -> None:
-        super().__init__(reactor, "publish", view, wake, timeout_s)
+        super().__init__(runner, "publish", view, wake, timeout_s)
         self.located = located
         self.ticket = ticket
         self.reply_to = reply_to
@@ -237,7 +239,7 @@ class ReferencePeer(Backend, ServesPulls, OffersPulls):
         self._timeout_s = float(timeout_s)
         self._capabilities = peer_capabilities(max_in_flight)
         self._table = RegionTable(self._capabilities.memory_kinds)
-        self._reactor = Reactor(f"kvwire-reference-peer-{name}", max_in_flight)
+        self._runner = Runner(f"kvwire-reference-peer-{name}", max_in_flight)
         # requester side: pulls waiting for the server's answer, and messages to send
         self._pulls: dict[int, _Pull] = {}
         self._outbox: list[tuple[bytes, Message]] = []
@@ -276,17 +278,17 @@ class ReferencePeer(Backend, ServesPulls, OffersPulls):
 
     def fetch(self, view: View, hint: Hint, wake: WakeFn) -> ReferenceAttempt:
         """Pull the view's blocks by name from the peer the hint names."""
-        reactor = self._reactor
-        if reactor.closed:
+        runner = self._runner
+        if runner.closed:
             raise SubmissionRejected("this peer is shut down; it takes no fetch")
         server, credentials = self._peer_of(hint)
         located = self._table.locate_view(view)
         if view.overlapping_rows() is not None:
             raise InvalidSubmission("fetch rows overlap: two rows locate the same memory (V4)")
         if not view.groups:  # V1.7: a view without groups concludes like any other; there is nothing to ask
-            pull = _Pull(reactor, view, wake, self._timeout_s, located, server, next(self._fabric.tickets))
-            with reactor.lock:
-                reactor.admit_locked(pull, "fetch")
+            pull = _Pull(runner, view, wake, self._timeout_s, located, server, next(self._fabric.tickets))
+            with runner.lock:
+                runner.admit_locked(pull, "fetch")
                 pull.conclude_locked(OutcomeStatus.DELIVERED)
             return pull
         first = view.groups[0].names
@@ -298,15 +300,15 @@ class ReferencePeer(Backend, ServesPulls, OffersPulls):
         assert first is not None
         ticket = next(self._fabric.tickets)
         timeout_s = self._timeout_s if hint.timeout_s is None else hint.timeout_s
-        pull = _Pull(reactor, view, wake, timeout_s, located, server, ticket)
+        pull = _Pull(runner, view, wake, timeout_s, located, server, ticket)
         pull.peer = self
-        with reactor.lock:
-            reactor.admit_locked(pull, "fetch")
+        with runner.lock:
+            runner.admit_locked(pull, "fetch")
             self._pulls[ticket] = pull
-        request = Request(ticket, self.address(), tuple(g.group_id for g in view.groups),
+        request = PullMessage(ticket, self.address(), tuple(g.group_id for g in view.groups),
                           tuple(g.region.slot_bytes for g in view.groups), first, credentials)
         if not self._send(server, request):
-            with reactor.lock:
+            with runner.lock:
                 self._pulls.pop(ticket, None)
                 pull.conclude_locked(OutcomeStatus.FAILED, Cause.PEER_GONE,
                                      f"no peer answers at {server!r}")
@@ -330,11 +332,11 @@ class ReferencePeer(Backend, ServesPulls, OffersPulls):
     # -- serving (N2) ---------------------------------------------------------------------------
 
     def serve(self, wake: WakeFn) -> None:
-        with self._reactor.lock:
+        with self._runner.lock:
             self._serving_wake = wake
 
     def incoming(self) -> tuple[PullRequest, ...]:
-        with self._reactor.lock:
+        with self._runner.lock:
             taken = tuple(self._requests.values())
             self._taken.update(self._requests)
             self._requests.clear()
@@ -342,7 +344,7 @@ class ReferencePeer(Backend, ServesPulls, OffersPulls):
 
     def decline(self, request: PullRequest, reason: str) -> None:
         ticket = _ticket_of(request.ticket)
-        with self._reactor.lock:
+        with self._runner.lock:
             reply_to = self._replies.pop(ticket, None) if ticket in self._taken else None
             self._taken.pop(ticket, None)
             self._withdrawn.discard(ticket)
@@ -351,8 +353,8 @@ class ReferencePeer(Backend, ServesPulls, OffersPulls):
 
     def publish(self, view: View, hint: Hint, wake: WakeFn) -> ReferenceAttempt:
         """Answer a pull: send the view's rows (the held prefix, in the request's group order)."""
-        reactor = self._reactor
-        if reactor.closed:
+        runner = self._runner
+        if runner.closed:
             raise SubmissionRejected("this peer is shut down; it takes no publish")
         if not isinstance(hint, Hint) or hint.kind != "ticket" or not isinstance(hint.get("id"), int):
             raise InvalidSubmission(f"a peer publishes only to answer a pull, with the request's ticket; got {hint!r}")
@@ -370,12 +372,12 @@ class ReferencePeer(Backend, ServesPulls, OffersPulls):
         if len(counts) > 1:
             raise InvalidSubmission(f"an answer sends the same prefix in every group, got row counts {sorted(counts)}")
         timeout_s = self._timeout_s if hint.timeout_s is None else hint.timeout_s
-        with reactor.lock:
+        with runner.lock:
             if ticket in self._withdrawn:
                 # The requester cancelled after the holder took its request: the answer ends at
                 # once, cancelled by the peer, and touches nothing.
-                answer = _Answer(reactor, view, wake, timeout_s, located, ticket, b"")
-                reactor.admit_locked(answer, "publish")
+                answer = _Answer(runner, view, wake, timeout_s, located, ticket, b"")
+                runner.admit_locked(answer, "publish")
                 self._withdrawn.discard(ticket)
                 answer.conclude_locked(OutcomeStatus.CANCELLED, Cause.PEER_CANCELLED,
                                        "the requesting peer cancelled the pull", by_peer=True)
@@ -384,8 +386,8 @@ class ReferencePeer(Backend, ServesPulls, OffersPulls):
             if request is None:
                 raise InvalidSubmission(f"ticket {ticket} names no pull this peer has taken through incoming() "
                                         "and not yet answered")
-            answer = _Answer(reactor, view, wake, timeout_s, located, ticket, self._replies[ticket])
-            reactor.admit_locked(answer, "publish")
+            answer = _Answer(runner, view, wake, timeout_s, located, ticket, self._replies[ticket])
+            runner.admit_locked(answer, "publish")
             del self._taken[ticket]
             del self._replies[ticket]
             misfit = _misfit(view, request)
@@ -393,24 +395,24 @@ class ReferencePeer(Backend, ServesPulls, OffersPulls):
                 # N2.12: the answer fails, and so does the requester's fetch, saying why.
                 answer.conclude_locked(OutcomeStatus.FAILED, Cause.FAULT, f"the answer does not fit its pull: {misfit}")
                 self._outbox.append((answer.reply_to, Fault(ticket, f"the server's answer does not fit: {misfit}")))
-                reactor.run(self._flush)
+                runner.run(self._flush)
                 return answer
             self._answers[ticket] = answer
-        reactor.run(lambda: self._send_rows(answer))
+        runner.run(lambda: self._send_rows(answer))
         return answer
 
     def _send_rows(self, answer: _Answer) -> None:
         """Worker: copy the answer's rows out, quiesce, send them; conclude on the Ack."""
-        with self._reactor.lock:
+        with self._runner.lock:
             if not answer.touch_locked():
                 return
         data = tuple(read_rows(loc, g.region.slot_bytes) for g, loc in zip(answer.view.groups, answer.located,
                                                                            strict=True))
-        with self._reactor.lock:
+        with self._runner.lock:
             answer.untouch_locked()
             answer.end_access_locked()  # A2: quiesced before concluded; the Ack concludes it
         if not self._send(answer.reply_to, Rows(answer.ticket, self.address(), data)):
-            with self._reactor.lock:
+            with self._runner.lock:
                 self._answers.pop(answer.ticket, None)
                 answer.conclude_locked(OutcomeStatus.FAILED, Cause.PEER_GONE, "the requesting peer is gone")
 
@@ -418,14 +420,14 @@ class ReferencePeer(Backend, ServesPulls, OffersPulls):
 
     def offer(self, view: View, wake: WakeFn, timeout_s: float | None = None) -> StandingOffer:
         """Stand ready to answer pulls of the view's named rows without the holder (O1)."""
-        reactor = self._reactor
-        if reactor.closed:
+        runner = self._runner
+        if runner.closed:
             raise SubmissionRejected("this peer is shut down; it takes no offer")
         located = self._table.locate_view(view)  # M1, M4, V1: as a publish is checked
         deadline_s = self._offer_deadline(view, timeout_s)
-        offer = self._offer_type(reactor, view, wake, deadline_s, located, self._offer_ended_locked)
-        with reactor.lock:
-            reactor.admit_locked(offer, "offer")  # O1.3: one queue slot, taken last
+        offer = self._offer_type(runner, view, wake, deadline_s, located, self._offer_ended_locked)
+        with runner.lock:
+            runner.admit_locked(offer, "offer")  # O1.3: one queue slot, taken last
             self._offers.add(offer)
         return offer
 
@@ -448,9 +450,9 @@ class ReferencePeer(Backend, ServesPulls, OffersPulls):
                 self._outbox.append((answer.reply_to, Fault(answer.ticket, "the offer answering this pull ended "
                                                                            "before its rows were sent")))
         if self._outbox:
-            self._reactor.run(self._flush)
+            self._runner.run(self._flush)
 
-    def _claim_locked(self, message: Request) -> OfferedAnswer | None:
+    def _claim_locked(self, message: PullMessage) -> OfferedAnswer | None:
         """The answer to ``message`` from the one standing offer that covers it whole, which it
         claims (O1.4); ``None`` when none does (O1.5)."""
         found = self._offers.cover(message.groups, message.slot_bytes, message.names)
@@ -466,12 +468,12 @@ class ReferencePeer(Backend, ServesPulls, OffersPulls):
         """Worker: copy the offered rows the pull names, let go of the offer, send them. No wake
         of the holder's: neither the offer's nor the serve wake (O1.10)."""
         offer = answer.offer
-        with self._reactor.lock:
+        with self._runner.lock:
             if answer.ended:
                 return  # the offer concluded while this answer waited; its requester was told
             answer.reading = True
         data = offer.read(answer)  # outside the lock: the claim keeps the offer from quiescing
-        with self._reactor.lock:
+        with self._runner.lock:
             answer.reading = False
             self._offered.pop(answer.ticket, None)
             offer.release_locked(answer)
@@ -487,26 +489,26 @@ class ReferencePeer(Backend, ServesPulls, OffersPulls):
 
     def receive(self, message: Message) -> bool:
         """Called by the fabric from the sender's thread: queue ``message`` for our worker."""
-        with self._reactor.lock:
-            if self._reactor.closed and not isinstance(message, (Cancel, Ack)):
+        with self._runner.lock:
+            if self._runner.closed and not isinstance(message, (Cancel, Ack)):
                 closed = True
             else:
                 closed = False
         if closed:
-            if isinstance(message, Request):
+            if isinstance(message, PullMessage):
                 self._send(message.reply_to, Declined(message.ticket, "the serving peer shut down"))
             return True
-        self._reactor.run(lambda: self._fabric.link.handle(self.address(), message, self._handle))
+        self._runner.run(lambda: self._fabric.link.handle(self.address(), message, self._handle))
         return True
 
     def _handle(self, message: Message) -> None:
         """Worker: act on one message (through the fabric's link, which may hold or fault it)."""
-        if isinstance(message, Request):
+        if isinstance(message, PullMessage):
             self._on_request(message)
         elif isinstance(message, Rows):
             self._on_rows(message)
         elif isinstance(message, Ack):
-            with self._reactor.lock:
+            with self._runner.lock:
                 answer = self._answers.pop(message.ticket, None)
                 if answer is not None:
                     # The requester holds the served prefix now (A5: the rows the other end holds).
@@ -516,7 +518,7 @@ class ReferencePeer(Backend, ServesPulls, OffersPulls):
         elif isinstance(message, Cancel):
             self._on_cancel(message)
         else:
-            with self._reactor.lock:
+            with self._runner.lock:
                 pull = self._pulls.get(message.ticket)
                 if pull is not None:
                     if isinstance(message, Declined):
@@ -527,8 +529,8 @@ class ReferencePeer(Backend, ServesPulls, OffersPulls):
                         # A fault: the pull ends, and the Cancel it sends ends the server's answer.
                         pull.conclude_locked(OutcomeStatus.FAILED, Cause.FAULT, message.reason)
 
-    def _on_request(self, message: Request) -> None:
-        with self._reactor.lock:
+    def _on_request(self, message: PullMessage) -> None:
+        with self._runner.lock:
             offered = self._claim_locked(message) if self._serving_wake is not None else None
         with self._fabric.link.answering(self.address(), message.ticket):
             if offered is not None:
@@ -536,9 +538,9 @@ class ReferencePeer(Backend, ServesPulls, OffersPulls):
             else:
                 self._to_holder(message)
 
-    def _to_holder(self, message: Request) -> None:
+    def _to_holder(self, message: PullMessage) -> None:
         """N2.4: the pull becomes visible through incoming(), and the serve wake follows."""
-        with self._reactor.lock:
+        with self._runner.lock:
             wake = self._serving_wake
             if wake is not None:
                 request = PullRequest(Hint.of("ticket", id=message.ticket, at=self._ticket_at), message.groups, message.slot_bytes,
@@ -546,12 +548,12 @@ class ReferencePeer(Backend, ServesPulls, OffersPulls):
                                       credentials=message.credentials)
                 self._requests[message.ticket] = request
                 self._replies[message.ticket] = message.reply_to
-                self._reactor.later_locked(wake)  # W1: after the request is visible
+                self._runner.later_locked(wake)  # W1: after the request is visible
         if wake is None:
             self._send(message.reply_to, Declined(message.ticket, "the peer is not serving pulls"))
 
     def _on_rows(self, message: Rows) -> None:
-        with self._reactor.lock:
+        with self._runner.lock:
             pull = self._pulls.pop(message.ticket, None)
             # A pull that ended (cancel, deadline) already told the server with a Cancel.
             if pull is None or not pull.touch_locked():
@@ -564,7 +566,7 @@ class ReferencePeer(Backend, ServesPulls, OffersPulls):
             for group, located, data in zip(pull.view.groups, pull.located, message.data, strict=True):
                 write_rows(located, group.region.slot_bytes, np.arange(count), data)
         delivered = False
-        with self._reactor.lock:
+        with self._runner.lock:
             pull.untouch_locked()
             if not fits:
                 pull.conclude_locked(OutcomeStatus.FAILED, Cause.FAULT, "the server's answer does not fit the pull")
@@ -577,7 +579,7 @@ class ReferencePeer(Backend, ServesPulls, OffersPulls):
         self._send(message.reply_to, Ack(message.ticket) if delivered else Cancel(message.ticket))
 
     def _on_cancel(self, message: Cancel) -> None:
-        with self._reactor.lock:
+        with self._runner.lock:
             self._requests.pop(message.ticket, None)
             if self._taken.pop(message.ticket, None) is not None:
                 self._withdrawn.add(message.ticket)
@@ -594,11 +596,11 @@ class ReferencePeer(Backend, ServesPulls, OffersPulls):
         server, so that its holder's pins do not wait for the answer's own deadline."""
         if self._pulls.pop(pull.ticket, None) is not None:
             self._outbox.append((pull.server, Cancel(pull.ticket)))
-            self._reactor.run(self._flush)
+            self._runner.run(self._flush)
 
     def _flush(self) -> None:
         """Send what the outbox holds, outside the lock (a peer never sends while holding it)."""
-        with self._reactor.lock:
+        with self._runner.lock:
             out, self._outbox = self._outbox, []
         for to, message in out:
             self._send(to, message)
@@ -606,18 +608,18 @@ class ReferencePeer(Backend, ServesPulls, OffersPulls):
     # -- lifecycle (B3) -----------------------------------------------------------------------
 
     def shutdown(self) -> frozenset[ReferenceAttempt]:
-        reactor = self._reactor
-        with reactor.lock:
-            reactor.closed = True
+        runner = self._runner
+        with runner.lock:
+            runner.closed = True
             self._table.close()
-            for attempt in list(reactor.live):
+            for attempt in list(runner.live):
                 attempt.conclude_locked(OutcomeStatus.CANCELLED, Cause.SHUTDOWN, "the peer shut down")
             pending_requests = [(t, self._replies.get(t)) for t in (*self._requests, *self._taken)]
             self._requests.clear()
             self._taken.clear()
             self._withdrawn.clear()
             self._replies.clear()
-            pending = frozenset(a for a in reactor.live if not a.quiesced())
+            pending = frozenset(a for a in runner.live if not a.quiesced())
         self._flush()
         for ticket, reply_to in pending_requests:
             if reply_to is not None:
@@ -628,11 +630,11 @@ class ReferencePeer(Backend, ServesPulls, OffersPulls):
                     del self._fabric.peers[self.address()]
             # A worker may be parked in the link (a harness's hold) with an answer from an offer
             # that this shutdown ended: it reads nothing when it goes on, so it is not waited for.
-            reactor.stop(wait_workers=False)
+            runner.stop(wait_workers=False)
         return pending
 
     def __repr__(self) -> str:
-        return f"ReferencePeer({self._name!r}, {len(self._reactor.live)} in flight)"
+        return f"ReferencePeer({self._name!r}, {len(self._runner.live)} in flight)"
 
 
 def _misfit(view: View, request: PullRequest) -> str | None:

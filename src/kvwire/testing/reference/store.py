@@ -9,7 +9,7 @@ Read it as a template. Where each clause is met:
 - M3/M4: :class:`~kvwire.contract.RegionTable` (``register_regions``, and ``locate_view`` in
   :meth:`ReferenceStoreBackend._check`).
 - H1, V4, S3: :meth:`ReferenceStoreBackend._check` refuses a submission before anything escapes;
-  the queue slot is taken last (:meth:`~kvwire.testing.reference.core.Reactor.admit_locked`).
+  the queue slot is taken last (:meth:`~kvwire.testing.reference.core.Runner.admit_locked`).
 - A5/A7: :meth:`ReferenceStoreBackend._move`: one store call per :class:`_Call`; a row's bit is
   true only for the rows the store answered ``HELD``; ``MISSING`` is a miss, ``FAILED`` a fault.
 - A1-A4, A8, W1: :mod:`kvwire.testing.reference.core`.
@@ -21,7 +21,7 @@ Read it as a template. Where each clause is met:
   view that does not fit (K1.3).
 - L1 (``lookup``): :meth:`ReferenceStoreBackend.lookup`, asked on a thread of its own so the
   caller waits at most its deadline.
-- B1: all state lives in the instance (its table, its reactor); nothing at module level.
+- B1: all state lives in the instance (its table, its runner); nothing at module level.
 - B3: :meth:`ReferenceStoreBackend.shutdown`.
 
 The grace after a deadline (A8): a deadline concludes an attempt at once; it quiesces when the
@@ -64,8 +64,8 @@ from kvwire.contract.blocks import BLOCKS_FIELD, parse_block_layout
 from kvwire.contract.lookup import Lookup, lookup_arguments
 from kvwire.contract.regions import Located
 from kvwire.testing.reference.core import (
-    Reactor,
     ReferenceAttempt,
+    Runner,
     read_rows,
     reference_capabilities,
     write_rows,
@@ -224,7 +224,7 @@ class ReferenceStoreBackend(Backend, Lookup):
         self._timeout_s = float(timeout_s)
         self._capabilities = store_capabilities(max_in_flight)  # one frozen object for the instance's life (B4)
         self._table = RegionTable(self._capabilities.memory_kinds)
-        self._reactor = Reactor("kvwire-reference-store", max_in_flight, workers)
+        self._runner = Runner("kvwire-reference-store", max_in_flight, workers)
 
     def capabilities(self) -> Capabilities:
         return self._capabilities
@@ -244,15 +244,15 @@ class ReferenceStoreBackend(Backend, Lookup):
     # -- submitting (S3: refuse before anything escapes) -----------------------------------------
 
     def _submit(self, op: str, view: View, hint: Hint, wake: WakeFn) -> ReferenceAttempt:
-        if self._reactor.closed:
+        if self._runner.closed:
             raise SubmissionRejected(f"this backend is shut down; it takes no {op}")
         work = self._check(op, view, hint, wake)
         timeout_s = self._timeout_s if hint.timeout_s is None else hint.timeout_s
-        attempt = ReferenceAttempt(self._reactor, op, view, wake, timeout_s)
-        with self._reactor.lock:
-            self._reactor.admit_locked(attempt, op)
+        attempt = ReferenceAttempt(self._runner, op, view, wake, timeout_s)
+        with self._runner.lock:
+            self._runner.admit_locked(attempt, op)
         # Only now does anything escape: the job reaches the store from a worker thread.
-        self._reactor.run(lambda: self._move(attempt, work))
+        self._runner.run(lambda: self._move(attempt, work))
         return attempt
 
     def _check(self, op: str, view: View, hint: Hint, wake: WakeFn) -> _Work:
@@ -345,7 +345,7 @@ class ReferenceStoreBackend(Backend, Lookup):
         fault: str | None = None
         groups = attempt.view.groups
         for call in work.calls:
-            with self._reactor.lock:
+            with self._runner.lock:
                 if not attempt.touch_locked():
                     return  # concluded meanwhile (cancel, deadline, shutdown): touch nothing more
             held: np.ndarray | None = None
@@ -373,12 +373,12 @@ class ReferenceStoreBackend(Backend, Lookup):
             except Exception as exc:  # a store call that raises is a fault of the whole call (S5)
                 held = None
                 fault = fault or f"the store call for {_what(call, groups)} raised {type(exc).__name__}: {exc}"
-            with self._reactor.lock:
+            with self._runner.lock:
                 if held is not None and attempt.outcome is None:
                     for gi in call.groups:
                         attempt.moved[gi][:] = held
                 attempt.untouch_locked()
-        with self._reactor.lock:
+        with self._runner.lock:
             if fault is None:
                 attempt.conclude_locked(OutcomeStatus.DELIVERED)
             else:
@@ -393,7 +393,7 @@ class ReferenceStoreBackend(Backend, Lookup):
         holds (K1.7). Reads no bytes and changes nothing. Waits at most ``timeout_s``, else the
         hint's, else the backend's ``timeout_s``; a store that does not answer by then, or that
         fails a name, raises ``LookupFailed``."""
-        if self._reactor.closed:
+        if self._runner.closed:
             raise SubmissionRejected("this backend is shut down; it answers no lookup")
         ids, frozen = lookup_arguments(groups, names)
         namespace = self._namespace_of(hint)
@@ -434,24 +434,24 @@ class ReferenceStoreBackend(Backend, Lookup):
     def shutdown(self) -> frozenset[ReferenceAttempt]:
         """Refuse later submissions, cancel what has not concluded, and return the attempts a
         worker is still touching. Once none is left the threads stop. Idempotent."""
-        reactor = self._reactor
-        with reactor.lock:
-            reactor.closed = True
+        runner = self._runner
+        with runner.lock:
+            runner.closed = True
             self._table.close()
-            for attempt in list(reactor.live):
+            for attempt in list(runner.live):
                 attempt.conclude_locked(OutcomeStatus.CANCELLED, Cause.SHUTDOWN, "the backend shut down")
-            pending = frozenset(a for a in reactor.live if not a.quiesced())
+            pending = frozenset(a for a in runner.live if not a.quiesced())
         if not pending:
-            reactor.stop()
+            runner.stop()
         return pending
 
     def close(self) -> None:
         """Stop the threads if :meth:`shutdown` has not (idempotent)."""
         if not self.shutdown():
-            self._reactor.stop()
+            self._runner.stop()
 
     def __repr__(self) -> str:
-        return f"ReferenceStoreBackend(namespace={self._namespace!r}, {len(self._reactor.live)} in flight)"
+        return f"ReferenceStoreBackend(namespace={self._namespace!r}, {len(self._runner.live)} in flight)"
 
 
 #: A hint field that is not there (``None`` is a value a hint may hold).

@@ -26,7 +26,7 @@ __all__ = [
     "Start", "Offered", "ReadOffered", "Declined", "RowsCompleted", "PostFailed", "ReadCompleted",
     "ReadFailed", "ReadStopped",
     # events of the serving side
-    "Answered", "AnswerWithdrawn", "HolderDeclined", "WaitExpired", "GoReceived", "AckReceived",
+    "Answered", "AnswerWithdrawn", "HolderDeclined", "AnswerUnclaimed", "GoReceived", "AckReceived",
     "CancelReceived", "SendsCompleted", "SendFailed",
     # actions
     "Action", "Send", "PostReceives", "Drain", "SendRows", "SendReadOffer", "PlanReads", "StartRead",
@@ -187,7 +187,7 @@ class HolderDeclined:
 
 
 @dataclass(frozen=True, slots=True)
-class WaitExpired:
+class AnswerUnclaimed:
     """The pull's deadline passed with the holder's answer not even claimed."""
 
 

@@ -33,6 +33,7 @@ from kvwire_ucx.protocol.events import (
     AckReceived,
     Action,
     Answered,
+    AnswerUnclaimed,
     AnswerWithdrawn,
     ArmDeadline,
     ArmGrace,
@@ -56,7 +57,6 @@ from kvwire_ucx.protocol.events import (
     SendsCompleted,
     Shutdown,
     Violation,
-    WaitExpired,
     offered_limit,
     rows_between,
 )
@@ -245,7 +245,7 @@ class PullServer:
             self._decline(out, event.reason)
         self.state = S.DONE
 
-    def _expired(self, event: WaitExpired, out: list[Action]) -> None:
+    def _expired(self, event: AnswerUnclaimed, out: list[Action]) -> None:
         self._decline(out, "the serving holder did not answer within the pull's deadline")
         self._go(out, Cause.DEADLINE)
 
@@ -368,7 +368,7 @@ TRANSITIONS: dict[tuple[ServerState, type], tuple[frozenset[ServerState], _Step]
     (S.WAITING, Answered): (frozenset({S.SENDING, S.AWAITING_ACK, S.OFFERED_READS, S.DONE}), _P._answered),
     (S.WAITING, AnswerWithdrawn): (frozenset({S.DONE}), _P._withdrawn),
     (S.WAITING, HolderDeclined): (frozenset({S.DONE}), _P._holder_declined),
-    (S.WAITING, WaitExpired): (frozenset({S.GONE}), _P._expired),
+    (S.WAITING, AnswerUnclaimed): (frozenset({S.GONE}), _P._expired),
     (S.WAITING, CancelReceived): (frozenset({S.GONE}), _P._cancel_before_answer),
     (S.WAITING, ConnectionLost): (frozenset({S.GONE}), _P._lost_before_answer),
     (S.WAITING, Shutdown): (frozenset({S.GONE}), _P._shutdown_before_answer),
