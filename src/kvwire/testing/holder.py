@@ -249,7 +249,7 @@ def check_outcome(out: Outcome, view: View, op: str, cause_required: bool = Fals
             f"{out.cause.name} with by_peer={out.by_peer}")
     if cause_required and not out.is_delivered:
         assert out.cause is not None, (
-            f"A10: the backend speaks contract 1.1, so its {out.status.value} {op} outcome must carry a cause "
+            f"A10.5: the backend speaks contract 1.1 or later, so its {out.status.value} {op} outcome must carry a cause "
             f"(kvwire.contract.Cause); got {out!r}")
 
 

@@ -22,6 +22,7 @@ from kvwire.contract import (
     MemoryKind,
     Outcome,
     SlotRegion,
+    SubmissionRejected,
     TokenRange,
     View,
 )
@@ -275,13 +276,72 @@ def test_A3_publish_progresses_without_poll(kvwire_harness: Harness, size: str) 
         ex.settle(pub)
 
 
+@checks("A3.2", also=("A3.1",))
+def test_A3_attempts_quiesce_with_no_call_from_the_holder(kvwire_harness: Harness) -> None:
+    """A3.2: fetches that fill the queue bound, and that the holder never asks anything (no
+    ``poll()``, ``quiesced()`` or ``cancel()``), quiesce on their own: once they have, a slot is
+    free (S3.11) and a further fetch is taken, still with no call to them. Only when none is taken
+    does the holder ask them; if they then say they quiesced and a fetch is taken at once, it was
+    the asking that quiesced them."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    with needs.open_exchange(kvwire_harness, max_in_flight=2) as ex:
+        bound = ex.caps.max_in_flight
+        if bound > 64:
+            pytest.skip(f"backend declares a queue bound of {bound}, too large to fill here")
+        if not (ex.store or ex.serves_pulls):
+            pytest.skip("backend's other end is a peer without the serve-pulls protocol")
+        plan = pages([(32, bound + 1)], 2203, needs.shares_names(caps))
+        with Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan, kind) as bench:
+            ex.offer(bench)
+            subs = [ex.fetch(bench.sink_view({0: [row]})) for row in range(bound)]
+            if ex.serves_pulls:
+                holder = ex.holder()
+                for request in holder.take(bound):
+                    holder.finish(holder.answer(request))
+            # From here on no call to these fetches until a further one is taken (or the wait ran out).
+            waited_s = profiles.active().patience_s + kvwire_harness.quiesce_grace_s
+            taken: list[Submission] = []
+
+            def taken_now() -> bool:
+                try:
+                    taken.append(ex.fetch(bench.sink_view({0: [bound]})))
+                except SubmissionRejected:
+                    return False
+                return True
+
+            try:
+                wait_for(taken_now, waited_s, "a fetch beyond the full queue being taken")
+            except AssertionError:
+                done = [sub.poll() is not None and sub.quiesced() for sub in subs]
+                if not all(done):
+                    raise AssertionError(
+                        f"A3.1/A3.2: {done.count(False)} of the {bound} fetches of the full queue had not concluded and "
+                        f"quiesced {waited_s:g} s after their submission, the holder making no call to them; an attempt "
+                        "concludes and quiesces without any call from the holder") from None
+                if taken_now():
+                    raise AssertionError(
+                        f"A3.2: the {bound} fetches of the full queue freed no slot for {waited_s:g} s while the holder "
+                        "made no call to them, and one was free at once after it called poll() and quiesced(): an "
+                        "attempt quiesces without any call from the holder") from None
+                raise AssertionError(
+                    f"S3.11: all {bound} fetches of the full queue concluded and quiesced, yet further fetches were "
+                    f"rejected for {waited_s:g} s") from None
+            ex.serve_one()
+            bench.forget_sink({0: list(range(bound))})
+            for sub in subs:
+                ex.settle(sub)
+            bench.apply_fetch(ex.settle(taken[0]), {0: [bound]})
+
+
 # -- A4 ----------------------------------------------------------------------------------------
 
-@checks("A4.1", "A4.3", "A4.5", also=("A10.6",))
+@checks("A4.1", "A4.3", "A4.4", "A4.5", also=("A10.6",))
 @pytest.mark.parametrize("op", ["fetch", "publish"])
 def test_A4_cancel_is_idempotent_yields_cancelled_and_still_quiesces(kvwire_harness: Harness, op: str) -> None:
-    """A4.1-A4.3, A4.5: cancel() twice on a fetch or a publish the other end holds: it
-    concludes CANCELLED, not by the peer (cause HOLDER_CANCELLED, A10.6, for a 1.1 backend), still
+    """A4.1-A4.5: cancel() twice on a fetch or a publish the other end holds: it concludes
+    CANCELLED at once, without waiting for the other end to answer (A4.4), not by the peer (cause HOLDER_CANCELLED, A10.6, for a 1.1 backend), still
     quiesces once the other end lets go, and the backend works on afterwards."""
     caps = kvwire_harness.capabilities()
     needs.transfer(caps)
@@ -445,6 +505,77 @@ def _cancel_quietly(sub: Submission, what: str) -> None:
         raise AssertionError(f"A4.1/S5.2: {what} raised {type(exc).__name__}: {exc}; cancel() never raises") from exc
 
 
+# -- A4.7 / A8.6: the true bits of a fetch that ended before its other end answered --------------
+
+def _ended_fetch_marks_only_moved_rows(harness: Harness, ending: str, clause: str, seed: int) -> None:
+    """A fetch of six rows per group, of which a store holds only the even ones (a serving peer's
+    holder answers nothing, and declines once the fetch has ended), held at its other end and
+    ended there by ``ending`` (``"cancel"``, or ``"deadline"``: the hint's, 0.4 s): each true bit
+    of its outcome is a row that moved whole before the end (``clause``, A7), so a row the other
+    end holds, whose bytes are the source's."""
+    caps = harness.capabilities()
+    needs.transfer(caps)
+    if ending == "cancel":
+        needs.cancellation(caps)
+    kind = needs.usable_kind(harness, caps)
+    deadline_s = 0.4
+    patience = profiles.active().patience_s
+    plan = pages([(64, 6), (32, 6)], seed, needs.shares_names(caps))
+    with needs.open_exchange(harness, hold=True) as ex, Bench(harness, ex.ends.source, ex.ends.sink, plan,
+                                                              kind) as bench:
+        hint = ex.ends.fetch_hint
+        if ending == "deadline":
+            hint = Hint(hint.kind, hint.fields, deadline_s)
+        hold: Hold | None = None
+        request = None
+        if ex.store:
+            held = {gi: [0, 2, 4] for gi in range(len(plan.groups))}
+            ex.offer(bench, held)
+            assert ex.ends.hold is not None
+            hold = ex.ends.hold()
+            sub = ex.fetch(bench.sink_view(), hint)
+            wait_for(lambda: hold.waiting() > 0 or sub.wakes.count > 0, patience,  # type: ignore[union-attr]
+                     "A3: the held store receiving the fetch")
+        else:
+            held = {}
+            ex.offer(bench)  # the serving holder holds every row, and answers nothing
+            sub = ex.fetch(bench.sink_view(), hint)
+            (request,) = ex.holder().take(1)
+        try:
+            if ending == "cancel":
+                call_briefly(sub.attempt.cancel, "A4.1: cancel()", on_block=None if hold is None else hold.release)
+                out = settle(sub, patience, quiesce=False, purpose="A4.3/A4.4: cancel() concluding the held fetch")
+            else:
+                out = settle(sub, deadline_s + patience, quiesce=False,
+                             purpose=f"A8.2: the held fetch failing by its deadline of {deadline_s:g} s")
+        finally:
+            if hold is not None:
+                hold.release()
+            if request is not None:
+                ex.holder().decline(request, "conformance: the fetch ended before its pull was answered")
+        ex.settle(sub, purpose=f"A4.5/A8.3: the fetch ended by its {ending} quiescing once its other end let go")
+        assert not out.is_delivered, f"{clause}: the fetch its other end held was ended by its {ending}, got {out!r}"
+        for gi, mask in enumerate(out.masks):
+            lied = np.setdiff1d(np.flatnonzero(mask), held.get(gi, []))
+            assert lied.size == 0, (
+                f"{clause}: row(s) {lied.tolist()} of group {plan.groups[gi].group_id} are true bits of the fetch its "
+                f"{ending} ended ({out!r}), but the other end never held them: a true bit of an ended attempt is a "
+                "row that moved whole before the end")
+        bench.forget_sink()
+        try:
+            bench.apply_fetch(out)
+        except AssertionError as exc:
+            raise AssertionError(f"{clause}: in the fetch its {ending} ended, {exc}") from None
+
+
+@checks("A4.7")
+def test_A4_a_cancelled_fetch_marks_only_rows_that_moved_whole(kvwire_harness: Harness) -> None:
+    """A4.7: a fetch cancelled while its other end holds it (a store that holds half its rows; a
+    serving peer that never answers) marks true only rows that moved whole before the cancel: none
+    the other end lacks, and each with the source's bytes."""
+    _ended_fetch_marks_only_moved_rows(kvwire_harness, "cancel", "A4.7", 2213)
+
+
 # -- A5 ----------------------------------------------------------------------------------------
 
 @checks("A5.7", "A5.8")
@@ -483,6 +614,40 @@ def test_A5_a_fault_is_a_failure_not_a_miss(kvwire_harness: Harness) -> None:
         out = ex.settle(ex.fetch(bench.sink_view()))
         assert out.is_failed, f"A5: a fault at the other end must fail the fetch, not pass as a miss: {out!r}"
         assert not out.masks[0][2], "A5/A7: the row that faulted is marked delivered"
+        bench.apply_fetch(out)
+
+
+@checks("A5.2")
+def test_A5_a_failed_outcome_says_why_and_a_delivered_one_gives_no_reason(kvwire_harness: Harness) -> None:
+    """A5.2: a fetch that delivers carries no reason; a fetch that fails (its other end held past
+    the hint's deadline) carries a reason: a str that says something."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    deadline_s = 0.4
+    patience = profiles.active().patience_s
+    plan = simple_plan(groups=2, rows=3, seed=2209, shared_names=needs.shares_names(caps))
+    with needs.open_exchange(kvwire_harness, hold=True) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
+                                                                     plan, kind) as bench:
+        if not (ex.store or ex.serves_pulls):
+            pytest.skip("backend's other end is a peer without the serve-pulls protocol; the suite cannot hold it")
+        ex.offer(bench)
+        good = ex.fetch_settled(bench.sink_view())
+        bench.apply_fetch(good)
+        assert good.is_delivered and good.reason is None, (
+            f"A5.2: a delivered fetch carries no reason; got {good!r} with reason {good.reason!r}")
+        sub, hold = ex.held_fetch(bench, Hint(ex.ends.fetch_hint.kind, ex.ends.fetch_hint.fields, deadline_s))
+        try:
+            out = settle(sub, deadline_s + patience, quiesce=False,
+                         purpose=f"A8.2: the held fetch failing by its deadline of {deadline_s:g} s")
+        finally:
+            hold.release()
+        ex.settle(sub)
+        assert out.is_failed, f"A8.2: a fetch held past its deadline fails, got {out!r}"
+        assert isinstance(out.reason, str) and out.reason.strip(), (
+            f"A5.2: a failed outcome carries a reason that says what happened; got reason {out.reason!r}")
+        hold.wait_idle(patience)
+        bench.forget_sink()
         bench.apply_fetch(out)
 
 
@@ -571,6 +736,41 @@ def test_A7_a_true_bit_means_identical_bytes(kvwire_harness: Harness) -> None:
                 f"A5: every offered row must arrive: {result.fetched!r}")
 
     run()
+
+
+@checks("A7.4")
+def test_A7_a_published_row_marked_held_is_held_with_its_bytes_at_submission(kvwire_harness: Harness) -> None:
+    """A7.4: every row a publish marks held is held at the other end with the bytes it had when it
+    was submitted. For a store the holder overwrites the published rows once the publish has
+    quiesced (A2.4), and a fetch on the other end still gives the bytes as they were; for a peer
+    the requester's rows hold them."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = pages([(64, 4), (24, 4)], 2207, needs.shares_names(caps))
+    with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan,
+                                                          kind) as bench:
+        published: Outcome | None
+        try:
+            if ex.store:
+                published = ex.settle(ex.publish(bench.source_view()))
+                bench.write_source(None, SENTINEL_A5)  # the holder reuses rows a quiesced publish left
+                fetched = ex.settle(ex.fetch(bench.sink_view()))
+                bench.apply_fetch(fetched)
+            else:
+                result = ex.transfer(bench)
+                published, fetched = result.published, result.fetched
+        except AssertionError as exc:
+            if not str(exc).startswith("A7:"):
+                raise
+            raise AssertionError(f"A7.4: rows a publish marked held: {exc}") from None
+        assert published is not None and published.is_delivered and any(m.any() for m in published.masks), (
+            f"A7.4: a publish to an other end with room for its rows must deliver and mark them held: {published!r}")
+        for gi, (held, got) in enumerate(zip(published.masks, fetched.masks, strict=True)):
+            lost = np.flatnonzero(held & ~got)
+            assert lost.size == 0, (
+                f"A7.4: row(s) {lost.tolist()} of group {plan.groups[gi].group_id} were marked held by the publish "
+                f"({published!r}), yet a fetch of them from the other end did not get them ({fetched!r})")
 
 
 # -- A8 ----------------------------------------------------------------------------------------
@@ -732,6 +932,14 @@ def test_A8_a_far_deadline_leaves_a_near_one_kept(kvwire_harness: Harness, far_s
         ex.settle(near)
         bench.forget_sink()
         bench.apply_fetch(got, {0: [0]})
+
+
+@checks("A8.6")
+def test_A8_a_deadline_failure_marks_only_rows_that_moved_whole(kvwire_harness: Harness) -> None:
+    """A8.6: a fetch that fails by its deadline while its other end holds it (a store that holds
+    half its rows; a serving peer that never answers) marks true only rows that moved whole
+    before the deadline: none the other end lacks, and each with the source's bytes."""
+    _ended_fetch_marks_only_moved_rows(kvwire_harness, "deadline", "A8.6", 2221)
 
 
 # -- A9 ----------------------------------------------------------------------------------------
@@ -1099,11 +1307,12 @@ def test_A8_a_held_attempt_concludes_at_its_deadline_not_later(kvwire_harness: H
 
 # -- faults --------------------------------------------------------------------------------------------------
 
-@checks("A5.9")
+@checks("A5.9", also=("A10.9",))
 @pytest.mark.parametrize("where", ["last group", "every group"])
 def test_A5_a_fault_in_any_group_fails_the_fetch(kvwire_harness: Harness, where: str) -> None:
-    """A5.9: a fault at the other end for a row of any group, not only the first, fails the fetch;
-    that row is false and never passes as a miss."""
+    """A5.9: a fault at the other end for a row of any group, not only the first, fails the fetch
+    (with cause ``FAULT``, A10.9, for a 1.1 backend); that row is false and never passes as a
+    miss."""
     caps = kvwire_harness.capabilities()
     needs.transfer(caps)
     kind = needs.usable_kind(kvwire_harness, caps)
@@ -1593,6 +1802,121 @@ def test_A4_a_second_cancel_changes_nothing_the_first_did_not(kvwire_harness: Ha
             ex.transfer(later)
         bench.verify("A4.2/A2.3: after a second cancel() the fetch had said it quiesced, and the holder reused its rows")
         assert out.is_cancelled, f"A4.3: cancel() before the conclusion yields a cancelled outcome: {out!r}"
+
+
+# -- A10: the cause an outcome carries, by its status -------------------------------------------
+
+@checks("A10.2")
+def test_A10_a_delivered_outcome_has_no_cause(kvwire_harness: Harness) -> None:
+    """A10.2: a delivered fetch, and the delivered publish it fetched from (to a store, or a
+    serving peer's answer), carry no cause."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = simple_plan(groups=2, rows=3, seed=2219, shared_names=needs.shares_names(caps))
+    with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan,
+                                                          kind) as bench:
+        result = ex.transfer(bench)
+        for what, out in (("publish", result.published), ("fetch", result.fetched)):
+            if out is None:
+                continue
+            assert out.is_delivered, f"A5: a {what} of rows the other end takes must deliver: {out!r}"
+            assert out.cause is None, f"A10.2: a delivered {what} has no cause; got cause {out.cause!r}"
+
+
+@checks("A10.3", "A10.5")
+@pytest.mark.parametrize("failure", ["deadline", "fault", "declined"])
+def test_A10_a_failed_outcome_has_a_failure_cause(kvwire_harness: Harness, failure: str) -> None:
+    """A10.3 / A10.5: a failed fetch carries a cause, one of ``DEADLINE``, ``FAULT``,
+    ``PEER_GONE``, ``DECLINED`` or ``SHUTDOWN``: one its other end held past the hint's deadline,
+    one a fault at a store failed, and one a serving peer's holder declined."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    deadline_s = 0.4
+    patience = profiles.active().patience_s
+    plan = pages([(64, 3)], 2227, needs.shares_names(caps))
+    probe = Bench(kvwire_harness, None, None, plan, kind)
+    faulty = probe.names[0][1].tobytes()
+    probe.close()
+    if failure == "fault" and caps.other_end is not OtherEnd.STORE:
+        pytest.skip("backend's other end is a peer; the harness injects faults at a store")
+    if failure == "declined":
+        needs.serve_pulls(caps)
+    faults = FaultPlan(fetch=frozenset({faulty})) if failure == "fault" else None
+    with needs.open_exchange(kvwire_harness, hold=failure == "deadline", faults=faults) as ex, Bench(
+            kvwire_harness, ex.ends.source, ex.ends.sink, plan, kind) as bench:
+        if failure == "deadline":
+            if not (ex.store or ex.serves_pulls):
+                pytest.skip("backend's other end is a peer without the serve-pulls protocol; the suite cannot hold it")
+            sub, hold = ex.held_fetch(bench, Hint(ex.ends.fetch_hint.kind, ex.ends.fetch_hint.fields, deadline_s))
+            try:
+                out = settle(sub, deadline_s + patience, quiesce=False,
+                             purpose=f"A8.2: the held fetch failing by its deadline of {deadline_s:g} s")
+            finally:
+                hold.release()
+            ex.settle(sub)
+            hold.wait_idle(patience)
+        elif failure == "fault":
+            ex.offer(bench)
+            out = ex.settle(ex.fetch(bench.sink_view()))
+        else:
+            ex.offer(bench)
+            sub = ex.fetch(bench.sink_view())
+            holder = ex.holder()
+            (request,) = holder.take(1)
+            holder.decline(request, "conformance: declined on purpose")
+            out = ex.settle(sub)
+        bench.forget_sink()
+        bench.apply_fetch(out)
+        assert out.is_failed, f"A10: the fetch ({failure}) must fail, got {out!r}"
+        assert out.cause is not None, (
+            f"A10.5: the backend declares contract 1.1 or later, so its failed fetch ({failure}) carries a cause; got "
+            f"{out!r}")
+        assert out.cause in (Cause.DEADLINE, Cause.FAULT, Cause.PEER_GONE, Cause.DECLINED, Cause.SHUTDOWN), (
+            f"A10.3: a failed outcome's cause is DEADLINE, FAULT, PEER_GONE, DECLINED or SHUTDOWN; the fetch "
+            f"({failure}) has {out.cause!r}")
+
+
+@checks("A10.4")
+@pytest.mark.parametrize("ending", ["cancel", "shutdown"])
+def test_A10_a_cancelled_outcome_has_a_cancel_cause(kvwire_harness: Harness, ending: str) -> None:
+    """A10.4: a fetch its other end holds, ended by the holder's ``cancel()`` or by ``shutdown()``,
+    concludes; when it concludes cancelled, its cause is ``HOLDER_CANCELLED``, ``PEER_CANCELLED``
+    or ``SHUTDOWN``, ``PEER_CANCELLED`` exactly when ``by_peer`` is true (neither ending is the
+    peer's)."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    if ending == "cancel":
+        needs.cancellation(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    patience = profiles.active().patience_s
+    plan = pages([(64, 3)], 2237, needs.shares_names(caps))
+    with needs.open_exchange(kvwire_harness, hold=True) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
+                                                                     plan, kind) as bench:
+        if not (ex.store or ex.serves_pulls):
+            pytest.skip("backend's other end is a peer without the serve-pulls protocol; the suite cannot hold it")
+        sub, hold = ex.held_fetch(bench)
+        try:
+            if ending == "cancel":
+                call_briefly(sub.attempt.cancel, "A4.1: cancel()", on_block=hold.release)
+            else:
+                call_briefly(ex.ends.sink.shutdown, "B3: shutdown()", limit_s=patience, on_block=hold.release)
+            out = settle(sub, patience, quiesce=False, purpose=f"A4.3/B3.2: the held fetch concluding after {ending}")
+        finally:
+            hold.release()
+        ex.settle(sub)
+        hold.wait_idle(patience)
+        bench.forget_sink()
+        bench.apply_fetch(out)
+        if ending == "cancel":
+            assert out.is_cancelled, f"A4.3: cancel() of a held fetch concludes it cancelled, got {out!r}"
+        if out.is_cancelled:
+            assert out.cause in (Cause.HOLDER_CANCELLED, Cause.PEER_CANCELLED, Cause.SHUTDOWN), (
+                f"A10.4: a cancelled outcome's cause is HOLDER_CANCELLED, PEER_CANCELLED or SHUTDOWN; the fetch ended "
+                f"by {ending} has {out.cause!r}")
+            assert (out.cause is Cause.PEER_CANCELLED) == bool(out.by_peer), (
+                f"A10.4: a cancelled outcome's cause is PEER_CANCELLED exactly when by_peer is true: {out!r}")
 
 
 # -- A10.11: a pull from a serving end that is gone ----------------------------------------------

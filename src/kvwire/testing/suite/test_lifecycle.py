@@ -1,5 +1,5 @@
-"""W1 and B1-B4: waking, instances, call sequences, shutdown, declared capabilities. One file of
-~530 lines, as each suite file holds one group of rules."""
+"""W1 and B1-B4: waking, instances, call sequences, shutdown, declared capabilities. One file,
+long as it is, as each suite file holds one group of rules."""
 
 from __future__ import annotations
 
@@ -454,6 +454,62 @@ def test_B3_shutdown_concludes_a_publish_its_store_holds(kvwire_harness: Harness
         ex.settle(sub, purpose="B3.3: shutdown() returned empty, so the publish has quiesced")
         assert hold.wait_idle(patience)
         bench.verify("S2.5: a publish concluded by shutdown()")
+
+
+@checks("B3.8")
+def test_B3_close_ends_the_backends_threads_and_is_idempotent(kvwire_harness: Harness) -> None:
+    """B3.8: once ``shutdown()`` has returned the empty set, ``close()`` releases what the backend
+    holds: every thread that started with the pair of ends and its work has ended soon after
+    (what the harness keeps for the whole session started before the count, with a first pair).
+    A second ``close()`` does nothing and raises nothing."""
+    caps = kvwire_harness.capabilities()
+    kind = needs.usable_kind(kvwire_harness, caps)
+    patience = profiles.active().patience_s
+    plan = simple_plan(groups=2, rows=3, seed=2243, shared_names=needs.shares_names(caps))
+    with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan,
+                                                          kind) as bench:
+        if caps.fetch and caps.publish:
+            ex.transfer(bench)  # what a harness or its session starts at first use starts now
+    before = set(threading.enumerate())
+    failure: AssertionError | None = None
+    try:
+        with needs.open_exchange(kvwire_harness) as ex:
+            with Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan, kind) as bench:
+                if caps.fetch and caps.publish:
+                    ex.transfer(bench)
+            for backend in ex.ends.backends:
+                shut_down(backend, timeout_s=max(patience, kvwire_harness.quiesce_grace_s))
+            try:
+                for backend in ex.ends.backends:
+                    for which in ("close()", "a second close()"):
+                        try:
+                            call_briefly(backend.close, f"B3.8: {which}", limit_s=patience)
+                        except AssertionError:
+                            raise
+                        except Exception as exc:
+                            raise AssertionError(f"B3.8: {which} after shutdown() returned the empty set raised "
+                                                 f"{type(exc).__name__}: {exc}; close() is idempotent") from exc
+            except AssertionError as exc:
+                failure = exc
+    except Exception as exc:  # the harness tears the ends down, closing each backend once more
+        if failure is None:
+            raise AssertionError(f"B3.8: tearing the ends down after close() raised {type(exc).__name__}: {exc}; "
+                                 "close() is idempotent") from exc
+    if failure is not None:
+        raise failure
+
+    def started() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t not in before and t.is_alive()]
+
+    try:
+        wait_for(lambda: not started(), patience, "the threads started with the ends ending")
+    except AssertionError:
+        left = sorted(t.name for t in started())
+        if left:
+            raise AssertionError(
+                f"B3.8: {len(left)} thread(s) that started with a pair of ends are still running {patience:g} s after "
+                f"shutdown() returned the empty set and close() was called on both ends (and the harness tore them "
+                f"down): {left[:8]}; close() releases what the backend holds, its threads included") from None
 
 
 # -- B4 ----------------------------------------------------------------------------------------

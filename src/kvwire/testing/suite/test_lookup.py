@@ -252,11 +252,12 @@ def test_L1_names_of_another_namespace_are_not_held(kvwire_harness: Harness) -> 
         _expect(_ask(ex, [gid], bench.names[0], other), np.zeros(3, bool), "the same names in another namespace")
 
 
-@checks("L1.9")
+@checks("L1.9", also=("L1.13",))
 def test_L1_unusable_hints_and_bad_arguments_refused(kvwire_harness: Harness) -> None:
     """L1.9: an unusable hint, names that are not a 2-D uint8 array of width 1..64 (one or three
     dimensions, another dtype, a list), no groups, a group id that is negative or no int (a
-    float, a str, None), or a timeout that is not a positive number: ``InvalidSubmission``."""
+    float, a str, None; a bool, L1.13, for a 1.2 backend), or a timeout that is not a positive
+    number: ``InvalidSubmission``."""
     caps = kvwire_harness.capabilities()
     _needs_lookup(caps)
     with needs.open_exchange(kvwire_harness) as ex:

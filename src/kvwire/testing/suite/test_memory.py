@@ -415,6 +415,44 @@ def test_M3_overlapping_region_refused(kvwire_harness: Harness) -> None:
                  "M3.4: registering a batch whose two regions overlap")
 
 
+@checks("M3.3", also=("M3.6",))
+def test_M3_a_region_of_an_undeclared_memory_kind_refuses_its_whole_batch(kvwire_harness: Harness) -> None:
+    """M3.3: a batch that holds a region of a memory kind the backend does not declare, beside
+    regions of a declared kind (after them or before them), is refused whole with
+    ``InvalidSubmission``: the declared regions' rows are not recognized afterwards (M3.6), and
+    registered alone they are taken and their rows move."""
+    caps = kvwire_harness.capabilities()
+    missing = [k for k in MemoryKind if k not in caps.memory_kinds]
+    if not missing:
+        pytest.skip("backend declares every memory kind")
+    needs.fetch(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    declared = sorted(k.value for k in caps.memory_kinds)
+    plan = simple_plan(groups=2, rows=3, seed=2231, shared_names=needs.shares_names(caps))
+    with needs.open_exchange(kvwire_harness) as ex, Bench(
+            kvwire_harness, ex.ends.source if caps.publish else None, None, plan, kind) as bench:
+        sink = ex.ends.sink
+        good = [m.region for m in bench.sink.memories]
+        for undeclared in missing:
+            for batch in ([*good, fake_region(undeclared)], [fake_region(undeclared), *good]):
+                refused(functools.partial(sink.register_regions, batch),
+                        f"M3.3: registering a batch with a {undeclared.value} region beside {kind.value} ones (the "
+                        f"backend declares {declared})")
+                refused(lambda: ex.fetch(bench.sink_view()),
+                        f"M3.3/M3.6: a fetch into the {kind.value} regions of a batch refused for its "
+                        f"{undeclared.value} region")
+                bench.verify("M3.3: after a refused batch and a refused fetch")
+        registration = sink.register_regions(good)
+        try:
+            if caps.publish:
+                result = ex.transfer(bench)
+                assert result.fetched.is_delivered and all(m.all() for m in result.fetched.masks), (
+                    f"M3.2: the {kind.value} regions registered alone must be recognized and their rows move: "
+                    f"{result.fetched!r}")
+        finally:
+            registration.close()
+
+
 @checks("M3.6")
 def test_M3_refused_batch_leaves_nothing_registered(kvwire_harness: Harness) -> None:
     """M3.6: a refused batch leaves nothing registered: none of its regions is recognized

@@ -1,5 +1,5 @@
 """S1-S5: submitting, the holder's guarantee, the two refusals, and failures after escape. One
-file of ~540 lines, as each suite file holds one group of rules."""
+file, long as it is, as each suite file holds one group of rules."""
 
 from __future__ import annotations
 
@@ -15,9 +15,11 @@ from hypothesis import strategies as st
 
 from kvwire.contract import (
     LOOKUP,
+    Backend,
     CacheKind,
     Cause,
     Hint,
+    InvalidSubmission,
     LayerGroupRows,
     Lookup,
     MemoryKind,
@@ -279,6 +281,75 @@ def _stray_group(harness: Harness, kind: MemoryKind, template: LayerGroupRows, g
     g = view.groups[0]
     names = template.names
     return LayerGroupRows(gid, CacheKind.PAGED, g.region, g.slots, g.tokens, names), stray
+
+
+@checks("S3.3", also=("S3.7",))
+def test_S3_each_refusal_is_raised_by_the_call_with_a_message(kvwire_harness: Harness) -> None:
+    """S3.3: a fetch or publish the contract refuses (rows not registered, an unusable hint; after
+    ``shutdown()``, any) raises from the call itself, before anything escapes: a
+    ``SubmissionError`` (``InvalidSubmission`` or ``SubmissionRejected``) whose message says
+    something beyond its type's name, never an attempt that fails later. Nothing was in flight
+    after the refusals, their wakes never came (S3.7) and no row was touched."""
+    caps = kvwire_harness.capabilities()
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = pages([(64, 3)], 2239, needs.shares_names(caps))
+    unusable = Hint.of("kvwire_conformance_unusable")
+    with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink,
+                                                          plan, kind) as bench:
+        stray = Bench(kvwire_harness, None, None, plan, kind)
+        ops = [op for op in ("publish", "fetch") if getattr(caps, op)]
+
+        def case(op: str, what: str, stray_rows: bool, hint: Hint | None) -> tuple[str, str, Backend, View, Hint]:
+            side = stray if stray_rows else bench
+            view = side.source_view() if op == "publish" else side.sink_view()
+            backend = ex.ends.source if op == "publish" else ex.ends.sink
+            default = ex.ends.publish_hint if op == "publish" else ex.ends.fetch_hint
+            return op, what, backend, view, default if hint is None else hint
+
+        before = [case(op, "rows not registered", True, None) for op in ops]
+        before += [case(op, "an unusable hint", False, unusable) for op in ops]
+        after = [case(op, "a valid view, after shutdown()", False, None) for op in ops]
+        wakes: list[tuple[str, Wakes]] = []
+
+        def refuse(op: str, what: str, backend: Backend, view: View, hint: Hint,
+                   error: type[SubmissionError]) -> None:
+            wake = Wakes()
+            call = backend.publish if op == "publish" else backend.fetch
+            try:
+                got = call(view, hint, wake)
+            except SubmissionError as exc:
+                assert isinstance(exc, error), (
+                    f"S3.3: a {op} with {what} raised {type(exc).__name__}; the contract refuses it with "
+                    f"{error.__name__}")
+                check_refusal_message(exc, f"S3.3: a {op} with {what}")
+                message = str(exc).strip()
+                assert message.lower() not in {type(exc).__name__.lower(), error.__name__.lower()}, (
+                    f"S3.3: a {op} with {what} raised {type(exc).__name__} whose message is only {message!r}; a "
+                    "refusal's message says what was wrong and what to do")
+            except Exception as exc:
+                raise AssertionError(f"S3.3/S4.1: a {op} with {what} raised {type(exc).__name__}: {exc}; the contract "
+                                     f"refuses it with {error.__name__}, a SubmissionError") from exc
+            else:
+                raise AssertionError(
+                    f"S3.3: a {op} with {what} returned {got!r}; the contract refuses it with {error.__name__}, raised "
+                    "by the call itself before anything escapes (never an attempt that fails later)")
+            wakes.append((f"{op} with {what}", wake))
+
+        for op, what, backend, view, hint in before:
+            refuse(op, what, backend, view, hint, InvalidSubmission)
+        bench.verify("S3.3: after refused submissions")
+        stray.verify("S3.3: after refused submissions")
+        for backend in ex.ends.backends:
+            pending = call_briefly(backend.shutdown, "B3: shutdown()", limit_s=profiles.active().patience_s)
+            assert not pending, (
+                f"S3.3: only refused submissions were made, yet shutdown() returns {len(pending)} attempt(s): something "
+                "escaped")
+        for op, what, backend, view, hint in after:
+            refuse(op, what, backend, view, hint, SubmissionRejected)
+        bench.verify("S3.3: after submissions rejected after shutdown()")
+        for what, wake in wakes:
+            assert wake.count == 0, f"S3.7: the wake of a refused {what} was called {wake.count} time(s)"
+        stray.close()
 
 
 @checks("S3.4", "S3.6")
