@@ -95,7 +95,7 @@ class Process:
 
 def vllm_server(name: str, model: Path, log_dir: Path, kv_transfer_config: dict[str, Any] | None,
                 env: dict[str, str] | None = None, max_model_len: int = 4096, dtype: str = "float32",
-                kv_cache_gib: int = 1) -> Process:
+                kv_cache_gib: int = 1, extra_argv: list[str] | None = None) -> Process:
     """``vllm serve`` of a dummy-weight model (token ids in and out: no tokenizer) with the
     dev-mode endpoints (``/reset_prefix_cache`` answers whether any block is still held)."""
     port = free_port()
@@ -105,6 +105,7 @@ def vllm_server(name: str, model: Path, log_dir: Path, kv_transfer_config: dict[
             "--seed", "0"]
     if kv_transfer_config is not None:
         argv += ["--kv-transfer-config", json.dumps(kv_transfer_config)]
+    argv += extra_argv or []
     environ = {"VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib), "VLLM_SERVER_DEV_MODE": "1", **(env or {})}
     return Process(name, argv, log_dir, port, environ)
 

@@ -17,7 +17,6 @@ import signal
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +45,7 @@ class Deployment:
         self.proxy, self.producer = servers["proxy"], servers["producer"]
         self.consumer, self.single = servers["consumer"], servers["single"]
         self.victim = servers["victim"]  # a second consumer, not behind the proxy, that a test kills
+        self.producer_tp2 = servers["producer_tp2"]  # a producer of tensor-parallel size 2
 
     def complete(self, server: Process, p: list[int], max_tokens: int = 5, **extra: Any) -> dict[str, Any]:
         return post(server.url + "/v1/completions", {"model": self.model, "prompt": p, "max_tokens": max_tokens,
@@ -85,6 +85,11 @@ def deployment(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
         for name, role in roles.items()
     }
     servers["single"] = vllm_server("single", model_dir, logs, None)
+    # A producer really at tensor-parallel size 2 (two CPU workers, one core each: vLLM's CPU build
+    # binds each worker to a NUMA node unless told its cores), for the consumer to refuse.
+    servers["producer_tp2"] = vllm_server("producer_tp2", model_dir, logs, config("kv_producer"),
+                                          {**UCX_ENV, "VLLM_CPU_OMP_THREADS_BIND": "0|1"},
+                                          extra_argv=["--tensor-parallel-size", "2"])
     try:
         for server in servers.values():
             server.wait_ready()
@@ -157,23 +162,25 @@ def test_the_seeds_request_free_pull_with_the_state_got_over_http(deployment: De
 
 
 def test_a_consumer_refuses_a_producer_of_another_tensor_parallel_size(deployment: Deployment) -> None:
-    """The producer's state as one of tensor-parallel size 2 would send it (its facts say so): the
-    consumer refuses it before any byte moves, naming the fact and both values, computes the
-    prompt itself, and says why in its answer; the unpulled hold lapses (a short one asked for)."""
+    """A producer server really at tensor-parallel size 2 hands a prompt off to the consumer at
+    size 1: the consumer refuses the state before any byte moves, naming the fact and both values,
+    computes the prompt itself (a single server's tokens), and says why in its answer; the
+    producer's unpulled hold lapses (a short one asked for) and its blocks go back to its pool."""
     d = deployment
     p = prompt(4500, 5 * BLOCK + 3)
-    params = d.complete(d.producer, p, max_tokens=1,
+    params = d.complete(d.producer_tp2, p, max_tokens=1,
                         kv_transfer_params={"do_remote_decode": True, "kvwire_hold_s": 1})["kv_transfer_params"]
     state = TransceiverState.from_bytes(base64.b64decode(params["kvwire_source"]))
-    facts = tuple((key, "2" if key == "tensor_parallel_size" else value) for key, value in state.facts)
-    params["kvwire_source"] = base64.b64encode(replace(state, facts=facts).to_bytes()).decode()
+    assert dict(state.facts)["tensor_parallel_size"] == "2"
     submitted = len(d.events("consumer", "load_submitted"))
     answer = d.complete(d.consumer, p, kv_transfer_params=params)
     assert answer["choices"][0]["token_ids"] == d.tokens(d.single, p)
     kv = answer["kv_transfer_params"]["kvwire"]
     assert "tensor_parallel_size '2' there, '1' here" in kv["source_refused"]
+    assert kv["loaded_blocks"] == 0
     assert len(d.events("consumer", "load_submitted")) == submitted  # nothing was asked of the producer
-    wait_for(d.producer_holds_nothing, BACKGROUND_S, "the unpulled hold's blocks back in the producer's pool")
+    wait_for(lambda: bool(post(d.producer_tp2.url + "/reset_prefix_cache", {})["success"]), BACKGROUND_S,
+             "the unpulled hold's blocks back in the size-2 producer's pool")
 
 
 def test_a_consumer_killed_mid_load_leaves_the_producer_holding_nothing(deployment: Deployment) -> None:
