@@ -1,7 +1,7 @@
 """N2: request-free pulls from a serving peer, with the suite as the serving holder (its reuse
 tree is a dict from block name to row, with pin counts), and the H1 clauses of a pull's ticket
-and peer address. Runs only for backends that declare the ``serve-pulls`` protocol. One file of
-~570 lines: every test shares its pull set-ups (``_pulls``, ``_one_pull``) and misfit answers."""
+and peer address. Runs only for backends that declare the ``serve-pulls`` protocol. One file, long as
+it is: every test shares its pull set-ups (``_pulls``, ``_one_pull``) and misfit answers."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from kvwire.contract import (
     TokenRange,
     View,
 )
+from kvwire.contract.capabilities import SERVE_PULLS, OtherEnd
 from kvwire.testing import needs, profiles
 from kvwire.testing.harness import Harness, Unavailable
 from kvwire.testing.holder import (
@@ -622,6 +623,44 @@ def test_N1_a_store_keys_rows_by_group_and_name(kvwire_harness: Harness) -> None
         store_only(ex, "keying stored rows")
         offer = {0: [0, 1, 2], 1: [3, 4, 5], 2: [1, 4]}
         transfer_checked(ex, bench, offer, None, "N1.2")
+
+
+@checks("N1.6")
+def test_N1_a_peer_without_content_addressing_moves_rows_by_position(kvwire_harness: Harness) -> None:
+    """N1.6: a peer backend without content addressing (and without ``serve-pulls``) moves rows by
+    position and ignores names: the publish names its rows one way, the fetch meeting it names
+    them in the reverse order, or not at all, and row ``j`` of each group still arrives in row
+    ``j`` of the same group, every bit true."""
+    caps = kvwire_harness.capabilities()
+    if caps.other_end is not OtherEnd.PEER or caps.content_addressed or SERVE_PULLS in caps.protocols:
+        pytest.skip("backend is not a peer without content addressing (a store, a content-addressed peer, or one "
+                    "that serves pulls); N1.6 binds a peer that moves rows by position")
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = pages([(64, 4), (32, 4)], 2251, False)
+    with needs.open_exchange(kvwire_harness) as ex, Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan,
+                                                          kind) as bench:
+        for case in ("names in reverse order", "no names"):
+            groups = []
+            for group in bench.sink_view().groups:
+                names = None if case == "no names" or group.names is None else group.names[::-1].copy()
+                groups.append(LayerGroupRows(group.group_id, group.kind, group.region, group.slots, group.tokens,
+                                             names))
+            pub = ex.publish(bench.source_view())
+            try:
+                sub = ex.fetch(View(tuple(groups)))
+            except InvalidSubmission as exc:
+                raise AssertionError(f"N1.6: a fetch whose rows carry {case} was refused ({exc}); a peer without "
+                                     "content addressing ignores names") from exc
+            published, fetched = ex.settle(pub), ex.settle(sub)
+            try:
+                bench.apply_fetch(fetched)
+            except AssertionError as exc:
+                raise AssertionError(f"N1.6: a fetch with {case}, meeting a publish of the same rows: {exc}; row j "
+                                     "of a group moves to row j of the same group, whatever the names") from None
+            assert published.is_delivered and fetched.is_delivered and all(m.all() for m in fetched.masks), (
+                f"N1.6: a fetch with {case} meeting a publish of as many rows per group must get every row by "
+                f"position: the publish gave {published!r}, the fetch {fetched!r}")
 
 
 @checks("N1.5", "S3.2")
