@@ -1,6 +1,6 @@
 """A store of named, immutable objects in one directory, shared by every process that opens it.
 
-Why one file of this size (~600 lines): the packs, the index and the ledger change together under
+Why one file of this size: the packs, the index and the ledger change together under
 one lock, and every method reads the same in-memory index; split apart, each part would reach
 into the others' state. The system calls it makes are :mod:`kvwire_files.fs`.
 

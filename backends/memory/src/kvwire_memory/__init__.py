@@ -1,9 +1,9 @@
 """kvwire-memory: an in-memory blob store backend, the embedded default.
 
-It is also the template a plugin author copies: a store plugin supplies a
-:class:`~kvwire.blob.StoreDriver` (here :class:`MemoryDriver`), builds a
-:class:`~kvwire.blob.BlobBackend` on it, and names a :class:`~kvwire.registry.Plugin` with
-its options in the entry point ``kvwire.backends``.
+It has the shape of the template for plugin authors, ``examples/third_party_plugin/``
+(``kvwire-example``): a store plugin supplies a :class:`~kvwire.blob.StoreDriver` (here
+:class:`MemoryDriver`), builds a :class:`~kvwire.blob.BlobBackend` on it, and names a
+:class:`~kvwire.registry.Plugin` with its options in the entry point ``kvwire.backends``.
 
 The store lives in this process only. Backends created in the same process with the same
 ``store`` name share one store, so two workers in one process can publish and fetch through it;

@@ -21,7 +21,7 @@ or kept, so a slab of which only some objects survive can keep the rest of its b
 then (a store at capacity stops asking the system for fresh pages, whose first touch costs
 more than the copy itself).
 
-One file (~500 lines): the table, the eviction order and the kept memory change together under
+Why one file of this size: the table, the eviction order and the kept memory change together under
 one lock, and each path (batch, one key, row by row) must give the same answers."""
 
 from __future__ import annotations

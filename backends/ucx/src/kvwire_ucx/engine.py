@@ -14,7 +14,7 @@ machine before any later event does. Outcomes and quiescence are set under the e
 (kvwire's one :class:`~kvwire.attempts.AttemptTable`), and the wakes they owe are called after the
 lock is released, once per distinct wake callable (W1, the W1.8 note: the reactor's wakes).
 
-Why one file of this size (~530 lines): the engine is the one router between the parts above;
+Why one file of this size: the engine is the one router between the parts above;
 its holder entry points, its action table (:meth:`Engine._do`) and its connection handling all
 feed the same machines and are read together when following one pull."""
 

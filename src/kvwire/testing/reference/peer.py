@@ -53,8 +53,9 @@ worker is writing the answer's rows at that moment (one copy); an answer quiesce
 are copied out; an offer quiesces with its conclusion unless an answer is copying its rows then
 (it ends every answer that has not started copying).
 
-Why one file of this size: it is the template a peer author reads top to bottom; its messages,
-its serving side and its requesting side are short and refer to one another."""
+Why one file of this size: a peer author reads it top to bottom, as a worked example of a peer
+written directly on the contract; its messages, its serving side and its requesting side refer
+to one another."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ the second implementation the conformance suite is checked against), over
 :class:`ReferenceStore`, an in-process object store that the two backends of one harness pair
 share.
 
-Read it as a template. Where each clause is met:
+Read it as a worked example of a store written directly on the contract. Where each clause is met:
 
 - M3/M4: :class:`~kvwire.contract.RegionTable` (``register_regions``, and ``locate_view`` in
   :meth:`ReferenceStoreBackend._check`).

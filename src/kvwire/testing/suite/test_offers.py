@@ -8,7 +8,7 @@ was asked (a request in ``incoming()``), and the offer's own attempt (its outcom
 cause, its quiescence and its wakes). The tests that hold an answer half-way use the harness's
 hold (:attr:`kvwire.testing.harness.Ends.hold`), and skip when there is none.
 
-Why one file of this size (~620 lines): it is one rule's tests, in the order of its clauses, and
+Why one file of this size: it is one rule's tests, in the order of its clauses, and
 they share the helpers at the top (a pull an offer answers, a pull that reaches the holder, an
 offer's end); split by clause, each part would import most of them back."""
 
