@@ -41,6 +41,7 @@ def main() -> int:
     parser.add_argument("--modes", default="two-sided,one-sided")
     parser.add_argument("--window-mib", type=int, default=0, help="the puller's window_bytes (0: its default)")
     parser.add_argument("--no-raw", action="store_true", help="skip the raw transport rows")
+    parser.add_argument("--spin-us", type=int, default=0, help="kvwire-ucx's spin_us option, at both ends")
     args = parser.parse_args()
     slot = args.slot_kib << 10
     sizes = [int(s) << 20 for s in args.sizes_mib.split(",")]
@@ -52,7 +53,8 @@ def main() -> int:
     for mode in args.modes.split(","):
         raw_nixl = mode == "one-sided" and not args.no_raw
         proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve().parent / "ucx_device_peer.py"),
-                                 "--mode", mode, "--groups", "1", "--blocks", str(blocks), "--slot-bytes", str(slot)]
+                                 "--mode", mode, "--groups", "1", "--blocks", str(blocks), "--slot-bytes", str(slot),
+                                 "--spin-us", str(args.spin_us)]
                                 + (["--raw-nixl"] if raw_nixl else []),
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         try:
@@ -68,7 +70,9 @@ def main() -> int:
                 raw = RawTags(slot)
             handle = [bytes.fromhex(x) if isinstance(x, str) else x for x in first["ipc"]]
             there = torch.empty(0, dtype=torch.uint8, device="cuda").set_(torch.UntypedStorage._new_shared_cuda(*handle))
-            options = {"window_bytes": args.window_mib << 20} if args.window_mib else {}
+            options: dict[str, int] = {"window_bytes": args.window_mib << 20} if args.window_mib else {}
+            if args.spin_us:
+                options["spin_us"] = args.spin_us
             puller = peer.Puller(mode, 1, blocks, slot, **options)
             # the names as one array, built once: joining 16k names per pull took ~1 ms on its own
             names = np.frombuffer(b"".join(peer.names(1, blocks)), dtype=np.uint8).reshape(blocks, -1)

@@ -115,7 +115,7 @@ class RawNixl:
 
 
 def serve(args: argparse.Namespace) -> int:
-    backend = UcxBackend(mode=args.mode)
+    backend = UcxBackend(mode=args.mode, spin_us=args.spin_us)
     kinds = sorted(k.value for k in backend.capabilities().memory_kinds)
     tensors = fill(args.seed, args.groups, args.blocks, args.slot_bytes)
     torch.cuda.synchronize()
@@ -160,4 +160,5 @@ if __name__ == "__main__":
     parser.add_argument("--slot-bytes", type=int, default=64 << 10)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--raw-nixl", action="store_true", help="also serve the bench's raw NIXL row")
+    parser.add_argument("--spin-us", type=int, default=0, help="kvwire-ucx's spin_us option")
     sys.exit(serve(parser.parse_args()))
