@@ -441,15 +441,19 @@ def report(result: dict) -> None:
         print(f"  {label:<40} {micros:8.2f} µs/row{note}")
 
 
-def against(before: Path, rounds: int, quick: bool) -> None:
+def _tree_env(tree: Path) -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree / "src"), str(tree / "backends" / "memory" / "src")]))
+
+
+def against(before: Path, rounds: int, quick: bool, after: Path | None = None) -> None:
     """Before and after side by side: this bench, run ``rounds`` times alternately on the tree at
     ``before`` (its ``src`` and ``backends/memory/src`` first on the path) and on the installed
-    one, each in a fresh process; every figure is the median over the rounds of each side's
-    medians. The same bench code measures both."""
+    one (or the tree at ``after``), each in a fresh process; every figure is the median over the
+    rounds of each side's medians. The same bench code measures both."""
     before = before.resolve()
-    env_before = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(before / "src"), str(before / "backends" / "memory" / "src")]))
-    env_after = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env_before = _tree_env(before)
+    env_after = (_tree_env(after.resolve()) if after is not None
+                 else {k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     sides: dict[str, list[dict]] = {"before": [], "after": []}
     for _ in range(rounds):
         for side, env in (("before", env_before), ("after", env_after)):
@@ -459,7 +463,8 @@ def against(before: Path, rounds: int, quick: bool) -> None:
     med = statistics.median
     first = sides["after"][0]
     print(f"machine: {first['machine']}")
-    print(f"before: {before} ({_commit(before)}); after: this tree ({_commit(Path(__file__).resolve().parent.parent)})")
+    after_tree = after.resolve() if after is not None else Path(__file__).resolve().parent.parent
+    print(f"before: {before} ({_commit(before)}); after: {after_tree} ({_commit(after_tree)})")
     print(f"{rounds} rounds, alternating before/after, each a fresh process running this bench"
           f"{' --quick' if quick else ''}; medians over the rounds\n")
     print(f"{'what':<48} {'before':>9} {'after':>9} {'after/before':>13}")
@@ -489,10 +494,12 @@ def main() -> None:
     parser.add_argument("--json", metavar="FILE", help="write the figures as JSON to FILE ('-': stdout) instead")
     parser.add_argument("--against", metavar="TREE", type=Path,
                         help="before/after: alternate this bench between the kvwire tree at TREE and this one")
+    parser.add_argument("--after", metavar="TREE", type=Path,
+                        help="with --against: the after side is the kvwire tree at TREE (default: the installed one)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of --against (default 3)")
     args = parser.parse_args()
     if args.against is not None:
-        against(args.against, args.rounds, args.quick)
+        against(args.against, args.rounds, args.quick, args.after)
         return
     result = measure(args.quick)
     if args.json is None:
