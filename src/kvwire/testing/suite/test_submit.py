@@ -103,6 +103,11 @@ def test_S3_a_slot_frees_without_polling(kvwire_harness: Harness) -> None:
                 wait_for(submit_again, patience, "a new fetch being taken")
             except AssertionError:
                 done = [sub.poll() is not None and sub.quiesced() for sub in subs]
+                if all(done) and submit_again():
+                    raise AssertionError(
+                        f"A3.2: the {bound} attempts of the full queue freed no slot for {patience:g} s after they "
+                        "woke the holder, and one was free at once after the holder called poll() and quiesced(): "
+                        "an attempt quiesces without any call from the holder") from None
                 if all(done):
                     raise AssertionError(
                         f"S3.11: all {bound} attempts of the full queue had concluded and quiesced (each had woken "
