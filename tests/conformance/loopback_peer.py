@@ -1,5 +1,5 @@
 """The serving peer the suite's peer paths and N2 tests run against, and that the peer mutants of
-``mutants.py`` wrap: now the reference peer shipped as :mod:`kvwire.testing.reference.peer`
+``mutants/`` wrap: now the reference peer shipped as :mod:`kvwire.testing.reference.peer`
 (moved there from this file). Kept so ``--kvwire-harness tests/conformance/loopback_peer.py:harness``
 and ``from loopback_peer import LoopbackHarness`` still work."""
 

@@ -1,13 +1,18 @@
 """The conformance suite is itself tested: against each deliberately broken backend of
-``mutants.py`` and ``mutants_*.py`` it must fail, on a test named after the rule of the clause the
-mutant breaks (or a rule its selection names); against the memory backend, and against the wrapper
-that breaks nothing, it must pass. Every mutant is registered once, in ``mutant_table.py``.
+``mutants/`` that wraps a correct one (:class:`kit.MutantHarness`) it must fail, on a test named
+after the rule of the clause the mutant breaks (or a rule its selection names); against the memory
+backend, and against the wrappers that break nothing, it must pass. Every mutant is registered
+once, in ``mutant_table.py``, and filed in ``mutants/<family>.py`` by the rule family of the clause it
+breaks; the subclasses of the reference backends (:class:`kit.StoreMutantHarness`,
+:class:`kit.PeerMutantHarness`) are run by ``test_reference_mutants.py``.
 
 Each run is a real ``pytest --pyargs kvwire.testing.suite`` in a subprocess, as a plugin author
 runs it, selected with ``-k`` to the broken rule's tests so the whole module stays fast."""
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 import os
 import re
@@ -21,13 +26,19 @@ from typing import Any
 import pytest
 from mutant_table import MUTANTS as REGISTERED
 
+import kvwire.testing.suite as suite
+from kvwire.testing.harness import Harness
+
 #: Every test of this module on one xdist worker: its module fixture starts every mutant's suite
 #: run at once, and a second worker running any of its tests would start them all again.
 pytestmark = pytest.mark.xdist_group("mutants")
 
-MUTANTS_FILE = Path(__file__).with_name("mutants.py")
-#: The mutant files with a runner of their own (test_lookup_mutants.py, test_reference_mutants.py).
-OWN_RUNNER = ("lookup_mutants.py", "reference_mutants.py")
+MUTANTS_DIR = Path(__file__).with_name("mutants")
+#: The rule family of each rule: the file of ``mutants/`` (and of ``kvwire.testing.suite``) it is filed in.
+FAMILIES = {"M": "memory", "V": "view", "H": "hints", "S": "submit", "A": "attempt", "W": "wake", "B": "lifecycle",
+            "N": "pulls", "L": "lookup", "O": "offers", "K": "blocks"}
+#: The harnesses of ``mutants/`` that break nothing, which the suite must pass.
+UNBROKEN = ("faithful", "faithful_peer", "faithful_lookup", "reference_store", "reference_peer")
 
 
 def rules_of(clause: str, select: str) -> tuple[str, ...]:
@@ -38,13 +49,42 @@ def rules_of(clause: str, select: str) -> tuple[str, ...]:
     return (rule, *dict.fromkeys(t for t in named if t != rule))
 
 
+def load_mutant_files() -> tuple[Any, dict[Path, dict[str, Harness]]]:
+    """The kit, and every harness of each file of ``mutants/``, imported as the suite imports a
+    harness file: with the folder on ``sys.path``, so each imports the kit as ``kit``."""
+    sys.path.insert(0, str(MUTANTS_DIR))
+    try:
+        kit = importlib.import_module("kit")
+        files: dict[Path, dict[str, Harness]] = {}
+        for path in sorted(MUTANTS_DIR.glob("*.py")):
+            if path.stem == "kit":
+                module = kit
+            else:
+                spec = importlib.util.spec_from_file_location(f"kvwire_conformance_mutants_{path.stem}", path)
+                assert spec is not None and spec.loader is not None
+                module = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(module)
+            files[path] = {name: value for name, value in vars(module).items() if isinstance(value, Harness)}
+    finally:
+        sys.path.remove(str(MUTANTS_DIR))
+    return kit, files
+
+
+KIT, HARNESSES = load_mutant_files()
+#: The file of mutants/ each registered mutant lives in.
+MUTANT_FILES: dict[str, Path] = {name: MUTANTS_DIR.parent / file for file, name, _, _ in REGISTERED}
+assert len(MUTANT_FILES) == len(REGISTERED), "a mutant is registered twice in mutant_table.py"
+#: The harness kinds of the reference backends' subclasses (run by test_reference_mutants.py).
+REFERENCE_KINDS = (KIT.StoreMutantHarness, KIT.PeerMutantHarness)
+
+
+def is_reference_mutant(name: str) -> bool:
+    return isinstance(HARNESSES[MUTANT_FILES[name]][name], REFERENCE_KINDS)
+
+
 #: (harness, the clause it breaks, -k selection of the suite's tests) of each mutant this module runs.
-MUTANTS: list[tuple[str, str, str]] = [(name, clause, select) for file, name, clause, select in REGISTERED
-                                       if file not in OWN_RUNNER]
-#: Where each mutant harness lives: mutants.py, or a mutants_*.py file beside it.
-MUTANT_FILES: dict[str, Path] = {name: MUTANTS_FILE.with_name(file) for file, name, _, _ in REGISTERED
-                                 if file not in OWN_RUNNER}
-assert len(MUTANT_FILES) == len(MUTANTS), "a mutant is registered twice in mutant_table.py"
+MUTANTS: list[tuple[str, str, str]] = [(name, clause, select) for _, name, clause, select in REGISTERED
+                                       if not is_reference_mutant(name)]
 
 
 def run_suite(tmp_path: Path, *args: str) -> tuple[int, list[dict[str, Any]], str]:
@@ -85,27 +125,25 @@ def test_suite_catches_the_mutant(mutant_runs: dict[str, Future], mutant: str, c
 
 
 def test_all_mutants_are_exported() -> None:
-    """Every mutant harness in mutants.py and in each mutants_*.py is registered in mutant_table.py:
-    none goes unchecked."""
-    import importlib.util
-
-    files = {path.name for path in MUTANTS_FILE.parent.glob("mutants*.py")}
-    assert files == {path.name for path in MUTANT_FILES.values()}, "a mutants*.py file has no registered mutant"
-
-    sys.path.insert(0, str(MUTANTS_FILE.parent))
-    try:
-        for path in sorted(set(MUTANT_FILES.values())):
-            spec = importlib.util.spec_from_file_location(f"kvwire_conformance_{path.stem}", path)
-            assert spec is not None and spec.loader is not None
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            harness_type = sys.modules["mutants"].MutantHarness if path != MUTANTS_FILE else module.MutantHarness
-            harnesses = {name for name, value in vars(module).items() if isinstance(value, harness_type)}
-            listed = {name for name, file in MUTANT_FILES.items() if file == path}
-            assert harnesses - {"faithful", "faithful_peer"} == listed, f"{path.name}: harnesses and list differ"
-    finally:
-        sys.path.remove(str(MUTANTS_FILE.parent))
+    """Every harness of each file of ``mutants/`` is registered in mutant_table.py, save the ones
+    that break nothing: none goes unchecked."""
+    files = {path.relative_to(MUTANTS_DIR.parent) for path in HARNESSES if path.stem != "kit"}
+    assert files == {path.relative_to(MUTANTS_DIR.parent) for path in MUTANT_FILES.values()}, (
+        "a file of mutants/ has no registered mutant, or the table names a file that is not there")
+    for path, harnesses in HARNESSES.items():
+        listed = {name for name, file in MUTANT_FILES.items() if file == path}
+        assert set(harnesses) - set(UNBROKEN) == listed, f"{path.name}: harnesses and mutant_table.py differ"
     assert len(MUTANTS) >= 12
+
+
+def test_every_mutant_is_filed_by_the_family_of_the_clause_it_breaks() -> None:
+    """A mutant lives in ``mutants/<family>.py``, the family of the rule of its clause (the
+    families of ``kvwire.testing.suite``'s files): never in a file named after when it was written."""
+    misfiled = [(name, clause, file) for file, name, clause, _ in REGISTERED
+                if file != f"mutants/{FAMILIES[clause[0]]}.py"]
+    assert not misfiled, f"mutants filed outside the family of their clause: {misfiled}"
+    suite_files = {p.stem.removeprefix("test_") for p in Path(suite.__file__).parent.glob("test_*.py")}
+    assert set(FAMILIES.values()) <= suite_files
 
 
 def test_suite_passes_the_memory_backend(tmp_path: Path) -> None:
@@ -116,12 +154,12 @@ def test_suite_passes_the_memory_backend(tmp_path: Path) -> None:
     assert {"M1", "M3", "M4", "V1", "V2", "V4", "H1", "S1", "S3", "A1", "A5", "A7", "A8", "W1", "B3", "B4"} <= rules
 
 
-@pytest.mark.parametrize("harness", ["mutants.py:faithful", "mutants.py:faithful_peer", "loopback_peer.py:harness",
-                                     "mutants_capacity.py:faithful", "mutants_blocks.py:faithful"])
+@pytest.mark.parametrize("harness", ["mutants/kit.py:faithful", "mutants/kit.py:faithful_peer", "loopback_peer.py:harness",
+                                     "mutants/submit.py:faithful", "mutants/blocks.py:faithful"])
 def test_suite_passes_correct_backends(tmp_path: Path, harness: str) -> None:
     """The mutants' wrappers break nothing by themselves (so each mutant's failure is its one
     change), and the loopback serving peer, which runs the N2 tests, is correct."""
-    code, tests, output = run_suite(tmp_path, f"--kvwire-harness={MUTANTS_FILE.parent / harness}")
+    code, tests, output = run_suite(tmp_path, f"--kvwire-harness={MUTANTS_DIR.parent / harness}")
     failed = [t["nodeid"] for t in tests if t["outcome"] == "failed"]
     assert code == 0 and not failed, f"the suite failed {harness}: {failed}\n{output[-3000:]}"
     if "peer" in harness:

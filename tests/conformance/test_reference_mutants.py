@@ -1,6 +1,7 @@
-"""The suite against single-clause mutants of the reference backends (``reference_mutants.py``):
-each must fail on a test named after the clause it breaks; the unbroken reference backends must
-pass.
+"""The suite against single-clause mutants of the reference backends (the harnesses of
+``mutants/`` built by :class:`kit.StoreMutantHarness` or :class:`kit.PeerMutantHarness`, each a
+subclass that changes the backend's own code): each must fail on a test named after the clause it
+breaks; the unbroken reference backends must pass.
 
 Each run is a real ``pytest --pyargs kvwire.testing.suite`` in a subprocess, selected with ``-k``
 to the broken clause's tests. A mutant the suite does not catch yet is marked
@@ -20,13 +21,14 @@ from typing import Any
 
 import pytest
 from mutant_table import MUTANTS as REGISTERED
-from test_mutants import rules_of
+from test_mutants import HARNESSES, MUTANT_FILES, MUTANTS_DIR, REFERENCE_KINDS, is_reference_mutant, rules_of
 
 #: Every test of this module on one xdist worker: its module fixture starts every mutant's suite
 #: run at once, and a second worker running any of its tests would start them all again.
 pytestmark = pytest.mark.xdist_group("reference-mutants")
 
-MUTANTS_FILE = Path(__file__).with_name("reference_mutants.py")
+#: The kit, where the unbroken reference harnesses live.
+KIT_FILE = MUTANTS_DIR / "kit.py"
 
 
 def _survives(why: str) -> Any:
@@ -36,12 +38,12 @@ def _survives(why: str) -> Any:
 #: Mutants the suite does not catch yet: harness -> the scenario that exposes it (marked xfail).
 SURVIVORS: dict[str, str] = {}
 
-#: (harness object in reference_mutants.py, the rules a catching test may be named after (the
-#: first is the broken clause's; others are rules the same bug necessarily breaks too, named by the
-#: selection), -k selection, marks), from mutant_table.py.
+#: (harness object in mutants/, the rules a catching test may be named after (the first is the
+#: broken clause's; others are rules the same bug necessarily breaks too, named by the selection),
+#: -k selection, marks), from mutant_table.py.
 MUTANTS: list[tuple[str, tuple[str, ...], str, tuple[Any, ...]]] = [
     (name, rules_of(clause, select), select, (_survives(SURVIVORS[name]),) if name in SURVIVORS else ())
-    for file, name, clause, select in REGISTERED if file == MUTANTS_FILE.name
+    for _, name, clause, select in REGISTERED if is_reference_mutant(name)
 ]
 
 UNBROKEN = ["reference_store", "reference_peer"]
@@ -67,7 +69,7 @@ def mutant_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
     deadline or a wake that never comes)."""
     with ThreadPoolExecutor(max_workers=3) as pool:
         yield {
-            mutant: pool.submit(run_suite, tmp_path_factory.mktemp(mutant), f"--kvwire-harness={MUTANTS_FILE}:{mutant}",
+            mutant: pool.submit(run_suite, tmp_path_factory.mktemp(mutant), f"--kvwire-harness={MUTANT_FILES[mutant]}:{mutant}",
                                 "-k", select, "--kvwire-patience=3", "--kvwire-no-shrink")
             for mutant, _, select, _ in MUTANTS
         }
@@ -89,21 +91,16 @@ def test_suite_catches_the_reference_mutant(mutant_runs: dict[str, Future], muta
 def test_suite_passes_the_unbroken_reference(tmp_path: Path, harness: str) -> None:
     """The harness plumbing of the mutants breaks nothing by itself: each mutant's failure is its
     one change."""
-    code, tests, output = run_suite(tmp_path, f"--kvwire-harness={MUTANTS_FILE}:{harness}")
+    code, tests, output = run_suite(tmp_path, f"--kvwire-harness={KIT_FILE}:{harness}")
     failed = [t["nodeid"] for t in tests if t["outcome"] == "failed"]
     assert code == 0 and not failed, f"the suite failed {harness}: {failed}\n{output[-3000:]}"
 
 
 def test_every_reference_mutant_is_listed() -> None:
-    """Every mutant harness in reference_mutants.py is listed above: none goes unchecked."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("kvwire_reference_mutants", MUTANTS_FILE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    kinds = (module.StoreMutantHarness, module.PeerMutantHarness)
-    harnesses = {name for name, value in vars(module).items() if isinstance(value, kinds)}
+    """Every harness of mutants/ built on a reference backend is listed above: none goes unchecked."""
+    harnesses = {name for files in HARNESSES.values() for name, value in files.items()
+                 if isinstance(value, REFERENCE_KINDS)}
     assert harnesses - set(UNBROKEN) == {m[0] for m in MUTANTS}
-    peers = {name for name, value in vars(module).items() if isinstance(value, module.PeerMutantHarness)}
+    peers = {name for files in HARNESSES.values() for name, value in files.items()
+             if isinstance(value, REFERENCE_KINDS[1])}
     assert len(MUTANTS) >= 24 and len(peers - set(UNBROKEN)) >= 8

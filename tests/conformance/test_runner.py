@@ -44,7 +44,7 @@ def test_an_unknown_backend_is_a_usage_error(tmp_path: Path) -> None:
 
 
 def test_a_harness_spec_that_does_not_load_is_a_usage_error(tmp_path: Path) -> None:
-    proc = _pytest(tmp_path, f"--kvwire-harness={HERE / 'mutants.py'}:no_such_object")
+    proc = _pytest(tmp_path, f"--kvwire-harness={HERE / 'mutants' / 'kit.py'}:no_such_object")
     assert proc.returncode == 4
     assert "has no attribute 'no_such_object'" in proc.stderr
 
@@ -77,7 +77,7 @@ def test_run_conformance_summarizes_by_rule(capfd: pytest.CaptureFixture[str]) -
 
 
 def test_run_conformance_fails_a_broken_backend(capfd: pytest.CaptureFixture[str]) -> None:
-    code = run_conformance([], extra_args=[f"--kvwire-harness={HERE / 'mutants.py'}:skips_unrecognized_rows",
+    code = run_conformance([], extra_args=[f"--kvwire-harness={HERE / 'mutants' / 'memory.py'}:skips_unrecognized_rows",
                                            "-k", "M4", "--kvwire-no-shrink", "--hypothesis-seed=0"])
     out = capfd.readouterr().out
     assert code == 1, out

@@ -41,7 +41,7 @@ doing.
 
 Point the suite at one with ``--kvwire-harness tests/conformance/variants.py:NAME``.
 
-Why one file of this size: as for ``mutants.py``, the suite is pointed at each variant by
+Why one file of this size: as for the mutants, the suite is pointed at each variant by
 ``path:object``, and each is a short subclass beside the wrappers the others share."""
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ import numpy as np
 from kvwire_memory import MemoryDriver
 from kvwire_memory.harness import MemoryHarness
 from loopback_peer import LoopbackHarness  # beside this file; on sys.path when loaded as a harness
-from mutants import Mutant, MutantHarness, PeerMutant, Wrapped
+from mutants.kit import Mutant, MutantHarness, PeerMutant, Wrapped  # the mutants' kit, beside this file
 
 from kvwire.blob import BatchResult, StoreDriver
 from kvwire.contract import (

@@ -1,21 +1,22 @@
-"""Deliberately broken standing offers (``offer-pulls``, O1): each is the reference peer with one
-plausible author's bug that breaks one O1 clause, wrapped in :class:`mutants.PeerMutant` (which
-forwards ``offer()``) as the other peer mutants are. ``test_mutants.py`` reads its entries in ``mutant_table.py``
-and checks that the suite fails each one on a ``test_O1_`` test
-(``kvwire/testing/suite/test_offers.py``).
+"""Mutants that each break one standing-offer clause (O1: the optional offer-pulls protocol). Every
+harness below is registered once, in ``tests/conformance/mutant_table.py``, with the clause it
+breaks and the ``-k`` selection of the suite's tests that must catch it. A mutant either wraps a
+correct backend through :mod:`kit` (the memory backend, or the reference peer for the serving
+protocol) and breaks the clause from outside, or subclasses a reference backend
+(:mod:`kvwire.testing.reference`) and overrides the one method where the bug lives.
 
-Point the suite at one with ``--kvwire-harness tests/conformance/mutants_offers.py:NAME``."""
+Point the suite at one with ``--kvwire-harness tests/conformance/mutants/offers.py:NAME``."""
 
 from __future__ import annotations
 
 import dataclasses
 
 import numpy as np
-from loopback_peer import LoopbackHarness  # beside this file; on sys.path when loaded as a harness
-from mutants import MutantHarness, PeerMutant
+from kit import MutantHarness, PeerMutant  # beside this file; on sys.path when loaded as a harness
 
 from kvwire.contract import OFFER_PULLS, Capabilities, Cause, InvalidSubmission, OutcomeStatus, View, WakeFn
 from kvwire.testing.reference.core import Access, ReferenceAttempt, write_rows
+from kvwire.testing.reference.harness import ReferencePeerHarness as LoopbackHarness
 from kvwire.testing.reference.offers import OfferedAnswer, OfferIndex, StandingOffer
 from kvwire.testing.reference.peer import Fabric, PullMessage, ReferencePeer, Rows
 
@@ -337,6 +338,8 @@ offer_expires_as_failure = _mutant("offer_expires_as_failure", OfferExpiresAsFai
 cancelled_offer_still_answers = _mutant("cancelled_offer_still_answers", CancelledOfferStillAnswers)
 shutdown_delivers_offers = _mutant("shutdown_delivers_offers", ShutdownDeliversOffers)
 offer_waits_for_its_answers = _mutant("offer_waits_for_its_answers", OfferWaitsForItsAnswers)
+
+
 offer_quiesces_before_its_answers_end = _mutant("offer_quiesces_before_its_answers_end",
                                                 OfferQuiescesBeforeItsAnswersEnd)
 requester_cancel_ends_the_offer = _mutant("requester_cancel_ends_the_offer", RequesterCancelEndsTheOffer)

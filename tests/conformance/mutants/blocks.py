@@ -1,10 +1,11 @@
-"""Deliberately broken block objects (``block-objects``, K1): each is the reference store with one
-plausible author's bug that breaks one K1 clause, wrapped in :class:`mutants.Mutant` (which
-forwards ``lookup()``) as the other mutants are. ``test_mutants.py`` reads its entries in ``mutant_table.py`` and
-checks that the suite fails each one on a ``test_K1_`` test (``kvwire/testing/suite/test_blocks.py``);
-:data:`faithful` wraps the unbroken reference store and must pass the whole suite.
+"""Mutants that each break one block-object clause (K1: the optional block-objects protocol). Every
+harness below is registered once, in ``tests/conformance/mutant_table.py``, with the clause it
+breaks and the ``-k`` selection of the suite's tests that must catch it. A mutant either wraps a
+correct backend through :mod:`kit` (the memory backend, or the reference peer for the serving
+protocol) and breaks the clause from outside, or subclasses a reference backend
+(:mod:`kvwire.testing.reference`) and overrides the one method where the bug lives.
 
-Point the suite at one with ``--kvwire-harness tests/conformance/mutants_blocks.py:NAME``."""
+Point the suite at one with ``--kvwire-harness tests/conformance/mutants/blocks.py:NAME``."""
 
 from __future__ import annotations
 
@@ -12,20 +13,13 @@ import dataclasses
 from typing import Any
 
 import numpy as np
-from mutants import Mutant, MutantHarness
+from kit import Mutant, MutantHarness  # beside this file; on sys.path when loaded as a harness
 
 from kvwire.contract import Capabilities, Cause, Hint, InvalidSubmission, OutcomeStatus, View, WakeFn
 from kvwire.contract.blocks import BLOCKS_FIELD, parse_block_layout
 from kvwire.testing.reference.core import Access, ReferenceAttempt, read_rows
 from kvwire.testing.reference.harness import ControlledStore, ReferenceStoreHarness
-from kvwire.testing.reference.store import (
-    ReferenceStoreBackend,
-    RowStatus,
-    Space,
-    StoreReply,
-    _Call,
-    _Work,
-)
+from kvwire.testing.reference.store import ReferenceStoreBackend, RowStatus, Space, StoreReply, _Call, _Work
 
 
 class _BlockStoreHarness(ReferenceStoreHarness):
@@ -486,8 +480,6 @@ class RepeatedBlockFillsOneRow(ReferenceStoreBackend):
     """K1.8 (V4.5): a block fetch naming one block on several rows fills the first of them only;
     the others are passed off as misses."""
 
-
-# -- the harnesses the suite is pointed at --------------------------------------------------------
 
 faithful = _mutant("faithful_blocks", ReferenceStoreBackend)
 blocks_declared_for_nameless_rows = _mutant("blocks_declared_for_nameless_rows", BlocksDeclaredForNamelessRows)

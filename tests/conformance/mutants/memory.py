@@ -1,0 +1,532 @@
+"""Mutants that each break one memory clause (M1-M4: declared memory, registration, the slot,
+recognizing rows). Every harness below is registered once, in ``tests/conformance/mutant_table.py``,
+with the clause it breaks and the ``-k`` selection of the suite's tests that must catch it. A mutant
+either wraps a correct backend through :mod:`kit` (the memory backend, or the reference peer for the
+serving protocol) and breaks the clause from outside, or subclasses a reference backend
+(:mod:`kvwire.testing.reference`) and overrides the one method where the bug lives.
+
+Point the suite at one with ``--kvwire-harness tests/conformance/mutants/memory.py:NAME``."""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections.abc import Callable, Sequence
+
+import numpy as np
+from kit import (  # beside this file; on sys.path when loaded as a harness
+    HoleHarness,
+    Mutant,
+    MutantHarness,
+    Wrapped,
+    _outcome_like,
+)
+
+from kvwire.contract import (
+    Attempt,
+    Hint,
+    InvalidSubmission,
+    LayerGroupRows,
+    MemoryKind,
+    Outcome,
+    SlotRegion,
+    View,
+    WakeFn,
+)
+from kvwire.contract.backend import Registration
+
+
+class SkipsUnrecognizedRows(Mutant):
+    """M4: drops the groups whose region it never registered, instead of refusing."""
+
+    def register_regions(self, regions: Sequence[SlotRegion]) -> Registration:
+        registration = self.inner.register_regions(regions)
+        self.__dict__.setdefault("known", set()).update(registration.regions)
+        return registration
+
+    def make(self, op: str, view: View, hint: Hint, wake: WakeFn) -> Wrapped:
+        known = self.__dict__.get("known", set())
+        keep = [i for i, g in enumerate(view.groups) if g.region in known]
+        inner_view = View(tuple(view.groups[i] for i in keep))
+        call = self.inner.fetch if op == "fetch" else self.inner.publish
+        attempt = _Expand(call(inner_view, hint, wake), view, op, self)
+        attempt.keep = keep
+        return attempt
+
+
+class _Expand(Wrapped):
+    keep: list[int]
+
+    def poll(self) -> Outcome | None:
+        out = self.inner.poll()
+        if out is None:
+            return None
+        masks = list(self.view.row_masks())
+        for i, mask in zip(self.keep, out.masks, strict=True):
+            masks[i] = mask
+        return _outcome_like(out, masks)
+
+
+class _Batch(Registration):
+    def __init__(self, parts: list[Registration]) -> None:
+        self.parts = parts
+
+    @property
+    def regions(self) -> tuple[SlotRegion, ...]:
+        return tuple(r for p in self.parts for r in p.regions)
+
+    def close(self) -> None:
+        for part in self.parts:
+            part.close()
+
+
+class RegistersPartOfABatch(Mutant):
+    """M3: registers a batch one region at a time; a refused region leaves the others in."""
+
+    def register_regions(self, regions: Sequence[SlotRegion]) -> Registration:
+        return _Batch([self.inner.register_regions([r]) for r in regions])
+
+
+class _Spills(Wrapped):
+    spilled = False
+
+    def poll(self) -> Outcome | None:
+        out = self.inner.poll()
+        if out is not None and self.op == "fetch" and not self.spilled:
+            self.spilled = True
+            for group, mask in zip(self.view.groups, out.masks, strict=True):
+                for row in np.flatnonzero(mask).tolist():
+                    ctypes.memset(int(group.addresses()[row]) + group.region.slot_bytes, 0x00, 1)
+        return out
+
+
+class WritesPastTheSlot(Mutant):
+    """M2/S2: each fetched row writes one byte more than its slot."""
+
+    attempt_type = _Spills
+
+
+class AcceptsUndeclaredMemory(Mutant):
+    """M1: registers a region of a kind it does not declare by leaving it out quietly."""
+
+    def register_regions(self, regions: Sequence[SlotRegion]) -> Registration:
+        kinds = self.inner.capabilities().memory_kinds
+        return self.inner.register_regions([r for r in regions if r.memory_kind in kinds])
+
+
+# -- M3.4/M3.5: regions that only touch refused; M3.6: a refused batch revokes an earlier one ------
+
+class _Tracked(Registration):
+    """A registration the mutant remembers while it is open."""
+
+    def __init__(self, inner: Registration, owner: dict[int, _Tracked]) -> None:
+        self.inner = inner
+        self.owner = owner
+        owner[id(self)] = self
+
+    @property
+    def regions(self) -> tuple[SlotRegion, ...]:
+        return tuple(self.inner.regions)
+
+    def close(self) -> None:
+        self.owner.pop(id(self), None)
+        self.inner.close()
+
+
+def _ends(region: SlotRegion) -> tuple[int, int]:
+    return region.base, region.base + region.slot_bytes * region.slot_count
+
+
+def _touch(a: SlotRegion, b: SlotRegion) -> bool:
+    """Overlap with inclusive ends: off by one, so regions that only touch count."""
+    if a.memory_kind is not b.memory_kind or a.device != b.device:
+        return False
+    (a_lo, a_hi), (b_lo, b_hi) = _ends(a), _ends(b)
+    return a_lo <= b_hi and b_lo <= a_hi
+
+
+def _overlap(a: SlotRegion, b: SlotRegion) -> bool:
+    if a.memory_kind is not b.memory_kind or a.device != b.device:
+        return False
+    (a_lo, a_hi), (b_lo, b_hi) = _ends(a), _ends(b)
+    return a_lo < b_hi and b_lo < a_hi
+
+
+class RefusesAdjacentRegions(Mutant):
+    """M3.4/M3.5: its overlap check has inclusive ends, so two regions that only touch (one ends
+    where the next begins: two halves of one allocation) are refused as overlapping."""
+
+    def register_regions(self, regions: Sequence[SlotRegion]) -> Registration:
+        live: dict[int, _Tracked] = self.__dict__.setdefault("regs", {})
+        known = [r for reg in live.values() for r in reg.regions]
+        regions = list(regions)
+        for i, a in enumerate(regions):
+            for b in regions[i + 1:] + known:
+                if _touch(a, b):
+                    raise InvalidSubmission(f"region {a.region_id} overlaps region {b.region_id}")
+        return _Tracked(self.inner.register_regions(regions), live)
+
+
+class RefusedBatchRevokesEarlier(Mutant):
+    """M3.6: when a batch is refused for overlapping a registered region, its clean-up
+    unregisters that earlier registration too."""
+
+    def register_regions(self, regions: Sequence[SlotRegion]) -> Registration:
+        live: dict[int, _Tracked] = self.__dict__.setdefault("regs", {})
+        try:
+            return _Tracked(self.inner.register_regions(regions), live)
+        except InvalidSubmission:
+            for reg in list(live.values()):
+                if any(_overlap(a, b) for a in regions for b in reg.regions):
+                    reg.close()
+            raise
+
+
+# -- M3.9: closing an old handle again revokes a later registration of the same span -------------
+
+class _SpanRegistration(Registration):
+    def __init__(self, inner: Registration, backend: OldCloseRevokesSameSpan) -> None:
+        self.inner = inner
+        self.backend = backend
+
+    @property
+    def regions(self) -> tuple[SlotRegion, ...]:
+        return self.inner.regions
+
+    def span(self) -> frozenset[tuple[int, int]]:
+        return frozenset((r.base, r.slot_bytes * r.slot_count) for r in self.inner.regions)
+
+    def close(self) -> None:
+        # "idempotent" by unregistering whatever is registered now over the same span
+        for other in list(self.backend.__dict__.setdefault("open", [])):
+            if other.span() == self.span():
+                other.inner.close()
+                self.backend.__dict__["open"].remove(other)
+        self.inner.close()
+
+
+class OldCloseRevokesSameSpan(Mutant):
+    """M3.9: Registration.close() unregisters by span, every time it is called, so an old handle
+    closed again revokes a later registration of the same memory."""
+
+    def register_regions(self, regions: Sequence[SlotRegion]) -> Registration:
+        registration = _SpanRegistration(self.inner.register_regions(regions), self)
+        self.__dict__.setdefault("open", []).append(registration)
+        return registration
+
+
+# -- M3.5: the very span of an open registration may be registered again ---------------------------
+
+class _NoOpRegistration(Registration):
+    def __init__(self, regions: Sequence[SlotRegion]) -> None:
+        self._regions = tuple(regions)
+
+    @property
+    def regions(self) -> tuple[SlotRegion, ...]:
+        return self._regions
+
+    def close(self) -> None:
+        pass
+
+
+class AcceptsSameSpanTwice(Mutant):
+    """M3.5: a batch whose regions are exactly the spans of regions already registered (the
+    holder registering its cache again) is taken as a no-op instead of refused; any other overlap
+    is still refused."""
+
+    def register_regions(self, regions: Sequence[SlotRegion]) -> Registration:
+        try:
+            registration = self.inner.register_regions(regions)
+        except InvalidSubmission:
+            known = self.__dict__.get("spans", set())
+            if regions and all((r.base, r.slot_bytes * r.slot_count, r.memory_kind, r.device) in known
+                               for r in regions):
+                return _NoOpRegistration(regions)
+            raise
+        self.__dict__.setdefault("spans", set()).update(
+            (r.base, r.slot_bytes * r.slot_count, r.memory_kind, r.device) for r in registration.regions)
+        return registration
+
+
+# -- M4.2: rows recognized only in the slot size they were registered with -----------------------
+
+class RegisteredSlotSizeOnly(Mutant):
+    """M4.2: a view whose region describes registered memory in another slot size is refused, as
+    if recognition compared slot sizes and not where the bytes lie."""
+
+    def register_regions(self, regions: Sequence[SlotRegion]) -> Registration:
+        registration = self.inner.register_regions(regions)
+        self.__dict__.setdefault("registered", []).extend(regions)
+        return registration
+
+    def make(self, op: str, view: View, hint: Hint, wake: WakeFn) -> Wrapped:
+        for g in view.groups:
+            for r in self.__dict__.get("registered", []):
+                inside = r.base <= g.region.base < r.base + r.slot_bytes * r.slot_count
+                if inside and g.region.slot_bytes != r.slot_bytes:
+                    raise InvalidSubmission(f"group {g.group_id} describes region {r.region_id} in slots of "
+                                            f"{g.region.slot_bytes} bytes; it was registered with {r.slot_bytes}")
+        return super().make(op, view, hint, wake)
+
+
+# -- M4.2: rows recognized only along the registered slots -----------------------------------------
+
+class _Recognizes(Mutant):
+    """Keeps the regions it registered, to refuse views the way a broken recognition does."""
+
+    def register_regions(self, regions: Sequence[SlotRegion]) -> Registration:
+        registration = self.inner.register_regions(regions)
+        self.__dict__.setdefault("registered", []).extend(regions)
+        return registration
+
+    def registered_at(self, region: SlotRegion) -> SlotRegion | None:
+        for r in self.__dict__.get("registered", []):
+            if r.memory_kind is region.memory_kind and r.base <= region.base < r.base + r.slot_bytes * r.slot_count:
+                return r
+        return None
+
+
+class RowsMustFitARegisteredSlot(_Recognizes):
+    """M4.2: a row is recognized only if it lies within one registered slot, so a view whose rows
+    span two registered slots (twice the slot size, or half a slot further on) is refused."""
+
+    def make(self, op: str, view: View, hint: Hint, wake: WakeFn) -> Wrapped:
+        for g in view.groups:
+            r = self.registered_at(g.region)
+            if r is None:
+                continue
+            starts = g.addresses().astype(np.int64) - r.base
+            first = starts // r.slot_bytes
+            last = (starts + g.region.slot_bytes - 1) // r.slot_bytes
+            if (first != last).any():
+                raise InvalidSubmission(f"group {g.group_id}: a row spans two slots of registered region "
+                                        f"{r.region_id}")
+        return super().make(op, view, hint, wake)
+
+
+class AlignedBasesOnly(_Recognizes):
+    """M4.2: a view's region is recognized only if its base lies on a slot boundary of the
+    registered region (a region half a slot further on is refused)."""
+
+    def make(self, op: str, view: View, hint: Hint, wake: WakeFn) -> Wrapped:
+        for g in view.groups:
+            r = self.registered_at(g.region)
+            if r is not None and (g.region.base - r.base) % r.slot_bytes:
+                raise InvalidSubmission(f"group {g.group_id}: region {g.region.region_id} does not start on a slot "
+                                        f"of registered region {r.region_id}")
+        return super().make(op, view, hint, wake)
+
+
+class _Registers(Mutant):
+    """Keeps the regions it registered, open or closed, to judge views as a broken backend does."""
+
+    def register_regions(self, regions: Sequence[SlotRegion]) -> Registration:
+        registration = self.inner.register_regions(regions)
+        self.__dict__.setdefault("registered", []).extend(regions)
+        return registration
+
+    def holding(self, region: SlotRegion) -> SlotRegion | None:
+        """The registered region whose addresses hold ``region``'s, whatever its memory kind."""
+        for r in self.__dict__.get("registered", []):
+            if r.base <= region.base and region.base + region.slot_bytes * region.slot_count <= r.base + r.slot_bytes * r.slot_count:
+                return r
+        return None
+
+
+# -- M1.4 / M4.1: rows recognized by address, whatever memory kind the view names ------------------
+
+class DeviceLabelOverHostMemory(_Registers):
+    """M1.4 / M4.1: rows are recognized by their addresses alone: a view whose region says DEVICE
+    memory (device 0), which the backend does not declare, over addresses of a registered HOST
+    region is taken and moved as the host memory it lies in."""
+
+    def make(self, op: str, view: View, hint: Hint, wake: WakeFn) -> Wrapped:
+        if isinstance(view, View) and any(g.region.memory_kind is not MemoryKind.HOST for g in view.groups):
+            groups = []
+            for g in view.groups:
+                r = g.region
+                if r.memory_kind is not MemoryKind.HOST and self.holding(r) is not None:
+                    r = SlotRegion(r.region_id, r.base, r.slot_bytes, r.slot_count, MemoryKind.HOST, None)
+                groups.append(LayerGroupRows(g.group_id, g.kind, r, g.slots, g.tokens, g.names))
+            attempt = super().make(op, View(tuple(groups)), hint, wake)
+            attempt.view = view
+            return attempt
+        return super().make(op, view, hint, wake)
+
+
+# -- M4.5: a registration used through a sub-span view is never unregistered ------------------------
+
+class _Pinned(Registration):
+    def __init__(self, inner: Registration, backend: SubSpanPinsRegistration) -> None:
+        self.inner = inner
+        self.backend = backend
+
+    @property
+    def regions(self) -> tuple[SlotRegion, ...]:
+        return self.inner.regions
+
+    def close(self) -> None:
+        if not any(r in self.backend.__dict__.get("pinned", set()) for r in self.inner.regions):
+            self.inner.close()
+
+
+class SubSpanPinsRegistration(_Registers):
+    """M4.5 / M3.7: a registered region seen through a view of another ``SlotRegion`` (a sub-span)
+    gets a reference that is never dropped, so closing its registration leaves its rows
+    recognized."""
+
+    def register_regions(self, regions: Sequence[SlotRegion]) -> Registration:
+        return _Pinned(super().register_regions(regions), self)
+
+    def make(self, op: str, view: View, hint: Hint, wake: WakeFn) -> Wrapped:
+        if isinstance(view, View):
+            for g in view.groups:
+                held = self.holding(g.region)
+                if held is not None and held != g.region:
+                    self.__dict__.setdefault("pinned", set()).add(held)
+        return super().make(op, view, hint, wake)
+
+
+# -- M3.5: region overlap judged in the new region's slot size --------------------------------------------
+
+def _overlap_in_own_slot_size() -> Callable[[], None]:
+    """Patch :meth:`SlotRegion.overlaps` for this process: the other region's extent is taken as
+    its slot count times this region's slot size."""
+    original = SlotRegion.overlaps
+
+    def overlaps(self: SlotRegion, other: SlotRegion) -> bool:
+        if self.memory_kind is not other.memory_kind or self.device != other.device:
+            return False
+        return self.base < other.base + other.slot_count * self.slot_bytes and other.base < self.end
+
+    SlotRegion.overlaps = overlaps  # type: ignore[method-assign]
+    return lambda: setattr(SlotRegion, "overlaps", original)
+
+
+class _Accepted(Attempt):
+    """An attempt for a submission the inner backend refused but the mutant took: it concludes
+    DELIVERED with every bit false (a fetch that missed everything; a publish the store declined)
+    ~20 ms later, woken from a thread of its own."""
+
+    def __init__(self, view: View, wake: WakeFn) -> None:
+        self.view = view
+        self.done = threading.Event()
+        self.out: Outcome | None = None
+
+        def finish() -> None:
+            self.done.set()
+            wake()
+
+        threading.Timer(0.02, finish).start()
+
+    def poll(self) -> Outcome | None:
+        if not self.done.is_set():
+            return None
+        if self.out is None:
+            self.out = Outcome.delivered(self.view.row_masks())
+        return self.out
+
+    def quiesced(self) -> bool:
+        return self.done.is_set()
+
+    def cancel(self) -> None:
+        pass
+
+
+class _TrackedRegistration(Registration):
+    def __init__(self, inner: Registration, owner: list[_TrackedRegistration]) -> None:
+        self.inner = inner
+        self.owner = owner
+        owner.append(self)
+
+    @property
+    def regions(self) -> tuple[SlotRegion, ...]:
+        return self.inner.regions
+
+    def close(self) -> None:
+        if self in self.owner:
+            self.owner.remove(self)
+        self.inner.close()
+
+
+class _Lenient(Mutant):
+    """Remembers its open registrations; a submission the inner backend refuses is taken anyway
+    when :meth:`lenient` says its rows are fine (each mutant's own wrong recognition)."""
+
+    def register_regions(self, regions: Sequence[SlotRegion]) -> Registration:
+        return _TrackedRegistration(self.inner.register_regions(regions), self.__dict__.setdefault("open", []))
+
+    def _regions(self) -> list[SlotRegion]:
+        return [r for reg in self.__dict__.get("open", []) for r in reg.regions]
+
+    def lenient(self, view: View) -> bool:
+        raise NotImplementedError
+
+    def make(self, op: str, view: View, hint: Hint, wake: WakeFn) -> Wrapped:
+        try:
+            return super().make(op, view, hint, wake)
+        except InvalidSubmission:
+            if self.lenient(view):
+                return _Accepted(view, wake)  # type: ignore[return-value]
+            raise
+
+
+def _containing(regions: list[SlotRegion], group: LayerGroupRows, start: int, end: int) -> SlotRegion | None:
+    for r in regions:
+        if (r.memory_kind is group.region.memory_kind and r.device == group.region.device
+                and r.base <= start and end <= r.base + r.slot_bytes * r.slot_count):
+            return r
+    return None
+
+
+# -- M4 ---------------------------------------------------------------------------------------------
+
+class GroupSpansTwoRegions(_Lenient):
+    """M4.3: checks rows one by one, so a group whose rows lie in two registered regions (two
+    touching regions, described by one SlotRegion that covers both) is taken, not refused."""
+
+    def lenient(self, view: View) -> bool:
+        regions = self._regions()
+        spread = False
+        for g in view.groups:
+            homes = set()
+            for a in g.addresses().tolist():
+                home = _containing(regions, g, int(a), int(a) + g.region.slot_bytes)
+                if home is None:
+                    return False
+                homes.add(home.region_id)
+            spread |= len(homes) > 1
+        return spread
+
+
+class RowMayStickOut(_Lenient):
+    """M4.1 / M4.4: recognizes a row by its first byte only, so a row that starts inside a
+    registered region and runs past its end is taken."""
+
+    def lenient(self, view: View) -> bool:
+        regions = self._regions()
+        sticks_out = False
+        for g in view.groups:
+            for a in g.addresses().tolist():
+                if _containing(regions, g, int(a), int(a) + 1) is None:
+                    return False
+                sticks_out |= _containing(regions, g, int(a), int(a) + g.region.slot_bytes) is None
+        return sticks_out
+
+
+accepts_undeclared_memory = MutantHarness("accepts-undeclared-memory", AcceptsUndeclaredMemory)
+skips_unrecognized_rows = MutantHarness("skips-unrecognized-rows", SkipsUnrecognizedRows)
+registers_part_of_a_batch = MutantHarness("registers-part-of-a-batch", RegistersPartOfABatch)
+writes_past_the_slot = MutantHarness("writes-past-the-slot", WritesPastTheSlot)
+refuses_adjacent_regions = MutantHarness("refuses-adjacent-regions", RefusesAdjacentRegions)
+refused_batch_revokes_earlier = MutantHarness("refused-batch-revokes-earlier", RefusedBatchRevokesEarlier)
+overlap_in_own_slot_size = HoleHarness("overlap-in-own-slot-size", Mutant, setup=_overlap_in_own_slot_size)
+old_close_revokes_same_span = MutantHarness("old-close-revokes-same-span", OldCloseRevokesSameSpan)
+accepts_same_span_twice = MutantHarness("accepts-same-span-twice", AcceptsSameSpanTwice)
+registered_slot_size_only = MutantHarness("registered-slot-size-only", RegisteredSlotSizeOnly)
+rows_must_fit_a_registered_slot = MutantHarness("rows-must-fit-a-registered-slot", RowsMustFitARegisteredSlot)
+aligned_bases_only = MutantHarness("aligned-bases-only", AlignedBasesOnly)
+device_label_over_host_memory = MutantHarness("device-label-over-host-memory", DeviceLabelOverHostMemory)
+sub_span_pins_registration = MutantHarness("sub-span-pins-registration", SubSpanPinsRegistration)
+group_spans_two_regions = MutantHarness("group-spans-two-regions", GroupSpansTwoRegions)
+row_may_stick_out = MutantHarness("row-may-stick-out", RowMayStickOut)
