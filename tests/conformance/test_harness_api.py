@@ -42,7 +42,7 @@ def test_a_harness_under_a_new_name_runs_without_a_registry_entry(tmp_path: Path
 
 def test_a_failure_is_reported_under_the_rule_it_breaks(tmp_path: Path) -> None:
     mutants = Path(__file__).with_name("mutants") / "attempt.py"
-    code, tests, out = _suite(tmp_path, f"--kvwire-harness={mutants}:marks_torn_rows", "-k", "A1")
+    code, tests, out = _suite(tmp_path, f"--kvwire-harness={mutants}:marks_torn_rows", "-k", "A1_")
     assert code == 1, out
     failed = [t for t in tests if t["outcome"] == "failed"]
     assert failed and all(t["test"].startswith("test_A1_") for t in failed), failed
