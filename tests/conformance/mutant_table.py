@@ -31,6 +31,7 @@ MUTANTS: list[tuple[str, str, str, str]] = [
     ("mutants/memory.py", "sub_span_pins_registration", "M4.5", "M4 and sub_span_are_refused_once"),
     ("mutants/memory.py", "group_spans_two_regions", "M4.3", "M4"),
     ("mutants/memory.py", "row_may_stick_out", "M4.1", "M4"),
+    ("mutants/memory.py", "registers_undeclared_memory_kinds", "M3.3", "M3 and undeclared_memory_kind"),
     # view
     ("mutants/view.py", "reverses_groups", "V1.7", "V1"),
     ("mutants/view.py", "changes_the_view", "V2.2", "V2"),
@@ -87,6 +88,8 @@ MUTANTS: list[tuple[str, str, str, str]] = [
     ("mutants/submit.py", "rejection_consumes_slot", "S3.6", "S3"),
     ("mutants/submit.py", "admits_one_beyond_bound", "S3.9", "S3 or B4"),
     ("mutants/submit.py", "peer_requests_before_admission", "S3.6", "S3"),
+    ("mutants/submit.py", "invalid_submission_without_message", "S3.3", "S3 and each_refusal_is_raised"),
+    ("mutants/submit.py", "rejection_without_message", "S3.3", "S3 and each_refusal_is_raised"),
     # attempt
     ("mutants/attempt.py", "blocks_in_poll", "A1.1", "A1"),
     ("mutants/attempt.py", "unstable_outcome", "A1.1", "A1"),
@@ -154,6 +157,18 @@ MUTANTS: list[tuple[str, str, str, str]] = [
     ("mutants/attempt.py", "decline_as_fault", "A10.10", "A10 or N2"),
     ("mutants/attempt.py", "peer_ignores_hint_timeout", "A8.2", "A8"),
     ("mutants/attempt.py", "answer_quiesces_before_copy", "A2.4", "A2"),
+    ("mutants/attempt.py", "quiesces_only_when_asked", "A3.2", "A3 and quiesce_with_no_call"),
+    ("mutants/attempt.py", "cancel_waits_for_the_call_in_progress", "A4.4", "A4 and cancel_is_idempotent"),
+    ("mutants/attempt.py", "cancel_marks_every_row", "A4.7", "A4 and cancelled_fetch_marks_only"),
+    ("mutants/attempt.py", "fails_with_a_blank_reason", "A5.2", "A5 and failed_outcome_says_why"),
+    ("mutants/attempt.py", "delivers_with_a_reason", "A5.2", "A5 and failed_outcome_says_why"),
+    ("mutants/attempt.py", "publish_stores_other_bytes", "A7.4", "A7 and marked_held_is_held"),
+    ("mutants/attempt.py", "deadline_marks_every_row", "A8.6", "A8 and deadline_failure_marks_only"),
+    ("mutants/attempt.py", "delivers_with_a_cause", "A10.2", "A10 and delivered_outcome_has_no_cause"),
+    ("mutants/attempt.py", "fails_as_holder_cancelled", "A10.3", "A10 and failed_outcome_has_a_failure_cause"),
+    ("mutants/attempt.py", "fails_without_a_cause", "A10.5", "A10 and failed_outcome_has_a_failure_cause"),
+    ("mutants/attempt.py", "cancelled_as_a_fault", "A10.4", "A10 and cancelled_outcome_has_a_cancel_cause"),
+    ("mutants/attempt.py", "fault_cause_deadline", "A10.9", "A5"),
     # wake
     ("mutants/wake.py", "wakes_early", "W1.6", "W1"),
     ("mutants/wake.py", "silent_cancel", "W1.3", "W1"),
@@ -194,6 +209,8 @@ MUTANTS: list[tuple[str, str, str, str]] = [
     ("mutants/lifecycle.py", "regions_at_module_level", "B1.1", "B1"),
     ("mutants/lifecycle.py", "drifting_bound", "B4.2", "B4"),
     ("mutants/lifecycle.py", "shutdown_keeps_pulls", "B3.3", "B3"),
+    ("mutants/lifecycle.py", "close_leaves_threads_running", "B3.8", "B3 and close_ends_the_backends_threads"),
+    ("mutants/lifecycle.py", "second_close_raises", "B3.8", "B3 and close_ends_the_backends_threads"),
     # pulls
     ("mutants/pulls.py", "partial_prefix_fails", "N2.4", "N2"),
     ("mutants/pulls.py", "serves_without_wake", "N2.5", "N2"),
@@ -250,6 +267,7 @@ MUTANTS: list[tuple[str, str, str, str]] = [
     ("mutants/lookup.py", "truncates_names", "L1.11", "L1"),
     ("mutants/lookup.py", "treats_zero_as_no_name", "L1.3", "L1"),
     ("mutants/lookup.py", "holds_a_queue_slot", "L1.4", "L1"),
+    ("mutants/lookup.py", "lookup_takes_bool_group_ids", "L1.13", "L1 and unusable_hints_and_bad_arguments"),
     # offers
     ("mutants/offers.py", "offer_declared_without_serve_pulls", "O1.1", "O1 and also_serves_pulls"),
     ("mutants/offers.py", "offer_declared_without_cancellation", "O1.1", "O1 and also_serves_pulls"),

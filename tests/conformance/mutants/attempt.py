@@ -1531,6 +1531,236 @@ class _EarlyAnswer(ReferenceAttempt):
         return True
 
 
+class _AttemptsOf(ReferenceStoreBackend):
+    """A reference store whose attempts are of :attr:`attempt_class` (each mutant below changes
+    the attempt only)."""
+
+    attempt_class: type[ReferenceAttempt] = ReferenceAttempt
+
+    def _submit(self, op: str, view: View, hint: Hint, wake: WakeFn) -> ReferenceAttempt:
+        # Under the lock, so no worker moves the attempt before its class is changed.
+        with self._runner.lock:
+            attempt = super()._submit(op, view, hint, wake)
+            attempt.__class__ = self.attempt_class
+        return attempt
+
+
+class _QuiescesWhenAsked(ReferenceAttempt):
+    def conclude_locked(self, status: OutcomeStatus, cause: Cause | None = None, reason: str | None = None,
+                        *, by_peer: bool = False) -> bool:
+        access = self.access
+        if access is Access.WAITING:
+            self.access = Access.TOUCHING  # so the base does not end the access with the conclusion
+        try:
+            return super().conclude_locked(status, cause, reason, by_peer=by_peer)
+        finally:
+            self.access = access
+
+    def untouch_locked(self) -> None:
+        if self.access is Access.TOUCHING:
+            self.access = Access.WAITING
+
+    def quiesced(self) -> bool:
+        with self.runner.lock:
+            if self.outcome is not None and self.access is Access.WAITING:
+                self.access = Access.ENDED
+                self.runner.changed_locked(self)
+        return self.access is Access.ENDED
+
+
+class QuiescesOnlyWhenAsked(_AttemptsOf):
+    """A3: an attempt's access ends only inside quiesced(): a concluded attempt the holder never
+    asks keeps its queue slot."""
+
+    attempt_class = _QuiescesWhenAsked
+
+    def shutdown(self) -> frozenset[ReferenceAttempt]:
+        # The base's, over a copy of the live set: asking quiesced() here frees slots.
+        runner = self._runner
+        with runner.lock:
+            runner.closed = True
+            self._table.close()
+            for attempt in list(runner.live):
+                attempt.conclude_locked(OutcomeStatus.CANCELLED, Cause.SHUTDOWN, "the backend shut down")
+            pending = frozenset(a for a in list(runner.live) if not a.quiesced())
+        if not pending:
+            runner.stop()
+        return pending
+
+
+class _CancelWaitsForTheCall(ReferenceAttempt):
+    cancel_asked = False
+
+    def cancel(self) -> None:
+        with self.runner.lock:
+            if self.access is Access.TOUCHING:
+                self.cancel_asked = True  # concluded once the store call in progress returns
+                return
+        super().cancel()
+
+    def untouch_locked(self) -> None:
+        if self.cancel_asked:
+            self.conclude_locked(OutcomeStatus.CANCELLED, Cause.HOLDER_CANCELLED, "cancelled by the holder")
+        super().untouch_locked()
+
+
+class CancelWaitsForTheCallInProgress(_AttemptsOf):
+    """A4: cancel() of an attempt whose store call is in progress concludes it only when that
+    call returns."""
+
+    attempt_class = _CancelWaitsForTheCall
+
+
+class _CancelMarksEveryRow(ReferenceAttempt):
+    def conclude_locked(self, status: OutcomeStatus, cause: Cause | None = None, reason: str | None = None,
+                        *, by_peer: bool = False) -> bool:
+        done = super().conclude_locked(status, cause, reason, by_peer=by_peer)
+        if done and status is OutcomeStatus.CANCELLED:
+            assert self.outcome is not None
+            ones = tuple(np.ones(mask.size, dtype=bool) for mask in self.outcome.masks)
+            for mask in ones:
+                mask.setflags(write=False)
+            object.__setattr__(self.outcome, "masks", ones)  # Outcome is frozen; the bug is the backend's
+        return done
+
+
+class CancelMarksEveryRow(_AttemptsOf):
+    """A4: a cancelled fetch marks every row true, moved or not."""
+
+    attempt_class = _CancelMarksEveryRow
+
+
+class _DeadlineMarksEveryRow(ReferenceAttempt):
+    def expire_locked(self) -> None:
+        for mask in self.moved:
+            mask[:] = True
+        super().expire_locked()
+
+
+class DeadlineMarksEveryRow(_AttemptsOf):
+    """A8: a fetch failed by its deadline marks every row true, moved or not."""
+
+    attempt_class = _DeadlineMarksEveryRow
+
+
+class _OutcomeRewritten(ReferenceAttempt):
+    """Concludes as the base does, then :meth:`rewrite` changes what the outcome says (Outcome is
+    frozen and refuses these values; the bug is the backend's)."""
+
+    def conclude_locked(self, status: OutcomeStatus, cause: Cause | None = None, reason: str | None = None,
+                        *, by_peer: bool = False) -> bool:
+        done = super().conclude_locked(status, cause, reason, by_peer=by_peer)
+        if done:
+            assert self.outcome is not None
+            for field, value in self.rewrite(self.outcome).items():
+                object.__setattr__(self.outcome, field, value)
+        return done
+
+    def rewrite(self, outcome: Outcome) -> dict[str, Any]:
+        return {}
+
+
+class _BlankFailureReason(_OutcomeRewritten):
+    def rewrite(self, outcome: Outcome) -> dict[str, Any]:
+        return {"reason": " "} if outcome.is_failed else {}
+
+
+class FailsWithABlankReason(_AttemptsOf):
+    """A5: a failed outcome's reason is blank."""
+
+    attempt_class = _BlankFailureReason
+
+
+class _ReasonOnDelivery(_OutcomeRewritten):
+    def rewrite(self, outcome: Outcome) -> dict[str, Any]:
+        return {"reason": "delivered"} if outcome.is_delivered else {}
+
+
+class DeliversWithAReason(_AttemptsOf):
+    """A5: a delivered outcome carries a reason ("delivered")."""
+
+    attempt_class = _ReasonOnDelivery
+
+
+class _CauseOnDelivery(_OutcomeRewritten):
+    def rewrite(self, outcome: Outcome) -> dict[str, Any]:
+        return {"cause": Cause.FAULT} if outcome.is_delivered else {}
+
+
+class DeliversWithACause(_AttemptsOf):
+    """A10: a delivered outcome carries cause FAULT."""
+
+    attempt_class = _CauseOnDelivery
+
+
+class _FailsAsHolderCancelled(_OutcomeRewritten):
+    def rewrite(self, outcome: Outcome) -> dict[str, Any]:
+        return {"cause": Cause.HOLDER_CANCELLED} if outcome.is_failed else {}
+
+
+class FailsAsHolderCancelled(_AttemptsOf):
+    """A10: a failed outcome carries HOLDER_CANCELLED, a cancel's cause."""
+
+    attempt_class = _FailsAsHolderCancelled
+
+
+class _FailsWithoutACause(_OutcomeRewritten):
+    def rewrite(self, outcome: Outcome) -> dict[str, Any]:
+        return {"cause": None} if outcome.is_failed else {}
+
+
+class FailsWithoutACause(_AttemptsOf):
+    """A10: every failed outcome carries no cause, though the backend declares contract 1.3."""
+
+    attempt_class = _FailsWithoutACause
+
+
+class _CancelledAsAFault(_OutcomeRewritten):
+    def rewrite(self, outcome: Outcome) -> dict[str, Any]:
+        return {"cause": Cause.FAULT} if outcome.is_cancelled else {}
+
+
+class CancelledAsAFault(_AttemptsOf):
+    """A10: a cancelled outcome (the holder's cancel, shutdown) carries cause FAULT."""
+
+    attempt_class = _CancelledAsAFault
+
+
+class _FaultAsDeadline(_OutcomeRewritten):
+    def rewrite(self, outcome: Outcome) -> dict[str, Any]:
+        return {"cause": Cause.DEADLINE} if outcome.cause is Cause.FAULT else {}
+
+
+class FaultCauseDeadline(_AttemptsOf):
+    """A10: a fetch the store failed carries cause DEADLINE instead of FAULT."""
+
+    attempt_class = _FaultAsDeadline
+
+
+class _FlipsBits:
+    """A store end that keeps each row put with the lowest bit of every byte flipped, and answers
+    HELD all the same."""
+
+    def __init__(self, end: Any) -> None:
+        self.end = end
+
+    def put(self, namespace: str, space: Any, names: np.ndarray, rows: np.ndarray) -> StoreReply:
+        return self.end.put(namespace, space, names, np.asarray(rows, dtype=np.uint8) ^ np.uint8(1))
+
+    def get(self, namespace: str, space: Any, names: np.ndarray, row_bytes: int) -> StoreReply:
+        return self.end.get(namespace, space, names, row_bytes)
+
+    def contains(self, namespace: str, space: Any, names: np.ndarray) -> StoreReply:
+        return self.end.contains(namespace, space, names)
+
+
+class PublishStoresOtherBytes(ReferenceStoreBackend):
+    """A7: a publish marks rows held whose object at the store has other bytes than the row had."""
+
+    def __init__(self, store: Any, **options: Any) -> None:
+        super().__init__(_FlipsBits(store), **options)
+
+
 blocks_in_poll = MutantHarness("blocks-in-poll", BlocksInPoll)
 unstable_outcome = MutantHarness("unstable-outcome", UnstableOutcome)
 quiesces_early = MutantHarness("quiesces-early", QuiescesEarly)
@@ -1603,3 +1833,16 @@ cuts_large_rows = PeerMutantHarness("cuts-large-rows", CutsLargeRows)
 decline_as_fault = PeerMutantHarness("decline-as-fault", DeclineAsFault)
 peer_ignores_hint_timeout = PeerMutantHarness("peer-ignores-hint-timeout", PeerIgnoresHintTimeout)
 answer_quiesces_before_copy = PeerMutantHarness("answer-quiesces-before-copy", AnswerQuiescesBeforeCopy)
+quiesces_only_when_asked = StoreMutantHarness("quiesces-only-when-asked", QuiescesOnlyWhenAsked)
+cancel_waits_for_the_call_in_progress = StoreMutantHarness("cancel-waits-for-the-call-in-progress",
+                                                           CancelWaitsForTheCallInProgress)
+cancel_marks_every_row = StoreMutantHarness("cancel-marks-every-row", CancelMarksEveryRow)
+fails_with_a_blank_reason = StoreMutantHarness("fails-with-a-blank-reason", FailsWithABlankReason)
+delivers_with_a_reason = StoreMutantHarness("delivers-with-a-reason", DeliversWithAReason)
+publish_stores_other_bytes = StoreMutantHarness("publish-stores-other-bytes", PublishStoresOtherBytes)
+deadline_marks_every_row = StoreMutantHarness("deadline-marks-every-row", DeadlineMarksEveryRow)
+delivers_with_a_cause = StoreMutantHarness("delivers-with-a-cause", DeliversWithACause)
+fails_as_holder_cancelled = StoreMutantHarness("fails-as-holder-cancelled", FailsAsHolderCancelled)
+fails_without_a_cause = StoreMutantHarness("fails-without-a-cause", FailsWithoutACause)
+cancelled_as_a_fault = StoreMutantHarness("cancelled-as-a-fault", CancelledAsAFault)
+fault_cause_deadline = StoreMutantHarness("fault-cause-deadline", FaultCauseDeadline)

@@ -42,7 +42,7 @@ from kvwire.contract import (
 )
 from kvwire.contract.backend import Registration
 from kvwire.testing.harness import Ends, FaultPlan
-from kvwire.testing.reference.core import ReferenceAttempt
+from kvwire.testing.reference.core import ReferenceAttempt, Runner
 from kvwire.testing.reference.peer import ReferencePeer
 from kvwire.testing.reference.store import ReferenceStoreBackend, store_capabilities
 
@@ -490,6 +490,29 @@ class ShutdownKeepsPulls(ReferencePeer):
         return pending
 
 
+class _NeverStops(Runner):
+    def stop(self, *, wait_workers: bool = True) -> None:
+        pass
+
+
+class CloseLeavesThreadsRunning(ReferenceStoreBackend):
+    """B3: neither shutdown() nor close() stops the backend's worker and clock threads."""
+
+    def __init__(self, store: Any, **options: Any) -> None:
+        super().__init__(store, **options)
+        self._runner.__class__ = _NeverStops
+
+
+class SecondCloseRaises(ReferenceStoreBackend):
+    """B3: close() is not idempotent: a second call raises."""
+
+    def close(self) -> None:
+        if self.__dict__.get("closed_once"):
+            raise RuntimeError("this backend is already closed")
+        self.__dict__["closed_once"] = True
+        super().close()
+
+
 shares_shutdown = MutantHarness("shares-shutdown", SharesShutdown)
 thread_bound_attempts = MutantHarness("thread-bound-attempts", ThreadBoundAttempts)
 accepts_after_shutdown = MutantHarness("accepts-after-shutdown", AcceptsAfterShutdown)
@@ -516,3 +539,5 @@ shares_queue_between_instances = StoreMutantHarness("shares-queue", SharesQueueB
 regions_at_module_level = StoreMutantHarness("regions-at-module-level", RegionsAtModuleLevel)
 drifting_bound = StoreMutantHarness("drifting-bound", DriftingBound)
 shutdown_keeps_pulls = PeerMutantHarness("shutdown-keeps-pulls", ShutdownKeepsPulls)
+close_leaves_threads_running = StoreMutantHarness("close-leaves-threads-running", CloseLeavesThreadsRunning)
+second_close_raises = StoreMutantHarness("second-close-raises", SecondCloseRaises)

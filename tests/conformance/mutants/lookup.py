@@ -13,9 +13,15 @@ import time
 from collections.abc import Sequence
 
 import numpy as np
-from kit import Mutant, MutantHarness, Wrapped  # beside this file; on sys.path when loaded as a harness
+from kit import (  # beside this file; on sys.path when loaded as a harness
+    Mutant,
+    MutantHarness,
+    StoreMutantHarness,
+    Wrapped,
+)
 
 from kvwire.contract import Hint, InvalidSubmission, LookupFailed, SubmissionRejected, View, WakeFn
+from kvwire.testing.reference.store import ReferenceStoreBackend
 
 
 class LookupMutant(Mutant):
@@ -358,6 +364,14 @@ class LenientLookupArgs(Mutant):
         return super().lookup(groups, names, hint, timeout_s)
 
 
+class LookupTakesBoolGroupIds(ReferenceStoreBackend):
+    """L1: a bool in a lookup's groups is taken as the group id 0 or 1 instead of refused."""
+
+    def lookup(self, groups: Sequence[int], names: np.ndarray, hint: Hint,
+               timeout_s: float | None = None) -> np.ndarray:
+        return super().lookup([int(g) if isinstance(g, bool) else g for g in groups], names, hint, timeout_s)
+
+
 faithful_lookup = MutantHarness("faithful-lookup-wrapper", LookupMutant)
 slow_lookup_failure = MutantHarness("slow-lookup-failure", SlowLookupFailure)
 lookup_refused_when_queue_full = MutantHarness("lookup-refused-when-queue-full", LookupRefusedWhenQueueFull)
@@ -386,3 +400,4 @@ accepts_any_names = MutantHarness("lookup-accepts-any-names", AcceptsAnyNames)
 truncates_names = MutantHarness("lookup-truncates-names", TruncatesNames)
 treats_zero_as_no_name = MutantHarness("lookup-treats-zero-as-no-name", TreatsZeroAsNoName)
 holds_a_queue_slot = MutantHarness("lookup-holds-a-queue-slot", HoldsAQueueSlot)
+lookup_takes_bool_group_ids = StoreMutantHarness("lookup-takes-bool-group-ids", LookupTakesBoolGroupIds)

@@ -12,12 +12,14 @@ from __future__ import annotations
 import ctypes
 import threading
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 from kit import (  # beside this file; on sys.path when loaded as a harness
     HoleHarness,
     Mutant,
     MutantHarness,
+    StoreMutantHarness,
     Wrapped,
     _outcome_like,
 )
@@ -29,11 +31,13 @@ from kvwire.contract import (
     LayerGroupRows,
     MemoryKind,
     Outcome,
+    RegionTable,
     SlotRegion,
     View,
     WakeFn,
 )
 from kvwire.contract.backend import Registration
+from kvwire.testing.reference.store import ReferenceStoreBackend
 
 
 class SkipsUnrecognizedRows(Mutant):
@@ -514,6 +518,15 @@ class RowMayStickOut(_Lenient):
         return sticks_out
 
 
+class RegistersUndeclaredMemoryKinds(ReferenceStoreBackend):
+    """M3: the region table takes regions of every memory kind, not only the kinds the backend
+    declares (HOST): a batch with a DEVICE region is registered instead of refused whole."""
+
+    def __init__(self, store: Any, **options: Any) -> None:
+        super().__init__(store, **options)
+        self._table = RegionTable(frozenset(MemoryKind))
+
+
 accepts_undeclared_memory = MutantHarness("accepts-undeclared-memory", AcceptsUndeclaredMemory)
 skips_unrecognized_rows = MutantHarness("skips-unrecognized-rows", SkipsUnrecognizedRows)
 registers_part_of_a_batch = MutantHarness("registers-part-of-a-batch", RegistersPartOfABatch)
@@ -530,3 +543,5 @@ device_label_over_host_memory = MutantHarness("device-label-over-host-memory", D
 sub_span_pins_registration = MutantHarness("sub-span-pins-registration", SubSpanPinsRegistration)
 group_spans_two_regions = MutantHarness("group-spans-two-regions", GroupSpansTwoRegions)
 row_may_stick_out = MutantHarness("row-may-stick-out", RowMayStickOut)
+registers_undeclared_memory_kinds = StoreMutantHarness("registers-undeclared-memory-kinds",
+                                                       RegistersUndeclaredMemoryKinds)

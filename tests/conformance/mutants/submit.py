@@ -396,6 +396,27 @@ class PeerRequestsBeforeAdmission(ReferencePeer):
         return super().fetch(view, hint, wake)
 
 
+class InvalidSubmissionWithoutMessage(ReferenceStoreBackend):
+    """S3: an invalid submission is refused with an ``InvalidSubmission`` that says nothing."""
+
+    def _submit(self, op: str, view: View, hint: Hint, wake: WakeFn) -> ReferenceAttempt:
+        try:
+            return super()._submit(op, view, hint, wake)
+        except InvalidSubmission:
+            raise InvalidSubmission() from None
+
+
+class RejectionWithoutMessage(ReferenceStoreBackend):
+    """S3: a rejected submission (queue full, shut down) raises ``SubmissionRejected`` with an
+    empty message."""
+
+    def _submit(self, op: str, view: View, hint: Hint, wake: WakeFn) -> ReferenceAttempt:
+        try:
+            return super()._submit(op, view, hint, wake)
+        except SubmissionRejected:
+            raise SubmissionRejected("") from None
+
+
 faithful = _WideInner("faithful-bounded-wrapper", FaithfulBounded)
 publishes_nowhere = MutantHarness("publishes-nowhere", PublishesNowhere)
 scrubs_published_rows = MutantHarness("scrubs-published-rows", ScrubsPublishedRows)
@@ -422,3 +443,6 @@ rejected_still_wakes = StoreMutantHarness("rejected-still-wakes", RejectedStillW
 rejection_consumes_slot = StoreMutantHarness("rejection-consumes-slot", RejectionConsumesSlot)
 admits_one_beyond_bound = StoreMutantHarness("admits-one-beyond-bound", AdmitsOneBeyondBound)
 peer_requests_before_admission = PeerMutantHarness("peer-requests-before-admission", PeerRequestsBeforeAdmission)
+invalid_submission_without_message = StoreMutantHarness("invalid-submission-without-message",
+                                                        InvalidSubmissionWithoutMessage)
+rejection_without_message = StoreMutantHarness("rejection-without-message", RejectionWithoutMessage)
