@@ -47,6 +47,9 @@ MUTANTS: list[tuple[str, str, str, str]] = [
     ("mutants/view.py", "rows_from_tokens", "V1.6", "V1"),
     ("mutants/view.py", "overlap_by_slot_index", "V4.1", "V4"),
     ("mutants/view.py", "overlap_within_group_only", "V4.1", "V4"),
+    ("mutants/view.py", "overlap_within_one_region", "V4.2", "V4 and alias_through_a_second_region"),
+    ("mutants/view.py", "overlap_refused_after_scrubbing", "V4.3", "V4 and overlapping_fetch_rows_refused"),
+    ("mutants/view.py", "refuses_repeated_names", "V4.5", "V4 and names_that_repeat"),
     # hints
     ("mutants/hints.py", "accepts_any_hint", "H1.5", "H1"),
     ("mutants/hints.py", "missing_namespace_to_default", "H1.7", "H1"),
@@ -65,6 +68,9 @@ MUTANTS: list[tuple[str, str, str, str]] = [
     ("mutants/hints.py", "ignores_hint_namespace", "H1.10", "H1"),
     ("mutants/hints.py", "accepts_unknown_hint_fields", "H1.9", "H1"),
     ("mutants/hints.py", "drops_credentials", "H1.12", "H1"),
+    ("mutants/hints.py", "empty_address_fails_later", "H1.14", "H1 and peer_address_that_is_not_bytes"),
+    ("mutants/hints.py", "int_credentials_as_decimal", "H1.15", "H1 and without_an_address_or_with_credentials"),
+    ("mutants/hints.py", "declined_ticket_published_quietly", "H1.16", "H1 and declined_ticket"),
     # submit
     ("mutants/submit.py", "publishes_nowhere", "S1.1", "S1"),
     ("mutants/submit.py", "scrubs_published_rows", "S2.4", "S2"),
@@ -185,6 +191,7 @@ MUTANTS: list[tuple[str, str, str, str]] = [
     ("mutants/wake.py", "no_wake_for_late_quiescence", "W1.7", "W1"),
     ("mutants/wake.py", "wakes_before_outcome", "W1.6", "W1"),
     ("mutants/wake.py", "wakes_before_request_visible", "W1.2", "W1 or N2"),
+    ("mutants/wake.py", "quiesced_shown_after_its_wake", "W1.1", "W1 and every_visible_change"),
     # lifecycle
     ("mutants/lifecycle.py", "shares_shutdown", "B1.1", "B1"),
     ("mutants/lifecycle.py", "thread_bound_attempts", "B2.2", "B2"),
@@ -239,6 +246,13 @@ MUTANTS: list[tuple[str, str, str, str]] = [
     ("mutants/pulls.py", "cancel_not_told", "N2.13", "N2"),
     ("mutants/pulls.py", "marks_beyond_served", "N2.4", "N2 or A7"),
     ("mutants/pulls.py", "incoming_repeats", "N2.5", "N2"),
+    ("mutants/pulls.py", "keys_by_row_size_and_name", "N1.2", "N1 and keys_rows_by_group_and_name"),
+    ("mutants/pulls.py", "nameless_answer_as_misfit", "N1.7", "N1 and carry_no_names"),
+    ("mutants/pulls.py", "serves_pulls_undeclared_by_type", "N2.1", "N2 and serving_address"),
+    ("mutants/pulls.py", "request_drops_the_last_block", "N2.6", "N2 and held_prefix_is_served"),
+    ("mutants/pulls.py", "marks_served_prefix_in_first_group", "N2.10", "N2 and held_prefix_is_served"),
+    ("mutants/pulls.py", "request_restates_its_earlier_pulls", "N2.14", "N2 and requester_holds"),
+    ("mutants/pulls.py", "refuses_misfit_groups", "N2.15", "N2 and does_not_fit and (fewer or order)"),
     # lookup
     ("mutants/lookup.py", "slow_lookup_failure", "L1.7", "L1"),
     ("mutants/lookup.py", "lookup_refused_when_queue_full", "L1.5", "L1"),
@@ -288,6 +302,7 @@ MUTANTS: list[tuple[str, str, str, str]] = [
     ("mutants/offers.py", "offer_index_keyed_by_name", "O1.10", "O1 and several_offers"),
     ("mutants/offers.py", "offer_wakes_on_each_answer", "O1.10", "O1 and wakes_no_holder"),
     ("mutants/offers.py", "offer_answers_only_anonymous_pulls", "O1.11", "O1 and credentials"),
+    ("mutants/offers.py", "offer_frame_cuts_the_answer", "O1.12", "O1 and many_pulls_in_flight"),
     # blocks
     ("mutants/blocks.py", "blocks_declared_for_nameless_rows", "K1.1", "K1 and takes_the_blocks_field"),
     ("mutants/blocks.py", "fetch_refuses_the_blocks_field", "K1.1", "K1 and takes_the_blocks_field"),

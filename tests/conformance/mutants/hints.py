@@ -315,3 +315,48 @@ fetch_falls_back_to_own_namespace = StoreMutantHarness("fetch-falls-back", Fetch
 ignores_hint_namespace = StoreMutantHarness("ignores-hint-namespace", IgnoresHintNamespace)
 accepts_unknown_hint_fields = StoreMutantHarness("accepts-unknown-hint-fields", AcceptsUnknownHintFields)
 drops_credentials = PeerMutantHarness("drops-credentials", DropsCredentials)
+
+
+# -- H1.14 / H1.15 / H1.16 ----------------------------------------------------------------------------
+
+class EmptyAddressFailsLater(ReferencePeer):
+    """H1.14: a peer hint whose address is empty bytes is taken; the pull then finds no peer there
+    and fails (``PEER_GONE``), where the contract refuses it when submitted."""
+
+    def _peer_of(self, hint: Hint) -> tuple[bytes, bytes]:
+        if isinstance(hint, Hint) and hint.kind == "peer" and hint.get("address") == b"":
+            return b"", hint.get("credentials", b"")
+        return super()._peer_of(hint)
+
+
+class IntCredentialsAsDecimal(ReferencePeer):
+    """H1.15: credentials given as an int are taken, sent as their decimal digits (a str is still
+    refused)."""
+
+    def _peer_of(self, hint: Hint) -> tuple[bytes, bytes]:
+        credentials = hint.get("credentials") if isinstance(hint, Hint) else None
+        if isinstance(credentials, int) and not isinstance(credentials, bool):
+            fields = {k: v for k, v in hint.fields if k != "credentials"}
+            address, _ = super()._peer_of(Hint.of("peer", timeout_s=hint.timeout_s, **fields))
+            return address, str(credentials).encode()
+        return super()._peer_of(hint)
+
+
+class DeclinedTicketPublishedQuietly(PeerMutant):
+    """H1.16: a publish with the ticket of a request the holder declined is not refused: it returns
+    an attempt that concludes at once, moving nothing (the decline already answered the pull)."""
+
+    def decline(self, request: PullRequest, reason: str) -> None:
+        self.__dict__.setdefault("declined", set()).add(request.ticket.to_bytes())
+        super().decline(request, reason)
+
+    def publish(self, view: View, hint: Hint, wake: WakeFn) -> Attempt:
+        if isinstance(hint, Hint) and hint.kind == "ticket" and hint.to_bytes() in self.__dict__.get("declined", ()):
+            return _Done(view, wake, held=False)
+        return super().publish(view, hint, wake)
+
+
+empty_address_fails_later = PeerMutantHarness("empty-address-fails-later", EmptyAddressFailsLater)
+int_credentials_as_decimal = PeerMutantHarness("int-credentials-as-decimal", IntCredentialsAsDecimal)
+declined_ticket_published_quietly = MutantHarness("declined-ticket-published-quietly", DeclinedTicketPublishedQuietly,
+                                                  inner=LoopbackHarness())

@@ -12,7 +12,11 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-from kit import MutantHarness, PeerMutant  # beside this file; on sys.path when loaded as a harness
+from kit import (  # beside this file; on sys.path when loaded as a harness
+    MutantHarness,
+    PeerMutant,
+    PeerMutantHarness,
+)
 
 from kvwire.contract import OFFER_PULLS, Capabilities, Cause, InvalidSubmission, OutcomeStatus, View, WakeFn
 from kvwire.testing.reference.core import Access, ReferenceAttempt, write_rows
@@ -346,3 +350,20 @@ requester_cancel_ends_the_offer = _mutant("requester_cancel_ends_the_offer", Req
 offer_index_keyed_by_name = _mutant("offer_index_keyed_by_name", OfferIndexKeyedByName)
 offer_wakes_on_each_answer = _mutant("offer_wakes_on_each_answer", OfferWakesOnEachAnswer)
 offer_answers_only_anonymous_pulls = _mutant("offer_answers_only_anonymous_pulls", OfferAnswersOnlyAnonymousPulls)
+
+
+# -- O1.12: a frame bound that cuts an answer from an offer ---------------------------------------
+
+class OfferFrameCutsTheAnswer(ReferencePeer):
+    """O1.12: answers from offers carry at most one row per group (a frame bound it keeps): a pull
+    of more blocks is answered from the offer with its first block only, never handed to the
+    holder whole."""
+
+    def _claim_locked(self, message: PullMessage) -> OfferedAnswer | None:
+        answer = super()._claim_locked(message)
+        if answer is not None:
+            answer.rows = tuple((index, rows[:1]) for index, rows in answer.rows)
+        return answer
+
+
+offer_frame_cuts_the_answer = PeerMutantHarness("offer-frame-cuts-the-answer", OfferFrameCutsTheAnswer)

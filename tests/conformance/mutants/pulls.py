@@ -608,3 +608,134 @@ keys_by_name_only = StoreMutantHarness("keys-by-name-only", KeysByNameOnly)
 cancel_not_told = PeerMutantHarness("cancel-not-told", CancelNotTold)
 marks_beyond_served = PeerMutantHarness("marks-beyond-served", MarksBeyondServed)
 incoming_repeats = PeerMutantHarness("incoming-repeats", IncomingRepeats)
+
+
+# -- N1.2: rows keyed by row size and name --------------------------------------------------------
+
+class _RowSizeKeyedStore:
+    """Keys objects by (namespace, row size, name): groups of one slot size share a key space."""
+
+    def __init__(self, end: ControlledStore) -> None:
+        self.end = end
+
+    def put(self, namespace: str, space: Any, names: np.ndarray, rows: np.ndarray) -> StoreReply:
+        return self.end.put(namespace, int(np.asarray(rows).shape[1]), names, rows)
+
+    def get(self, namespace: str, space: Any, names: np.ndarray, row_bytes: int) -> StoreReply:
+        return self.end.get(namespace, int(row_bytes), names, row_bytes)
+
+
+class KeysByRowSizeAndName(ReferenceStoreBackend):
+    """N1.2: rows are keyed by (namespace, row size, name) instead of (namespace, group, name): two
+    groups of one slot size that name a block alike share one object."""
+
+    def __init__(self, store: Any, **options: Any) -> None:
+        super().__init__(_RowSizeKeyedStore(store), **options)
+
+
+# -- N1.7: an answer without names taken as a misfit -----------------------------------------------
+
+class NamelessAnswerAsMisfit(PeerMutant):
+    """N1.7: an answer whose groups carry no names is not refused: it is sent on with names of
+    zero bytes, so it fails as a misfit and uses up the request."""
+
+    def publish(self, view: View, hint: Hint, wake: WakeFn) -> Attempt:
+        if isinstance(view, View) and isinstance(hint, Hint) and hint.kind == "ticket" and any(
+                g.rows and g.names is None for g in view.groups):
+            view = View(tuple(g if g.names is not None or not g.rows else LayerGroupRows(
+                g.group_id, g.kind, g.region, g.slots, g.tokens, np.zeros((g.rows, 16), dtype=np.uint8))
+                for g in view.groups))
+        return super().publish(view, hint, wake)
+
+
+# -- N2.1: serve-pulls declared, ServesPulls not implemented ---------------------------------------
+
+class ServesPullsUndeclaredByType(Mutant):
+    """N2.1: names ``serve-pulls`` in its protocols (it forwards the reference peer's declaration)
+    but is no ``ServesPulls``: it has no ``address()``, ``serve()``, ``incoming()`` or
+    ``decline()``."""
+
+
+# -- N2.6: a request that names fewer blocks than the fetch ---------------------------------------
+
+class RequestDropsTheLastBlock(PeerMutant):
+    """N2.6: the ``PullRequest`` handed to the holder leaves out the last block the fetch named
+    (an off-by-one in the name count it decodes)."""
+
+    def incoming(self) -> tuple[PullRequest, ...]:
+        return tuple(dataclasses.replace(r, names=r.names[:-1]) if r.blocks > 1 else r
+                     for r in self.serving.incoming())
+
+
+# -- N2.10: the served prefix marked in the first group only --------------------------------------
+
+class _FirstGroupMarked(Wrapped):
+    def poll(self) -> Outcome | None:
+        kept = self.__dict__.get("kept")
+        if kept is not None:
+            return kept
+        out = self.inner.poll()
+        if out is not None and self.op == "fetch" and out.is_delivered and len(out.masks) > 1:
+            out = _outcome_like(out, [out.masks[0], *(np.zeros_like(m) for m in out.masks[1:])])
+        if out is not None:
+            self.__dict__["kept"] = out
+        return out
+
+
+class MarksServedPrefixInFirstGroup(PeerMutant):
+    """N2.10: a requester marks the served prefix true in the first group only; the rows of the
+    other groups arrive, but their bits stay false."""
+
+    attempt_type = _FirstGroupMarked
+
+
+# -- N2.15: a misfit of groups refused instead of failed -------------------------------------------
+
+class RefusesMisfitGroups(_PeerTracking):
+    """N2.15: an answer with fewer groups than its request, or its groups in another order, is
+    refused with ``InvalidSubmission`` (the request stays open) instead of failing as a misfit."""
+
+    def publish(self, view: View, hint: Hint, wake: WakeFn) -> Attempt:
+        request = self.request_of(hint)
+        if request is not None and isinstance(view, View):
+            groups = tuple(g.group_id for g in view.groups)
+            if groups != request.groups and set(groups) <= set(request.groups):
+                raise InvalidSubmission(f"the answer names groups {list(groups)}, the pull asked for "
+                                        f"{list(request.groups)}")
+        return super().publish(view, hint, wake)
+
+
+keys_by_row_size_and_name = StoreMutantHarness("keys-by-row-size-and-name", KeysByRowSizeAndName)
+nameless_answer_as_misfit = MutantHarness("nameless-answer-as-misfit", NamelessAnswerAsMisfit, inner=LoopbackHarness())
+serves_pulls_undeclared_by_type = MutantHarness("serves-pulls-undeclared-by-type", ServesPullsUndeclaredByType,
+                                                inner=LoopbackHarness())
+request_drops_the_last_block = MutantHarness("request-drops-the-last-block", RequestDropsTheLastBlock,
+                                             inner=LoopbackHarness())
+marks_served_prefix_in_first_group = MutantHarness("marks-served-prefix-in-first-group", MarksServedPrefixInFirstGroup,
+                                                   inner=LoopbackHarness())
+refuses_misfit_groups = MutantHarness("refuses-misfit-groups", RefusesMisfitGroups, inner=LoopbackHarness())
+
+
+# -- N2.14: a pull that restates the blocks pulled before ------------------------------------------
+
+class RequestRestatesItsEarlierPulls(ReferencePeer):
+    """N2.14: a requester asks each server again for the blocks it pulled from it before, ahead of
+    the ones its fetch names (so the server's lookup starts at the root of the prefix): the
+    request names blocks the requester already holds."""
+
+    def _send(self, to: bytes, message: Message) -> bool:
+        if isinstance(message, PullMessage):
+            before: dict[bytes, np.ndarray] = self.__dict__.setdefault("pulled", {})
+            earlier = before.get(to)
+            names = message.names
+            if earlier is not None:
+                fresh = {n.tobytes() for n in names}
+                kept = np.array([n for n in earlier if n.tobytes() not in fresh], dtype=np.uint8).reshape(
+                    -1, names.shape[1])
+                message = dataclasses.replace(message, names=np.concatenate([kept, names]))
+            before[to] = message.names
+        return super()._send(to, message)
+
+
+request_restates_its_earlier_pulls = PeerMutantHarness("request-restates-its-earlier-pulls",
+                                                       RequestRestatesItsEarlierPulls)

@@ -9,6 +9,7 @@ Point the suite at one with ``--kvwire-harness tests/conformance/mutants/view.py
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 from collections.abc import Callable
@@ -36,6 +37,7 @@ from kvwire.contract import (
     View,
     WakeFn,
 )
+from kvwire.testing.reference.core import write_rows
 from kvwire.testing.reference.harness import ReferencePeerHarness as LoopbackHarness
 from kvwire.testing.reference.store import ReferenceStoreBackend, _Work
 
@@ -352,3 +354,57 @@ overlap_by_later_row_size = MutantHarness("overlap-by-later-row-size", OverlapBy
 rows_from_tokens = MutantHarness("rows-from-tokens", RowsFromTokens)
 overlap_by_slot_index = StoreMutantHarness("overlap-by-slot-index", OverlapBySlotIndex)
 overlap_within_group_only = StoreMutantHarness("overlap-within-group-only", OverlapWithinGroupOnly)
+
+
+# -- V4.2 / V4.3: overlap judged per region, an overlapping fetch that writes before it is refused ----
+
+class OverlapWithinOneRegion(ReferenceStoreBackend):
+    """V4.2: a fetch's rows are checked for overlap only against rows of the same region id, so
+    rows of two regions that describe the same memory (the same span under another id, or shifted
+    by half a slot) are taken as distinct."""
+
+    def _check(self, op: str, view: View, hint: Hint, wake: WakeFn) -> _Work:
+        if op == "fetch":
+            by_region: dict[int, list[LayerGroupRows]] = {}
+            for group in view.groups:
+                by_region.setdefault(group.region.region_id, []).append(group)
+            for region_id, groups in by_region.items():
+                if View(tuple(groups)).overlapping_rows() is not None:
+                    raise InvalidSubmission(f"fetch rows overlap within region {region_id}")
+            return super()._check("publish", view, hint, wake)
+        return super()._check(op, view, hint, wake)
+
+
+class OverlapRefusedAfterScrubbing(ReferenceStoreBackend):
+    """V4.3: a fetch whose rows overlap is refused with ``InvalidSubmission``, but only after the
+    backend cleared the first row of each group (its landing buffers zeroed before the check)."""
+
+    def _check(self, op: str, view: View, hint: Hint, wake: WakeFn) -> _Work:
+        if op == "fetch" and isinstance(view, View) and view.overlapping_rows() is not None:
+            with contextlib.suppress(Exception):
+                for group, located in zip(view.groups, self._table.locate_view(view), strict=True):
+                    if group.rows:
+                        size = group.region.slot_bytes
+                        write_rows(located, size, np.array([0]), np.zeros((1, size), dtype=np.uint8))
+        return super()._check(op, view, hint, wake)
+
+
+overlap_within_one_region = StoreMutantHarness("overlap-within-one-region", OverlapWithinOneRegion)
+overlap_refused_after_scrubbing = StoreMutantHarness("overlap-refused-after-scrubbing", OverlapRefusedAfterScrubbing)
+
+
+# -- V4.5: names that repeat refused ----------------------------------------------------------------
+
+class RefusesRepeatedNames(ReferenceStoreBackend):
+    """V4.5: a view that names one block on two rows of a group is refused with
+    ``InvalidSubmission`` ("names must be unique"), a publish and a fetch alike."""
+
+    def _check(self, op: str, view: View, hint: Hint, wake: WakeFn) -> _Work:
+        if isinstance(view, View):
+            for group in view.groups:
+                if group.names is not None and len(np.unique(group.names, axis=0)) < group.rows:
+                    raise InvalidSubmission(f"group {group.group_id} names a block on two rows; names must be unique")
+        return super()._check(op, view, hint, wake)
+
+
+refuses_repeated_names = StoreMutantHarness("refuses-repeated-names", RefusesRepeatedNames)

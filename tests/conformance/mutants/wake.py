@@ -372,3 +372,28 @@ wakes_inside_capabilities = MutantHarness("wakes-inside-capabilities", WakesInsi
 no_wake_for_late_quiescence = StoreMutantHarness("no-wake-for-late-quiescence", NoWakeForLateQuiescence)
 wakes_before_outcome = StoreMutantHarness("wakes-before-outcome", WakesBeforeOutcome)
 wakes_before_request_visible = PeerMutantHarness("wakes-before-request-visible", WakesBeforeRequestVisible)
+
+
+# -- W1.1: a wake before the quiescence it reports is visible ------------------------------------------
+
+class _QuiescedShownLate(Wrapped):
+    """``quiesced()`` answers true only half a second after the inner attempt first said so: the
+    inner backend's wake for quiescence comes before a holder can see it."""
+
+    LAG_S = 0.5
+
+    def quiesced(self) -> bool:
+        if not self.inner.quiesced():
+            return False
+        first = self.__dict__.setdefault("first_seen", time.monotonic())
+        return time.monotonic() - first >= self.LAG_S
+
+
+class QuiescedShownAfterItsWake(Mutant):
+    """W1.1: calls the wake for an attempt's quiescence before ``quiesced()`` says true (the flag
+    is published by a later step of its worker), so a holder woken for it sees nothing new."""
+
+    attempt_type = _QuiescedShownLate
+
+
+quiesced_shown_after_its_wake = MutantHarness("quiesced-shown-after-its-wake", QuiescedShownAfterItsWake)

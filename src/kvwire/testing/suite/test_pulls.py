@@ -389,8 +389,8 @@ def test_N2_a_peer_that_is_not_serving_fails_the_fetch(kvwire_harness: Harness) 
 
 @checks(also=("N2.14",))
 def test_N2_blocks_the_requester_holds_are_not_sent_again(kvwire_harness: Harness) -> None:
-    """A requester that already holds the first blocks fetches only the rest: the request names
-    only those, and only those arrive."""
+    """A requester that already holds the first blocks (pulled from this server before) fetches
+    only the rest: the request names only those, and only those arrive."""
     caps = kvwire_harness.capabilities()
     needs.serve_pulls(caps)
     kind = needs.usable_kind(kvwire_harness, caps)
@@ -399,12 +399,21 @@ def test_N2_blocks_the_requester_holds_are_not_sent_again(kvwire_harness: Harnes
                                                           kind) as bench:
         holder = ex.holder()
         ex.offer(bench)
+        held = {gi: [0, 1] for gi in range(len(plan.groups))}
+        sub = ex.fetch(bench.sink_view(held))
+        (request,) = holder.take(1)
+        holder.finish(holder.answer(request))
+        first = ex.settle(sub)
+        assert first.is_delivered and all(m.all() for m in first.masks), f"N2: the first blocks must arrive: {first!r}"
+        bench.apply_fetch(first, held)
         missing = {gi: [2, 3, 4] for gi in range(len(plan.groups))}
         view = bench.sink_view(missing)
         sub = ex.fetch(view)
         (request,) = holder.take(1)
         assert request.blocks == 3 and view.groups[0].names is not None and np.array_equal(
-            request.names, view.groups[0].names), "N2: the request must name only the blocks the requester lacks"
+            request.names, view.groups[0].names), (
+            f"N2.14: the request must name only the {view.groups[0].rows} blocks the requester lacks, not the ones "
+            f"it pulled before; it names {request.blocks}")
         holder.finish(holder.answer(request))
         out = ex.settle(sub)
         assert out.is_delivered and all(m.all() for m in out.masks), f"N2: the missing blocks must arrive: {out!r}"

@@ -580,3 +580,50 @@ def test_V4_overlapping_fetch_rows_refused(kvwire_harness: Harness) -> None:
             bench.verify("after a refused overlapping fetch")
 
     run()
+
+
+@checks("V4.5")
+def test_V4_names_that_repeat_are_accepted(kvwire_harness: Harness) -> None:
+    """V4.5: a store backend accepts names that repeat: a publish naming one block on two rows
+    (equal bytes) delivers with both rows held, and a fetch naming one block on several rows, into
+    distinct slots, delivers with every such row a true bit holding the block's bytes."""
+    with paged_exchange(kvwire_harness, [(64, 4), (40, 4)], 1213, needs.transfer, needs.names, shared=False,
+                        spare=3) as (_, ex, bench):
+        store_only(ex, "names that repeat in a view")
+        for gi in range(len(bench.plan.groups)):  # row 3 repeats row 0: same name, same bytes
+            bench.names[gi][3] = bench.names[gi][0]
+            bench.data[gi][3] = bench.data[gi][0]
+            slot = bench.source.slots[gi][[3]]
+            bench.source.memories[gi].write(slot, bench.data[gi][[0]])
+            bench.source.model[gi][slot] = bench.data[gi][0]
+        try:
+            published = ex.settle(ex.publish(bench.source_view()))
+        except InvalidSubmission as exc:
+            raise AssertionError(f"V4.5: a publish naming one block on two rows was refused: {exc!r}") from exc
+        assert published.is_delivered and all(m.all() for m in published.masks), (
+            f"V4.5: a publish naming one block on two rows (equal bytes) must deliver with every row held: "
+            f"{published!r}")
+        asked = ([0, 1, 0, 3, 1], [2, 2, 0])  # per group: which published row each fetched row names
+        used = [set(bench.sink.slots[gi].tolist()) for gi in range(2)]
+        slots = [np.array([s for s in range(g.region_slots) if s not in used[gi]][: len(asked[gi])], dtype=np.int64)
+                 for gi, g in enumerate(bench.plan.groups)]
+        view = View(tuple(LayerGroupRows(g.group_id, CacheKind.PAGED, bench.sink.memories[gi].region, slots[gi],
+                                         TokenRange(0, len(asked[gi]) * BLOCK_TOKENS), bench.names[gi][asked[gi]])
+                          for gi, g in enumerate(bench.plan.groups)))
+        try:
+            out = ex.settle(ex.fetch(view))
+        except InvalidSubmission as exc:
+            raise AssertionError(f"V4.5: a fetch naming one block on several rows (distinct slots) was refused: "
+                                 f"{exc!r}") from exc
+        assert out.is_delivered and all(m.all() for m in out.masks), (
+            f"V4.5: every name of this fetch is held (rows {list(asked)}, some named twice), so every row is a "
+            f"true bit; got {out!r}")
+        for gi, g in enumerate(bench.plan.groups):
+            want = bench.data[gi][np.asarray(asked[gi])]
+            got = bench.sink.memories[gi].read(slots[gi])
+            wrong = np.flatnonzero((got != want).any(axis=1))
+            assert wrong.size == 0, (
+                f"V4.5: group {g.group_id}: fetched row(s) {wrong.tolist()} do not hold the bytes of the block "
+                "they name")
+            bench.sink.model[gi][slots[gi]] = want
+        bench.verify("V4.5: after a fetch naming some blocks twice")
