@@ -48,9 +48,11 @@ def rule_row(out: str, rule: str) -> str:
 
 
 def test_the_conformance_table_says_where_a_rule_was_checked_when_its_own_tests_skip():
-    # A10 (causes): memory declares no serve-pulls, so A10's own test (a pull from a serving end
-    # that is gone) skips; but the A4, A8 and B3 tests check A10.6-A10.8 and pass.
-    r = kvwire("conformance", "memory", "--", "-k", "A4_cancel_is_idempotent or A8_a_held_publish or A10 or M3",
+    # A10 (causes): memory declares no serve-pulls, so the A10 test selected here (a pull from a
+    # serving end that is gone) skips; but the A4, A8 and B3 tests check A10.6-A10.8 and pass. (A10's
+    # other tests run on memory, so they are left out of the selection.)
+    r = kvwire("conformance", "memory", "--", "-k",
+               "A4_cancel_is_idempotent or A8_a_held_publish or A10_a_pull_from_a_serving_end or M3",
                columns=200)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     a10 = rule_row(r.stdout, "A10")
