@@ -163,7 +163,7 @@ MUTANTS: list[tuple[str, str, str, str]] = [
     ("mutants/attempt.py", "decline_as_fault", "A10.10", "A10 or N2"),
     ("mutants/attempt.py", "peer_ignores_hint_timeout", "A8.2", "A8"),
     ("mutants/attempt.py", "answer_quiesces_before_copy", "A2.4", "A2"),
-    ("mutants/attempt.py", "quiesces_only_when_asked", "A3.2", "A3 and quiesce_with_no_call"),
+    ("mutants/attempt.py", "quiesces_only_when_asked", "A3.2", "S3 and slot_frees_without_polling"),
     ("mutants/attempt.py", "cancel_waits_for_the_call_in_progress", "A4.4", "A4 and cancel_is_idempotent"),
     ("mutants/attempt.py", "cancel_marks_every_row", "A4.7", "A4 and cancelled_fetch_marks_only"),
     ("mutants/attempt.py", "fails_with_a_blank_reason", "A5.2", "A5 and failed_outcome_says_why"),

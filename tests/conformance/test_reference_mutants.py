@@ -21,7 +21,15 @@ from typing import Any
 
 import pytest
 from mutant_table import MUTANTS as REGISTERED
-from test_mutants import HARNESSES, MUTANT_FILES, MUTANTS_DIR, REFERENCE_KINDS, is_reference_mutant, rules_of
+from test_mutants import (
+    HARNESSES,
+    MUTANT_FILES,
+    MUTANTS_DIR,
+    REFERENCE_KINDS,
+    is_reference_mutant,
+    rules_of,
+    selected_mutants,
+)
 
 #: Every test of this module on one xdist worker: its module fixture starts every mutant's suite
 #: run at once, and a second worker running any of its tests would start them all again.
@@ -64,14 +72,17 @@ def run_suite(tmp_path: Path, *args: str) -> tuple[int, list[dict[str, Any]], st
 
 
 @pytest.fixture(scope="module")
-def mutant_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Future]]:  # type: ignore[type-arg]
-    """Every mutant's suite run, started at once, three side by side (most of a run waits on a
-    deadline or a wake that never comes)."""
+def mutant_runs(request: pytest.FixtureRequest,
+                tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Future]]:  # type: ignore[type-arg]
+    """The suite run of every mutant whose test this session runs (all of them, or those a ``-k``
+    left), started at once, three side by side (most of a run waits on a deadline or a wake that
+    never comes)."""
+    wanted = selected_mutants(request)
     with ThreadPoolExecutor(max_workers=3) as pool:
         yield {
             mutant: pool.submit(run_suite, tmp_path_factory.mktemp(mutant), f"--kvwire-harness={MUTANT_FILES[mutant]}:{mutant}",
                                 "-k", select, "--kvwire-patience=3", "--kvwire-no-shrink")
-            for mutant, _, select, _ in MUTANTS
+            for mutant, _, select, _ in MUTANTS if mutant in wanted
         }
 
 

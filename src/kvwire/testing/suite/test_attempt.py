@@ -22,7 +22,6 @@ from kvwire.contract import (
     MemoryKind,
     Outcome,
     SlotRegion,
-    SubmissionRejected,
     TokenRange,
     View,
 )
@@ -274,65 +273,6 @@ def test_A3_publish_progresses_without_poll(kvwire_harness: Harness, size: str) 
                 f"A3.1/A3.3: a publish of {plan.rows} row(s) never polled did not reach the store within "
                 f"{patience:g} s (or never woke)")
         ex.settle(pub)
-
-
-@checks("A3.2", also=("A3.1",))
-def test_A3_attempts_quiesce_with_no_call_from_the_holder(kvwire_harness: Harness) -> None:
-    """A3.2: fetches that fill the queue bound, and that the holder never asks anything (no
-    ``poll()``, ``quiesced()`` or ``cancel()``), quiesce on their own: once they have, a slot is
-    free (S3.11) and a further fetch is taken, still with no call to them. Only when none is taken
-    does the holder ask them; if they then say they quiesced and a fetch is taken at once, it was
-    the asking that quiesced them."""
-    caps = kvwire_harness.capabilities()
-    needs.transfer(caps)
-    kind = needs.usable_kind(kvwire_harness, caps)
-    with needs.open_exchange(kvwire_harness, max_in_flight=2) as ex:
-        bound = ex.caps.max_in_flight
-        if bound > 64:
-            pytest.skip(f"backend declares a queue bound of {bound}, too large to fill here")
-        if not (ex.store or ex.serves_pulls):
-            pytest.skip("backend's other end is a peer without the serve-pulls protocol")
-        plan = pages([(32, bound + 1)], 2203, needs.shares_names(caps))
-        with Bench(kvwire_harness, ex.ends.source, ex.ends.sink, plan, kind) as bench:
-            ex.offer(bench)
-            subs = [ex.fetch(bench.sink_view({0: [row]})) for row in range(bound)]
-            if ex.serves_pulls:
-                holder = ex.holder()
-                for request in holder.take(bound):
-                    holder.finish(holder.answer(request))
-            # From here on no call to these fetches until a further one is taken (or the wait ran out).
-            waited_s = profiles.active().patience_s + kvwire_harness.quiesce_grace_s
-            taken: list[Submission] = []
-
-            def taken_now() -> bool:
-                try:
-                    taken.append(ex.fetch(bench.sink_view({0: [bound]})))
-                except SubmissionRejected:
-                    return False
-                return True
-
-            try:
-                wait_for(taken_now, waited_s, "a fetch beyond the full queue being taken")
-            except AssertionError:
-                done = [sub.poll() is not None and sub.quiesced() for sub in subs]
-                if not all(done):
-                    raise AssertionError(
-                        f"A3.1/A3.2: {done.count(False)} of the {bound} fetches of the full queue had not concluded and "
-                        f"quiesced {waited_s:g} s after their submission, the holder making no call to them; an attempt "
-                        "concludes and quiesces without any call from the holder") from None
-                if taken_now():
-                    raise AssertionError(
-                        f"A3.2: the {bound} fetches of the full queue freed no slot for {waited_s:g} s while the holder "
-                        "made no call to them, and one was free at once after it called poll() and quiesced(): an "
-                        "attempt quiesces without any call from the holder") from None
-                raise AssertionError(
-                    f"S3.11: all {bound} fetches of the full queue concluded and quiesced, yet further fetches were "
-                    f"rejected for {waited_s:g} s") from None
-            ex.serve_one()
-            bench.forget_sink({0: list(range(bound))})
-            for sub in subs:
-                ex.settle(sub)
-            bench.apply_fetch(ex.settle(taken[0]), {0: [bound]})
 
 
 # -- A4 ----------------------------------------------------------------------------------------

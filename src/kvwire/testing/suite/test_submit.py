@@ -59,7 +59,7 @@ from kvwire.testing.suite._kit import _schedule_or_skip
 
 # -- queue slots ------------------------------------------------------------------------------------
 
-@checks("S3.11", also=("S3.6",))
+@checks("S3.11", also=("S3.6", "A3.2"))
 def test_S3_a_slot_frees_without_polling(kvwire_harness: Harness) -> None:
     """S3.11: once the attempts of a full queue concluded and quiesced, new submissions are taken,
     though the holder never called ``poll()`` or ``quiesced()`` on them.
