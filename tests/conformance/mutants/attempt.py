@@ -49,12 +49,13 @@ from kvwire.contract import (
     OutcomeStatus,
     SlotRegion,
     SubmissionRejected,
+    TableRegistration,
     View,
     WakeFn,
 )
 from kvwire.contract.backend import Registration
 from kvwire.testing.harness import Ends, FaultPlan
-from kvwire.testing.reference.core import Access, ReferenceAttempt, read_rows
+from kvwire.testing.reference.core import Access, ReferenceAttempt, read_rows, write_rows
 from kvwire.testing.reference.harness import ReferencePeerHarness as LoopbackHarness
 from kvwire.testing.reference.peer import ReferencePeer, Rows
 from kvwire.testing.reference.store import ReferenceStoreBackend, RowStatus, StoreReply, _Work
@@ -1846,3 +1847,292 @@ fails_as_holder_cancelled = StoreMutantHarness("fails-as-holder-cancelled", Fail
 fails_without_a_cause = StoreMutantHarness("fails-without-a-cause", FailsWithoutACause)
 cancelled_as_a_fault = StoreMutantHarness("cancelled-as-a-fault", CancelledAsAFault)
 fault_cause_deadline = StoreMutantHarness("fault-cause-deadline", FaultCauseDeadline)
+
+
+# -- issue 36, second batch: single-clause subclasses of the reference store ----------------------
+
+class _ProgressPoll(ReferenceAttempt):
+    def poll(self) -> Outcome | None:
+        with self.runner.lock:
+            if self.outcome is None:
+                # "No failure so far": the rows moved up to now, handed over as a delivery.
+                return Outcome.delivered(self.masks_locked())
+            return self.outcome
+
+
+class PollReportsProgress(_AttemptsOf):
+    """A1: poll() of an attempt in flight answers a DELIVERED outcome of the rows moved so far,
+    instead of ``None`` until the attempt concludes."""
+
+    attempt_class = _ProgressPoll
+
+
+class _ForgetsOnceSettled(ReferenceAttempt):
+    seen = False
+
+    def poll(self) -> Outcome | None:
+        with self.runner.lock:
+            if self.outcome is not None and self.settled:
+                if self.seen:
+                    return None  # dropped from the table once handed over and settled
+                self.seen = True
+            return self.outcome
+
+
+class ForgetsASeenOutcome(_AttemptsOf):
+    """A1: an attempt that has concluded and quiesced forgets its outcome once poll() has
+    answered it: a later poll() answers ``None`` again."""
+
+    attempt_class = _ForgetsOnceSettled
+
+
+class _ClearingRegistration(TableRegistration):
+    """Closing the registration also resets the delivery masks the backend keeps for the rows in
+    it: the attempts whose rows lay there answer a new outcome, every bit false."""
+
+    backend: ClosedRegistrationClearsMasks
+
+    def close(self) -> None:
+        super().close()
+        spans = [(r.base, r.base + r.slot_bytes * r.slot_count) for r in self.regions]
+        for attempt in self.backend.made:
+            out = attempt.outcome
+            if out is None or not any(any(lo <= g.region.base < hi for lo, hi in spans) for g in attempt.view.groups):
+                continue
+            # A new outcome with the masks reset; the one handed over earlier stays as it was.
+            with attempt.runner.lock:
+                attempt.outcome = _outcome_like(out, [np.zeros(mask.size, dtype=bool) for mask in out.masks])
+
+
+class ClosedRegistrationClearsMasks(ReferenceStoreBackend):
+    """A1: closing a registration clears the masks of the outcomes of attempts whose rows lay in
+    it, outcomes the holder has already read."""
+
+    def __init__(self, store: Any, **options: Any) -> None:
+        super().__init__(store, **options)
+        self.made: list[ReferenceAttempt] = []
+
+    def register_regions(self, regions: Sequence[SlotRegion]) -> TableRegistration:
+        registration = super().register_regions(regions)
+        registration.__class__ = _ClearingRegistration
+        registration.backend = self  # type: ignore[attr-defined]
+        return registration
+
+    def _submit(self, op: str, view: View, hint: Hint, wake: WakeFn) -> ReferenceAttempt:
+        attempt = super()._submit(op, view, hint, wake)
+        self.made.append(attempt)
+        return attempt
+
+
+class _CancelEndsAccess(ReferenceAttempt):
+    def cancel(self) -> None:
+        with self.runner.lock:
+            self.conclude_locked(OutcomeStatus.CANCELLED, Cause.HOLDER_CANCELLED, "cancelled by the holder")
+            if self.access is Access.TOUCHING:
+                # Treats the cancel as the end of access, though the store call in progress will
+                # still write the rows when it returns.
+                self.access = Access.ENDED
+                self.runner.changed_locked(self)
+
+
+class CancelEndsAccessAtOnce(_AttemptsOf):
+    """A4: a cancelled fetch says quiesced() at once, while its store call is still in progress
+    and will write the rows when it returns."""
+
+    attempt_class = _CancelEndsAccess
+
+
+class _FailureByThePeer(_OutcomeRewritten):
+    def rewrite(self, outcome: Outcome) -> dict[str, Any]:
+        return {"by_peer": True} if outcome.is_failed and outcome.cause is Cause.FAULT else {}
+
+
+class FailureByThePeer(_AttemptsOf):
+    """A5: an attempt the store failed with an error says ``by_peer`` (the other end ended it)."""
+
+    attempt_class = _FailureByThePeer
+
+
+class FaultedRowsMarkedMoved(ReferenceStoreBackend):
+    """A5: in a fetch the store failed, the rows that faulted are marked true (a fetch's bits
+    are "every row not missing"), though their bytes never came; the attempt still fails."""
+
+    def _move(self, attempt: ReferenceAttempt, work: _Work) -> None:
+        fault: str | None = None
+        groups = attempt.view.groups
+        for call in work.calls:
+            with self._runner.lock:
+                if not attempt.touch_locked():
+                    return
+            held: np.ndarray | None = None
+            sizes = [groups[gi].region.slot_bytes for gi in call.groups]
+            try:
+                if attempt.op == "publish":
+                    rows = np.concatenate([read_rows(work.located[gi], size)
+                                           for gi, size in zip(call.groups, sizes, strict=True)], axis=1)
+                    reply = self._store.put(work.namespace, call.space, call.names, rows)
+                    held = reply.status == RowStatus.HELD
+                else:
+                    reply = self._store.get(work.namespace, call.space, call.names, sum(sizes))
+                    held = reply.status != RowStatus.MISSING  # the bug: a failed row counts as moved
+                    assert reply.data is not None
+                    found, start = np.flatnonzero(reply.status == RowStatus.HELD), 0
+                    for gi, size in zip(call.groups, sizes, strict=True):
+                        write_rows(work.located[gi], size, found, reply.data[found, start:start + size])
+                        start += size
+                if (reply.status == RowStatus.FAILED).any() and fault is None:
+                    fault = f"the store failed rows of group {groups[call.groups[0]].group_id}: {reply.reason}"
+            except Exception as exc:
+                held = None
+                fault = fault or f"the store call raised {type(exc).__name__}: {exc}"
+            with self._runner.lock:
+                if held is not None and attempt.outcome is None:
+                    for gi in call.groups:
+                        attempt.moved[gi][:] = held
+                attempt.untouch_locked()
+        with self._runner.lock:
+            if fault is None:
+                attempt.conclude_locked(OutcomeStatus.DELIVERED)
+            else:
+                attempt.conclude_locked(OutcomeStatus.FAILED, Cause.FAULT, fault)
+
+
+class _ExpiresBetweenCalls(ReferenceAttempt):
+    late = False
+
+    def expire_locked(self) -> None:
+        if self.access is Access.TOUCHING:
+            self.late = True  # the deadline is looked at again when the store call returns
+            return
+        super().expire_locked()
+
+    def untouch_locked(self) -> None:
+        if self.late:
+            super().expire_locked()
+        super().untouch_locked()
+
+
+class DeadlineAfterTheCallReturns(_AttemptsOf):
+    """A8: a deadline that passes while a store call is in progress concludes the attempt only
+    once that call returns: a store that holds the call holds the conclusion."""
+
+    attempt_class = _ExpiresBetweenCalls
+
+
+class _ExpiresOnceStarted(ReferenceAttempt):
+    started = False
+    late = False
+
+    def touch_locked(self) -> bool:
+        self.started = True
+        if self.late:
+            super().expire_locked()
+        return super().touch_locked()
+
+    def expire_locked(self) -> None:
+        if not self.started:
+            self.late = True  # the worker looks at the deadline when it starts the attempt
+            return
+        super().expire_locked()
+
+
+class QueuedAttemptsExpireWhenStarted(_AttemptsOf):
+    """A8: the clock concludes only attempts a worker has started; one waiting in the queue
+    whose deadline passed concludes when the worker reaches it."""
+
+    attempt_class = _ExpiresOnceStarted
+
+
+#: How long an attempt failed by its deadline keeps its access after its store call returned.
+RETRY_BACKOFF_S = 6.0
+
+
+class _BacksOffAfterDeadline(ReferenceAttempt):
+    def untouch_locked(self) -> None:
+        if self.access is Access.TOUCHING and self.outcome is not None and self.outcome.cause is Cause.DEADLINE:
+            # Keeps the rows through a retry back-off before it lets go.
+            def let_go() -> None:
+                with self.runner.lock:
+                    ReferenceAttempt.untouch_locked(self)
+
+            timer = threading.Timer(RETRY_BACKOFF_S, let_go)
+            timer.daemon = True
+            timer.start()
+            return
+        super().untouch_locked()
+
+
+class DeadlineKeepsAccess(_AttemptsOf):
+    """A8: an attempt failed by its deadline keeps its access for a retry back-off of 6 s after
+    its store call returned, well past the documented grace of 2 s."""
+
+    attempt_class = _BacksOffAfterDeadline
+
+
+class _CancelAsShutdown(ReferenceAttempt):
+    def cancel(self) -> None:
+        with self.runner.lock:
+            self.conclude_locked(OutcomeStatus.CANCELLED, Cause.SHUTDOWN, "cancelled")
+
+
+class CancelCauseShutdown(_AttemptsOf):
+    """A10: an attempt the holder's cancel() concluded carries cause SHUTDOWN (one cancel path
+    for both)."""
+
+    attempt_class = _CancelAsShutdown
+
+
+class ShutdownAsHolderCancel(ReferenceStoreBackend):
+    """A10: shutdown() ends each attempt in flight by calling its cancel(): cause
+    HOLDER_CANCELLED instead of SHUTDOWN."""
+
+    def shutdown(self) -> frozenset[ReferenceAttempt]:
+        runner = self._runner
+        with runner.lock:
+            live = list(runner.live)
+        for attempt in live:
+            attempt.cancel()
+        return super().shutdown()
+
+
+class MissIsAFault(ReferenceStoreBackend):
+    """A5: a fetch's get treats every row not HELD as failed: a fetch with misses concludes
+    FAILED (cause FAULT), its bits right."""
+
+    def _move(self, attempt: ReferenceAttempt, work: _Work) -> None:
+        store = self._store
+
+        class Strict:
+            def put(self, *args: Any) -> StoreReply:
+                return store.put(*args)
+
+            def get(self, *args: Any) -> StoreReply:
+                reply = store.get(*args)
+                status = reply.status.copy()
+                status[status == RowStatus.MISSING] = RowStatus.FAILED
+                return StoreReply(status, reply.data, reply.reason or "object not found")
+
+            def contains(self, *args: Any) -> StoreReply:
+                return store.contains(*args)
+
+        self._store = Strict()  # type: ignore[assignment]
+        try:
+            super()._move(attempt, work)
+        finally:
+            self._store = store
+
+
+poll_reports_progress = StoreMutantHarness("poll-reports-progress", PollReportsProgress)
+forgets_a_seen_outcome = StoreMutantHarness("forgets-a-seen-outcome", ForgetsASeenOutcome)
+closed_registration_clears_masks = StoreMutantHarness("closed-registration-clears-masks",
+                                                      ClosedRegistrationClearsMasks)
+cancel_ends_access_at_once = StoreMutantHarness("cancel-ends-access-at-once", CancelEndsAccessAtOnce)
+failure_by_the_peer = StoreMutantHarness("failure-by-the-peer", FailureByThePeer)
+faulted_rows_marked_moved = StoreMutantHarness("faulted-rows-marked-moved", FaultedRowsMarkedMoved)
+deadline_after_the_call_returns = StoreMutantHarness("deadline-after-the-call-returns", DeadlineAfterTheCallReturns)
+queued_attempts_expire_when_started = StoreMutantHarness("queued-attempts-expire-when-started",
+                                                         QueuedAttemptsExpireWhenStarted)
+deadline_keeps_access = StoreMutantHarness("deadline-keeps-access", DeadlineKeepsAccess)
+cancel_cause_shutdown = StoreMutantHarness("cancel-cause-shutdown", CancelCauseShutdown)
+shutdown_as_holder_cancel = StoreMutantHarness("shutdown-as-holder-cancel", ShutdownAsHolderCancel)
+miss_is_a_fault = StoreMutantHarness("miss-is-a-fault", MissIsAFault)

@@ -536,7 +536,7 @@ def test_A5_a_miss_is_a_false_bit_in_a_delivered_outcome(kvwire_harness: Harness
         bench.apply_fetch(out)
 
 
-@checks("A5.9", "A7.2")
+@checks("A5.9", "A7.2", also=("A5.12",))
 def test_A5_a_fault_is_a_failure_not_a_miss(kvwire_harness: Harness) -> None:
     caps = kvwire_harness.capabilities()
     needs.transfer(caps)
@@ -553,7 +553,9 @@ def test_A5_a_fault_is_a_failure_not_a_miss(kvwire_harness: Harness) -> None:
         ex.offer(bench)
         out = ex.settle(ex.fetch(bench.sink_view()))
         assert out.is_failed, f"A5: a fault at the other end must fail the fetch, not pass as a miss: {out!r}"
-        assert not out.masks[0][2], "A5/A7: the row that faulted is marked delivered"
+        assert not out.masks[0][2], (
+            "A5.12/A7: the row that faulted is marked true in the failed fetch; a failed outcome marks true only "
+            "rows that moved whole before the end")
         bench.apply_fetch(out)
 
 
