@@ -19,6 +19,13 @@ pipelined (a window of submissions in flight), against the bare driver call; goa
 the same work (all threads): on a machine shared with other jobs, wall time also counts the
 time slices they take.
 
+Large batches by copying threads: ``--copy-threads 1,8`` publishes and fetches 2 MiB rows (64 to
+2048 of them a submission, ``--rows``) through the plugin built with each ``copy_threads`` value,
+alternating between the values run by run, and prints each one's publish and fetch GB/s side by
+side (medians), beside one numpy copy of the same bytes (one thread) for scale; only that table:
+
+    .venv/bin/python bench/bench_memory.py --copy-threads 1,8 --rows 64,256,1024,2048
+
 Before and after in one run: ``--against TREE`` alternates this bench (fresh processes, the same
 bench code) between the kvwire tree at TREE, e.g. a ``git worktree`` of an earlier commit, and
 the installed one, and prints the medians side by side:
@@ -128,6 +135,72 @@ def throughput(row_bytes: int, total_bytes: int, runs: int) -> tuple[float, floa
     return (gib / statistics.median(backend_times), gib / statistics.median(baseline_times),
             statistics.median(shares), statistics.median(driver_times),
             statistics.median(t - d for t, d in zip(backend_times, driver_times, strict=True)))
+
+
+def by_copy_threads(threads: Sequence[int], counts: Sequence[int], row_bytes: int, runs: int) -> list[dict]:
+    """For each count of rows: seconds of a publish and of a fetch (submission until quiesced)
+    through the plugin built with each ``copy_threads`` value, runs alternating between the
+    values after one warm-up each; medians, and a one-thread numpy copy of the same bytes. Each
+    value has its own store at capacity, so a publish evicts the last one's objects and reuses
+    their memory, as a full store does."""
+    out = []
+    mover = Mover(timeout_s=120.0)
+    for count in counts:
+        src = np.random.default_rng(count).integers(0, 256, (count, row_bytes), dtype=np.uint8)
+        dst = np.zeros_like(src)
+        src_region, dst_region = region_of(src, 0), region_of(dst, 1)
+        capacity = count * row_bytes
+        sides = {}
+        for n in threads:
+            options = {"store": f"bench-{uuid.uuid4().hex[:8]}", "capacity_bytes": capacity, "eviction": True,
+                       "copy_threads": n, "timeout_s": 120.0}
+            backend = load("memory").build(options)
+            assert isinstance(backend, BlobBackend)
+            backend.register_regions([src_region, dst_region])
+            sides[n] = (backend, options["store"])
+        times: dict[int, dict[str, list[float]]] = {n: {"publish": [], "fetch": []} for n in threads}
+        numpy_s = []
+        salt = iter(range(1, 1 << 30))
+        for run in range(runs + 1):
+            for n, (backend, _) in sides.items():
+                s = next(salt)
+                dst[:] = 0
+                started = time.perf_counter()
+                mover.move(backend, Direction.PUBLISH, view_of(src_region, count, s), HINT)
+                middle = time.perf_counter()
+                mover.move(backend, Direction.FETCH, view_of(dst_region, count, s), HINT)
+                ended = time.perf_counter()
+                if run == 0:
+                    assert np.array_equal(dst, src)
+                    continue
+                times[n]["publish"].append(middle - started)
+                times[n]["fetch"].append(ended - middle)
+            started = time.perf_counter()
+            np.copyto(dst, src)
+            if run:
+                numpy_s.append(time.perf_counter() - started)
+        for backend, name in sides.values():
+            backend.close()
+            forget_store(name)
+        total = count * row_bytes
+        out.append({"rows": count, "bytes": total, "numpy_gbs": total / statistics.median(numpy_s) / 1e9,
+                    "by_threads": {n: {k: total / statistics.median(v) / 1e9 for k, v in t.items()}
+                                   for n, t in times.items()}})
+        del src, dst
+    return out
+
+
+def report_by_copy_threads(threads: Sequence[int], rows: list[dict], row_bytes: int, runs: int) -> None:
+    print(f"machine: {machine()}")
+    print(f"publish and fetch of {row_bytes // MIB} MiB rows through the memory plugin by copy_threads "
+          f"(threads that copy one batch of {store_module.PARALLEL_COPY_BYTES // MIB} MiB or more), median of "
+          f"{runs} runs alternating between the values; GB/s of payload, submission until quiesced")
+    head = "".join(f" {'pub t=' + str(n):>10} {'fetch t=' + str(n):>10}" for n in threads)
+    print(f"{'rows':>6} {'bytes':>7}{head} {'numpy 1t':>9}")
+    for r in rows:
+        cells = "".join(f" {r['by_threads'][n]['publish']:>10.1f} {r['by_threads'][n]['fetch']:>10.1f}"
+                        for n in threads)
+        print(f"{r['rows']:>6} {r['bytes'] // MIB:>5}Mi{cells} {r['numpy_gbs']:>9.1f}")
 
 
 def trace_driver(*backends: BlobBackend) -> list[float]:
@@ -497,7 +570,17 @@ def main() -> None:
     parser.add_argument("--after", metavar="TREE", type=Path,
                         help="with --against: the after side is the kvwire tree at TREE (default: the installed one)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of --against (default 3)")
+    parser.add_argument("--copy-threads", metavar="N,N", help="only the large-batch table: publish and fetch by "
+                        "each of these copy_threads values side by side (e.g. 1,8)")
+    parser.add_argument("--rows", default="64,256,1024,2048",
+                        help="with --copy-threads: rows of 2 MiB per submission (default 64,256,1024,2048)")
+    parser.add_argument("--runs", type=int, default=7, help="with --copy-threads: timed runs per value (default 7)")
     args = parser.parse_args()
+    if args.copy_threads is not None:
+        threads = [int(x) for x in args.copy_threads.split(",")]
+        rows = by_copy_threads(threads, [int(x) for x in args.rows.split(",")], 2 * MIB, args.runs)
+        report_by_copy_threads(threads, rows, 2 * MIB, args.runs)
+        return
     if args.against is not None:
         against(args.against, args.rounds, args.quick, args.after)
         return

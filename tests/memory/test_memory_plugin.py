@@ -39,7 +39,7 @@ def test_the_registry_finds_the_plugin_by_its_entry_point():
     assert isinstance(plugin, Plugin) and plugin is kvwire_memory.plugin
     assert plugin.contract_version[0] == 1
     assert {o.name for o in plugin.options} == {
-        "capacity_bytes", "eviction", "timeout_s", "max_in_flight", "namespace", "store"}
+        "capacity_bytes", "eviction", "timeout_s", "max_in_flight", "namespace", "store", "copy_threads"}
 
 
 def test_declared_capabilities_equal_what_the_backend_returns(store_name):
@@ -62,6 +62,11 @@ def test_declared_capabilities_equal_what_the_backend_returns(store_name):
     ({"timeout_s": 0}, "timeout_s"),
     ({"max_in_flight": 0}, "max_in_flight"),
     ({"namespace": "has space"}, "namespace"),
+    ({"copy_threads": 0}, "copy_threads"),
+    ({"copy_threads": 65}, "copy_threads"),
+    ({"copy_threads": "many"}, "copy_threads"),
+    ({"copy_threads": 2.5}, "copy_threads"),
+    ({"copy_threads": True}, "copy_threads"),
 ])
 def test_a_bad_option_is_a_config_error_naming_it(options, named):
     with pytest.raises(ConfigError, match=named):

@@ -18,9 +18,16 @@ from kvwire.blob import STORE_OPTIONS, BlobBackend, blob_capabilities, store_opt
 from kvwire.blob.options import MAX_IN_FLIGHT
 from kvwire.registry import ConfigError, Option, Plugin
 from kvwire_memory.driver import MemoryDriver
-from kvwire_memory.store import MemoryStore, forget_store, named_store
+from kvwire_memory.store import (
+    DEFAULT_COPY_THREADS,
+    PARALLEL_COPY_BYTES,
+    CopyPool,
+    MemoryStore,
+    forget_store,
+    named_store,
+)
 
-__all__ = ["plugin", "OPTIONS", "create", "MemoryDriver", "MemoryStore", "named_store", "forget_store"]
+__all__ = ["plugin", "OPTIONS", "create", "MemoryDriver", "MemoryStore", "CopyPool", "named_store", "forget_store"]
 
 #: The contract version this plugin implements, a literal (docs/contract.md, Versions): the suite
 #: checks the clauses of this version and of no later one. Raise it only after reading a newer
@@ -34,6 +41,9 @@ OPTIONS: tuple[Option, ...] = (
     *STORE_OPTIONS,  # timeout_s, max_in_flight, namespace: every blob store's (kvwire.blob.options)
     Option("store", str, "default",
            "the in-process store to use: backends of this process naming the same store share it"),
+    Option("copy_threads", int, DEFAULT_COPY_THREADS,
+           f"threads that copy one batch of {PARALLEL_COPY_BYTES >> 20} MiB or more at once (default: one per core, "
+           "at most 8); 1 copies on the calling thread only", minimum=1, maximum=64),
 )
 
 
@@ -45,7 +55,7 @@ def create(options: Mapping[str, Any]) -> BlobBackend:
     except ValueError as exc:
         raise ConfigError(f"option 'store' of backend 'memory': {exc}") from None
     return BlobBackend(
-        MemoryDriver(store),
+        MemoryDriver(store, copy_threads=options["copy_threads"]),
         **shared,
         owns_driver=True,
         contract_version=CONTRACT,

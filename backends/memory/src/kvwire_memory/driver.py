@@ -5,7 +5,11 @@ object's bytes into host memory. A block object (K1) is one slab holding a block
 group, one after another: ``put_parts`` copies the parts straight into it and
 ``get_parts_into`` straight out of it, with no bounce buffer between. The driver checks that every address lies in a region
 registered with it, so a wrong address is a ``ValueError`` rather than a write to memory nobody
-lent."""
+lent.
+
+A large batch (:data:`~kvwire_memory.store.PARALLEL_COPY_BYTES` or more) is copied by
+``copy_threads`` threads at once: the driver's :class:`~kvwire_memory.store.CopyPool`, started
+on the first such batch and joined by :meth:`MemoryDriver.close`."""
 
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ import numpy as np
 from kvwire.blob import BatchResult, KeyStatus, StoreDriver
 from kvwire.blob.parts import check_parts
 from kvwire.contract import MemoryKind, SlotRegion
-from kvwire_memory.store import MemoryStore
+from kvwire_memory.store import DEFAULT_COPY_THREADS, CopyPool, MemoryStore
 
 __all__ = ["MemoryDriver"]
 
@@ -34,8 +38,10 @@ class MemoryDriver(StoreDriver):
     #: to this many bytes move inside the holder's call (about 0.1 ms of copying at most).
     inline_bytes = 1 << 20
 
-    def __init__(self, store: MemoryStore) -> None:
+    def __init__(self, store: MemoryStore, *, copy_threads: int = DEFAULT_COPY_THREADS) -> None:
         self.store = store
+        #: Copies large batches on ``copy_threads`` threads (the calling one among them).
+        self.pool = CopyPool(copy_threads)
         self._lock = threading.Lock()
         self._spans: Counter[tuple[int, int]] = Counter()
         # Disjoint, sorted [start, end) spans, replaced whole on every change so calls read
@@ -128,7 +134,7 @@ class MemoryDriver(StoreDriver):
         where, lengths = self._check("put", keys, addresses, sizes)
         if self._closed:
             return BatchResult.uniform(len(keys), KeyStatus.FAILED, "the in-memory driver is closed")
-        status = self.store.write_batch(keys, where, lengths)
+        status = self.store.write_batch(keys, where, lengths, pool=self.pool)
         if status is None:
             return BatchResult.ok(len(keys))
         reasons: dict[int, str] = {}
@@ -147,7 +153,7 @@ class MemoryDriver(StoreDriver):
         where, lengths = self._check("get_into", keys, addresses, sizes)
         if self._closed:
             return BatchResult.uniform(len(keys), KeyStatus.FAILED, "the in-memory driver is closed")
-        status, reasons = self.store.read_batch(keys, where, lengths)
+        status, reasons = self.store.read_batch(keys, where, lengths, pool=self.pool)
         if status is None:
             return BatchResult.ok(len(keys))
         return BatchResult(status, reasons)
@@ -157,7 +163,7 @@ class MemoryDriver(StoreDriver):
         at, lengths, total = self._check_parts("put_parts", keys, addresses, sizes)
         if self._closed:
             return BatchResult.uniform(len(keys), KeyStatus.FAILED, "the in-memory driver is closed")
-        status = self.store.write_parts(keys, at, lengths)
+        status = self.store.write_parts(keys, at, lengths, pool=self.pool)
         if status is None:
             return BatchResult.ok(len(keys))
         reasons: dict[int, str] = {}
@@ -170,7 +176,7 @@ class MemoryDriver(StoreDriver):
         at, lengths, _ = self._check_parts("get_parts_into", keys, addresses, sizes)
         if self._closed:
             return BatchResult.uniform(len(keys), KeyStatus.FAILED, "the in-memory driver is closed")
-        status, reasons = self.store.read_parts(keys, at, lengths)
+        status, reasons = self.store.read_parts(keys, at, lengths, pool=self.pool)
         if status is None:
             return BatchResult.ok(len(keys))
         return BatchResult(status, reasons)
@@ -215,8 +221,10 @@ class MemoryDriver(StoreDriver):
         return BatchResult(np.array([ok if discard(key) else missing for key in keys], dtype=np.uint8))
 
     def close(self) -> None:
-        """Stop answering (later calls fail); the store and its objects stay for other drivers."""
+        """Stop answering (later calls fail) and join the copying threads (a call still copying
+        finishes its copy on its own thread); the store and its objects stay for other drivers."""
         self._closed = True
+        self.pool.close()
 
     def __repr__(self) -> str:
         return f"MemoryDriver({self.store!r})"
