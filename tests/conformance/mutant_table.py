@@ -96,6 +96,11 @@ MUTANTS: list[tuple[str, str, str, str]] = [
     ("mutants/submit.py", "peer_requests_before_admission", "S3.6", "S3"),
     ("mutants/submit.py", "invalid_submission_without_message", "S3.3", "S3 and each_refusal_is_raised"),
     ("mutants/submit.py", "rejection_without_message", "S3.3", "S3 and each_refusal_is_raised"),
+    ("mutants/submit.py", "publish_offers_the_first_group_only", "S1.2", "S1 and publish_then_fetch"),
+    ("mutants/submit.py", "publish_wipes_rows_after_copy", "S2.5", "S2 and touches_only_the_rows"),
+    ("mutants/submit.py", "refuses_a_rejected_submission_again", "S3.1", "S3 and full_queue_rejected"),
+    ("mutants/submit.py", "fetch_raises_a_quick_fault", "S5.1", "S5 and faults_at_the_other_end"),
+    ("mutants/submit.py", "quiesced_raises_the_fault", "S5.2", "S5 and faults_at_the_other_end"),
     # attempt
     ("mutants/attempt.py", "blocks_in_poll", "A1.1", "A1"),
     ("mutants/attempt.py", "unstable_outcome", "A1.1", "A1"),
@@ -230,6 +235,11 @@ MUTANTS: list[tuple[str, str, str, str]] = [
     ("mutants/lifecycle.py", "shutdown_keeps_pulls", "B3.3", "B3"),
     ("mutants/lifecycle.py", "close_leaves_threads_running", "B3.8", "B3 and close_ends_the_backends_threads"),
     ("mutants/lifecycle.py", "second_close_raises", "B3.8", "B3 and close_ends_the_backends_threads"),
+    ("mutants/lifecycle.py", "later_shutdown_returns_nothing", "B3.4", "B3 and shutdown_lists_concluded and cancel"),
+    ("mutants/lifecycle.py", "shutdown_lets_go_of_held_calls", "B3.6", "B3 and shutdown_ends_work_in_flight"),
+    ("mutants/lifecycle.py", "instance_declares_an_older_version", "B4.3", "B4 and match_the_declaration"),
+    ("mutants/lifecycle.py", "publish_taken_though_undeclared", "B4.4", "B4 and undeclared_directions"),
+    ("mutants/lifecycle.py", "lookup_answered_though_undeclared", "B4.7", "B4 and undeclared_lookup"),
     # pulls
     ("mutants/pulls.py", "partial_prefix_fails", "N2.4", "N2"),
     ("mutants/pulls.py", "serves_without_wake", "N2.5", "N2"),

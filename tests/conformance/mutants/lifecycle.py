@@ -28,6 +28,7 @@ from kit import (  # beside this file; on sys.path when loaded as a harness
 )
 
 from kvwire.contract import (
+    LOOKUP,
     Attempt,
     Backend,
     Capabilities,
@@ -42,7 +43,7 @@ from kvwire.contract import (
 )
 from kvwire.contract.backend import Registration
 from kvwire.testing.harness import Ends, FaultPlan
-from kvwire.testing.reference.core import ReferenceAttempt, Runner
+from kvwire.testing.reference.core import Access, ReferenceAttempt, Runner
 from kvwire.testing.reference.peer import ReferencePeer
 from kvwire.testing.reference.store import ReferenceStoreBackend, store_capabilities
 
@@ -541,3 +542,83 @@ drifting_bound = StoreMutantHarness("drifting-bound", DriftingBound)
 shutdown_keeps_pulls = PeerMutantHarness("shutdown-keeps-pulls", ShutdownKeepsPulls)
 close_leaves_threads_running = StoreMutantHarness("close-leaves-threads-running", CloseLeavesThreadsRunning)
 second_close_raises = StoreMutantHarness("second-close-raises", SecondCloseRaises)
+
+
+# -- issue 36, second batch: single-clause subclasses of the reference store ----------------------
+
+class LaterShutdownReturnsNothing(ReferenceStoreBackend):
+    """B3: shutdown() is idempotent by remembering it ran: a second call returns the empty set,
+    though attempts have still not quiesced."""
+
+    def shutdown(self) -> frozenset[ReferenceAttempt]:
+        if self.__dict__.get("shut"):
+            return frozenset()
+        self.__dict__["shut"] = True
+        return super().shutdown()
+
+
+class ShutdownLetsGoOfHeldCalls(ReferenceStoreBackend):
+    """B3: shutdown() declares the access of every attempt ended and returns the empty set,
+    while a store call held at the other end still writes the fetch's rows when it returns."""
+
+    def shutdown(self) -> frozenset[ReferenceAttempt]:
+        runner = self._runner
+        with runner.lock:
+            runner.closed = True
+            self._table.close()
+            for attempt in list(runner.live):
+                attempt.conclude_locked(OutcomeStatus.CANCELLED, Cause.SHUTDOWN, "the backend shut down")
+                if attempt.access is not Access.ENDED:
+                    attempt.access = Access.ENDED  # "detached": the call in progress is left to end on its own
+                    runner.changed_locked(attempt)
+        runner.stop(wait_workers=False)
+        return frozenset()
+
+
+class InstanceDeclaresAnOlderVersion(ReferenceStoreBackend):
+    """B4: a built backend declares contract (1, 2), its plugin (the harness) (1, 3): the literal
+    was raised in one place only."""
+
+    def capabilities(self) -> Capabilities:
+        return dataclasses.replace(super().capabilities(), contract_version=(1, 2))
+
+
+class _FetchOnlyHarness(StoreMutantHarness):
+    """Declares a store that only fetches (``publish`` false), for the plugin and every instance."""
+
+    def capabilities(self) -> Capabilities:
+        return dataclasses.replace(super().capabilities(), publish=False)
+
+
+class PublishTakenThoughUndeclared(ReferenceStoreBackend):
+    """B4: built fetch-only (``publish`` false in its capabilities), it still takes a publish and
+    stores its rows."""
+
+    def capabilities(self) -> Capabilities:
+        return dataclasses.replace(super().capabilities(), publish=False)
+
+
+class _WithoutLookupHarness(StoreMutantHarness):
+    """Declares the store without the ``lookup`` protocol, for the plugin and every instance."""
+
+    def capabilities(self) -> Capabilities:
+        caps = super().capabilities()
+        return dataclasses.replace(caps, protocols=caps.protocols - {LOOKUP})
+
+
+class LookupAnsweredThoughUndeclared(ReferenceStoreBackend):
+    """B4: built without the ``lookup`` protocol (it is not in its capabilities), its lookup()
+    still answers instead of refusing."""
+
+    def capabilities(self) -> Capabilities:
+        caps = super().capabilities()
+        return dataclasses.replace(caps, protocols=caps.protocols - {LOOKUP})
+
+
+later_shutdown_returns_nothing = StoreMutantHarness("later-shutdown-returns-nothing", LaterShutdownReturnsNothing)
+shutdown_lets_go_of_held_calls = StoreMutantHarness("shutdown-lets-go-of-held-calls", ShutdownLetsGoOfHeldCalls)
+instance_declares_an_older_version = StoreMutantHarness("instance-declares-an-older-version",
+                                                        InstanceDeclaresAnOlderVersion)
+publish_taken_though_undeclared = _FetchOnlyHarness("publish-taken-though-undeclared", PublishTakenThoughUndeclared)
+lookup_answered_though_undeclared = _WithoutLookupHarness("lookup-answered-though-undeclared",
+                                                          LookupAnsweredThoughUndeclared)

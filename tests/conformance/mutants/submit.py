@@ -38,7 +38,7 @@ from kvwire.contract import (
     WakeFn,
 )
 from kvwire.contract.errors import SubmissionError
-from kvwire.testing.reference.core import ReferenceAttempt, Runner, read_rows
+from kvwire.testing.reference.core import ReferenceAttempt, Runner, read_rows, write_rows
 from kvwire.testing.reference.peer import PullMessage, ReferencePeer
 from kvwire.testing.reference.store import ReferenceStoreBackend, _Work
 
@@ -446,3 +446,114 @@ peer_requests_before_admission = PeerMutantHarness("peer-requests-before-admissi
 invalid_submission_without_message = StoreMutantHarness("invalid-submission-without-message",
                                                         InvalidSubmissionWithoutMessage)
 rejection_without_message = StoreMutantHarness("rejection-without-message", RejectionWithoutMessage)
+
+
+# -- issue 36, second batch: single-clause subclasses of the reference store ----------------------
+
+class PublishOffersTheFirstGroupOnly(ReferenceStoreBackend):
+    """S1: a publish offers only the first group's rows to the store; the other groups' rows
+    are never offered and come back as false bits of a delivered publish."""
+
+    def _check(self, op: str, view: View, hint: Hint, wake: WakeFn) -> _Work:
+        work = super()._check(op, view, hint, wake)
+        if op == "publish" and len(work.calls) > 1:
+            work = dataclasses.replace(work, calls=work.calls[:1])
+        return work
+
+
+class PublishWipesRowsAfterCopy(ReferenceStoreBackend):
+    """S2: a publish zeroes each group's rows in the holder's memory once the store has copied
+    them (so lent KV does not linger), though it may only read them."""
+
+    def _move(self, attempt: ReferenceAttempt, work: _Work) -> None:
+        if attempt.op == "publish":
+            store = self._store
+
+            class Wiping:
+                def put(self, ns: str, space: Any, names: np.ndarray, rows: np.ndarray) -> Any:
+                    reply = store.put(ns, space, names, rows)
+                    for call in work.calls:
+                        if call.names is names:
+                            for gi in call.groups:
+                                located = work.located[gi]
+                                size = attempt.view.groups[gi].region.slot_bytes
+                                n = located.offsets.size
+                                write_rows(located, size, np.arange(n), np.zeros((n, size), dtype=np.uint8))
+                    return reply
+
+                def get(self, *args: Any) -> Any:
+                    return store.get(*args)
+
+                def contains(self, *args: Any) -> Any:
+                    return store.contains(*args)
+
+            self._store = Wiping()  # type: ignore[assignment]
+            try:
+                super()._move(attempt, work)
+            finally:
+                self._store = store
+            return
+        super()._move(attempt, work)
+
+
+class RefusesARejectedSubmissionAgain(ReferenceStoreBackend):
+    """S3: a submission rejected for a full queue is remembered (by its names) and rejected
+    again, full queue or not: a "not now" that never ends."""
+
+    def _submit(self, op: str, view: View, hint: Hint, wake: WakeFn) -> ReferenceAttempt:
+        key = (op, tuple(g.names.tobytes() for g in view.groups if g.names is not None))
+        rejected: set[tuple[Any, ...]] = self.__dict__.setdefault("rejected", set())
+        if key in rejected:
+            raise SubmissionRejected("this submission was rejected for a full queue; retry later")
+        try:
+            return super()._submit(op, view, hint, wake)
+        except SubmissionRejected:
+            if not self._runner.closed:
+                rejected.add(key)
+            raise
+
+
+#: How long a submission waits for its attempt to conclude within the call (the "fast path").
+FAST_PATH_S = 0.2
+
+
+class FetchRaisesAQuickFault(ReferenceStoreBackend):
+    """S5: a submission waits briefly within the call for its attempt, and raises the store's
+    fault as an exception when the attempt failed that fast, though its calls already reached
+    the store."""
+
+    def _submit(self, op: str, view: View, hint: Hint, wake: WakeFn) -> ReferenceAttempt:
+        attempt = super()._submit(op, view, hint, wake)
+        with self._runner.lock:
+            self._runner.lock.wait_for(lambda: attempt.outcome is not None, FAST_PATH_S)
+            out = attempt.outcome
+        if out is not None and out.is_failed:
+            raise RuntimeError(f"the {op} failed: {out.reason}")
+        return attempt
+
+
+class _QuiescedRaises(ReferenceAttempt):
+    def quiesced(self) -> bool:
+        done = super().quiesced()
+        if done and self.outcome is not None and self.outcome.is_failed:
+            raise RuntimeError(self.outcome.reason)  # like Future.result(): the failure, raised
+        return done
+
+
+class QuiescedRaisesTheFault(ReferenceStoreBackend):
+    """S5: quiesced() of a failed attempt raises its failure, once the access has ended."""
+
+    def _submit(self, op: str, view: View, hint: Hint, wake: WakeFn) -> ReferenceAttempt:
+        with self._runner.lock:
+            attempt = super()._submit(op, view, hint, wake)
+            attempt.__class__ = _QuiescedRaises
+        return attempt
+
+
+publish_offers_the_first_group_only = StoreMutantHarness("publish-offers-the-first-group-only",
+                                                         PublishOffersTheFirstGroupOnly)
+publish_wipes_rows_after_copy = StoreMutantHarness("publish-wipes-rows-after-copy", PublishWipesRowsAfterCopy)
+refuses_a_rejected_submission_again = StoreMutantHarness("refuses-a-rejected-submission-again",
+                                                         RefusesARejectedSubmissionAgain)
+fetch_raises_a_quick_fault = StoreMutantHarness("fetch-raises-a-quick-fault", FetchRaisesAQuickFault)
+quiesced_raises_the_fault = StoreMutantHarness("quiesced-raises-the-fault", QuiescedRaisesTheFault)

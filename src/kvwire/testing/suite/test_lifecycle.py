@@ -530,9 +530,11 @@ def test_B4_capabilities_are_frozen_data_that_match_the_declaration(kvwire_harne
                 assert backend.capabilities() == caps, "B4: capabilities() answered differently on a later call"
             hash(caps)  # frozen data is hashable
             ours = dataclasses.replace(caps, max_in_flight=declared.max_in_flight)
+            differ = [f"{f.name}: {getattr(ours, f.name)!r} built, {getattr(declared, f.name)!r} declared"
+                      for f in dataclasses.fields(declared) if getattr(ours, f.name) != getattr(declared, f.name)]
             assert ours == declared, (
-                f"B4: a built backend declares {caps.summary()!r}; its plugin declares {declared.summary()!r} "
-                "(only the queue bound may follow the options)")
+                f"B4.3: a built backend declares {caps.summary()!r}; its plugin declares {declared.summary()!r} "
+                f"({'; '.join(differ)}; only the queue bound may follow the options)")
 
 
 @checks("B4.4")

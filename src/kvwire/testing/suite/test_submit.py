@@ -634,7 +634,7 @@ def test_S3_rejected_after_shutdown_and_nothing_escaped(kvwire_harness: Harness)
 FILL_LIMIT = 256
 
 
-@checks("S3.9", "S3.10", "S3.4")
+@checks("S3.9", "S3.10", "S3.4", also=("S3.1",))
 def test_S3_full_queue_rejected_and_nothing_escaped(kvwire_harness: Harness) -> None:
     """S3.9 / S3.10 / S3.4: with the other end held, ``max_in_flight`` submissions are taken and
     the next is rejected; the rejected one never reaches the other end, and once the queue
@@ -712,7 +712,12 @@ def _fill_a_store(ex: Exchange, harness: Harness, kind: MemoryKind, bound: int) 
         bench.apply_fetch(fetched)
         assert fetched.masks[0][:bound].all(), f"S1: the publishes taken did not all arrive: {fetched!r}"
         assert not fetched.masks[0][bound], "S3: the publish rejected for a full queue reached the store"
-        again = ex.settle(ex.publish(bench.source_view({0: [bound]})))
+        try:
+            again = ex.settle(ex.publish(bench.source_view({0: [bound]})))
+        except SubmissionRejected as exc:
+            raise AssertionError(f"S3.1: after the queue drained, the publish rejected for a full queue was rejected "
+                                 f"again ({exc}); a rejection means 'not now', and the same submission succeeds later"
+                                 ) from None
         assert again.is_delivered, f"S3: after the queue drained, a publish must be taken and delivered: {again!r}"
 
 
@@ -734,7 +739,12 @@ def _fill_with_pulls(ex: Exchange, harness: Harness, kind: MemoryKind, bound: in
             bench.apply_fetch(out, {0: [row]})
             assert out.is_delivered and out.masks[0].all(), f"S1: a pull taken did not deliver: {out!r}"
         assert not holder.serving.incoming(), "S3: the pull rejected for a full queue reached the serving end"
-        again = ex.fetch_settled(bench.sink_view({0: [bound]}))
+        try:
+            again = ex.fetch_settled(bench.sink_view({0: [bound]}))
+        except SubmissionRejected as exc:
+            raise AssertionError(f"S3.1: after the queue drained, the pull rejected for a full queue was rejected "
+                                 f"again ({exc}); a rejection means 'not now', and the same submission succeeds later"
+                                 ) from None
         assert again.is_delivered, f"S3: after the queue drained, a pull must be taken and delivered: {again!r}"
 
 
