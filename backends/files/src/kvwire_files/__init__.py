@@ -18,7 +18,7 @@ from kvwire.blob.options import MAX_IN_FLIGHT
 from kvwire.registry import ConfigError, Option, Plugin
 from kvwire_files.driver import FilesDriver
 from kvwire_files.local import doctor, local_services
-from kvwire_files.store import FileStore, default_root
+from kvwire_files.store import DEFAULT_COPY_THREADS, PARALLEL_IO_BYTES, FileStore, default_root
 
 __all__ = ["plugin", "OPTIONS", "create", "FilesDriver", "FileStore", "default_root"]
 
@@ -37,6 +37,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("fsync", bool, False,
            "fsync each pack and the index before a put is committed (only a root on disk that must survive power loss)"),
     *STORE_OPTIONS,  # timeout_s, max_in_flight, namespace: every blob store's (kvwire.blob.options)
+    Option("copy_threads", int, DEFAULT_COPY_THREADS,
+           f"threads that write or read one batch of {PARALLEL_IO_BYTES >> 20} MiB or more at once, as that many pack "
+           "files (default: one per core, at most 8); 1: one pack, on the calling thread", minimum=1, maximum=64),
 )
 
 
@@ -51,7 +54,8 @@ def create(options: Mapping[str, Any]) -> BlobBackend:
                           "can hold")
     try:
         store = FileStore(options["root"], capacity_bytes=options["capacity_bytes"], eviction=options["eviction"],
-                          fsync=options["fsync"])
+                          fsync=options["fsync"],
+                          copy_threads=options.get("copy_threads", DEFAULT_COPY_THREADS))
     except OSError as exc:
         raise ConfigError(f"option 'root' of backend 'files': {exc}") from None
     return BlobBackend(

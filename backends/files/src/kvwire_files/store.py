@@ -7,8 +7,8 @@ into the others' state. The system calls it makes are :mod:`kvwire_files.fs`.
 Layout under ``root``::
 
     FORMAT         "kvwire-files 2": the layout below (a root of another layout is refused)
-    packs/0000...  one file per put batch: a header (magic, pack number), then the objects'
-                   bytes back to back
+    packs/0000...  one file per put batch (a large one: several, see below): a header (magic,
+                   pack number), then the objects' bytes back to back
     index.{gen}    what is where: an append-only log of records (an object added at an offset
                    of a pack; an object removed; a pack removed)
     ledger         36 bytes: the bytes the store counts against its capacity, the next pack
@@ -39,6 +39,15 @@ when two writers race: the later one finds the key held when it commits. When th
 to four times what its live records need, the writer that notices writes them to
 ``index.{gen + 1}``; readers that see the new generation read it from its start.
 
+**Large batches.** A put of :data:`PARALLEL_IO_BYTES` or more is written as up to
+``copy_threads`` packs of about equal bytes at once (writes into one file take turns on its
+inode's lock), each a temp file; all are renamed into ``packs/`` and their records appended to
+the index in one commit under the lock, so a reader sees all of the batch's objects or none, and
+a writer killed between the renames and the commit leaves packs the next rescan removes, as for
+one pack. A get of as many bytes reads its runs of adjacent objects, cut into pieces, on as many
+threads (``preadv`` of one open pack from several threads needs no order). The threads are the
+store's, started on the first such batch and joined by :meth:`FileStore.close`.
+
 **Block objects.** An object may be given as several byte views, its parts (a block's row of
 every group, K1): they are written back to back as one entry of the pack, and read back with one
 ``preadv`` iovec per part, so a block of 32 layers is one index record and one run of a read.
@@ -60,6 +69,7 @@ damaged ledger is rebuilt from the index and the packs by the next holder of the
 from __future__ import annotations
 
 import errno
+import functools
 import itertools
 import logging
 import math
@@ -69,6 +79,8 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from typing import TypeVar
 
 from kvwire.blob import KeyStatus
@@ -109,6 +121,85 @@ _PACK_GAP = 1 << 32
 #: store, each line with a count of those since the last.
 _LOGGED_EVERY_S = 10.0
 _counter = itertools.count(1)
+#: A put or get of at least this many bytes is written to (or read from) several files at once
+#: by the store's ``copy_threads`` threads: the hand-off costs tens of microseconds, well under
+#: the ~4 ms a 16 MiB write into tmpfs takes at 3.9 GB/s (issue 33's bench); smaller batches
+#: are one pack, written and read on the calling thread as before.
+PARALLEL_IO_BYTES = 16 << 20
+#: The option's default: one thread per core, at most 8.
+DEFAULT_COPY_THREADS = max(1, min(8, os.cpu_count() or 1))
+
+
+class _Pool:
+    """Up to ``threads`` tasks of one call at once: the caller runs the first, a pool of
+    ``threads - 1`` threads (started on first use, joined by :meth:`close`) the others. A
+    call returns only once every task of it has ended, with each task's result or exception;
+    after :meth:`close` every task runs on the caller's thread."""
+
+    def __init__(self, threads: int) -> None:
+        self.threads = threads
+        self._executor: ThreadPoolExecutor | None = None
+        self._closed = False
+        self._lock = threading.Lock()
+
+    def run(self, tasks: Sequence[Callable[[], _T]]) -> list[_T | BaseException]:
+        futures: list[Future[_T] | None] = []
+        executor = self._start() if len(tasks) > 1 else None
+        for task in tasks[1:]:
+            future = None
+            if executor is not None:
+                try:
+                    future = executor.submit(task)
+                except RuntimeError:  # closed meanwhile: the caller runs what is left
+                    executor = None
+            futures.append(future)
+        out: list[_T | BaseException] = []
+        try:
+            for task, future in zip(tasks, [None, *futures], strict=True):
+                if future is None:
+                    try:
+                        out.append(task())
+                    except Exception as exc:
+                        out.append(exc)
+        finally:
+            wait_futures([f for f in futures if f is not None])  # no task outlives the call
+        results = iter(out)
+        done: list[_T | BaseException] = []
+        for future in [None, *futures]:
+            if future is None:
+                done.append(next(results))
+            else:
+                error = future.exception()
+                done.append(future.result() if error is None else error)
+        return done
+
+    def _start(self) -> ThreadPoolExecutor | None:
+        with self._lock:
+            if self._executor is None and not self._closed:
+                self._executor = ThreadPoolExecutor(self.threads - 1, thread_name_prefix="kvwire-files-io")
+            return self._executor
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=True)
+
+
+def _balanced(costs: list[int], parts: int) -> list[int]:
+    """Where to cut ``costs`` (in order) into at most ``parts`` runs of about equal sum: the
+    start of each run after the first."""
+    total = sum(costs)
+    cuts: list[int] = []
+    at = 0
+    for i, cost in enumerate(costs):
+        if i and at * parts >= total * (len(cuts) + 1):
+            cuts.append(i)
+            if len(cuts) == parts - 1:
+                break
+        at += cost
+    return cuts
 
 
 class _Reports:
@@ -177,9 +268,11 @@ class FileStore:
     :class:`~kvwire_files.fs.LockBusy` naming the holder."""
 
     def __init__(self, root: str, *, capacity_bytes: int, eviction: bool = True, fsync: bool = False,
-                 lock_timeout_s: float = 10.0) -> None:
+                 lock_timeout_s: float = 10.0, copy_threads: int = DEFAULT_COPY_THREADS) -> None:
         if isinstance(capacity_bytes, bool) or not isinstance(capacity_bytes, int) or capacity_bytes < 1:
             raise ValueError(f"capacity_bytes must be an int >= 1, got {capacity_bytes!r}")
+        if isinstance(copy_threads, bool) or not isinstance(copy_threads, int) or not 1 <= copy_threads <= 64:
+            raise ValueError(f"copy_threads must be an int from 1 to 64, got {copy_threads!r}")
         if isinstance(lock_timeout_s, bool) or not isinstance(lock_timeout_s, (int, float)) or not (
                 math.isfinite(lock_timeout_s) and lock_timeout_s > 0):
             raise ValueError(f"lock_timeout_s must be a finite number of seconds > 0, got {lock_timeout_s!r}")
@@ -187,6 +280,11 @@ class FileStore:
         self.eviction = bool(eviction)
         self.fsync = bool(fsync)
         self.lock_timeout_s = float(lock_timeout_s)
+        #: Threads that write or read one large batch's files at once (the caller's among them).
+        self.copy_threads = copy_threads
+        #: Batches of at least this many bytes use them (:data:`PARALLEL_IO_BYTES`).
+        self.parallel_bytes = PARALLEL_IO_BYTES
+        self._pool = _Pool(copy_threads)
         self._packs = os.path.join(self.root, "packs")
         self._tmp = os.path.join(self.root, "tmp")
         fs.prepare(self.root, self._packs, self._tmp, layout=_FORMAT)
@@ -343,7 +441,11 @@ class FileStore:
         status and reasons. A file system that is full counts as a full store: the put evicts
         and writes again (when eviction is on), and declines what still finds no space."""
         costs = [_size(buffers[i]) for i in todo]
-        granted, pack, reserved = self._reserve(costs, deadline)
+        # A large batch is several packs of about equal bytes, written at once (one file each:
+        # writes into one file take its inode's lock in turn), renamed and committed together.
+        packs = (min(self.copy_threads, len(todo))
+                 if self.copy_threads > 1 and sum(costs) >= self.parallel_bytes else 1)
+        granted, pack, reserved = self._reserve(costs, deadline, packs)
         for j in range(granted, len(todo)):
             status[todo[j]] = KeyStatus.DECLINED
             reasons[todo[j]] = self._no_space(costs[j])
@@ -356,18 +458,34 @@ class FileStore:
         # the way a load inside the step asks, is then one read, not one read per row.
         todo = sorted(todo[:granted], key=lambda i: keys[i].rpartition("/")[0])
         costs = [_size(buffers[i]) for i in todo]
-        temp = f"{self._tmp}/{os.getpid()}.{threading.get_ident()}.{next(_counter)}.tmp"
+        cuts = _balanced(costs, packs) if packs > 1 else []
+        if len(cuts) + 1 < packs:  # fewer objects granted than packs reserved: their headers go back
+            unused = (packs - len(cuts) - 1) * _PACK_HEADER.size
+            self._release(unused, deadline)
+            reserved -= unused
+        bounds = [0, *cuts, len(todo)]
+        # Pack k holds todo[bounds[k]:bounds[k + 1]], numbered pack + k.
+        numbers = [pack + k for k in range(len(bounds) - 1)]
+        temps = [f"{self._tmp}/{os.getpid()}.{threading.get_ident()}.{next(_counter)}.tmp" for _ in numbers]
+        pack_of = []
         offsets = []
-        at = _PACK_HEADER.size
-        for cost in costs:
-            offsets.append(at)
-            at += cost
+        sizes_of = []
+        for k in range(len(numbers)):
+            at = _PACK_HEADER.size
+            for cost in costs[bounds[k]:bounds[k + 1]]:
+                pack_of.append(k)
+                offsets.append(at)
+                at += cost
+            sizes_of.append(at)
+        at = sum(sizes_of)
         for tries in itertools.count(1):
             try:
-                self._write_pack(temp, pack, [buffers[i] for i in todo])
+                self._write_packs(temps, numbers, [[buffers[i] for i in todo[bounds[k]:bounds[k + 1]]]
+                                                   for k in range(len(numbers))])
                 break
             except OSError as exc:
-                fs.unlink(temp)
+                for temp in temps:
+                    fs.unlink(temp)
                 full = exc.errno in fs.NO_SPACE
                 if full and self.eviction and tries <= _NO_SPACE_TRIES:
                     try:
@@ -383,7 +501,7 @@ class FileStore:
                 if full:
                     self._note_declines(len(todo), reasons[todo[0]])
                 return
-        placed = False
+        placed: list[int] = []
         try:
             with self._locked(deadline):
                 self._refresh()
@@ -391,18 +509,28 @@ class FileStore:
                 for i in todo:
                     if keys[i] in self._where:  # another writer committed it first
                         status[i] = KeyStatus.ALREADY_THERE
+                # A pack none of whose objects is fresh is not placed (all of them, often).
+                wanted = sorted({pack_of[j] for j in fresh})
+                dropped = sum(sizes_of[k] for k in range(len(numbers)) if k not in wanted)
+                for k in range(len(numbers)):
+                    if k not in wanted:
+                        fs.unlink(temps[k])
+                if dropped:
+                    self._write_ledger(used=max(0, self._read_ledger()[0] - dropped))
+                    reserved -= dropped
                 if not fresh:
-                    fs.unlink(temp)
-                    self._write_ledger(used=max(0, self._read_ledger()[0] - reserved))
                     return
-                os.rename(temp, self.pack_path(pack))
-                placed = True
+                for k in wanted:
+                    os.rename(temps[k], self.pack_path(numbers[k]))
+                    placed.append(k)
                 if self.fsync:
                     fs.fsync_dir(self._packs)
-                self._append(b"".join(_record(_ADD, pack, offsets[j], costs[j], keys[todo[j]])
+                # One commit for every pack: a reader sees all the batch's objects or none.
+                self._append(b"".join(_record(_ADD, numbers[pack_of[j]], offsets[j], costs[j], keys[todo[j]])
                                       for j in fresh))
         except OSError as exc:
-            fs.unlink(self.pack_path(pack) if placed else temp)
+            for k in range(len(numbers)):
+                fs.unlink(self.pack_path(numbers[k]) if k in placed else temps[k])
             self._release(reserved, deadline)
             full = exc.errno in fs.NO_SPACE  # the index could not grow
             for i in todo:
@@ -412,6 +540,19 @@ class FileStore:
                                   else f"committing {keys[i]!r} under {self.root} failed: {exc}")
             if full:
                 self._note_declines(len(todo), self._out_of_space(exc))
+
+    def _write_packs(self, temps: list[str], packs: list[int], objects: list[list[Memory]]) -> None:
+        """Write pack ``packs[k]`` of ``objects[k]`` to ``temps[k]`` for each ``k``: one on the
+        calling thread, several at once on the store's threads. Returns once every write has
+        ended; raises the first error (the caller unlinks every temp file)."""
+        if len(temps) == 1:
+            self._write_pack(temps[0], packs[0], objects[0])
+            return
+        tasks = [functools.partial(self._write_pack, temp, pack, group)
+                 for temp, pack, group in zip(temps, packs, objects, strict=True)]
+        for result in self._pool.run(tasks):
+            if isinstance(result, BaseException):
+                raise result
 
     def _write_pack(self, temp: str, pack: int, parts: list[Memory]) -> None:
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
@@ -466,6 +607,10 @@ class FileStore:
                 out[i] = (KeyStatus.FAILED, f"object {keys[i]!r} holds {place[2]} bytes, the destination {sizes[i]}")
                 continue
             by_pack.setdefault(place[0], []).append(i)
+        if self.copy_threads > 1 and by_pack and sum(
+                sizes[i] for members in by_pack.values() for i in members) >= self.parallel_bytes:
+            self._read_at_once(keys, buffers, sizes, places, by_pack, out, nowait)
+            return out
         for pack, members in by_pack.items():
             try:
                 fd = fs.open_file(self.pack_path(pack), os.O_RDONLY, nowait)
@@ -502,6 +647,91 @@ class FileStore:
             finally:
                 os.close(fd)
         return out
+
+    def _read_at_once(self, keys: Sequence[str], buffers: Sequence[Memory], sizes: list[int],
+                      places: list[tuple[int, int, int] | None], by_pack: dict[int, list[int]],
+                      out: list[tuple[KeyStatus, str | None]], nowait: bool) -> None:
+        """:meth:`_read_batch`'s reads of a large batch on the store's threads: each pack opened
+        and its header checked here, as there; its runs of adjacent objects cut at object
+        boundaries into pieces of about a thread's share of the bytes, read by ``preadv`` at
+        once (positioned reads of one open file need no order); then the LRU touches and the
+        closes. The answers are those of the one-thread loop, but for an error of a read: it
+        fails the objects of its piece, where the loop fails the rest of the pack."""
+        ok = (KeyStatus.OK, None)
+        opened: list[tuple[int, int, list[int]]] = []  # (pack, fd, members by offset)
+        try:
+            for pack, members in by_pack.items():
+                try:
+                    fd = fs.open_file(self.pack_path(pack), os.O_RDONLY, nowait)
+                except FileNotFoundError:  # evicted since the index was read: a miss
+                    continue
+                except OSError as exc:
+                    for i in members:
+                        out[i] = (KeyStatus.FAILED, f"opening the pack of {keys[i]!r} under {self.root} failed: {exc}")
+                    continue
+                opened.append((pack, fd, members))
+                try:
+                    header = fs.pread_all(fd, _PACK_HEADER.size, 0, nowait)
+                except OSError as exc:
+                    for i in members:
+                        out[i] = (KeyStatus.FAILED, f"reading {keys[i]!r} under {self.root} failed: {exc}")
+                    members[:] = []
+                    continue
+                if header != _PACK_HEADER.pack(_PACK_MAGIC, pack):
+                    for i in members:
+                        out[i] = (KeyStatus.FAILED, f"the pack file of {keys[i]!r} under {self.root} is not that pack")
+                    members[:] = []
+                    continue
+                members.sort(key=lambda i: places[i][1])  # type: ignore[index]
+            share = max(1, -(-sum(sizes[i] for _, _, m in opened for i in m) // self.copy_threads))
+            pieces: list[tuple[int, int, list[int]]] = []  # (pack, fd, objects back to back)
+            for pack, fd, members in opened:
+                if not members:
+                    continue
+                for run in _runs(members, places, _parts(buffers[members[0]])):
+                    piece: list[int] = []
+                    held = 0
+                    for i in run:
+                        if piece and held + sizes[i] > share:
+                            pieces.append((pack, fd, piece))
+                            piece, held = [], 0
+                        piece.append(i)
+                        held += sizes[i]
+                    pieces.append((pack, fd, piece))
+            # Pieces in order, handed to the threads in runs of about equal bytes.
+            cuts = [0, *_balanced([sum(sizes[i] for i in p[2]) for p in pieces], self.copy_threads), len(pieces)]
+
+            def read(lo: int, hi: int) -> None:
+                for _, fd, piece in pieces[lo:hi]:
+                    start = places[piece[0]][1]  # type: ignore[index]
+                    try:
+                        got = _readv(fd, [v for v in _views([buffers[i] for i in piece]) if len(v)], start, nowait)
+                    except OSError as exc:  # (fs.WouldWait is no OSError: it ends the whole batch)
+                        for i in piece:
+                            out[i] = (KeyStatus.FAILED, f"reading {keys[i]!r} under {self.root} failed: {exc}")
+                        continue
+                    for i in piece:
+                        end = places[i][1] + sizes[i]  # type: ignore[index]
+                        out[i] = ok if end - start <= got else (
+                            KeyStatus.FAILED, f"the pack file of {keys[i]!r} under {self.root} is torn (cut short)")
+
+            tasks = [functools.partial(read, lo, hi) for lo, hi in zip(cuts[:-1], cuts[1:], strict=True)]
+            errors = [e for e in self._pool.run(tasks) if isinstance(e, BaseException)]
+            if errors:
+                raise errors[0]  # WouldWait (the batch answers None), or a fault of the store's own
+            for pack, fd, members in opened:
+                if not members:  # its header did not check
+                    continue
+                if nowait:  # a change of the inode may wait for the file system's journal
+                    self._touch_later.add(pack)
+                else:
+                    try:  # least recently used goes first when the store evicts
+                        os.utime(fd, ns=fs.now_ns())
+                    except OSError:
+                        pass
+        finally:
+            for _, fd, _ in opened:
+                os.close(fd)
 
     def discard_batch(self, keys: Sequence[str], *, deadline: float | None = None) -> list[bool]:
         """Remove the objects under ``keys``; for each, whether there was one. A pack whose last
@@ -673,10 +903,11 @@ class FileStore:
 
     # -- capacity ---------------------------------------------------------------------------------
 
-    def _reserve(self, costs: list[int], deadline: float) -> tuple[int, int, int]:
-        """Count a pack of the leading ``costs`` against the capacity (evicting if allowed): how
-        many fit, the pack's number, and the bytes reserved."""
-        overhead = _PACK_HEADER.size
+    def _reserve(self, costs: list[int], deadline: float, packs: int = 1) -> tuple[int, int, int]:
+        """Count ``packs`` packs of the leading ``costs`` against the capacity (evicting if
+        allowed): how many fit, the first pack's number (the packs take it and the numbers
+        after it), and the bytes reserved."""
+        overhead = _PACK_HEADER.size * packs
         # Room is made only for the leading objects that fit in the store at all: an object
         # larger than the capacity is declined without evicting anything for it.
         need = overhead
@@ -701,7 +932,7 @@ class FileStore:
             if not granted:
                 self._write_ledger(used=used)
                 return 0, 0, 0
-            self._write_ledger(used=used + taken, next_pack=next_pack + 1)
+            self._write_ledger(used=used + taken, next_pack=next_pack + packs)
         return granted, next_pack, taken
 
     def _release(self, cost: int, deadline: float) -> None:
@@ -946,6 +1177,7 @@ class FileStore:
             if self._closed:
                 return
             self._closed = True  # no call begins from here on
+        self._pool.close()  # after the tasks queued now; a call in flight runs the rest itself
         if not fs.acquire_until(self._writers, time.monotonic() + self.lock_timeout_s):
             log.error("the file store at %s: a writer of this process is still in after %g s; its files stay open",
                       self.root, self.lock_timeout_s)

@@ -55,7 +55,7 @@ def create(options: Mapping[str, Any]) -> BlobBackend:
     except ValueError as exc:
         raise ConfigError(f"option 'store' of backend 'memory': {exc}") from None
     return BlobBackend(
-        MemoryDriver(store, copy_threads=options["copy_threads"]),
+        MemoryDriver(store, copy_threads=options.get("copy_threads", DEFAULT_COPY_THREADS)),
         **shared,
         owns_driver=True,
         contract_version=CONTRACT,
