@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -33,6 +34,8 @@ from kvwire.contract import (
     Outcome,
     RegionTable,
     SlotRegion,
+    SubmissionRejected,
+    TableRegistration,
     View,
     WakeFn,
 )
@@ -545,3 +548,175 @@ group_spans_two_regions = MutantHarness("group-spans-two-regions", GroupSpansTwo
 row_may_stick_out = MutantHarness("row-may-stick-out", RowMayStickOut)
 registers_undeclared_memory_kinds = StoreMutantHarness("registers-undeclared-memory-kinds",
                                                        RegistersUndeclaredMemoryKinds)
+
+
+# -- issue 36, second batch: single-clause subclasses of the reference store ----------------------
+
+class RegistrationRenumbersItsRegions(ReferenceStoreBackend):
+    """M3: the registration lists the table's own records of the batch's regions, renumbered,
+    not the regions it was given."""
+
+    def register_regions(self, regions: Sequence[SlotRegion]) -> TableRegistration:
+        registration = super().register_regions(regions)
+        registration._regions = tuple(  # type: ignore[misc]
+            SlotRegion(r.region_id + 1_000_000, r.base, r.slot_bytes, r.slot_count, r.memory_kind, r.device)
+            for r in registration.regions)
+        return registration
+
+
+#: How long a registration takes before its rows are recognized (registered by a background thread).
+SETTLING_S = 1.0
+
+
+class _SettlingTable(RegionTable):
+    """A table whose new registrations recognize nothing for :data:`SETTLING_S`."""
+
+    born: dict[int, float]
+
+    def register(self, regions: Sequence[SlotRegion]) -> TableRegistration:
+        registration = super().register(regions)
+        self.__dict__.setdefault("born", {})[registration.token] = time.monotonic()
+        return registration
+
+    def locate_view(self, view: View) -> Any:
+        now = time.monotonic()
+        born: dict[int, float] = self.__dict__.get("born", {})
+        with self._lock:
+            young = [r for token, r in self._entries if now - born.get(token, 0.0) < SETTLING_S]
+        for group in view.groups:
+            for address in group.addresses():
+                for region in young:
+                    if region.base <= int(address) < region.end:
+                        raise InvalidSubmission(f"row at {int(address):#x} of group {group.group_id} is in no registered "
+                                                "region")
+        return super().locate_view(view)
+
+
+class RegistrationTakesEffectLater(ReferenceStoreBackend):
+    """M3: a batch is registered by a background thread: register_regions() returns at once, and
+    the batch's rows are recognized only a second later."""
+
+    def __init__(self, store: Any, **options: Any) -> None:
+        super().__init__(store, **options)
+        self._table.__class__ = _SettlingTable
+
+
+class _ClosesItsFirstRegion(TableRegistration):
+    def close(self) -> None:
+        table = self._table
+        first = self._regions[0] if self._regions else None
+        with table._lock:
+            table._entries = [e for e in table._entries if not (e[0] == self._token and e[1] is first)]
+
+
+class CloseUnregistersTheFirstRegionOnly(ReferenceStoreBackend):
+    """M3: a registration's close() unregisters the first region of its batch and leaves the
+    others registered."""
+
+    def register_regions(self, regions: Sequence[SlotRegion]) -> TableRegistration:
+        registration = super().register_regions(regions)
+        registration.__class__ = _ClosesItsFirstRegion
+        return registration
+
+
+class _ClosesOnce(TableRegistration):
+    def close(self) -> None:
+        if self.closed:
+            raise KeyError(f"registration {self.token} is not registered")
+        super().close()
+
+
+class SecondRegistrationCloseRaises(ReferenceStoreBackend):
+    """M3: a registration's second close() raises KeyError (the table no longer knows it)."""
+
+    def register_regions(self, regions: Sequence[SlotRegion]) -> TableRegistration:
+        registration = super().register_regions(regions)
+        registration.__class__ = _ClosesOnce
+        return registration
+
+
+class RegistersAfterShutdown(ReferenceStoreBackend):
+    """M3: shutdown() leaves the region table open: a batch registered afterwards is taken."""
+
+    def shutdown(self) -> frozenset[Any]:
+        pending = super().shutdown()
+        with self._table._lock:
+            self._table._closed = False
+        return pending
+
+
+class _RefusedOnceShutDown(TableRegistration):
+    backend: ReferenceStoreBackend
+
+    def close(self) -> None:
+        if self.backend._runner.closed:
+            raise SubmissionRejected("this backend is shut down; its registrations are released by close()")
+        super().close()
+
+
+class CloseAfterShutdownRaises(ReferenceStoreBackend):
+    """M3: closing a registration after shutdown() raises SubmissionRejected."""
+
+    def register_regions(self, regions: Sequence[SlotRegion]) -> TableRegistration:
+        registration = super().register_regions(regions)
+        registration.__class__ = _RefusedOnceShutDown
+        registration.backend = self  # type: ignore[attr-defined]
+        return registration
+
+
+class _NotNowTable(RegionTable):
+    def locate_view(self, view: View) -> Any:
+        try:
+            return super().locate_view(view)
+        except InvalidSubmission as exc:
+            raise SubmissionRejected(f"{exc}; the registration may not have settled yet, retry") from None
+
+
+class UnrecognizedRowsRejected(ReferenceStoreBackend):
+    """M4: a submission with a row in no registered region raises SubmissionRejected ("not
+    now") instead of InvalidSubmission."""
+
+    def __init__(self, store: Any, **options: Any) -> None:
+        super().__init__(store, **options)
+        self._table.__class__ = _NotNowTable
+
+
+class _Aligned:
+    """A store end that keeps each row of a per-group object as its leading whole 8-byte words,
+    its tail bytes zero."""
+
+    def __init__(self, end: Any) -> None:
+        self.end = end
+
+    def put(self, namespace: str, space: Any, names: np.ndarray, rows: np.ndarray) -> Any:
+        rows = np.array(rows, dtype=np.uint8)
+        if isinstance(space, int):
+            rows[:, rows.shape[1] // 8 * 8:] = 0
+        return self.end.put(namespace, space, names, rows)
+
+    def get(self, *args: Any) -> Any:
+        return self.end.get(*args)
+
+    def contains(self, *args: Any) -> Any:
+        return self.end.contains(*args)
+
+
+class RowsMovedInWholeWords(ReferenceStoreBackend):
+    """M2: a publish copies a row as whole 8-byte words: the last ``slot_bytes % 8`` bytes of a
+    row of an odd size never reach the store (they arrive as zeros)."""
+
+    def __init__(self, store: Any, **options: Any) -> None:
+        super().__init__(_Aligned(store), **options)
+
+
+registration_renumbers_its_regions = StoreMutantHarness("registration-renumbers-its-regions",
+                                                        RegistrationRenumbersItsRegions)
+registration_takes_effect_later = StoreMutantHarness("registration-takes-effect-later", RegistrationTakesEffectLater)
+close_unregisters_the_first_region_only = StoreMutantHarness("close-unregisters-the-first-region-only",
+                                                             CloseUnregistersTheFirstRegionOnly)
+second_registration_close_raises = StoreMutantHarness("second-registration-close-raises",
+                                                      SecondRegistrationCloseRaises)
+registers_after_shutdown = StoreMutantHarness("registers-after-shutdown", RegistersAfterShutdown)
+close_after_shutdown_raises = StoreMutantHarness("close-after-shutdown-raises", CloseAfterShutdownRaises)
+unrecognized_rows_rejected = StoreMutantHarness("unrecognized-rows-rejected", UnrecognizedRowsRejected)
+rows_moved_in_whole_words = StoreMutantHarness("rows-moved-in-whole-words", RowsMovedInWholeWords)

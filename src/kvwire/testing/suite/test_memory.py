@@ -68,7 +68,19 @@ def test_M3_registration_after_shutdown_is_rejected_and_closing_still_works(kvwi
 def call_briefly_close(registration) -> None:  # type: ignore[no-untyped-def]
     from kvwire.testing.holder import call_briefly
 
-    call_briefly(registration.close, "M3.11: closing a registration after shutdown()")
+    try:
+        call_briefly(registration.close, "M3.11: closing a registration after shutdown()")
+    except Exception as exc:
+        raise AssertionError(f"M3.11: closing a registration after shutdown() raised {type(exc).__name__}: {exc}; a "
+                             "registration may be closed before and after shutdown()") from exc
+
+
+def _close_again(registration: Registration, what: str) -> None:
+    """M3.8: ``close()`` of a registration already closed does nothing and raises nothing."""
+    try:
+        registration.close()
+    except Exception as exc:
+        raise AssertionError(f"M3.8: {what} raised {type(exc).__name__}: {exc}; close() is idempotent") from exc
 
 
 def _sub_span_view(view: View, offset_slots: int) -> View:
@@ -556,15 +568,16 @@ def test_M3_close_is_idempotent_and_spares_a_later_registration(kvwire_harness: 
         regions = [m.region for m in bench.sink.memories]
         first = ex.ends.sink.register_regions(regions)
         first.close()
-        first.close()
+        _close_again(first, "a second close() of a registration")
         second = ex.ends.sink.register_regions(regions)
-        first.close()  # must not revoke the later registration of the same spans
+        _close_again(first, "a third close() of a registration, after the same spans were registered again")
+        # ... and it must not revoke the later registration of the same spans (M3.9)
         bench.registrations.append(second)
         result = ex.transfer(bench)
         assert all(m.all() for m in result.fetched.masks), (
             f"M3: after an old registration's close(), the later one must still cover its rows: {result.fetched!r}")
         second.close()
-        second.close()
+        _close_again(second, "a second close() of a registration")
         refused(lambda: ex.fetch(bench.sink_view()), "M4: a fetch into rows whose registration was closed")
         bench.close()
 
@@ -623,6 +636,17 @@ def test_M4_rows_of_a_closed_registration_refused(kvwire_harness: Harness) -> No
             refused(lambda: ex.publish(bench.source_view()), "M4: a publish from rows whose registration was closed")
         if caps.fetch:
             refused(lambda: ex.fetch(bench.sink_view()), "M4: a fetch into rows whose registration was closed")
+        # M3.7: close() unregisters the whole batch: the rows of each of its regions alone are refused too.
+        for gi, group in enumerate(plan.groups):
+            rows = {gi: list(range(group.rows))}
+            if caps.publish:
+                refused(lambda: ex.publish(bench.source_view(rows)),  # noqa: B023
+                        f"M3.7: a publish from rows of group {group.group_id} alone, region {gi + 1} of a batch whose "
+                        "registration was closed")
+            if caps.fetch:
+                refused(lambda: ex.fetch(bench.sink_view(rows)),  # noqa: B023
+                        f"M3.7: a fetch into rows of group {group.group_id} alone, region {gi + 1} of a batch whose "
+                        "registration was closed")
         bench.verify("after refused submissions")
 
 
