@@ -200,6 +200,9 @@ MUTANTS: list[tuple[str, str, str, str]] = [
     ("mutants/attempt.py", "deadline_after_the_call_returns", "A8.5", "A8 and held_attempt_fails and options"),
     ("mutants/attempt.py", "cancel_cause_shutdown", "A10.6", "A4 and cancel_is_idempotent"),
     ("mutants/attempt.py", "shutdown_as_holder_cancel", "A10.8", "B3 and shutdown_ends_work_in_flight"),
+    ("mutants/attempt.py", "failed_fetch_never_quiesces", "A2.5", "A5 and fault_is_a_failure"),
+    ("mutants/attempt.py", "raising_get_marks_its_rows", "A5.5", "S5 and store_call_that_raises and get"),
+    ("mutants/attempt.py", "coalesces_slots_in_order", "A9.3", "A9 and misses_keep_their_place"),
     # wake
     ("mutants/wake.py", "wakes_early", "W1.6", "W1"),
     ("mutants/wake.py", "silent_cancel", "W1.3", "W1"),

@@ -11,6 +11,7 @@ Point the suite at one with ``--kvwire-harness tests/conformance/mutants/attempt
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import heapq
 import threading
 import time
@@ -2136,3 +2137,82 @@ deadline_keeps_access = StoreMutantHarness("deadline-keeps-access", DeadlineKeep
 cancel_cause_shutdown = StoreMutantHarness("cancel-cause-shutdown", CancelCauseShutdown)
 shutdown_as_holder_cancel = StoreMutantHarness("shutdown-as-holder-cancel", ShutdownAsHolderCancel)
 miss_is_a_fault = StoreMutantHarness("miss-is-a-fault", MissIsAFault)
+
+
+class _FailedKeepsTheRows(ReferenceAttempt):
+    stuck = False
+
+    def conclude_locked(self, status: OutcomeStatus, cause: Cause | None = None, reason: str | None = None,
+                        *, by_peer: bool = False) -> bool:
+        if status is OutcomeStatus.FAILED and cause is Cause.FAULT and self.access is not Access.ENDED:
+            self.stuck = True  # the error path never releases the rows it had taken
+            self.access = Access.TOUCHING
+        return super().conclude_locked(status, cause, reason, by_peer=by_peer)
+
+    def untouch_locked(self) -> None:
+        if not self.stuck:
+            super().untouch_locked()
+
+
+class FailedFetchNeverQuiesces(_AttemptsOf):
+    """A2: an attempt the store failed keeps its access until shutdown() releases it: it
+    concludes FAILED and does not quiesce on its own."""
+
+    attempt_class = _FailedKeepsTheRows
+
+    def shutdown(self) -> frozenset[ReferenceAttempt]:
+        with self._runner.lock:
+            for attempt in list(self._runner.live):
+                if isinstance(attempt, _FailedKeepsTheRows) and attempt.stuck:
+                    attempt.stuck = False
+                    attempt.untouch_locked()
+        return super().shutdown()
+
+
+class RaisingGetMarksItsRows(ReferenceStoreBackend):
+    """A5: a get that raises marks the rows it was asked for moved (the client was handed the
+    rows' buffer before it raised), though no byte of them arrived; the fetch still fails."""
+
+    def _move(self, attempt: ReferenceAttempt, work: _Work) -> None:
+        store, runner = self._store, self._runner
+
+        class Marking:
+            def put(self, *args: Any) -> StoreReply:
+                return store.put(*args)
+
+            def get(self, namespace: str, space: Any, names: np.ndarray, row_bytes: int) -> StoreReply:
+                try:
+                    return store.get(namespace, space, names, row_bytes)
+                except Exception:
+                    with runner.lock:
+                        for gi, group in enumerate(attempt.view.groups):
+                            if group.names is names:
+                                attempt.moved[gi][:] = True
+                    raise
+
+            def contains(self, *args: Any) -> StoreReply:
+                return store.contains(*args)
+
+        self._store = Marking()  # type: ignore[assignment]
+        try:
+            super()._move(attempt, work)
+        finally:
+            self._store = store
+
+
+class CoalescesSlotsInOrder(ReferenceStoreBackend):
+    """A9: a fetch coalesces its rows into runs of ascending slots and writes the objects, taken
+    in the view's row order, into the slots in ascending order: a group whose rows are not in
+    slot order gets each object in another row, its bit on the row it was asked for."""
+
+    def _check(self, op: str, view: View, hint: Hint, wake: WakeFn) -> _Work:
+        work = super()._check(op, view, hint, wake)
+        if op != "fetch":
+            return work
+        located = tuple(dataclasses.replace(at, offsets=np.sort(at.offsets)) for at in work.located)
+        return dataclasses.replace(work, located=located)
+
+
+failed_fetch_never_quiesces = StoreMutantHarness("failed-fetch-never-quiesces", FailedFetchNeverQuiesces)
+raising_get_marks_its_rows = StoreMutantHarness("raising-get-marks-its-rows", RaisingGetMarksItsRows)
+coalesces_slots_in_order = StoreMutantHarness("coalesces-slots-in-order", CoalescesSlotsInOrder)

@@ -536,7 +536,7 @@ def test_A5_a_miss_is_a_false_bit_in_a_delivered_outcome(kvwire_harness: Harness
         bench.apply_fetch(out)
 
 
-@checks("A5.9", "A7.2", also=("A5.12",))
+@checks("A5.9", "A7.2", also=("A5.12", "A2.5"))
 def test_A5_a_fault_is_a_failure_not_a_miss(kvwire_harness: Harness) -> None:
     caps = kvwire_harness.capabilities()
     needs.transfer(caps)
@@ -551,7 +551,9 @@ def test_A5_a_fault_is_a_failure_not_a_miss(kvwire_harness: Harness) -> None:
             kvwire_harness, ex.ends.source, ex.ends.sink, plan, kind) as bench:
         _store_only(ex)
         ex.offer(bench)
-        out = ex.settle(ex.fetch(bench.sink_view()))
+        sub = ex.fetch(bench.sink_view())
+        out = ex.settle(sub, quiesce=False)
+        ex.settle(sub, purpose="A2.5: a fetch the store failed must still quiesce")
         assert out.is_failed, f"A5: a fault at the other end must fail the fetch, not pass as a miss: {out!r}"
         assert not out.masks[0][2], (
             "A5.12/A7: the row that faulted is marked true in the failed fetch; a failed outcome marks true only "
