@@ -81,6 +81,40 @@ def test_a_one_sided_pull_reads_the_held_prefix_byte_for_byte(make_backend, hold
     assert tree.wait_unpinned(5)
 
 
+#: (slots at the serving end, slots lent by the requester) of one pull of 8 blocks (issue 33).
+LAYOUTS = (
+    (list(range(0, 8)), list(range(8, 16))),                         # adjacent at both ends: one span
+    (list(range(8, 16)), list(range(7, -1, -1))),                    # adjacent there, reversed here
+    ([20, 19, 18, 17, 3, 4, 5, 30], list(range(0, 8))),              # reversed, then a run, there; adjacent here
+    ([9, 10, 11, 25, 26, 12, 13, 2], [16, 17, 3, 4, 5, 20, 21, 22]),  # runs that differ at the two ends
+)
+
+
+def test_rows_in_any_layout_at_either_end_land_byte_for_byte(make_backend, holders) -> None:
+    """The answer names runs of rows adjacent at the serving end, the requester reads spans
+    adjacent at both ends (and ranges of 2 blocks all at once): every row lands where it was lent,
+    whatever the two layouts."""
+    backend = make_backend(mode="one-sided")
+    there = Pool(GROUPS, 32, SLOT)
+    tree = ReuseTree()
+    backend.register_regions(there.regions)
+    holder = ServingHolder(backend, there, tree)
+    holders.append(holder)
+    req, here = requesting_end(make_backend, "one-sided", window_bytes=2 * 2 * SLOT)
+    for k, (served, lent) in enumerate(LAYOUTS):
+        names = block_names(8, prompt=f"layout {k}")
+        for name, slot in zip(names, served, strict=True):
+            for g, gid in enumerate(there.group_ids):
+                there.arrays[g][slot] = row_pattern(name, gid, SLOT)
+            tree.insert(name, slot)
+        attempt, slots = req.fetch(backend.address(), names, slots=lent)
+        outcome = req.wait(attempt, slots, 20)
+        assert outcome.is_delivered and all(m.all() for m in outcome.masks), (k, outcome)
+        check_rows(here, slots, names)
+    assert req.backend.stats().rows_read == 2 * 8 * len(LAYOUTS)
+    assert tree.wait_unpinned(5)
+
+
 def test_a_standing_offer_is_read_one_sided_without_the_holder(make_backend, holders) -> None:
     """O1 in the one-sided mode: the ReadOffer comes from the offer, the requester reads it
     through NIXL, and the holder never sees the pull; cancelling the offer quiesces it."""

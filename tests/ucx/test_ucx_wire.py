@@ -29,10 +29,25 @@ def pulls(draw: st.DrawFn) -> wire.Pull:
                      0 if one_sided else draw(st.integers(0, count * ngroups)), one_sided=one_sided)
 
 
+def _runs(starts: list[int], breaks: list[bool]) -> np.ndarray:
+    """Runs of ``len(starts)`` rows in all: a new run where ``breaks`` says (and at row 0)."""
+    if not starts:
+        return np.zeros((0, 2), dtype=np.uint64)
+    firsts = [i for i, b in enumerate(breaks) if b or i == 0]
+    ends = firsts[1:] + [len(starts)]
+    return np.array([(starts[f], e - f) for f, e in zip(firsts, ends, strict=True)], dtype=np.uint64).reshape(-1, 2)
+
+
+def runs(*pairs: tuple[int, int]) -> np.ndarray:
+    return np.array(pairs, dtype=np.uint64).reshape(-1, 2)
+
+
 @st.composite
 def read_offers(draw: st.DrawFn) -> wire.ReadOffer:
     counts = tuple(draw(st.lists(st.integers(0, 20), min_size=1, max_size=5)))
-    addresses = tuple(np.array(draw(st.lists(u64, min_size=c, max_size=c)), dtype=np.uint64) for c in counts)
+    addresses = tuple(_runs(draw(st.lists(u64, min_size=c, max_size=c)), draw(st.lists(st.booleans(), min_size=c,
+                                                                                       max_size=c)))
+                      for c in counts)
     memories = tuple(draw(st.one_of(st.just(()), st.lists(st.integers(-1, wire.MAX_DEVICE - 1), min_size=len(counts),
                                                           max_size=len(counts)))))
     return wire.ReadOffer(draw(u64), counts, draw(st.binary(min_size=1, max_size=wire.MAX_AGENT_NAME_BYTES)),
@@ -171,14 +186,14 @@ def test_address_garbage_gives_a_clean_error(data: bytes) -> None:
         pass
 
 
-def test_a_read_offer_with_addresses_that_do_not_match_its_counts_is_refused() -> None:
-    offer = wire.ReadOffer(7, (2, 1), b"agent", 1, b"meta", (np.arange(2, dtype=np.uint64), np.ones(1, np.uint64)))
+def test_a_read_offer_with_runs_that_do_not_match_its_counts_is_refused() -> None:
+    offer = wire.ReadOffer(7, (2, 1), b"agent", 1, b"meta", (runs((0, 1), (8, 1)), runs((1, 1))))
     frame = bytearray(wire.encode(offer))
     assert wire.decode(bytes(frame)) == offer
     with pytest.raises(wire.WireError, match="ends early"):
-        wire.decode_body(wire.MessageType.READ_OFFER, bytes(frame[wire.HEADER_BYTES:-8]))  # one address short
+        wire.decode_body(wire.MessageType.READ_OFFER, bytes(frame[wire.HEADER_BYTES:-4]))  # one run short
     with pytest.raises(wire.WireError):
-        wire.ReadOffer(7, (2,), b"agent", 1, b"", (np.arange(3, dtype=np.uint64),))
+        wire.ReadOffer(7, (2,), b"agent", 1, b"", (runs((0, 3)),))
     with pytest.raises(wire.WireError, match="credit is 0"):
         wire.Pull(1, 1, 1, ((0, 8),), 1, b"a", credit=1, one_sided=True)
 
@@ -187,7 +202,7 @@ def test_a_read_offer_of_device_rows_names_each_group_memory_and_an_all_host_one
     """A reader must name the memory it reads (NIXL refuses remote VRAM called DRAM): device
     groups travel as READ_OFFER_DEVICE with each group's memory; all-host offers keep the frame an
     end that knows no device memory reads, byte for byte."""
-    addresses = (np.arange(2, dtype=np.uint64), np.ones(1, np.uint64))
+    addresses = (runs((0, 2)), runs((1, 1)))
     device = wire.ReadOffer(7, (2, 1), b"agent", 1, b"meta", addresses, (0, -1))
     frame = wire.encode(device)
     assert wire.read_header(frame[:wire.HEADER_BYTES])[0] is wire.MessageType.READ_OFFER_DEVICE

@@ -311,7 +311,7 @@ class Engine:
         elif isinstance(action, ev.StartRead):
             assert isinstance(job, FetchJob) and job.reads is not None
             self.requesting.reading.add(job)
-            return job.reads.start(action.index)
+            return job.reads.start(action.first, action.last)
         elif isinstance(action, ev.ReleaseRead):
             assert isinstance(job, FetchJob) and job.reads is not None
             if job.reads.release():

@@ -1,5 +1,7 @@
 """The one-sided row mover: one fetch's NIXL ``READ`` s of the served rows straight into the
-rows it lent, block range by block range, rows adjacent on both sides merged into one span.
+rows it lent, a batch of block ranges at once (every range of a pull up to
+:data:`~kvwire_ucx.protocol.requester.READ_RANGES_AT_ONCE`), rows adjacent on both sides merged
+into one span.
 
 NIXL reads one kind of memory into one kind per transfer, so a range whose groups lie in
 different memories (host here and a GPU there, say) is read as one transfer per pair of
@@ -24,6 +26,26 @@ _Part = tuple[tuple[int, int], np.ndarray, np.ndarray]
 
 def _cause(error: NixlError) -> Cause:
     return Cause.PEER_GONE if "Disconnect" in str(error) else Cause.FAULT
+
+
+def _batch(plans: list[list[_Part]]) -> list[_Part]:
+    """The parts of several ranges as one NIXL transfer per pair of memories, spans that
+    continue across a range's end (adjacent at both ends) joined again."""
+    if len(plans) == 1:
+        return plans[0]
+    by_pair: dict[tuple[int, int], tuple[list[np.ndarray], list[np.ndarray]]] = {}
+    for parts in plans:
+        for memories, local, remote in parts:
+            ours, theirs = by_pair.setdefault(memories, ([], []))
+            ours.append(local)
+            theirs.append(remote)
+    out = []
+    for memories, (ours, theirs) in by_pair.items():
+        local, remote = np.concatenate(ours), np.concatenate(theirs)
+        joined_local, joined_remote = coalesce(local[:, 0], remote[:, 0], local[:, 1])
+        joined_local[:, 2], joined_remote[:, 2] = local[0, 2], remote[0, 2]
+        out.append((memories, joined_local, joined_remote))
+    return out
 
 
 class RangeReads:
@@ -71,10 +93,11 @@ class RangeReads:
     def running(self) -> bool:
         return bool(self.handles)
 
-    def start(self, index: int) -> ReadCompleted | ReadFailed | None:
-        """Start reading range ``index``: what happened already, or ``None`` while it runs."""
+    def start(self, first: int, last: int) -> ReadCompleted | ReadFailed | None:
+        """Start reading ranges ``[first, last)``, all at once: what happened already, or
+        ``None`` while they run. One that cannot start lets go of those started."""
         pending: list[Any] = []
-        for memories, local, remote in self._plan[index]:
+        for memories, local, remote in _batch(self._plan[first:last]):
             try:
                 handle, done = self._nixl.read(local, remote, self.peer_agent, memories)
             except NixlError as exc:

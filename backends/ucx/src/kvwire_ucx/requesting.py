@@ -102,9 +102,14 @@ class Requesting(EngineContext):
             problem, agent_known = self._load_agent(conn, message)
             if job is not None:
                 assert job.reads is not None or self._nixl is None
-                if job.reads is not None:
-                    job.reads.peer_agent, job.reads.remote = message.agent, message.addresses
-                    job.reads.remote_memories = message.memories
+                if job.reads is not None and problem is None and len(message.counts) == len(job.groups):
+                    try:  # the runs as each offered row's address there (coalesced again when planned)
+                        remote = tuple(message.row_addresses(g, group.slot_bytes) for g, group in enumerate(job.groups))
+                    except wire.WireError as exc:
+                        problem = f"peer {conn.label} offered rows that cannot lie in its memory: {exc}"
+                    else:
+                        job.reads.peer_agent, job.reads.remote = message.agent, remote
+                        job.reads.remote_memories = message.memories
                 self._router.feed(job, ev.ReadOffered(message.counts, problem, agent_known))
                 return
         elif job is not None:

@@ -197,7 +197,7 @@ class Serving(EngineContext):
         job = ReplyJob(0, conn, PullServer(ReplySpec(message.transfer, message.credit, len(groups), message.count,
                                                      one_sided=message.one_sided, peer=conn.label, offered=True)),
                        None, min(now + message.timeout_ms / 1000.0, offer.deadline), message.tag_base)
-        if self._nixl is not None and self._prepare_read_offer(job, counts) != counts:
+        if self._nixl is not None and self._prepare_read_offer(job, counts, groups) != counts:
             return False  # its addresses need more than one frame: the holder answers a prefix
         if self._nixl is None:
             job.sends = TagSends(groups, job.tag_base)
@@ -279,12 +279,13 @@ class Serving(EngineContext):
         counts = rows
         if job.machine.state is ServerState.WAITING and refusal is None:
             if self._nixl is not None:
-                counts = self._prepare_read_offer(job, rows)
+                counts = self._prepare_read_offer(job, rows, groups)
             else:
                 job.sends = TagSends(groups, job.tag_base)
         self._router.feed(job, ev.Answered(counts, rows, refusal))
 
-    def _prepare_read_offer(self, job: ReplyJob, counts: tuple[int, ...]) -> tuple[int, ...]:
+    def _prepare_read_offer(self, job: ReplyJob, counts: tuple[int, ...], groups: tuple[GroupRows, ...]
+                            ) -> tuple[int, ...]:
         """This end's NIXL metadata (when the connection was not sent this generation) and the
         longest common block prefix whose ReadOffer fits in one frame (still a valid answer)."""
         assert self._nixl is not None
@@ -293,20 +294,14 @@ class Serving(EngineContext):
             metadata = b""
         agent = self._nixl.name.encode()
         job.read_offer = (generation, metadata, agent)
-        return fit_read_offer(counts, agent, metadata)
+        return fit_read_offer(counts, groups, agent, metadata)
 
     def send_read_offer(self, job: ReplyJob, counts: tuple[int, ...]) -> None:
         assert job.read_offer is not None
         generation, metadata, agent = job.read_offer
-        addresses = []
-        for group, count in zip(job.groups, counts, strict=True):
-            if count == 0 or group.span is None:
-                addresses.append(np.zeros(0, dtype=np.uint64))
-                continue
-            addresses.append(group.offsets[:count] + np.uint64(group.base))
+        runs = offer_runs(job.groups, counts)
         memories = tuple(group.memory for group in job.groups)
-        self._router.send(job.conn, wire.ReadOffer(job.transfer, counts, agent, generation, metadata, tuple(addresses),
-                                                   memories))
+        self._router.send(job.conn, wire.ReadOffer(job.transfer, counts, agent, generation, metadata, runs, memories))
 
         if metadata:
             self._wiring_until = time.monotonic() + _NIXL_WIREUP_S
@@ -383,14 +378,36 @@ def _no_wake() -> None:
     """An answer from an offer wakes nobody; its offer's attempt wakes the holder (O1.10)."""
 
 
-def fit_read_offer(counts: tuple[int, ...], agent: bytes, metadata: bytes) -> tuple[int, ...]:
-    """``counts`` cut to the longest common block prefix whose ReadOffer fits in one frame."""
-    if wire.ReadOffer.body_bytes(counts, agent, metadata) <= wire.MAX_MESSAGE_BYTES:
+def _row_addresses(group: GroupRows, count: int) -> np.ndarray:
+    """The addresses of a group's first ``count`` rows in this end's memory."""
+    if count == 0 or group.span is None:
+        return np.zeros(0, dtype=np.uint64)
+    return group.offsets[:count] + np.uint64(group.base)
+
+
+def offer_runs(groups: tuple[GroupRows, ...], counts: tuple[int, ...]) -> tuple[np.ndarray, ...]:
+    """Where each group's first ``counts`` rows lie in this end's memory, as a ReadOffer names
+    it: runs of rows adjacent there (address, rows)."""
+    return tuple(wire.runs_of(_row_addresses(group, count), group.slot_bytes)
+                 for group, count in zip(groups, counts, strict=True))
+
+
+def fit_read_offer(counts: tuple[int, ...], groups: tuple[GroupRows, ...], agent: bytes, metadata: bytes
+                   ) -> tuple[int, ...]:
+    """``counts`` cut to the longest common block prefix whose ReadOffer fits in one frame (its
+    size is that of the runs of adjacent rows the prefix makes in each group)."""
+    breaks = [wire.run_breaks(_row_addresses(g, c), g.slot_bytes) for g, c in zip(groups, counts, strict=True)]
+
+    def fits(cut: tuple[int, ...]) -> bool:
+        runs = sum(1 + int(np.searchsorted(b, c)) for b, c in zip(breaks, cut, strict=True) if c)
+        return wire.ReadOffer.body_bytes(len(cut), runs, agent, metadata) <= wire.MAX_MESSAGE_BYTES
+
+    if fits(counts):
         return counts
     lo, hi = 0, max(counts)
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if wire.ReadOffer.body_bytes(tuple(min(c, mid) for c in counts), agent, metadata) <= wire.MAX_MESSAGE_BYTES:
+        if fits(tuple(min(c, mid) for c in counts)):
             lo = mid
         else:
             hi = mid - 1

@@ -21,13 +21,29 @@ transfer's UCX tag for a row is ``tag_base << 24 | number``.
 
 One-sided pulls (the opt-in ``mode="one-sided"``, for trusted clusters): R sends the ``Pull`` as
 type ``PULL_ONE_SIDED`` with no credit. A serving end in that mode answers with ``ReadOffer``
-instead of ``Offer``: the rows served per group, and where each lies in its memory, with its NIXL
-agent's name and metadata (remote keys of its registered regions; sent again only when they
-changed). R reads the rows itself (NIXL ``READ``), then ``Ack``s; no ``Go`` is used. A serving
+instead of ``Offer``: the rows served per group, and where they lie in its memory as runs of rows
+adjacent there (per group: the address of a run's first row and its row count, the runs in row
+order; version 2, where version 1 sent one address per row), with its NIXL agent's name and
+metadata (remote keys of its registered regions; sent again only when they changed). R reads the
+rows itself (NIXL ``READ``), rows adjacent at both ends as one span, a batch of block ranges at
+once (every range of a pull up to a bound, not one after another), then ``Ack``s; no ``Go`` is
+used. A serving
 end declines a pull of the other mode: modes never mix (see the README). Where a served group's
 rows lie in GPU memory the answer is a ``READ_OFFER_DEVICE``: the same body followed by each
 group's memory (``-1`` host, else the CUDA device index), since a reader must name the memory it
-reads; a ``READ_OFFER`` is all host memory, as an end that knows no device memory sends it.
+reads; a ``READ_OFFER`` is all host memory.
+
+The ``ReadOffer`` body: the head (transfer, generation, agent name bytes, metadata bytes, groups),
+the agent name, the metadata, each group's row count (u32), each group's run count (u32), then per
+group its runs' addresses (u64 each) followed by their row counts (u32 each), then (device only)
+each group's memory (i16). The decoder refuses a group with more runs than rows, rows without a
+run, a run of no rows or of more rows than the group's, and run lengths not adding up to the
+group's rows; a run reaching past the 64-bit address space is refused when R expands it. An
+answer is cut to the longest common block prefix whose runs fit one frame.
+
+Versions: every frame carries :data:`WIRE_VERSION`; a frame of another version is refused when its
+header arrives (``Hello`` is the first frame each way, so two ends of different versions learn it
+at once: "control frame version 1 is not supported (this end speaks 2)").
 
 Why one file of this size: one codec, so every frame's bounds are read and written in one place
 (and fuzzed as a whole)."""
@@ -65,10 +81,15 @@ __all__ = [
     "clip_reason",
     "decode",
     "encode",
+    "run_breaks",
+    "runs_of",
 ]
 
 MAGIC = b"KVWC"
-WIRE_VERSION = 1
+#: 2: a ReadOffer names runs of adjacent rows (address, rows) instead of each row's address. A
+#: frame of another version is refused when its header arrives (``Hello`` is the first frame, so
+#: an end of another version is told at once: "control frame version 1 is not supported").
+WIRE_VERSION = 2
 #: Bounds: a frame's body never exceeds MAX_MESSAGE_BYTES; a pull names at most MAX_BLOCKS
 #: blocks for at most MAX_GROUPS groups, so a transfer moves at most MAX_ROWS rows.
 MAX_MESSAGE_BYTES = 4 << 20
@@ -102,6 +123,7 @@ _ACK = struct.Struct("<QI")
 _TEXT_HEAD = struct.Struct("<QH")
 _HELLO_HEAD = struct.Struct("<QH")
 _READ_OFFER_HEAD = struct.Struct("<QQBIH")  # transfer, metadata generation, name bytes, metadata bytes, groups
+_RUN_BYTES = 12  # a ReadOffer's run: address (u64), rows (u32)
 
 
 class WireError(ValueError):
@@ -205,8 +227,10 @@ class Offer:
 @dataclass(frozen=True, slots=True, eq=False)
 class ReadOffer:
     """S answers a one-sided pull: ``counts`` leading blocks per group (in the pull's order), and
-    ``addresses[g]``, the address in S's memory of each of those rows (uint64). ``agent`` names
-    S's NIXL agent; ``metadata`` is that agent's metadata at ``generation`` (its registered
+    ``runs[g]``, where those rows lie in S's memory as runs of rows adjacent there: an ``(n, 2)``
+    uint64 array of (address of the run's first row, rows in the run), in row order, the rows
+    summing to ``counts[g]`` (row ``i`` of a run lies at its address plus ``i`` slots). ``agent``
+    names S's NIXL agent; ``metadata`` is that agent's metadata at ``generation`` (its registered
     regions and their remote keys), or empty when this connection was sent that generation
     already. ``memories[g]`` is where group ``g``'s rows lie: ``-1`` host memory, else the index
     of the CUDA device (empty: all host)."""
@@ -216,7 +240,7 @@ class ReadOffer:
     agent: bytes
     generation: int
     metadata: bytes
-    addresses: tuple[np.ndarray, ...]
+    runs: tuple[np.ndarray, ...]
     memories: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
@@ -230,9 +254,8 @@ class ReadOffer:
             raise WireError(f"ReadOffer.agent must be 1..{MAX_AGENT_NAME_BYTES} bytes, got {len(self.agent)}")
         if len(self.metadata) > MAX_AGENT_METADATA_BYTES:
             raise WireError(f"ReadOffer.metadata exceeds {MAX_AGENT_METADATA_BYTES} bytes ({len(self.metadata)})")
-        if len(self.addresses) != len(self.counts):
-            raise WireError(f"a ReadOffer gives addresses for {len(self.addresses)} groups and counts for "
-                            f"{len(self.counts)}")
+        if len(self.runs) != len(self.counts):
+            raise WireError(f"a ReadOffer gives runs for {len(self.runs)} groups and counts for {len(self.counts)}")
         if self.memories and len(self.memories) != len(self.counts):
             raise WireError(f"a ReadOffer gives memories for {len(self.memories)} groups and counts for "
                             f"{len(self.counts)}")
@@ -241,24 +264,66 @@ class ReadOffer:
                             f"got {list(self.memories)}")
         if self.memories and all(m == -1 for m in self.memories):
             object.__setattr__(self, "memories", ())  # all host: one spelling
-        for g, (c, a) in enumerate(zip(self.counts, self.addresses, strict=True)):
-            if not isinstance(a, np.ndarray) or a.dtype != np.uint64 or a.shape != (c,):
-                raise WireError(f"ReadOffer addresses of group {g} must be {c} uint64, got "
-                                f"{getattr(a, 'dtype', type(a).__name__)} {getattr(a, 'shape', '')}")
+        for g, (c, r) in enumerate(zip(self.counts, self.runs, strict=True)):
+            if (not isinstance(r, np.ndarray) or r.dtype != np.uint64 or r.ndim != 2 or r.shape[1] != 2
+                    or not r.shape[0] <= c):
+                raise WireError(f"ReadOffer runs of group {g} must be at most {c} (address, rows) uint64 pairs, got "
+                                f"{getattr(r, 'dtype', type(r).__name__)} {getattr(r, 'shape', '')}")
+            _check_runs(r[:, 1], c, g)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, ReadOffer):
             return NotImplemented
         return (self.transfer, self.counts, self.agent, self.generation, self.metadata, self.memories) == (
             other.transfer, other.counts, other.agent, other.generation, other.metadata, other.memories
-        ) and all(np.array_equal(a, b) for a, b in zip(self.addresses, other.addresses, strict=True))
+        ) and all(np.array_equal(a, b) for a, b in zip(self.runs, other.runs, strict=True))
 
     __hash__ = None  # type: ignore[assignment]
 
+    def row_addresses(self, group: int, slot_bytes: int) -> np.ndarray:
+        """The address of each offered row of group index ``group`` (uint64, ``counts[group]``
+        of them), rows of ``slot_bytes``; raises :class:`WireError` if a run would reach past
+        the 64-bit address space."""
+        runs = self.runs[group]
+        if not len(runs):
+            return np.zeros(0, dtype=np.uint64)
+        starts, rows = runs[:, 0], runs[:, 1]
+        # each run ends below 2**64 - 1: rows * slot <= 2**64 - 1 - start, checked without wrapping
+        if np.any(rows > (np.uint64(2**64 - 1) - starts) // np.uint64(slot_bytes)):
+            raise WireError(f"ReadOffer runs of group {group} reach past the 64-bit address space")
+        first = np.repeat(np.cumsum(rows) - rows, rows.astype(np.int64))
+        within = np.arange(int(rows.sum()), dtype=np.uint64) - first
+        return np.repeat(starts, rows.astype(np.int64)) + within * np.uint64(slot_bytes)
+
     @staticmethod
-    def body_bytes(counts: tuple[int, ...], agent: bytes, metadata: bytes) -> int:
-        """How long the body of a ReadOffer with these counts is."""
-        return _READ_OFFER_HEAD.size + len(agent) + len(metadata) + 6 * len(counts) + 8 * sum(counts)
+    def body_bytes(groups: int, runs: int, agent: bytes, metadata: bytes) -> int:
+        """How long the body of a ReadOffer of ``groups`` groups and ``runs`` runs in all is (at
+        most: a device answer's memories counted)."""
+        return _READ_OFFER_HEAD.size + len(agent) + len(metadata) + 10 * groups + _RUN_BYTES * runs
+
+
+def runs_of(addresses: np.ndarray, slot_bytes: int) -> np.ndarray:
+    """Row addresses (uint64, in row order) as the runs a :class:`ReadOffer` carries: an ``(n,
+    2)`` uint64 array of (address of the run's first row, rows), a run being rows adjacent in
+    memory (each at the one before plus ``slot_bytes``)."""
+    addresses = np.asarray(addresses, dtype=np.uint64)
+    if not len(addresses):
+        return np.zeros((0, 2), dtype=np.uint64)
+    breaks = np.flatnonzero(addresses[1:] != addresses[:-1] + np.uint64(slot_bytes)) + 1
+    starts = np.concatenate(([0], breaks))
+    out = np.empty((len(starts), 2), dtype=np.uint64)
+    out[:, 0] = addresses[starts]
+    out[:, 1] = np.diff(np.concatenate((starts, [len(addresses)])))
+    return out
+
+
+def run_breaks(addresses: np.ndarray, slot_bytes: int) -> np.ndarray:
+    """The rows (after the first) that start a run, ascending: the runs of the first ``m`` rows
+    number ``1 + searchsorted(breaks, m)`` (for ``m > 0``)."""
+    addresses = np.asarray(addresses, dtype=np.uint64)
+    if len(addresses) < 2:
+        return np.zeros(0, dtype=np.int64)
+    return np.flatnonzero(addresses[1:] != addresses[:-1] + np.uint64(slot_bytes)) + 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -344,9 +409,13 @@ def encode(message: Message) -> bytes:
         head = _READ_OFFER_HEAD.pack(message.transfer, message.generation, len(message.agent),
                                      len(message.metadata), len(message.counts))
         memories = struct.pack(f"<{len(message.memories)}h", *message.memories) if message.memories else b""
+        ngroups = len(message.counts)
         body = b"".join((head, message.agent, message.metadata,
-                         struct.pack(f"<{len(message.counts)}I", *message.counts),
-                         *(a.astype("<u8", copy=False).tobytes() for a in message.addresses), memories))
+                         struct.pack(f"<{ngroups}I", *message.counts),
+                         struct.pack(f"<{ngroups}I", *(len(r) for r in message.runs)),
+                         *(part for r in message.runs
+                           for part in (r[:, 0].astype("<u8").tobytes(), r[:, 1].astype("<u4").tobytes())),
+                         memories))
     elif isinstance(message, (Decline, Cancel)):
         kind = MessageType.DECLINE if isinstance(message, Decline) else MessageType.CANCEL
         raw = message.reason.encode()
@@ -446,14 +515,24 @@ def _decode(kind: MessageType, reader: _Reader) -> Message:
         counts = struct.unpack(f"<{ngroups}I", reader.take(4 * ngroups))
         if any(c > MAX_BLOCKS for c in counts):
             raise WireError(f"ReadOffer counts must be 0..{MAX_BLOCKS}, got {list(counts)}")
-        addresses = tuple(np.frombuffer(reader.take(8 * c), dtype="<u8").astype(np.uint64) for c in counts)
+        nruns = struct.unpack(f"<{ngroups}I", reader.take(4 * ngroups))
+        for g, (c, n) in enumerate(zip(counts, nruns, strict=True)):
+            if n > c or (c and not n):
+                raise WireError(f"ReadOffer group {g} gives {n} runs for {c} rows (1..{c} when it has rows)")
+        runs = []
+        for g, (c, n) in enumerate(zip(counts, nruns, strict=True)):
+            pairs = np.empty((n, 2), dtype=np.uint64)
+            pairs[:, 0] = np.frombuffer(reader.take(8 * n), dtype="<u8")
+            pairs[:, 1] = np.frombuffer(reader.take(4 * n), dtype="<u4")
+            _check_runs(pairs[:, 1], c, g)
+            runs.append(pairs)
         memories: tuple[int, ...] = ()
         if kind is MessageType.READ_OFFER_DEVICE:
             memories = struct.unpack(f"<{ngroups}h", reader.take(2 * ngroups))
             if any(not -1 <= m < MAX_DEVICE for m in memories) or all(m == -1 for m in memories):
                 raise WireError(f"READ_OFFER_DEVICE memories must be -1 or 0..{MAX_DEVICE - 1}, one a device, got "
                                 f"{list(memories)}")
-        return ReadOffer(transfer, tuple(counts), agent, generation, metadata, addresses, memories)
+        return ReadOffer(transfer, tuple(counts), agent, generation, metadata, tuple(runs), memories)
 
     if kind in (MessageType.DECLINE, MessageType.CANCEL):
         transfer, size = reader.unpack(_TEXT_HEAD)
@@ -529,6 +608,14 @@ class _Reader:
 def _check_u64(value: int, what: str) -> None:
     if not isinstance(value, int) or not 0 <= value < 1 << 64:
         raise WireError(f"{what} must be an unsigned 64-bit int, got {value!r}")
+
+
+def _check_runs(rows: np.ndarray, count: int, group: int) -> None:
+    """A group's run lengths: each at least one row, summing to its ``count`` rows."""
+    if len(rows) and (int(rows.min()) < 1 or int(rows.max()) > count):
+        raise WireError(f"ReadOffer runs of group {group} must be 1..{count} rows each")
+    if int(rows.sum()) != count:
+        raise WireError(f"ReadOffer runs of group {group} hold {int(rows.sum())} rows, not its {count}")
 
 
 def _check_reason(reason: str, what: str) -> None:

@@ -284,10 +284,11 @@ class PlanReads:
 
 @dataclass(frozen=True, slots=True)
 class StartRead:
-    """Start reading planned range ``index``; report :class:`ReadCompleted` or
-    :class:`ReadFailed`."""
+    """Start reading planned ranges ``[first, last)``, all at once; report :class:`ReadCompleted`
+    once every one of them is read, or :class:`ReadFailed`."""
 
-    index: int
+    first: int
+    last: int
 
 
 @dataclass(frozen=True, slots=True)

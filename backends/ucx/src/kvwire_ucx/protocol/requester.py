@@ -3,7 +3,7 @@
 States (:class:`RequesterState`)::
 
     NEW ──Start──▶ ASKED ──Offered──▶ RECEIVING ──rows all arrived──▶ DONE
-                     │  └──ReadOffered──▶ READING ──last range read──▶ DONE
+                     │  └──ReadOffered──▶ READING ──last ranges read──▶ DONE
                      │                                 (or DRAINING while drained receives complete)
                      └─stopped before the answer─▶ STOPPED_UNANSWERED ──answer / connection lost──▶ DRAINING
     any live state ──stopped or failed──▶ DRAINING (receives or a read still touch memory) ──▶ DONE
@@ -71,13 +71,18 @@ class RequesterState(enum.Enum):
     NEW = "new"                                 #: submitted; the engine has not taken it up
     ASKED = "asked"                             #: the Pull went out; two-sided: receives posted on credit
     RECEIVING = "receiving"                     #: two-sided Offer taken; rows arrive, windows named by Go
-    READING = "reading"                         #: one-sided ReadOffer taken; a range read in flight
+    READING = "reading"                         #: one-sided ReadOffer taken; ranges read in flight
     STOPPED_UNANSWERED = "stopped-unanswered"   #: concluded and Cancel sent before the answer came
     DRAINING = "draining"                       #: concluded; receives or a read still touch memory
     DONE = "done"                               #: concluded and quiesced
 
 
 S = RequesterState
+#: One-sided: how many planned ranges (``window_bytes`` each) are read at once: every range of a
+#: pull up to this many (64 MiB each by default: 4 GiB) goes out in one batch of NIXL reads; the
+#: next batch starts when the last one is read. Reading the ranges one after another took twice
+#: a bare read of the span on an H100 (bench/results/gpu-ucx-2026-12-06.txt).
+READ_RANGES_AT_ONCE = 64
 _LIVE = frozenset({S.NEW, S.ASKED, S.RECEIVING, S.READING})
 
 
@@ -97,6 +102,7 @@ class PullSpec:
     one_sided: bool = False
     credentials: bytes = b""
     peer: str = "the peer"
+    ranges_at_once: int = READ_RANGES_AT_ONCE  #: one-sided: planned ranges read at once
 
 
 class PullRequester:
@@ -116,8 +122,9 @@ class PullRequester:
         self.outstanding = 0    # receives posted and not completed
         self.inflight_bytes = 0
         self.ranges: tuple[tuple[int, int], ...] = ()  # one-sided: block ranges to read
-        self.range_index = 0    # the range being read
-        self.reads = 0          # reads in flight (0 or 1)
+        self.range_index = 0    # the first range of the batch being read
+        self.range_end = 0      # and the end of that batch
+        self.reads = 0          # batches of reads in flight (0 or 1)
         self._sizes = np.asarray(spec.slot_bytes, dtype=np.int64)
         self.history: collections.deque[tuple[str, str, str]] = collections.deque(maxlen=256)
 
@@ -350,9 +357,14 @@ class PullRequester:
         longest = max(event.counts)
         self.ranges = tuple((b, min(b + step, longest)) for b in range(0, longest, step))
         out.append(PlanReads(event.counts, self.ranges))
-        self.range_index, self.reads = 0, 1
-        out.append(StartRead(0))
         self.state = S.READING
+        self._start_batch(out, 0)
+
+    def _start_batch(self, out: list[Action], first: int) -> None:
+        """Read the planned ranges from ``first`` on, as many as are read at once."""
+        self.range_index, self.range_end = first, min(len(self.ranges), first + max(1, self.spec.ranges_at_once))
+        self.reads = 1
+        out.append(StartRead(self.range_index, self.range_end))
 
     def _violating_answer(self, event: Offered | ReadOffered, out: list[Action]) -> None:
         out.append(Violation(f"peer {self.spec.peer} answered transfer {self.spec.transfer} twice"))
@@ -418,7 +430,7 @@ class PullRequester:
 
     def _read_completed(self, event: ReadCompleted, out: list[Action]) -> None:
         assert self.counts is not None
-        start, end = self.ranges[self.range_index]
+        start, end = self.ranges[self.range_index][0], self.ranges[self.range_end - 1][1]
         rows = 0
         for mask, count in zip(self.masks, self.counts, strict=True):
             hi = min(end, count)
@@ -432,10 +444,8 @@ class PullRequester:
         if self.state is S.DRAINING:
             self._settle(out)
             return
-        if self.range_index + 1 < len(self.ranges):
-            self.range_index += 1
-            self.reads = 1
-            out.append(StartRead(self.range_index))
+        if self.range_end < len(self.ranges):
+            self._start_batch(out, self.range_end)
             return
         out.append(Send(wire.Ack(self.spec.transfer, self.received), after_wakes=True))
         out.append(Conclude(Outcome.delivered(self.masks)))

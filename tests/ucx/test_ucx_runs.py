@@ -1,0 +1,233 @@
+"""Rows as runs (issue 33): a one-sided answer names runs of rows adjacent in the serving end's
+memory, and the requester reads them, coalesced again with its own adjacency, in batches of
+ranges. Checked here without NIXL: a fake agent copies the bytes each descriptor names, so any
+row layout at either end (adjacent, reversed, interleaved groups, partial prefixes) can be
+compared byte for byte, through the real codec, planner and batcher."""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvwire.testing.require import backend_module
+
+backend_module("ucxx._lib.libucxx", "ucx", "ucxx-cu12==0.52.0")  # skips, or fails when the run requires ucx
+from kvwire_ucx import wire  # noqa: E402
+from kvwire_ucx.nixl_reads import RangeReads  # noqa: E402
+from kvwire_ucx.protocol import events as ev  # noqa: E402
+from kvwire_ucx.regions import GroupRows  # noqa: E402
+from kvwire_ucx.serving import fit_read_offer, offer_runs  # noqa: E402
+
+HERE_BASE = 1 << 32   # where the requester's buffer lies in the fake address space
+THERE_BASE = 1 << 40  # and the serving end's
+
+
+class FakeNixl:
+    """Copies the bytes each read names from ``there`` into ``here`` (both at fake addresses);
+    counts the transfers and descriptors; a read finishes at once, or on its first poll."""
+
+    def __init__(self, here: np.ndarray, there: np.ndarray, *, at_once: bool = True) -> None:
+        self.here, self.there = here, there
+        self.at_once = at_once
+        self.transfers: list[tuple[np.ndarray, np.ndarray]] = []
+        self.held: set[int] = set()
+
+    def read(self, local: np.ndarray, remote: np.ndarray, peer: bytes, memories: tuple[int, int] = (-1, -1)
+             ) -> tuple[Any, bool]:
+        assert local.shape == remote.shape and local.shape[1] == 3
+        assert (local[:, 1] == remote[:, 1]).all()
+        for (to, n, _), (frm, _, _) in zip(local.tolist(), remote.tolist(), strict=True):
+            src = frm - THERE_BASE
+            dst = to - HERE_BASE
+            assert 0 <= src and src + n <= len(self.there) and 0 <= dst and dst + n <= len(self.here)
+            self.here[dst:dst + n] = self.there[src:src + n]
+        self.transfers.append((local.copy(), remote.copy()))
+        handle = len(self.transfers)
+        if not self.at_once:
+            self.held.add(handle)
+        return handle, self.at_once
+
+    def done(self, handle: Any) -> bool:
+        return True
+
+    def release(self, handle: Any) -> bool:
+        self.held.discard(handle)
+        return True
+
+
+def group_rows(group_id: int, slot: int, cells: list[int], base: int, buffer: np.ndarray) -> GroupRows:
+    offsets = np.asarray(cells, dtype=np.uint64) * np.uint64(slot)
+    offsets.flags.writeable = False
+    return GroupRows(group_id, slot, buffer, offsets, base)
+
+
+@st.composite
+def layouts(draw: st.DrawFn) -> tuple[int, int, list[list[int]], list[list[int]], tuple[int, ...]]:
+    """``(slot, blocks, cells there, cells here, counts)``: each end's rows are cells of one
+    buffer (so groups may interleave), laid out sorted, interleaved, reversed, in runs or at
+    random; the serving end offers a prefix per group."""
+    groups = draw(st.integers(1, 3))
+    blocks = draw(st.integers(1, 12))
+    slot = draw(st.sampled_from([1, 3, 8, 64]))
+
+    def end() -> list[list[int]]:
+        n = groups * blocks
+        kind = draw(st.sampled_from(["sorted", "interleaved", "reversed", "runs", "random"]))
+        if kind == "sorted":
+            cells = list(range(n))
+        elif kind == "interleaved":
+            cells = [i * groups + g for g in range(groups) for i in range(blocks)]
+        elif kind == "reversed":
+            cells = list(range(n))[::-1]
+        elif kind == "runs":  # runs of random length placed in random order, gaps between
+            cuts = sorted(set(draw(st.lists(st.integers(1, max(1, n - 1)), max_size=4))))
+            pieces = [list(range(a, b)) for a, b in zip([0, *cuts], [*cuts, n], strict=True) if a < b]
+            order = draw(st.permutations(range(len(pieces))))
+            start, cursor = {}, 0
+            for p in order:  # the pieces of rows in memory in another order, with gaps
+                start[p] = cursor
+                cursor += len(pieces[p]) + draw(st.integers(0, 1))
+            cells = [start[p] + j for p, piece in enumerate(pieces) for j in range(len(piece))]
+        else:
+            cells = list(draw(st.permutations(range(2 * n))))[:n]
+        return [cells[g * blocks:(g + 1) * blocks] for g in range(groups)]
+
+    counts = tuple(draw(st.lists(st.integers(0, blocks), min_size=groups, max_size=groups)))
+    return slot, blocks, end(), end(), counts
+
+
+def read_through_the_wire(slot: int, blocks: int, there_cells: list[list[int]], here_cells: list[list[int]],
+                          counts: tuple[int, ...], step: int, at_once: int, immediate: bool = True
+                          ) -> tuple[np.ndarray, np.ndarray, FakeNixl, wire.ReadOffer]:
+    """The serving end's answer encoded and decoded, then read as the requester reads it."""
+    groups = len(counts)
+    cells = 4 * groups * blocks + 2
+    there = np.frombuffer(np.random.default_rng(7).bytes(cells * slot), dtype=np.uint8).copy()
+    here = np.zeros(cells * slot, dtype=np.uint8)
+    serving = tuple(group_rows(g, slot, there_cells[g], THERE_BASE, there) for g in range(groups))
+    requesting = tuple(group_rows(g, slot, here_cells[g], HERE_BASE, here) for g in range(groups))
+    offer = wire.ReadOffer(5, counts, b"agent", 1, b"", offer_runs(serving, counts))
+    decoded = wire.decode(wire.encode(offer))
+    assert isinstance(decoded, wire.ReadOffer) and decoded == offer
+    nixl = FakeNixl(here, there, at_once=immediate)
+    reads = RangeReads(nixl, requesting, "P")  # type: ignore[arg-type]
+    reads.peer_agent = b"agent"
+    reads.remote = tuple(decoded.row_addresses(g, slot) for g in range(groups))
+    longest = max(counts)
+    ranges = tuple((b, min(b + step, longest)) for b in range(0, longest, step))
+    reads.plan(counts, ranges)
+    for first in range(0, len(ranges), at_once):
+        result = reads.start(first, min(len(ranges), first + at_once))
+        if not immediate:
+            assert result is None and reads.running
+            result = reads.poll()
+        assert isinstance(result, ev.ReadCompleted) and not reads.running
+    return here, there, nixl, decoded
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(layouts(), st.integers(1, 5), st.integers(1, 4), st.booleans())
+def test_any_layout_at_either_end_lands_every_offered_row_and_nothing_else(layout, step, at_once, immediate) -> None:
+    slot, blocks, there_cells, here_cells, counts = layout
+    if not any(counts):
+        return
+    here, there, nixl, offer = read_through_the_wire(slot, blocks, there_cells, here_cells, counts, step, at_once,
+                                                     immediate)
+    expected = np.zeros_like(here)
+    for g, count in enumerate(counts):
+        for i in range(count):
+            src, dst = there_cells[g][i] * slot, here_cells[g][i] * slot
+            expected[dst:dst + slot] = there[src:src + slot]
+    assert np.array_equal(here, expected)
+    # the answer names no more runs than rows, and one per run of rows adjacent there
+    for g, count in enumerate(counts):
+        breaks = sum(1 for i in range(1, count) if there_cells[g][i] != there_cells[g][i - 1] + 1)
+        assert len(offer.runs[g]) == (breaks + 1 if count else 0)
+    # and the reads name no more spans than rows adjacent at neither end... at most one per row
+    assert sum(len(local) for local, _ in nixl.transfers) <= sum(counts)
+
+
+def test_an_answer_of_rows_adjacent_there_is_one_run_and_is_read_as_one_span() -> None:
+    """The bench's layout (block i in slot i at both ends): 1000 rows are one run on the wire
+    (12 bytes, not 8000) and one descriptor of one NIXL transfer, though planned as 10 ranges."""
+    blocks = 1000
+    cells = [list(range(blocks))]
+    here, there, nixl, offer = read_through_the_wire(16, blocks, cells, cells, (blocks,), step=100, at_once=64)
+    assert offer.runs[0].tolist() == [[THERE_BASE, blocks]]
+    frame = wire.encode(offer)
+    assert len(frame) - wire.HEADER_BYTES == wire.ReadOffer.body_bytes(1, 1, b"agent", b"") - 2  # host: no memories
+    assert len(nixl.transfers) == 1 and nixl.transfers[0][0].tolist() == [[HERE_BASE, 16 * blocks, 0]]
+    assert np.array_equal(here[:16 * blocks], there[:16 * blocks])
+
+
+def test_rows_adjacent_at_one_end_only_are_read_row_by_row() -> None:
+    """Adjacent there, reversed here: one run on the wire, but no two rows can share a span."""
+    here, there, nixl, offer = read_through_the_wire(8, 6, [[0, 1, 2, 3, 4, 5]], [[5, 4, 3, 2, 1, 0]], (6,), 6, 1)
+    assert len(offer.runs[0]) == 1 and len(nixl.transfers) == 1 and len(nixl.transfers[0][0]) == 6
+    for i in range(6):
+        assert np.array_equal(here[(5 - i) * 8:(6 - i) * 8], there[i * 8:(i + 1) * 8])
+
+
+def test_the_fit_counts_runs_not_rows() -> None:
+    """An answer is cut to what one frame holds: by its runs, so a long pull of adjacent rows is
+    never cut, and one of scattered rows is cut where its runs stop fitting."""
+    blocks = wire.MAX_BLOCKS
+    adjacent = (group_rows(0, 64, list(range(blocks)), THERE_BASE, np.zeros(0, np.uint8)),) * 4
+    assert fit_read_offer((blocks,) * 4, adjacent, b"agent", b"") == (blocks,) * 4
+    scattered = tuple(group_rows(g, 64, list(range(0, 2 * blocks, 2)), THERE_BASE, np.zeros(0, np.uint8))
+                      for g in range(wire.MAX_GROUPS))
+    cut = fit_read_offer((blocks,) * wire.MAX_GROUPS, scattered, b"agent", b"")
+    runs = sum(cut)
+    assert wire.ReadOffer.body_bytes(wire.MAX_GROUPS, runs, b"agent", b"") <= wire.MAX_MESSAGE_BYTES
+    assert wire.ReadOffer.body_bytes(wire.MAX_GROUPS, runs + wire.MAX_GROUPS, b"agent", b"") > wire.MAX_MESSAGE_BYTES
+    assert len(set(cut)) == 1 and 0 < cut[0] < blocks
+
+
+# ---------------------------------------------------------------- the decoder's bounds on runs
+
+def _body(counts: tuple[int, ...], nruns: tuple[int, ...], runs: list[tuple[list[int], list[int]]]) -> bytes:
+    head = struct.pack("<QQBIH", 5, 1, 5, 0, len(counts)) + b"agent"
+    body = head + struct.pack(f"<{len(counts)}I", *counts) + struct.pack(f"<{len(nruns)}I", *nruns)
+    for addresses, rows in runs:
+        body += struct.pack(f"<{len(addresses)}Q", *addresses) + struct.pack(f"<{len(rows)}I", *rows)
+    return body
+
+
+def test_run_lists_that_do_not_add_up_are_refused_with_their_bounds() -> None:
+    decode = lambda body: wire.decode_body(wire.MessageType.READ_OFFER, body)  # noqa: E731
+    good = decode(_body((3,), (2,), [([0, 64], [2, 1])]))
+    assert isinstance(good, wire.ReadOffer) and good.runs[0].tolist() == [[0, 2], [64, 1]]
+    for counts, nruns, runs, match in (
+        ((3,), (4,), [([0, 1, 2, 3], [1, 1, 1, 0])], "4 runs for 3 rows"),       # more runs than rows
+        ((3,), (0,), [([], [])], "0 runs for 3 rows"),                           # rows without a run
+        ((0,), (1,), [([0], [1])], "1 runs for 0 rows"),                         # a run without rows
+        ((3,), (2,), [([0, 64], [2, 2])], "hold 4 rows, not its 3"),             # rows do not add up
+        ((3,), (2,), [([0, 64], [3, 0])], "1..3 rows each"),                     # an empty run
+        ((3,), (1,), [([0], [2**32 - 1])], "1..3 rows each"),                    # a huge run
+        ((2, 1), (1, 1), [([0], [2]), ([0], [2])], "group 1"),                   # the second group's
+    ):
+        with pytest.raises(wire.WireError, match=match):
+            decode(_body(counts, nruns, runs))
+    with pytest.raises(wire.WireError, match="ends early"):  # announces 2**31 runs: refused before it reads them
+        decode(_body((wire.MAX_BLOCKS,), (wire.MAX_BLOCKS,), [([0], [wire.MAX_BLOCKS])]))
+    with pytest.raises(wire.WireError, match="4294967295 runs for 3 rows"):
+        decode(_body((3,), (2**32 - 1,), []))
+
+
+def test_runs_past_the_address_space_are_refused_when_read() -> None:
+    offer = wire.ReadOffer(5, (3,), b"agent", 1, b"", (np.array([[2**64 - 128, 3]], dtype=np.uint64),))
+    assert offer.row_addresses(0, 32).tolist() == [2**64 - 128, 2**64 - 96, 2**64 - 64]
+    with pytest.raises(wire.WireError, match="64-bit address space"):
+        offer.row_addresses(0, 64)
+
+
+def test_a_frame_of_the_first_wire_version_is_refused_by_name() -> None:
+    """Wire version 2 changed the ReadOffer; an end of version 1 is told at its first frame."""
+    old = struct.pack("<4sBBHI", b"KVWC", 1, wire.MessageType.HELLO, 0, 0)
+    with pytest.raises(wire.WireError, match=r"version 1 is not supported \(this end speaks 2\)"):
+        wire.FrameReader().feed(old)
