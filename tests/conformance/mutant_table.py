@@ -40,6 +40,8 @@ MUTANTS: list[tuple[str, str, str, str]] = [
     ("mutants/memory.py", "close_after_shutdown_raises", "M3.11", "M3 and after_shutdown"),
     ("mutants/memory.py", "unrecognized_rows_rejected", "M4.4", "M4 and refuse_the_whole_submission"),
     ("mutants/memory.py", "rows_moved_in_whole_words", "M2.4", "M2 and exactly_one_slot"),
+    ("mutants/memory.py", "device_zero_is_host_memory", "M1.2", "M1 and another_memory_kind_over_registered"),
+    ("mutants/memory.py", "registrations_shared_by_instances", "M4.6", "M4 and only_with_another_instance"),
     # view
     ("mutants/view.py", "reverses_groups", "V1.7", "V1"),
     ("mutants/view.py", "changes_the_view", "V2.2", "V2"),
@@ -251,6 +253,7 @@ MUTANTS: list[tuple[str, str, str, str]] = [
     ("mutants/lifecycle.py", "instance_declares_an_older_version", "B4.3", "B4 and match_the_declaration"),
     ("mutants/lifecycle.py", "publish_taken_though_undeclared", "B4.4", "B4 and undeclared_directions"),
     ("mutants/lifecycle.py", "lookup_answered_though_undeclared", "B4.7", "B4 and undeclared_lookup"),
+    ("mutants/lifecycle.py", "lookup_on_a_client_object", "B4.6", "L1 and thousands_of_names"),
     # pulls
     ("mutants/pulls.py", "partial_prefix_fails", "N2.4", "N2"),
     ("mutants/pulls.py", "serves_without_wake", "N2.5", "N2"),

@@ -622,3 +622,35 @@ instance_declares_an_older_version = StoreMutantHarness("instance-declares-an-ol
 publish_taken_though_undeclared = _FetchOnlyHarness("publish-taken-though-undeclared", PublishTakenThoughUndeclared)
 lookup_answered_though_undeclared = _WithoutLookupHarness("lookup-answered-though-undeclared",
                                                           LookupAnsweredThoughUndeclared)
+
+
+class LookupOnAClientObject(Backend):
+    """B4: a store that declares the ``lookup`` protocol (its plugin too) but answers lookups
+    through a separate client object: the backend itself implements no ``Lookup``. Everything
+    else is the reference store's."""
+
+    def __init__(self, store: Any, **options: Any) -> None:
+        self.inner = ReferenceStoreBackend(store, **options)
+        self.client = self.inner  # where lookup() lives
+
+    def capabilities(self) -> Capabilities:
+        return self.inner.capabilities()
+
+    def register_regions(self, regions: Sequence[SlotRegion]) -> Registration:
+        return self.inner.register_regions(regions)
+
+    def fetch(self, view: View, hint: Hint, wake: WakeFn) -> Attempt:
+        return self.inner.fetch(view, hint, wake)
+
+    def publish(self, view: View, hint: Hint, wake: WakeFn) -> Attempt:
+        return self.inner.publish(view, hint, wake)
+
+    def shutdown(self) -> frozenset[Attempt]:
+        return frozenset(self.inner.shutdown())
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+lookup_on_a_client_object = StoreMutantHarness("lookup-on-a-client-object",
+                                               LookupOnAClientObject)  # type: ignore[arg-type]

@@ -720,3 +720,71 @@ registers_after_shutdown = StoreMutantHarness("registers-after-shutdown", Regist
 close_after_shutdown_raises = StoreMutantHarness("close-after-shutdown-raises", CloseAfterShutdownRaises)
 unrecognized_rows_rejected = StoreMutantHarness("unrecognized-rows-rejected", UnrecognizedRowsRejected)
 rows_moved_in_whole_words = StoreMutantHarness("rows-moved-in-whole-words", RowsMovedInWholeWords)
+
+
+def _both_kinds(caps: Any) -> Any:
+    import dataclasses
+
+    return dataclasses.replace(caps, memory_kinds=frozenset({MemoryKind.HOST, MemoryKind.DEVICE}))
+
+
+class _BothKindsHarness(StoreMutantHarness):
+    """Declares HOST and DEVICE memory, for the plugin and every instance."""
+
+    def capabilities(self) -> Any:
+        return _both_kinds(super().capabilities())
+
+
+class DeviceZeroIsHostMemory(ReferenceStoreBackend):
+    """M1: declares HOST and DEVICE memory and takes device 0 to share the host's address space
+    (unified addressing): a view naming DEVICE memory of device 0 over registered HOST memory is
+    recognized and moved as that host memory."""
+
+    def __init__(self, store: Any, **options: Any) -> None:
+        super().__init__(store, **options)
+        self._capabilities = _both_kinds(self._capabilities)
+        self._table = RegionTable(self._capabilities.memory_kinds)
+
+    def _check(self, op: str, view: View, hint: Hint, wake: WakeFn) -> Any:
+        if isinstance(view, View):
+            groups = []
+            for g in view.groups:
+                r = g.region
+                if r.memory_kind is MemoryKind.DEVICE and r.device == 0:
+                    r = SlotRegion(r.region_id, r.base, r.slot_bytes, r.slot_count, MemoryKind.HOST, None)
+                groups.append(LayerGroupRows(g.group_id, g.kind, r, g.slots, g.tokens, g.names))
+            view = View(tuple(groups))
+        return super()._check(op, view, hint, wake)
+
+
+class RegistrationsSharedByInstances(ReferenceStoreBackend):
+    """M4: a batch registered with one instance is registered with every live instance of the
+    backend too (one process-wide registry of pinned memory, as a NIC's memory handles are), so
+    an instance recognizes rows registered only with another."""
+
+    instances: list[RegistrationsSharedByInstances] = []
+
+    def __init__(self, store: Any, **options: Any) -> None:
+        super().__init__(store, **options)
+        RegistrationsSharedByInstances.instances.append(self)
+
+    def register_regions(self, regions: Sequence[SlotRegion]) -> TableRegistration:
+        registration = super().register_regions(regions)
+        for other in RegistrationsSharedByInstances.instances:
+            if other is not self and not other._runner.closed:
+                try:
+                    other._table.register(regions)
+                except (InvalidSubmission, SubmissionRejected):
+                    pass  # already there, or that instance is shutting down
+        return registration
+
+    def shutdown(self) -> frozenset[Any]:
+        pending = super().shutdown()
+        if not pending and self in RegistrationsSharedByInstances.instances:
+            RegistrationsSharedByInstances.instances.remove(self)
+        return pending
+
+
+device_zero_is_host_memory = _BothKindsHarness("device-zero-is-host-memory", DeviceZeroIsHostMemory)
+registrations_shared_by_instances = StoreMutantHarness("registrations-shared-by-instances",
+                                                       RegistrationsSharedByInstances)

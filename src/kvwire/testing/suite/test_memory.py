@@ -765,12 +765,14 @@ def test_M1_a_view_naming_another_memory_kind_over_registered_memory_is_refused(
             ex.offer(bench)
         for what, kind, device in _other_labels(region.memory_kind, region.device):
             declared = "declared" if kind in caps.memory_kinds else "not declared"
+            # A declared kind is refused because recognition is judged within one kind and device (M1.2).
+            clause = "M1.2/M4.1" if kind in caps.memory_kinds else "M1.4/M4.1"
             if ex.store:
                 refused(functools.partial(ex.publish, _relabelled(bench.source_view(), kind, device)),
-                        f"M1.4/M4.1: a publish whose view names {what} ({declared}) over registered "
+                        f"{clause}: a publish whose view names {what} ({declared}) over registered "
                         f"{region.memory_kind.value} memory")
             refused(functools.partial(ex.fetch, _relabelled(bench.sink_view(), kind, device)),
-                    f"M1.4/M4.1: a fetch whose view names {what} ({declared}) over registered "
+                    f"{clause}: a fetch whose view names {what} ({declared}) over registered "
                     f"{region.memory_kind.value} memory")
         bench.verify("S3.5: after submissions refused for the memory kind their view names")
         if ex.serves_pulls:
