@@ -42,6 +42,7 @@ MUTANTS: list[tuple[str, str, str, str]] = [
     ("mutants/memory.py", "rows_moved_in_whole_words", "M2.4", "M2 and exactly_one_slot"),
     ("mutants/memory.py", "device_zero_is_host_memory", "M1.2", "M1 and another_memory_kind_over_registered"),
     ("mutants/memory.py", "registrations_shared_by_instances", "M4.6", "M4 and only_with_another_instance"),
+    ("mutants/memory.py", "skips_groups_in_no_region", "M4.7", "M4 and refuse_the_whole_submission"),
     # view
     ("mutants/view.py", "reverses_groups", "V1.7", "V1"),
     ("mutants/view.py", "changes_the_view", "V2.2", "V2"),

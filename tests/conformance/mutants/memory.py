@@ -10,6 +10,7 @@ Point the suite at one with ``--kvwire-harness tests/conformance/mutants/memory.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -40,6 +41,7 @@ from kvwire.contract import (
     WakeFn,
 )
 from kvwire.contract.backend import Registration
+from kvwire.contract.regions import Located
 from kvwire.testing.reference.store import ReferenceStoreBackend
 
 
@@ -723,8 +725,6 @@ rows_moved_in_whole_words = StoreMutantHarness("rows-moved-in-whole-words", Rows
 
 
 def _both_kinds(caps: Any) -> Any:
-    import dataclasses
-
     return dataclasses.replace(caps, memory_kinds=frozenset({MemoryKind.HOST, MemoryKind.DEVICE}))
 
 
@@ -788,3 +788,31 @@ class RegistrationsSharedByInstances(ReferenceStoreBackend):
 device_zero_is_host_memory = _BothKindsHarness("device-zero-is-host-memory", DeviceZeroIsHostMemory)
 registrations_shared_by_instances = StoreMutantHarness("registrations-shared-by-instances",
                                                        RegistrationsSharedByInstances)
+
+
+class SkipsGroupsInNoRegion(ReferenceStoreBackend):
+    """M4: a group whose rows lie in no registered region is left out of the submission (its
+    rows false bits, never moved), and the other groups move, instead of the view being
+    refused."""
+
+    def _check(self, op: str, view: View, hint: Hint, wake: WakeFn) -> Any:
+        if not isinstance(view, View):
+            return super()._check(op, view, hint, wake)
+        kept: list[int] = []
+        for gi, group in enumerate(view.groups):
+            try:
+                self._table.locate_view(View((group,)))
+            except InvalidSubmission:
+                continue
+            kept.append(gi)
+        if len(kept) == len(view.groups):
+            return super()._check(op, view, hint, wake)
+        work = super()._check(op, View(tuple(view.groups[gi] for gi in kept)), hint, wake)
+        located = [Located(None, np.zeros(0, dtype=np.int64)) for _ in view.groups]
+        for k, gi in enumerate(kept):
+            located[gi] = work.located[k]
+        calls = tuple(dataclasses.replace(call, groups=tuple(kept[k] for k in call.groups)) for call in work.calls)
+        return dataclasses.replace(work, located=tuple(located), calls=calls)
+
+
+skips_groups_in_no_region = StoreMutantHarness("skips-groups-in-no-region", SkipsGroupsInNoRegion)

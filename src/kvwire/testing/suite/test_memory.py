@@ -608,10 +608,12 @@ def test_M4_unrecognized_rows_refuse_the_whole_submission(kvwire_harness: Harnes
             with bench:
                 if caps.publish:
                     refused(lambda: ex.publish(bench.source_view()),
-                             f"M4: a publish with rows in unregistered region of group {plan.groups[unknown].group_id}")
+                             f"M4.4/M4.7: a publish with rows in unregistered region of group {plan.groups[unknown].group_id} "
+                             "(refused whole, never moved without those rows)")
                 if caps.fetch:
                     refused(lambda: ex.fetch(bench.sink_view()),
-                             f"M4: a fetch with rows in unregistered region of group {plan.groups[unknown].group_id}")
+                             f"M4.4/M4.7: a fetch with rows in unregistered region of group {plan.groups[unknown].group_id} "
+                             "(refused whole, never moved without those rows)")
                 bench.verify("after refused submissions")
                 if known and caps.fetch and caps.publish and ex.store:
                     # Nothing escaped: the store was told nothing of the refused publish.
