@@ -336,6 +336,21 @@ def test_a_receive_that_cannot_be_posted_fails_the_pull() -> None:
     assert later.state is R.DRAINING and later.outcomes()[0].cause is Cause.FAULT
 
 
+def test_a_message_that_cannot_be_posted_uncounts_exactly_its_unposted_rows() -> None:
+    """A window goes as messages (runs of one group's rows), so a message of group 0 posted
+    before the failed one may reach past the failed message's first row: the rows left out are
+    the ones the mover names (``unposted``), not those from ``reached`` on."""
+    d = started(blocks=8, window_rows=4)  # credit: numbers 0-3 (blocks 0-1 of 2 groups)
+    d(ev.Offered((8, 8)))
+    actions = d(rows([(0, 0), (1, 0), (0, 1), (1, 1)]))
+    assert of(actions, ev.PostReceives) == [ev.PostReceives(4, 8, (8, 8))] and d.m.outstanding == 4
+    # the window's messages: group 0's rows 2-3 (numbers 4, 6), then group 1's (5, 7), which failed
+    d(ev.PostFailed("no memory", reached=5, unposted=np.array([1, 1])))
+    assert d.m.outstanding == 2 and d.state is R.DRAINING and d.m.inflight_bytes == 2 * SLOT
+    d(rows([(0, 2), (0, 3)]))
+    assert d.state is R.DONE
+
+
 def test_answers_that_do_not_fit_the_pull_are_violations() -> None:
     d = started()
     assert of(d(ev.Offered((5, 4))), ev.Violation) and d.state is R.ASKED  # more rows than asked

@@ -133,6 +133,41 @@ def test_full_prefix_arrives_byte_for_byte(pair) -> None:
     assert p.tree.wait_unpinned(5)
 
 
+#: (slots at the serving end, slots lent by the requester) of one pull of 8 blocks (issue 33).
+LAYOUTS = (
+    (list(range(0, 8)), list(range(8, 16))),                         # adjacent at both ends
+    (list(range(8, 16)), list(range(7, -1, -1))),                    # adjacent there, reversed here
+    ([20, 19, 18, 17, 3, 4, 5, 30], list(range(0, 8))),              # reversed, then a run, there; adjacent here
+    ([9, 10, 11, 25, 26, 12, 13, 2], [16, 17, 3, 4, 5, 20, 21, 22]),  # runs that differ at the two ends
+)
+
+
+@pytest.mark.parametrize("window_blocks", [2, 3, 100])
+def test_rows_in_any_layout_at_either_end_land_byte_for_byte(make_backend, holders, window_blocks) -> None:
+    """One tag message per run of rows adjacent at both ends, cut at each window (the credit:
+    one per row): every row lands where it was lent, whatever the two layouts."""
+    a = make_backend()
+    there, tree = Pool(GROUPS, 32, SLOT), ReuseTree()
+    a.register_regions(there.regions)
+    holders.append(ServingHolder(a, there, tree))
+    b = make_backend(window_bytes=window_blocks * len(GROUPS) * SLOT)
+    here = Pool(GROUPS, 32, SLOT, first_region_id=10)
+    b.register_regions(here.regions)
+    req = Requester(b, here)
+    for k, (served, lent) in enumerate(LAYOUTS):
+        names = block_names(8, prompt=f"layout {k}")
+        for name, slot in zip(names, served, strict=True):
+            for g, gid in enumerate(there.group_ids):
+                there.arrays[g][slot] = row_pattern(name, gid, SLOT)
+            tree.insert(name, slot)
+        attempt, slots = req.fetch(a.address(), names, slots=lent)
+        outcome = req.wait(attempt, slots, 20)
+        assert outcome.is_delivered and all(m.all() for m in outcome.masks), (k, outcome)
+        check_rows(here, slots, names)
+    assert b.stats().rows_received == 2 * 8 * len(LAYOUTS) == a.stats().rows_sent
+    assert tree.wait_unpinned(5)
+
+
 def test_each_ends_timeline_separates_the_round_trip_from_the_rows(pair) -> None:
     """Both attempts say when they reached each step: the requester asked, heard the answer,
     concluded, quiesced; the serving end answered, then concluded and quiesced (in either order,

@@ -1,11 +1,14 @@
-"""Rows as runs (issue 33): a one-sided answer names runs of rows adjacent in the serving end's
-memory, and the requester reads them, coalesced again with its own adjacency, in batches of
-ranges. Checked here without NIXL: a fake agent copies the bytes each descriptor names, so any
-row layout at either end (adjacent, reversed, interleaved groups, partial prefixes) can be
-compared byte for byte, through the real codec, planner and batcher."""
+"""Rows as runs (issue 33). One-sided: the answer names runs of rows adjacent in the serving
+end's memory, and the requester reads them, coalesced again with its own adjacency, in batches
+of ranges. Two-sided: one tag message per run of rows adjacent at both ends (the Pull names the
+requester's breaks, the Offer the serving end's). Checked here without NIXL or a peer: a fake
+agent copies the bytes each descriptor names, a fake fabric matches tags and copies messages, so
+any row layout at either end (adjacent, reversed, interleaved groups, partial prefixes) is
+compared byte for byte, through the real codec, planner, batcher and row movers."""
 
 from __future__ import annotations
 
+import ctypes
 import struct
 from typing import Any
 
@@ -22,6 +25,7 @@ from kvwire_ucx.nixl_reads import RangeReads  # noqa: E402
 from kvwire_ucx.protocol import events as ev  # noqa: E402
 from kvwire_ucx.regions import GroupRows  # noqa: E402
 from kvwire_ucx.serving import fit_read_offer, offer_runs  # noqa: E402
+from kvwire_ucx.tag_rows import PostError, TagReceives, TagSends, own_breaks  # noqa: E402
 
 HERE_BASE = 1 << 32   # where the requester's buffer lies in the fake address space
 THERE_BASE = 1 << 40  # and the serving end's
@@ -226,8 +230,194 @@ def test_runs_past_the_address_space_are_refused_when_read() -> None:
         offer.row_addresses(0, 64)
 
 
-def test_a_frame_of_the_first_wire_version_is_refused_by_name() -> None:
-    """Wire version 2 changed the ReadOffer; an end of version 1 is told at its first frame."""
-    old = struct.pack("<4sBBHI", b"KVWC", 1, wire.MessageType.HELLO, 0, 0)
-    with pytest.raises(wire.WireError, match=r"version 1 is not supported \(this end speaks 2\)"):
-        wire.FrameReader().feed(old)
+def test_a_frame_of_an_earlier_wire_version_is_refused_by_name() -> None:
+    """Wire version 2 changed the ReadOffer, 3 the Pull and the Offer; an end of an earlier
+    version is told at its first frame."""
+    for version in range(1, wire.WIRE_VERSION):
+        old = struct.pack("<4sBBHI", b"KVWC", version, wire.MessageType.HELLO, 0, 0)
+        with pytest.raises(wire.WireError, match=rf"version {version} is not supported \(this end speaks 3\)"):
+            wire.FrameReader().feed(old)
+
+
+# ================================================================ two-sided: one message per run
+
+class FakeRequest:
+    def __init__(self) -> None:
+        self.completed = False
+        self.error: Exception | None = None
+
+    def check_error(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+
+class FakeFabric:
+    """Tag matching between one worker (receives) and one endpoint (sends): a send and a
+    receive of one tag match, whichever comes first; their sizes must be equal (each end cut
+    the same message), and the bytes are copied."""
+
+    def __init__(self) -> None:
+        self.receives: dict[int, list[tuple[Any, FakeRequest]]] = {}
+        self.sends: dict[int, list[tuple[Any, FakeRequest]]] = {}
+        self.messages: list[tuple[int, int]] = []  # (tag, bytes) of every matched message
+
+    def _match(self, tag: int) -> None:
+        while self.receives.get(tag) and self.sends.get(tag):
+            (into, received), (out, sent) = self.receives[tag].pop(0), self.sends[tag].pop(0)
+            assert into.nbytes == out.nbytes, f"tag {tag:#x}: a message of {out.nbytes} bytes into {into.nbytes}"
+            ctypes.memmove(into.ptr, out.ptr, out.nbytes)
+            received.completed = sent.completed = True
+            self.messages.append((tag, out.nbytes))
+
+    def tag_recv(self, buffer: Any, tag: Any) -> FakeRequest:
+        request = FakeRequest()
+        self.receives.setdefault(tag.value, []).append((buffer, request))
+        self._match(tag.value)
+        return request
+
+    def tag_send(self, buffer: Any, tag: Any) -> FakeRequest:
+        request = FakeRequest()
+        self.sends.setdefault(tag.value, []).append((buffer, request))
+        self._match(tag.value)
+        return request
+
+    def drain(self, tags: list[int]) -> None:
+        """The requester's zero-byte messages to itself: each completes one receive of its tag."""
+        for tag in tags:
+            _buffer, request = self.receives[tag].pop(0)
+            request.completed = True
+
+    def unmatched(self) -> tuple[list[int], list[int]]:
+        return ([t for t, q in self.receives.items() for _ in q], [t for t, q in self.sends.items() for _ in q])
+
+
+def _windows(counts: tuple[int, ...], credit: int, window: int) -> list[tuple[int, int]]:
+    """The Go windows after the credit (block-major, ``window`` numbers each) up to the last
+    offered row."""
+    limit = ev.offered_limit(counts)
+    return [(s, min(s + window, limit)) for s in range(credit, limit, window)]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(layouts(), st.integers(0, 40), st.integers(1, 12))
+def test_two_sided_messages_agree_at_both_ends_for_any_layout(layout, credit, window) -> None:
+    """The credit (one receive per row, posted before the answer), then windows cut into
+    messages by both ends' breaks: every send meets a receive of its size, every offered row
+    lands byte for byte, and only the credit's receives of rows not offered stay unmatched (the
+    requester drains those)."""
+    slot, blocks, there_cells, here_cells, counts = layout
+    groups = len(counts)
+    credit = min(credit, groups * blocks)
+    cells = 4 * groups * blocks + 2
+    there = np.frombuffer(np.random.default_rng(3).bytes(cells * slot), dtype=np.uint8).copy()
+    here = np.zeros(cells * slot, dtype=np.uint8)
+    serving = tuple(group_rows(g, slot, there_cells[g], 0, there) for g in range(groups))
+    requesting = tuple(group_rows(g, slot, here_cells[g], 0, here) for g in range(groups))
+    fabric = FakeFabric()
+
+    pull = wire.decode(wire.encode(wire.Pull(1, 9, 100, tuple((g, slot) for g in range(groups)), 1, bytes(blocks),
+                                             credit=credit, breaks=own_breaks(requesting))))
+    assert isinstance(pull, wire.Pull)
+    receives = TagReceives(requesting, 9, pull.breaks)
+    receives.post(fabric, 0, credit, None)                       # before the Pull: one per row
+    sends = TagSends(serving, 9, pull.credit, pull.breaks)
+    offer = wire.decode(wire.encode(wire.Offer(1, counts, sends.offer_breaks(counts))))
+    assert isinstance(offer, wire.Offer)
+    sends.post(fabric, 0, credit, counts, ev.offered_limit(counts))  # the credit, right after the Offer
+    receives.learn(offer.breaks)
+    for start, end in _windows(counts, credit, window):
+        receives.post(fabric, start, end, counts)                # then a Go names the window
+        sends.post(fabric, start, end, counts, ev.offered_limit(counts))
+
+    stuck_receives, stuck_sends = fabric.unmatched()
+    assert not stuck_sends
+    width = groups
+    unoffered = sorted((9 << wire.TAG_ROW_BITS) | (ri * width + gi) for gi in range(groups)
+                       for ri in range(blocks) if ri * width + gi < credit and ri >= counts[gi])
+    assert sorted(stuck_receives) == unoffered == sorted(receives.drain_tags(counts))
+    fabric.drain(receives.drain_tags(counts))
+    done = receives.reap()
+    offered = sum(counts)
+    assert not receives.posted and (done is not None or offered + credit == 0)
+    if done is not None:
+        arrived = done.rows < np.asarray(counts)[done.groups]
+        assert arrived.sum() == offered and not done.failures
+    expected = np.zeros_like(here)
+    for g, count in enumerate(counts):
+        for i in range(count):
+            src, dst = there_cells[g][i] * slot, here_cells[g][i] * slot
+            expected[dst:dst + slot] = there[src:src + slot]
+    assert np.array_equal(here, expected)
+    sent = sends.reap()
+    assert sent is None and offered == 0 or sent is not None and sent.ok == offered
+
+
+def test_rows_adjacent_at_both_ends_go_as_one_message_per_window() -> None:
+    """1000 blocks of one group in slot i at both ends, no credit, windows of 400 rows: three
+    messages (one per window), not a thousand."""
+    fabric = FakeFabric()
+    blocks, slot = 1000, 16
+    here, there = np.zeros(blocks * slot, np.uint8), np.arange(blocks * slot, dtype=np.uint64).astype(np.uint8)
+    requesting = (group_rows(0, slot, list(range(blocks)), 0, here),)
+    serving = (group_rows(0, slot, list(range(blocks)), 0, there),)
+    receives = TagReceives(requesting, 1, own_breaks(requesting))
+    sends = TagSends(serving, 1, 0, own_breaks(requesting))
+    offer = wire.Offer(1, (blocks,), sends.offer_breaks((blocks,)))
+    assert offer.breaks == ((),)
+    receives.learn(offer.breaks)
+    for start in range(0, blocks, 400):
+        receives.post(fabric, start, min(start + 400, blocks), (blocks,))
+        sends.post(fabric, start, min(start + 400, blocks), (blocks,), blocks)
+    assert [n for _, n in fabric.messages] == [400 * slot, 400 * slot, 200 * slot]
+    assert np.array_equal(here, there) and receives.reap() is not None
+
+
+def test_a_message_is_never_received_into_rows_lent_apart() -> None:
+    """Rows lent apart at the requester cannot share a receive: were the cuts to miss one of its
+    breaks (a Pull that lied about them, say), posting refuses instead of spilling the message
+    over the rows between."""
+    fabric = FakeFabric()
+    here = np.zeros(64, np.uint8)
+    requesting = (group_rows(0, 8, [0, 1, 5, 6], 0, here),)
+    assert own_breaks(requesting) == ((2,),)
+    lying = TagReceives(requesting, 1, ((),))  # claims its rows are adjacent
+    lying.learn(((),))
+    with pytest.raises(PostError, match="not adjacent") as caught:
+        lying.post(fabric, 0, 4, (4,))
+    assert caught.value.unposted is not None and len(caught.value.unposted) == 4 and not lying.posted
+    honest = TagReceives(requesting, 1, own_breaks(requesting))
+    honest.learn(((),))
+    honest.post(fabric, 0, 4, (4,))
+    assert [(ri, n) for _r, _b, _g, ri, n in honest.posted] == [(0, 2), (2, 2)]
+
+
+def test_breaks_that_are_not_rows_ascending_within_the_pull_are_refused() -> None:
+    pull = wire.Pull(1, 1, 1, ((0, 8), (1, 8)), 1, b"abcd", breaks=((1, 3), None))
+    assert wire.decode(wire.encode(pull)) == pull
+    body = wire.encode(pull)[wire.HEADER_BYTES:]
+    tail = len(body) - (4 + 8 + 4)  # where the breaks begin
+    for bad, match in ((struct.pack("<III", 2, 3, 1), "ascending"), (struct.pack("<III", 2, 1, 4), "ascending"),
+                       (struct.pack("<II", 1, 0), "ascending"), (struct.pack("<IIIII", 4, 1, 2, 3, 3), "4 breaks"),
+                       (struct.pack("<I", 5), "5 breaks")):
+        with pytest.raises(wire.WireError, match=match):
+            wire.decode_body(wire.MessageType.PULL, body[:tail] + bad + struct.pack("<I", wire.EVERY_ROW))
+    with pytest.raises(wire.WireError, match="ends early"):
+        wire.decode_body(wire.MessageType.PULL, body[:tail] + struct.pack("<II", 2, 1))
+    with pytest.raises(wire.WireError):
+        wire.Offer(1, (3,), ((0,),))
+    with pytest.raises(wire.WireError, match="breaks for 1 groups"):
+        wire.Offer(1, (3, 3), ((1,),))
+    with pytest.raises(wire.WireError, match="one-sided"):
+        wire.Pull(1, 1, 1, ((0, 8),), 1, b"a", one_sided=True, breaks=((),))
+    offer = wire.Offer(1, (3, 0), ((2,), ()))
+    assert wire.decode(wire.encode(offer)) == offer and wire.Offer(1, (3,)).breaks == (None,)
+
+
+def test_breaks_too_many_for_a_frame_fall_back_to_every_row_alone() -> None:
+    scattered = tuple(tuple(range(1, wire.MAX_BLOCKS)) for _ in range(64))
+    room = wire.offer_breaks_room(64)
+    fitted = wire.fit_breaks(scattered, room)
+    assert any(b is None for b in fitted) and any(b is not None for b in fitted)
+    offer = wire.Offer(1, (wire.MAX_BLOCKS,) * 64, fitted)
+    assert len(wire.encode(offer)) - wire.HEADER_BYTES <= wire.MAX_MESSAGE_BYTES
+    assert wire.fit_breaks(((), (1,)), room) == ((), (1,))

@@ -24,9 +24,22 @@ def pulls(draw: st.DrawFn) -> wire.Pull:
     count = draw(st.integers(1, 40))
     one_sided = draw(st.booleans())
     names = draw(st.binary(min_size=count * width, max_size=count * width))
+    breaks = () if one_sided else tuple(draw(breaks_of(count)) for _ in range(ngroups))
     return wire.Pull(draw(u64), draw(st.integers(0, wire.MAX_TAG_BASE)), draw(st.integers(1, 2**32 - 1)),
                      tuple(zip(ids, slots, strict=True)), width, names, draw(st.binary(max_size=64)),
-                     0 if one_sided else draw(st.integers(0, count * ngroups)), one_sided=one_sided)
+                     0 if one_sided else draw(st.integers(0, count * ngroups)), one_sided=one_sided, breaks=breaks)
+
+
+def breaks_of(rows: int) -> st.SearchStrategy:
+    """A group's breaks among ``rows`` rows: every row on its own, or ascending rows 1..rows-1."""
+    ascending = st.sets(st.integers(1, rows - 1), max_size=8).map(lambda b: tuple(sorted(b))) if rows > 1 else st.just(())
+    return st.one_of(st.none(), ascending)
+
+
+@st.composite
+def offers(draw: st.DrawFn) -> wire.Offer:
+    counts = tuple(draw(st.lists(st.integers(0, wire.MAX_BLOCKS), min_size=1, max_size=8)))
+    return wire.Offer(draw(u64), counts, tuple(draw(breaks_of(c)) for c in counts))
 
 
 def _runs(starts: list[int], breaks: list[bool]) -> np.ndarray:
@@ -58,7 +71,7 @@ messages = st.one_of(
     st.builds(wire.Hello, u64, st.binary(min_size=1, max_size=300)),
     pulls(),
     read_offers(),
-    st.builds(wire.Offer, u64, st.lists(st.integers(0, wire.MAX_BLOCKS), min_size=1, max_size=8).map(tuple)),
+    offers(),
     st.builds(wire.Decline, u64, reasons),
     st.integers(0, wire.MAX_ROWS - 1).flatmap(
         lambda start: st.builds(wire.Go, u64, st.just(start), st.integers(start + 1, wire.MAX_ROWS))),

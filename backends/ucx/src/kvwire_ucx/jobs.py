@@ -68,7 +68,7 @@ class ReplyJob:
     """The serving end of one pull."""
 
     __slots__ = ("pull_id", "conn", "machine", "request", "expires_at", "tag_base", "ticket", "claimed_from",
-                 "surfaced", "attempt", "groups", "sends", "deadline", "read_offer", "cancel_fed", "offer")
+                 "surfaced", "attempt", "groups", "sends", "deadline", "read_offer", "cancel_fed", "offer", "peer_breaks")
 
     def __init__(self, pull_id: int, conn: Connection, machine: PullServer, request: PullRequest | None,
                  expires_at: float, tag_base: int) -> None:
@@ -84,6 +84,8 @@ class ReplyJob:
         self.attempt: UcxAttempt | None = None
         self.groups: tuple[GroupRows, ...] = ()
         self.sends: TagSends | None = None
+        #: the requester's breaks, from its Pull (two-sided): where its lent rows stop being adjacent
+        self.peer_breaks: tuple[tuple[int, ...] | None, ...] = ()
         self.deadline = expires_at
         self.read_offer: tuple[int, bytes, bytes] | None = None  # generation, metadata, agent
         self.cancel_fed = False

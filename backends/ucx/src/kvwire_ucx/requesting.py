@@ -24,7 +24,7 @@ from kvwire_ucx.protocol.requester import PullRequester, PullSpec, RequesterStat
 from kvwire_ucx.reactor import Reactor
 from kvwire_ucx.regions import GroupRows
 from kvwire_ucx.settings import UcxSettings
-from kvwire_ucx.tag_rows import TagReceives
+from kvwire_ucx.tag_rows import TagReceives, own_breaks
 
 __all__ = ["Requesting"]
 
@@ -55,9 +55,11 @@ class Requesting(EngineContext):
             self._last_transfer = transfer
             tag_base = self._next_tag_base
             self._next_tag_base = (tag_base + 1) % wire.MAX_TAG_BASE  # MAX_TAG_BASE is the probe's
+        one_sided = self._nixl is not None
         spec = PullSpec(transfer, tag_base, tuple(g.group_id for g in groups), tuple(g.slot_bytes for g in groups),
                         view.groups[0].rows, width, names, timeout_s, self._settings.window_bytes,
-                        one_sided=self._nixl is not None, credentials=credentials, peer=str(address))
+                        one_sided=one_sided, credentials=credentials, peer=str(address),
+                        breaks=() if one_sided else own_breaks(groups))
         return PullRequester(spec)
 
     def on(self, conn: Connection) -> list[FetchJob]:
@@ -84,7 +86,7 @@ class Requesting(EngineContext):
         if self._nixl is not None:
             job.reads = RangeReads(self._nixl, job.groups, str(job.address))
         else:
-            job.receives = TagReceives(job.groups, job.machine.spec.tag_base)
+            job.receives = TagReceives(job.groups, job.machine.spec.tag_base, job.machine.breaks)
         remaining_ms = int((job.deadline - time.monotonic()) * 1000)
         self._router.feed(job, ev.Start(remaining_ms))
 
@@ -113,6 +115,8 @@ class Requesting(EngineContext):
                 self._router.feed(job, ev.ReadOffered(message.counts, problem, agent_known))
                 return
         elif job is not None:
+            if isinstance(message, wire.Offer) and job.receives is not None:
+                job.receives.learn(message.breaks)  # later windows go as one message per run
             answer = ev.Offered(message.counts) if isinstance(message, wire.Offer) else ev.Declined(message.reason)
             self._router.feed(job, answer)
             return

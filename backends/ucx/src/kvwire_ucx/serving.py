@@ -157,6 +157,7 @@ class Serving(EngineContext):
         spec = ReplySpec(message.transfer, message.credit, len(message.groups), message.count,
                          one_sided=message.one_sided, peer=conn.label)
         job = ReplyJob(pull_id, conn, PullServer(spec), request, time.monotonic() + timeout_s, message.tag_base)
+        job.peer_breaks = message.breaks
         self._on.setdefault(conn, {})[message.transfer] = job
         with self._lock:
             self._tickets[pull_id] = job
@@ -199,8 +200,10 @@ class Serving(EngineContext):
                        None, min(now + message.timeout_ms / 1000.0, offer.deadline), message.tag_base)
         if self._nixl is not None and self._prepare_read_offer(job, counts, groups) != counts:
             return False  # its addresses need more than one frame: the holder answers a prefix
+        breaks: tuple[tuple[int, ...] | None, ...] = ()
         if self._nixl is None:
-            job.sends = TagSends(groups, job.tag_base)
+            job.sends = TagSends(groups, job.tag_base, message.credit, message.breaks)
+            breaks = job.sends.offer_breaks(counts)
         job.ticket = Ticket.CLAIMED
         job.offer = offer
         job.groups = groups
@@ -209,7 +212,7 @@ class Serving(EngineContext):
         offer.answers.add(job)
         self._on.setdefault(conn, {})[message.transfer] = job
         self._router.count("pulls_offered")
-        self._router.feed(job, ev.Answered(counts, counts, None))
+        self._router.feed(job, ev.Answered(counts, counts, None, breaks))
         return True
 
     def arm_offer(self, offer: StandingOffer) -> None:
@@ -277,12 +280,14 @@ class Serving(EngineContext):
             self._router.feed(job, ev.AnswerWithdrawn())
             return
         counts = rows
+        breaks: tuple[tuple[int, ...] | None, ...] = ()
         if job.machine.state is ServerState.WAITING and refusal is None:
             if self._nixl is not None:
                 counts = self._prepare_read_offer(job, rows, groups)
             else:
-                job.sends = TagSends(groups, job.tag_base)
-        self._router.feed(job, ev.Answered(counts, rows, refusal))
+                job.sends = TagSends(groups, job.tag_base, job.machine.spec.credit, job.peer_breaks)
+                breaks = job.sends.offer_breaks(counts)
+        self._router.feed(job, ev.Answered(counts, rows, refusal, breaks))
 
     def _prepare_read_offer(self, job: ReplyJob, counts: tuple[int, ...], groups: tuple[GroupRows, ...]
                             ) -> tuple[int, ...]:

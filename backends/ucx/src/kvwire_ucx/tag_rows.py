@@ -1,6 +1,11 @@
-"""The two-sided row mover: one UCX tag message per row, received straight into the lent row on
-the requesting end (:class:`TagReceives`) and sent straight from the lent row on the serving end
-(:class:`TagSends`). A row's tag is ``tag_base << 24 | block-major number``.
+"""The two-sided row mover: one UCX tag message per run of one group's rows adjacent at both
+ends (a "message", :func:`messages`), received straight into the lent rows on the requesting end
+(:class:`TagReceives`) and sent straight from the lent rows on the serving end
+(:class:`TagSends`). A message's tag is ``tag_base << 24 | block-major number of its first row``.
+Both ends cut the same messages out of each window of rows (the credit, then each ``Go``): at
+the rows where either end's slots stop being adjacent (the Pull carries the requester's breaks,
+the Offer the serving end's) and at the window's ends. The credit's receives are posted before
+the Offer, so the credit goes one row per message.
 
 The Python API cannot cancel one request, and closing endpoints does not reliably cancel
 unmatched receives (nor is it safe when the peer just died). A receive no peer will match is
@@ -13,7 +18,7 @@ from __future__ import annotations
 
 import collections
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -24,18 +29,26 @@ from kvwire_ucx.connection import Endpoints
 from kvwire_ucx.protocol.events import RowsCompleted, SendsCompleted
 from kvwire_ucx.regions import GroupRows
 
-__all__ = ["TagReceives", "TagSends", "SelfDrain", "PostError"]
+__all__ = ["TagReceives", "TagSends", "SelfDrain", "PostError", "NotAdjacent", "messages", "message_cuts", "own_breaks"]
 
 log = logging.getLogger(__name__)
 
 
 class PostError(Exception):
-    """Posting stopped at block-major number ``reached`` (``posted`` requests went out)."""
+    """Posting stopped at the message whose first row is block-major number ``reached``
+    (``posted`` rows went out before it); ``unposted``: the group index of every row of the
+    window that did not (``None``: those from ``reached`` on)."""
 
-    def __init__(self, reason: str, reached: int, posted: int) -> None:
+    def __init__(self, reason: str, reached: int, posted: int, unposted: np.ndarray | None = None) -> None:
         super().__init__(reason)
         self.reached = reached
         self.posted = posted
+        self.unposted = unposted
+
+
+class NotAdjacent(Exception):
+    """A message would span rows not adjacent in this end's memory (the cuts forbid it; never
+    posted)."""
 
 
 class SelfDrain:
@@ -75,97 +88,187 @@ class SelfDrain:
         self._worker = None
 
 
-def _row_buffers(groups: tuple[GroupRows, ...], start: int, end: int,
-                 counts: tuple[int, ...] | None) -> Iterator[tuple[int, int, int, Any]]:
-    """``(number, group index, row, buffer over its slot)`` of each row among block-major
-    numbers ``[start, end)``, the offered ones only given ``counts``."""
+Breaks = tuple[tuple[int, ...] | None, ...]
+
+
+def own_breaks(groups: tuple[GroupRows, ...], counts: Sequence[int] | None = None) -> Breaks:
+    """Where each group's rows (its first ``counts``, else all) stop being adjacent in this
+    end's memory: the rows whose slot does not follow the row before's."""
+    out = []
+    for gi, group in enumerate(groups):
+        offsets = group.offsets if counts is None else group.offsets[: counts[gi]]
+        out.append(tuple(wire.run_breaks(offsets, group.slot_bytes).tolist()))
+    return tuple(out)
+
+
+def message_cuts(here: Breaks, there: Breaks) -> tuple[np.ndarray | None, ...]:
+    """Per group, the rows that start a message (beyond row 0): where either end's rows stop
+    being adjacent; ``None`` where either end sends every row on its own."""
+    return tuple(None if a is None or b is None else np.union1d(np.asarray(a, dtype=np.int64),
+                                                                np.asarray(b, dtype=np.int64))
+                 for a, b in zip(here, there, strict=True))
+
+
+def messages(groups: tuple[GroupRows, ...], start: int, end: int, counts: Sequence[int] | None,
+             cuts: tuple[np.ndarray | None, ...] | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The messages that carry the rows among block-major numbers ``[start, end)`` (offered ones
+    only, given ``counts``), in the order of their first rows' numbers: ``(number of the first
+    row, group index, first row, rows)``. A message is a run of one group's rows, adjacent at both
+    ends (never crossing ``cuts``) and within ``[start, end)``; without ``cuts`` every row is one
+    message. Both ends compute the same messages for the same window."""
     width = len(groups)
-    for seq in range(start, end):
-        ri, gi = divmod(seq, width)
-        if counts is not None and ri >= counts[gi]:
+    seqs, gis, firsts, lengths = [], [], [], []
+    for gi, group in enumerate(groups):
+        lo = max(0, -(-(start - gi) // width))
+        hi = -(-(end - gi) // width)
+        hi = min(hi, len(group.offsets) if counts is None else counts[gi])
+        if hi <= lo:
             continue
-        group = groups[gi]
-        assert group.span is not None
-        offset = int(group.offsets[ri])
-        yield seq, gi, ri, Array(group.span[offset : offset + group.slot_bytes])
+        cut = None if cuts is None else cuts[gi]
+        if cut is None:
+            first = np.arange(lo, hi, dtype=np.int64)
+        else:
+            inner = cut[(cut > lo) & (cut < hi)]
+            first = np.concatenate((np.array([lo], dtype=np.int64), inner.astype(np.int64)))
+        length = np.diff(np.concatenate((first, np.array([hi], dtype=np.int64))))
+        seqs.append(first * width + gi)
+        gis.append(np.full(len(first), gi, dtype=np.int64))
+        firsts.append(first)
+        lengths.append(length)
+    if not seqs:
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty, empty, empty
+    seq, gi_all, first_all, length_all = (np.concatenate(x) for x in (seqs, gis, firsts, lengths))
+    order = np.argsort(seq, kind="stable")
+    return seq[order], gi_all[order], first_all[order], length_all[order]
+
+
+def _buffer(group: GroupRows, row: int, rows: int) -> Any:
+    """A buffer over ``rows`` slots of ``group`` from ``row`` on (adjacent: the message's cuts
+    saw to it)."""
+    assert group.span is not None
+    offset = int(group.offsets[row])
+    if rows > 1 and int(group.offsets[row + rows - 1]) != offset + (rows - 1) * group.slot_bytes:
+        raise NotAdjacent(f"rows {row}..{row + rows - 1} of group {group.group_id} are not adjacent in this end's "
+                          "memory, so no one message can carry them")
+    return Array(group.span[offset : offset + rows * group.slot_bytes])
+
+
+def _rows_of(posted: Sequence[tuple[Any, Any, int, int, int]]) -> np.ndarray:
+    """The group index of every row of these messages."""
+    if not posted:
+        return np.zeros(0, dtype=np.int64)
+    return np.concatenate([np.full(n, gi, dtype=np.int64) for _r, _b, gi, _ri, n in posted])
 
 
 class TagReceives:
-    """The receives one fetch posted, in posting order."""
+    """The receives one fetch posted, in posting order: one per message (see :func:`messages`);
+    the receives posted on credit, before the answer, one per row. ``breaks`` are this end's as
+    its Pull named them; :meth:`learn` takes the serving end's from its Offer."""
 
-    def __init__(self, groups: tuple[GroupRows, ...], tag_base: int) -> None:
+    def __init__(self, groups: tuple[GroupRows, ...], tag_base: int, breaks: Breaks | None = None) -> None:
         self._groups = groups
         self._tag_high = tag_base << wire.TAG_ROW_BITS
-        self.posted: collections.deque[tuple[Any, Any, int, int]] = collections.deque()
+        self._breaks: Breaks = breaks if breaks is not None else (None,) * len(groups)
+        self._cuts: tuple[np.ndarray | None, ...] | None = None  # until the Offer: every row on its own
+        self.posted: collections.deque[tuple[Any, Any, int, int, int]] = collections.deque()
+
+    def learn(self, there: Breaks) -> None:
+        """The serving end's breaks (its Offer's): later windows go as messages."""
+        if len(there) == len(self._groups):
+            self._cuts = message_cuts(self._breaks, there)
 
     def post(self, worker: Any, start: int, end: int, counts: tuple[int, ...] | None) -> None:
-        """One receive per row among block-major numbers ``[start, end)`` (offered ones only,
-        given ``counts``) on ``worker``; raises :class:`PostError` if UCX refuses one."""
+        """One receive per message among block-major numbers ``[start, end)`` (offered rows
+        only, given ``counts``; without, before the answer, one per row) on ``worker``; raises
+        :class:`PostError` if UCX refuses one (its ``unposted`` rows' group indices)."""
         tag_recv, make_tag, append = worker.tag_recv, ucx_api.UCXXTag, self.posted.append
         tag_high = self._tag_high
-        seq = start
-        posted = 0
+        seqs, gis, firsts, lengths = messages(self._groups, start, end, counts,
+                                              None if counts is None else self._cuts)
+        index = 0
         try:
-            for seq, gi, ri, buffer in _row_buffers(self._groups, start, end, counts):
-                append((tag_recv(buffer, make_tag(tag_high | seq)), buffer, gi, ri))
-                posted += 1
-        except UCXError as exc:
-            raise PostError(str(exc), seq, posted) from None
+            for index in range(len(seqs)):
+                gi, ri, n = int(gis[index]), int(firsts[index]), int(lengths[index])
+                buffer = _buffer(self._groups[gi], ri, n)
+                append((tag_recv(buffer, make_tag(tag_high | int(seqs[index]))), buffer, gi, ri, n))
+        except (UCXError, NotAdjacent) as exc:
+            unposted = np.repeat(gis[index:], lengths[index:])
+            raise PostError(str(exc), int(seqs[index]), int(lengths[:index].sum()), unposted) from None
 
     def reap(self) -> RowsCompleted | None:
-        """The receives completed since the last call (in order), or ``None``."""
+        """The receives completed since the last call (in order), or ``None``; each row of a
+        message listed."""
         posted = self.posted
         if not posted or not posted[0][0].completed:
             return None
-        groups: list[int] = []
-        rows: list[int] = []
+        groups: list[np.ndarray] = []
+        rows: list[np.ndarray] = []
         failures: list[tuple[int, int, str, bool]] = []
         while posted and posted[0][0].completed:
-            request, _buffer, gi, ri = posted.popleft()
+            request, _buffer, gi, ri, n = posted.popleft()
             try:
                 request.check_error()
             except UCXError as exc:
                 name = type(exc).__name__
-                failures.append((gi, ri, f"{name}: {exc}", "Truncat" not in name))
+                failures.extend((gi, ri + k, f"{name}: {exc}", "Truncat" not in name) for k in range(n))
             else:
-                groups.append(gi)
-                rows.append(ri)
-        return RowsCompleted(np.asarray(groups, dtype=np.int64), np.asarray(rows, dtype=np.int64), tuple(failures))
+                groups.append(np.full(n, gi, dtype=np.int64))
+                rows.append(np.arange(ri, ri + n, dtype=np.int64))
+        empty = np.zeros(0, dtype=np.int64)
+        return RowsCompleted(np.concatenate(groups) if groups else empty, np.concatenate(rows) if rows else empty,
+                             tuple(failures))
 
     def drain_tags(self, counts: tuple[int, ...] | None) -> list[int]:
         """Tags of the posted receives not yet complete that no peer will match: those of rows
         not offered (given ``counts``), or all."""
         width = len(self._groups)
-        return [self._tag_high | (ri * width + gi) for request, _b, gi, ri in self.posted
+        return [self._tag_high | (ri * width + gi) for request, _b, gi, ri, _n in self.posted
                 if not request.completed and (counts is None or ri >= counts[gi])]
 
 
 class TagSends:
-    """The sends one reply posted, in posting order."""
+    """The sends one reply posted, in posting order: one per message (see :func:`messages`);
+    the rows of the credit (block-major numbers below ``credit``) one per row, as the requester
+    posted them before it knew this end's breaks. ``there`` are the requester's breaks (its
+    Pull's); :meth:`offer_breaks` gives this end's for the Offer."""
 
-    def __init__(self, groups: tuple[GroupRows, ...], tag_base: int) -> None:
+    def __init__(self, groups: tuple[GroupRows, ...], tag_base: int, credit: int = 0, there: Breaks | None = None
+                 ) -> None:
         self._groups = groups
         self._tag_high = tag_base << wire.TAG_ROW_BITS
-        self.posted: collections.deque[tuple[Any, Any, int, int]] = collections.deque()
+        self._credit = credit
+        self._there: Breaks = there if there is not None and len(there) == len(groups) else (None,) * len(groups)
+        self._cuts: tuple[np.ndarray | None, ...] = (None,) * len(groups)
+        self.posted: collections.deque[tuple[Any, Any, int, int, int]] = collections.deque()
+
+    def offer_breaks(self, counts: tuple[int, ...]) -> Breaks:
+        """This end's breaks among the offered rows, as the Offer carries them (fitted to a
+        frame), which from now on cut the messages too."""
+        breaks = wire.fit_breaks(own_breaks(self._groups, counts), wire.offer_breaks_room(len(counts)))
+        self._cuts = message_cuts(breaks, self._there)
+        return breaks
 
     def post(self, ep: Any, start: int, end: int, counts: tuple[int, ...], limit: int) -> int:
         """Send the offered rows among block-major numbers ``[start, min(end, limit))``; how
-        many. Raises :class:`PostError` if UCX refuses one."""
+        many rows. Raises :class:`PostError` if UCX refuses one."""
         tag_high = self._tag_high
-        posted = 0
         if start >= min(end, limit):
             return 0
         if ep is None:
             raise PostError("the endpoint is closed", start, 0)
         tag_send, make_tag, append = ep.tag_send, ucx_api.UCXXTag, self.posted.append
-        seq = start
+        seqs, gis, firsts, lengths = messages(self._groups, start, min(end, limit), counts,
+                                              None if end <= self._credit else self._cuts)
+        index = 0
         try:
-            for seq, gi, ri, buffer in _row_buffers(self._groups, start, min(end, limit), counts):
-                append((tag_send(buffer, make_tag(tag_high | seq)), buffer, gi, ri))
-                posted += 1
-        except UCXError as exc:
-            raise PostError(str(exc), seq, posted) from None
-        return posted
+            for index in range(len(seqs)):
+                gi, ri, n = int(gis[index]), int(firsts[index]), int(lengths[index])
+                buffer = _buffer(self._groups[gi], ri, n)
+                append((tag_send(buffer, make_tag(tag_high | int(seqs[index]))), buffer, gi, ri, n))
+        except (UCXError, NotAdjacent) as exc:
+            raise PostError(str(exc), int(seqs[index]), int(lengths[:index].sum())) from None
+        return int(lengths.sum())
 
     def reap(self) -> SendsCompleted | None:
         posted = self.posted
@@ -174,11 +277,11 @@ class TagSends:
         ok = 0
         failures: list[tuple[int, int, str]] = []
         while posted and posted[0][0].completed:
-            request, _buffer, gi, ri = posted.popleft()
+            request, _buffer, gi, ri, n = posted.popleft()
             try:
                 request.check_error()
             except UCXError as exc:
-                failures.append((gi, ri, f"{type(exc).__name__}: {exc}"))
+                failures.extend((gi, ri + k, f"{type(exc).__name__}: {exc}") for k in range(n))
             else:
-                ok += 1
+                ok += n
         return SendsCompleted(ok, tuple(failures))

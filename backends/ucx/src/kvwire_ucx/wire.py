@@ -16,8 +16,18 @@ nothing else. R ``Ack`` once every offered row arrived. Either end may stop: R `
 send waits for a receive that will not come; receives for rows not offered are completed by R
 itself once the answer says so.
 
-Rows are numbered block-major: row ``i`` of group index ``g`` is ``i * groups + g``; a
-transfer's UCX tag for a row is ``tag_base << 24 | number``.
+Rows are numbered block-major: row ``i`` of group index ``g`` is ``i * groups + g``. Credit,
+``Go`` and ``Ack`` count rows, as before version 3; what moves is one UCX tag message per
+*message*: a run of one group's rows adjacent in memory at both ends, within one window (the
+credit, or one ``Go``'s rows). Its tag is ``tag_base << 24 | number of its first row``, and it is
+received into the run of rows it carries. The ``Pull`` names R's ``breaks`` (per group, the rows
+whose lent slot does not follow the row before's), the ``Offer`` S's among the offered rows; a
+group's breaks may be "every row on its own" (``EVERY_ROW``: what an end sends when its breaks do
+not fit a frame). Both ends cut each window at the breaks of either and at the window's ends, so
+they cut the same messages. The credit's receives are posted before R knows S's breaks, so the
+credit goes one row per message (R keeps it to ``CREDIT_BYTES``, 1 MiB, or the window); each
+``Go``'s window goes in messages. A receive that R completes itself (rows not offered, a stop)
+is drained per posted receive, as before: a zero-byte message of its tag.
 
 One-sided pulls (the opt-in ``mode="one-sided"``, for trusted clusters): R sends the ``Pull`` as
 type ``PULL_ONE_SIDED`` with no credit. A serving end in that mode answers with ``ReadOffer``
@@ -81,15 +91,22 @@ __all__ = [
     "clip_reason",
     "decode",
     "encode",
+    "EVERY_ROW",
+    "fit_breaks",
+    "offer_breaks_room",
+    "pull_breaks_room",
     "run_breaks",
     "runs_of",
 ]
 
 MAGIC = b"KVWC"
-#: 2: a ReadOffer names runs of adjacent rows (address, rows) instead of each row's address. A
-#: frame of another version is refused when its header arrives (``Hello`` is the first frame, so
-#: an end of another version is told at once: "control frame version 1 is not supported").
-WIRE_VERSION = 2
+#: 2: a ReadOffer names runs of adjacent rows (address, rows) instead of each row's address.
+#: 3: a two-sided Pull and an Offer name where each end's rows stop being adjacent (``breaks``).
+#: A frame of another version is refused when its header arrives (``Hello`` is the first frame,
+#: so an end of another version is told at once: "control frame version 2 is not supported").
+WIRE_VERSION = 3
+#: A group's ``breaks`` entry meaning "every row on its own" (no run of rows is adjacent).
+EVERY_ROW = 0xFFFFFFFF
 #: Bounds: a frame's body never exceeds MAX_MESSAGE_BYTES; a pull names at most MAX_BLOCKS
 #: blocks for at most MAX_GROUPS groups, so a transfer moves at most MAX_ROWS rows.
 MAX_MESSAGE_BYTES = 4 << 20
@@ -115,6 +132,7 @@ MAX_TAG_BASE = (1 << 40) - 1
 _HEADER = struct.Struct("<4sBBHI")
 HEADER_BYTES = _HEADER.size
 _U64 = struct.Struct("<Q")
+_U32 = struct.Struct("<I")
 _PULL_HEAD = struct.Struct("<QQIHIBHI")  # transfer, tag_base, timeout_ms, groups, count, width, credentials, credit
 _GROUP = struct.Struct("<IQ")  # group id, slot bytes
 _OFFER_HEAD = struct.Struct("<QH")
@@ -174,9 +192,14 @@ class Pull:
     credentials: bytes = b""
     credit: int = 0
     one_sided: bool = False  #: R asks to read the rows itself (encoded as type PULL_ONE_SIDED)
+    #: two-sided: per group, the rows (1..count-1, ascending) whose slot at R does not follow the
+    #: row before's, or ``None``: every row on its own (empty given: ``None`` for every group)
+    breaks: tuple[tuple[int, ...] | None, ...] = ()
 
     def __post_init__(self) -> None:
         _check_u64(self.transfer, "Pull.transfer")
+        if self.one_sided and self.breaks:
+            raise WireError("a one-sided Pull carries no breaks (the serving end sends no rows)")
         if self.one_sided and self.credit:
             raise WireError(f"a one-sided Pull posts no receives, so its credit is 0, got {self.credit}")
         if not 0 <= self.tag_base <= MAX_TAG_BASE:
@@ -203,6 +226,10 @@ class Pull:
             raise WireError(f"Pull credentials exceed {MAX_CREDENTIAL_BYTES} bytes ({len(self.credentials)})")
         if not 0 <= self.credit <= self.count * len(self.groups):
             raise WireError(f"Pull credit must be 0..{self.count * len(self.groups)} rows, got {self.credit}")
+        if not self.one_sided:
+            if not self.breaks:
+                object.__setattr__(self, "breaks", (None,) * len(self.groups))
+            _check_breaks(self.breaks, (self.count,) * len(self.groups), "Pull")
 
     @property
     def count(self) -> int:
@@ -215,6 +242,9 @@ class Offer:
 
     transfer: int
     counts: tuple[int, ...]
+    #: per group, the offered rows (1..count-1, ascending) whose slot at S does not follow the row
+    #: before's, or ``None``: every row on its own (empty given: ``None`` for every group)
+    breaks: tuple[tuple[int, ...] | None, ...] = ()
 
     def __post_init__(self) -> None:
         _check_u64(self.transfer, "Offer.transfer")
@@ -222,6 +252,9 @@ class Offer:
             raise WireError(f"an Offer gives 1..{MAX_GROUPS} counts, got {len(self.counts)}")
         if any(not 0 <= c <= MAX_BLOCKS for c in self.counts):
             raise WireError(f"Offer counts must be 0..{MAX_BLOCKS}, got {list(self.counts)}")
+        if not self.breaks:
+            object.__setattr__(self, "breaks", (None,) * len(self.counts))
+        _check_breaks(self.breaks, self.counts, "Offer")
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -398,12 +431,13 @@ def encode(message: Message) -> bytes:
             message.transfer, message.tag_base, message.timeout_ms, len(message.groups), message.count,
             message.width, len(message.credentials), message.credit,
         )
-        body = head + b"".join(_GROUP.pack(g, s) for g, s in message.groups) + message.names + message.credentials
+        body = (head + b"".join(_GROUP.pack(g, s) for g, s in message.groups) + message.names + message.credentials
+                + _pack_breaks(message.breaks))
     elif isinstance(message, Offer):
         kind = MessageType.OFFER
         body = _OFFER_HEAD.pack(message.transfer, len(message.counts)) + struct.pack(
             f"<{len(message.counts)}I", *message.counts
-        )
+        ) + _pack_breaks(message.breaks)
     elif isinstance(message, ReadOffer):
         kind = MessageType.READ_OFFER_DEVICE if message.memories else MessageType.READ_OFFER
         head = _READ_OFFER_HEAD.pack(message.transfer, message.generation, len(message.agent),
@@ -494,14 +528,19 @@ def _decode(kind: MessageType, reader: _Reader) -> Message:
             raise WireError(f"Pull credentials of {credential_bytes} bytes exceed {MAX_CREDENTIAL_BYTES}")
         groups = tuple((gid, slot) for gid, slot in (reader.unpack(_GROUP) for _ in range(ngroups)))
         names = reader.take(count * width)
-        return Pull(transfer, tag_base, timeout_ms, groups, width, names, reader.take(credential_bytes), credit,
-                    one_sided=kind is MessageType.PULL_ONE_SIDED)
+        credentials = reader.take(credential_bytes)
+        one_sided = kind is MessageType.PULL_ONE_SIDED
+        breaks = () if one_sided else _unpack_breaks(reader, (count,) * ngroups, "Pull")
+        return Pull(transfer, tag_base, timeout_ms, groups, width, names, credentials, credit, one_sided=one_sided,
+                    breaks=breaks)
     if kind is MessageType.OFFER:
         transfer, ngroups = reader.unpack(_OFFER_HEAD)
         if not 1 <= ngroups <= MAX_GROUPS:
             raise WireError(f"an Offer gives 1..{MAX_GROUPS} counts, got {ngroups}")
         counts = struct.unpack(f"<{ngroups}I", reader.take(4 * ngroups))
-        return Offer(transfer, tuple(counts))
+        if any(c > MAX_BLOCKS for c in counts):
+            raise WireError(f"Offer counts must be 0..{MAX_BLOCKS}, got {list(counts)}")
+        return Offer(transfer, tuple(counts), _unpack_breaks(reader, counts, "Offer"))
     if kind in (MessageType.READ_OFFER, MessageType.READ_OFFER_DEVICE):
         transfer, generation, name_bytes, metadata_bytes, ngroups = reader.unpack(_READ_OFFER_HEAD)
         if not 1 <= name_bytes <= MAX_AGENT_NAME_BYTES:
@@ -608,6 +647,75 @@ class _Reader:
 def _check_u64(value: int, what: str) -> None:
     if not isinstance(value, int) or not 0 <= value < 1 << 64:
         raise WireError(f"{what} must be an unsigned 64-bit int, got {value!r}")
+
+
+def _check_breaks(breaks: tuple[tuple[int, ...] | None, ...], rows: tuple[int, ...], what: str) -> None:
+    """Per group: ``None``, or rows in 1..rows-1, strictly ascending."""
+    if len(breaks) != len(rows):
+        raise WireError(f"a {what} gives breaks for {len(breaks)} groups, not {len(rows)}")
+    for g, (b, n) in enumerate(zip(breaks, rows, strict=True)):
+        if b is None:
+            continue
+        if not isinstance(b, tuple) or len(b) > max(n - 1, 0):
+            raise WireError(f"{what} breaks of group {g} must be a tuple of at most {max(n - 1, 0)} rows")
+        if not b:
+            continue
+        rows_at = np.asarray(b)
+        if (rows_at.dtype.kind not in "iu" or rows_at.ndim != 1 or int(rows_at[0]) < 1 or int(rows_at[-1]) >= n
+                or (len(rows_at) > 1 and bool((np.diff(rows_at) <= 0).any()))):
+            raise WireError(f"{what} breaks of group {g} must be rows ascending strictly within 1..{n - 1}")
+
+
+def _pack_breaks(breaks: tuple[tuple[int, ...] | None, ...]) -> bytes:
+    """Per group: a u32 count (EVERY_ROW for ``None``), then that many u32 rows."""
+    parts = []
+    for b in breaks:
+        if b is None:
+            parts.append(_U32.pack(EVERY_ROW))
+        else:
+            parts.append(_U32.pack(len(b)) + struct.pack(f"<{len(b)}I", *b))
+    return b"".join(parts)
+
+
+def _unpack_breaks(reader: _Reader, rows: tuple[int, ...], what: str) -> tuple[tuple[int, ...] | None, ...]:
+    out: list[tuple[int, ...] | None] = []
+    for g, n in enumerate(rows):
+        (size,) = reader.unpack(_U32)
+        if size == EVERY_ROW:
+            out.append(None)
+            continue
+        if size > max(n - 1, 0):
+            raise WireError(f"{what} group {g} gives {size} breaks for {n} rows (at most {max(n - 1, 0)})")
+        out.append(struct.unpack(f"<{size}I", reader.take(4 * size)))
+    breaks = tuple(out)
+    _check_breaks(breaks, rows, what)
+    return breaks
+
+
+def fit_breaks(breaks: tuple[tuple[int, ...] | None, ...], room: int) -> tuple[tuple[int, ...] | None, ...]:
+    """``breaks`` in at most ``room`` encoded bytes: the groups with the most breaks become
+    ``None`` (every row on its own: always true, only slower) until they fit."""
+    size = sum(4 + 4 * len(b) for b in breaks if b is not None) + 4 * sum(b is None for b in breaks)
+    if size <= room:
+        return breaks
+    out = list(breaks)
+    for g in sorted((g for g, b in enumerate(breaks) if b), key=lambda g: -len(breaks[g] or ())):
+        size -= 4 * len(out[g] or ())
+        out[g] = None
+        if size <= room:
+            break
+    return tuple(out)
+
+
+def pull_breaks_room(groups: int, names: int, credentials: int) -> int:
+    """The bytes a Pull of ``groups`` groups, ``names`` name bytes and ``credentials`` bytes
+    leaves for its breaks."""
+    return MAX_MESSAGE_BYTES - _PULL_HEAD.size - _GROUP.size * groups - names - credentials
+
+
+def offer_breaks_room(groups: int) -> int:
+    """The bytes an Offer of ``groups`` groups leaves for its breaks."""
+    return MAX_MESSAGE_BYTES - _OFFER_HEAD.size - 4 * groups
 
 
 def _check_runs(rows: np.ndarray, count: int, group: int) -> None:

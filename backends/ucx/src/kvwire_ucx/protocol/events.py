@@ -134,11 +134,13 @@ class RowsCompleted:
 
 @dataclass(frozen=True, slots=True)
 class PostFailed:
-    """Posting the receives of a :class:`PostReceives` stopped at block-major number
-    ``reached`` (receives below it were posted)."""
+    """Posting the receives of a :class:`PostReceives` stopped at the message whose first row is
+    block-major number ``reached``; ``unposted``: the group index of every row of it not posted
+    (``None``: the rows from ``reached`` on; a message of several rows reaches past it)."""
 
     reason: str
     reached: int
+    unposted: np.ndarray | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +174,8 @@ class Answered:
     counts: tuple[int, ...]
     rows: tuple[int, ...]
     refusal: str | None = None
+    #: two-sided: this end's breaks among the offered rows, for the Offer (empty: every row alone)
+    breaks: tuple[tuple[int, ...] | None, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

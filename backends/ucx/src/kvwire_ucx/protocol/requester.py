@@ -78,6 +78,12 @@ class RequesterState(enum.Enum):
 
 
 S = RequesterState
+#: Two-sided: the credit's receives are posted before the answer tells this end where the
+#: serving end's rows are adjacent, so they are one per row (a UCX message each, ~25 us for a
+#: device row); the credit is at most this many bytes (or the window), and every later window
+#: goes as one message per run of rows adjacent at both ends. It still hides the round trip of
+#: a small pull.
+CREDIT_BYTES = 1 << 20
 #: One-sided: how many planned ranges (``window_bytes`` each) are read at once: every range of a
 #: pull up to this many (64 MiB each by default: 4 GiB) goes out in one batch of NIXL reads; the
 #: next batch starts when the last one is read. Reading the ranges one after another took twice
@@ -103,6 +109,10 @@ class PullSpec:
     credentials: bytes = b""
     peer: str = "the peer"
     ranges_at_once: int = READ_RANGES_AT_ONCE  #: one-sided: planned ranges read at once
+    #: two-sided: per group, the rows whose lent slot does not follow the row before's (see
+    #: wire.Pull.breaks); empty: every row on its own
+    breaks: tuple[tuple[int, ...] | None, ...] = ()
+    credit_bytes: int = CREDIT_BYTES  #: two-sided: the credit's window (its rows go one per message)
 
 
 class PullRequester:
@@ -126,6 +136,10 @@ class PullRequester:
         self.range_end = 0      # and the end of that batch
         self.reads = 0          # batches of reads in flight (0 or 1)
         self._sizes = np.asarray(spec.slot_bytes, dtype=np.int64)
+        #: the breaks the Pull names (fitted to its frame: a group whose breaks do not fit goes
+        #: every row on its own); the receives are cut by these
+        self.breaks: tuple[tuple[int, ...] | None, ...] = () if spec.one_sided else wire.fit_breaks(
+            spec.breaks or (None,) * groups, wire.pull_breaks_room(groups, len(spec.names), len(spec.credentials)))
         self.history: collections.deque[tuple[str, str, str]] = collections.deque(maxlen=256)
 
     # ------------------------------------------------------------------ driving
@@ -182,11 +196,12 @@ class PullRequester:
         self.total = sum(counts)
         return True
 
-    def _window(self) -> tuple[int, int, int]:
+    def _window(self, window: int | None = None) -> tuple[int, int, int]:
         """The next receives to post: ``(end, rows, bytes)`` from :attr:`next_seq` while the
-        window allows (a row is posted while fewer than ``window_bytes`` are in flight)."""
+        window allows (a row is posted while fewer than ``window`` bytes, else
+        ``window_bytes``, are in flight)."""
         start, limit, width = self.next_seq, self.limit, len(self.spec.group_ids)
-        window = self.spec.window_bytes
+        window = self.spec.window_bytes if window is None else window
         inflight = self.inflight_bytes
         counts = None if self.counts is None else np.asarray(self.counts, dtype=np.int64)
         smallest = int(self._sizes.min())
@@ -209,10 +224,10 @@ class PullRequester:
                 break
         return seq, rows, nbytes
 
-    def _post(self, out: list[Action]) -> tuple[int, int]:
+    def _post(self, out: list[Action], window: int | None = None) -> tuple[int, int]:
         """Post receives for the next window; the block-major range it covers."""
         start = self.next_seq
-        end, rows, nbytes = self._window()
+        end, rows, nbytes = self._window(window)
         if end > start:
             out.append(PostReceives(start, end, self.counts))
             self.next_seq = end
@@ -267,11 +282,13 @@ class PullRequester:
 
     def _start(self, event: Start, out: list[Action]) -> None:
         spec = self.spec
-        credit = 0 if spec.one_sided else self._window()[0]  # the first window, posted below
+        credit_window = min(spec.window_bytes, spec.credit_bytes)
+        credit = 0 if spec.one_sided else self._window(credit_window)[0]  # the first window, posted below
         groups = tuple(zip(spec.group_ids, spec.slot_bytes, strict=True))
         try:
             pull = wire.Pull(spec.transfer, spec.tag_base, max(1, min(event.remaining_ms, 2**32 - 1)), groups,
-                             spec.width, spec.names, spec.credentials, credit, one_sided=spec.one_sided)
+                             spec.width, spec.names, spec.credentials, credit, one_sided=spec.one_sided,
+                             breaks=self.breaks)
         except wire.WireError as exc:
             # The submission checks what the wire carries; should a pull still not fit it, fail
             # the attempt with the reason before anything is posted or sent (nothing escaped).
@@ -280,7 +297,7 @@ class PullRequester:
             self.state = S.DONE
             return
         if not spec.one_sided:
-            self._post(out)
+            self._post(out, credit_window)
         out.append(Send(pull))
         out.append(Note("asked"))
         out.append(ArmDeadline())
@@ -418,7 +435,8 @@ class PullRequester:
 
     def _post_failed(self, event: PostFailed, out: list[Action]) -> None:
         width = len(self.spec.group_ids)
-        unposted = rows_between(event.reached, self.next_seq, self.counts, width)
+        unposted = (event.unposted if event.unposted is not None
+                    else rows_between(event.reached, self.next_seq, self.counts, width))
         self.outstanding -= len(unposted)
         self.inflight_bytes -= int(self._sizes[unposted].sum())
         self.next_seq = event.reached

@@ -206,7 +206,7 @@ class PullServer:
         if spec.one_sided:
             out.append(SendReadOffer(self.counts))
         else:
-            self._answer(out, wire.Offer(spec.transfer, self.counts))
+            self._answer(out, wire.Offer(spec.transfer, self.counts, event.breaks))
         out.append(Note("answered"))
         if self.total == 0:  # nothing to send; the requester concludes on the answer alone
             out.append(Conclude(Outcome.delivered(self._served())))
