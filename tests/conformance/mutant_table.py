@@ -290,6 +290,7 @@ MUTANTS: list[tuple[str, str, str, str]] = [
     ("mutants/pulls.py", "marks_served_prefix_in_first_group", "N2.10", "N2 and held_prefix_is_served"),
     ("mutants/pulls.py", "request_restates_its_earlier_pulls", "N2.14", "N2 and requester_holds"),
     ("mutants/pulls.py", "refuses_misfit_groups", "N2.15", "N2 and does_not_fit and (fewer or order)"),
+    ("mutants/pulls.py", "plain_peer_matches_names", "N1.6", "N1 and without_content_addressing"),
     # lookup
     ("mutants/lookup.py", "slow_lookup_failure", "L1.7", "L1"),
     ("mutants/lookup.py", "lookup_refused_when_queue_full", "L1.5", "L1"),

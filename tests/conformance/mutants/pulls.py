@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -33,6 +34,7 @@ from kit import (  # beside this file; on sys.path when loaded as a harness
 
 from kvwire.contract import (
     Attempt,
+    Backend,
     Capabilities,
     Cause,
     Hint,
@@ -41,12 +43,23 @@ from kvwire.contract import (
     Outcome,
     OutcomeStatus,
     PullRequest,
+    RegionTable,
     SlotRegion,
+    SubmissionRejected,
+    TableRegistration,
     View,
     WakeFn,
 )
-from kvwire.testing.harness import Ends, FaultPlan
-from kvwire.testing.reference.core import Access, ReferenceAttempt
+from kvwire.contract.capabilities import OtherEnd
+from kvwire.testing.harness import Ends, FaultPlan, Harness, Unavailable
+from kvwire.testing.reference.core import (
+    Access,
+    ReferenceAttempt,
+    Runner,
+    read_rows,
+    reference_capabilities,
+    write_rows,
+)
 from kvwire.testing.reference.harness import ControlledStore
 from kvwire.testing.reference.harness import ReferencePeerHarness as LoopbackHarness
 from kvwire.testing.reference.peer import Declined, Fabric, Message, PullMessage, ReferencePeer, _Pull
@@ -739,3 +752,250 @@ class RequestRestatesItsEarlierPulls(ReferencePeer):
 
 request_restates_its_earlier_pulls = PeerMutantHarness("request-restates-its-earlier-pulls",
                                                        RequestRestatesItsEarlierPulls)
+
+
+# -- N1.6: a plain peer, without content addressing, that moves rows by position ----------------------
+
+class _Group:
+    """One group of rows a publish copied out for a fetch at another peer."""
+
+    def __init__(self, group_id: int, slot_bytes: int, rows: np.ndarray, names: np.ndarray | None) -> None:
+        self.group_id = group_id
+        self.slot_bytes = slot_bytes
+        self.rows = rows
+        self.names = names
+
+
+class _Push:
+    """The rows of one publish, and how to tell it which of them a fetch took (per group id, a
+    bool per pushed row)."""
+
+    def __init__(self, groups: tuple[_Group, ...], taken: Callable[[dict[int, np.ndarray]], None]) -> None:
+        self.groups = groups
+        self.taken = taken
+
+
+class PlainPeer(Backend):
+    """A peer without content addressing and without ``serve-pulls`` (N1.6), on the reference
+    backends' core (:mod:`kvwire.testing.reference.core`): a publish (``Hint.of("peer",
+    address=...)`` naming the fetching peer) copies its rows out and hands them to that peer; a
+    fetch there (its hint naming the publishing peer) meets the oldest such publish, and row ``j``
+    of each group lands in row ``j`` of the group of the same id and slot size, whatever the names
+    (a group the publish lacks, or rows beyond its count, are misses). The publish delivers,
+    marking the rows the fetch took. Not a mutant: the plain peer that mutants of N1.6 change
+    (see :func:`plain_peer`)."""
+
+    def __init__(self, fabric: Fabric, name: str, *, timeout_s: float = 30.0, max_in_flight: int = 16) -> None:
+        self._fabric = fabric
+        self._where = f"plain/{name}".encode()
+        self._timeout_s = float(timeout_s)
+        caps = reference_capabilities(OtherEnd.PEER, max_in_flight)
+        self._capabilities = dataclasses.replace(caps, content_addressed=False, protocols=frozenset())
+        self._table = RegionTable(self._capabilities.memory_kinds)
+        self._runner = Runner(f"kvwire-plain-peer-{name}", max_in_flight)
+        self._waiting: dict[bytes, list[tuple[ReferenceAttempt, tuple[Any, ...]]]] = {}
+        self._mailbox: dict[bytes, list[_Push]] = {}
+        with fabric.lock:
+            fabric.peers[self._where] = self  # type: ignore[assignment]
+
+    @property
+    def where(self) -> bytes:
+        return self._where
+
+    def capabilities(self) -> Capabilities:
+        return self._capabilities
+
+    def register_regions(self, regions: Sequence[SlotRegion]) -> TableRegistration:
+        return self._table.register(regions)
+
+    def _other_end(self, op: str, view: View, hint: Hint, wake: WakeFn) -> tuple[bytes, tuple[Any, ...]]:
+        """Check a submission (S3: before anything escapes); the other peer's address and where
+        the view's rows lie."""
+        if self._runner.closed:
+            raise SubmissionRejected(f"this peer is shut down; it takes no {op}")
+        if not isinstance(view, View):
+            raise InvalidSubmission(f"a {op} takes a kvwire View, got {type(view).__name__}")
+        if not callable(wake):
+            raise InvalidSubmission(f"wake must be callable, got {type(wake).__name__}")
+        if not isinstance(hint, Hint) or hint.kind != "peer" or {k for k, _ in hint.fields} != {"address"}:
+            raise InvalidSubmission(f"a {op} takes Hint.of('peer', address=BYTES) naming the other peer, got {hint!r}")
+        address = hint.get("address")
+        if not isinstance(address, bytes) or not address:
+            raise InvalidSubmission(f"peer hint field 'address' must be non-empty bytes, got {address!r}")
+        located = self._table.locate_view(view)
+        if op == "fetch" and view.overlapping_rows() is not None:
+            raise InvalidSubmission("fetch rows overlap: two rows locate the same memory (V4)")
+        return address, located
+
+    def _deadline(self, hint: Hint) -> float:
+        return self._timeout_s if hint.timeout_s is None else hint.timeout_s
+
+    def publish(self, view: View, hint: Hint, wake: WakeFn) -> ReferenceAttempt:
+        to, located = self._other_end("publish", view, hint, wake)
+        attempt = ReferenceAttempt(self._runner, "publish", view, wake, self._deadline(hint))
+        with self._runner.lock:
+            self._runner.admit_locked(attempt, "publish")
+        self._runner.run(lambda: self._push(attempt, to, located))
+        return attempt
+
+    def fetch(self, view: View, hint: Hint, wake: WakeFn) -> ReferenceAttempt:
+        frm, located = self._other_end("fetch", view, hint, wake)
+        attempt = ReferenceAttempt(self._runner, "fetch", view, wake, self._deadline(hint))
+        with self._runner.lock:
+            self._runner.admit_locked(attempt, "fetch")
+            self._waiting.setdefault(frm, []).append((attempt, located))
+        self._runner.run(lambda: self._meet(frm))
+        return attempt
+
+    def _push(self, attempt: ReferenceAttempt, to: bytes, located: tuple[Any, ...]) -> None:
+        """Worker: copy the publish's rows out (it quiesces), and hand them to the peer at ``to``."""
+        with self._runner.lock:
+            if not attempt.touch_locked():
+                return
+        groups = tuple(_Group(g.group_id, g.region.slot_bytes, read_rows(at, g.region.slot_bytes), g.names)
+                       for g, at in zip(attempt.view.groups, located, strict=True))
+        with self._runner.lock:
+            attempt.untouch_locked()
+            attempt.end_access_locked()
+
+        def taken(rows: dict[int, np.ndarray]) -> None:
+            with self._runner.lock:
+                for g, mask in zip(attempt.view.groups, attempt.moved, strict=True):
+                    if g.group_id in rows:
+                        mask[:] = rows[g.group_id]
+                attempt.conclude_locked(OutcomeStatus.DELIVERED)
+
+        with self._fabric.lock:
+            peer = self._fabric.peers.get(to)
+        if not isinstance(peer, PlainPeer) or not peer._receive(self._where, _Push(groups, taken)):
+            with self._runner.lock:
+                attempt.conclude_locked(OutcomeStatus.FAILED, Cause.PEER_GONE, f"no peer answers at {to!r}")
+
+    def _receive(self, frm: bytes, push: _Push) -> bool:
+        with self._runner.lock:
+            if self._runner.closed:
+                return False
+            self._mailbox.setdefault(frm, []).append(push)
+        self._runner.run(lambda: self._meet(frm))
+        return True
+
+    def _meet(self, frm: bytes) -> None:
+        """Worker: pair the oldest waiting fetch from ``frm`` with the oldest rows ``frm`` pushed."""
+        while True:
+            with self._runner.lock:
+                waiting, mailbox = self._waiting.get(frm, []), self._mailbox.get(frm, [])
+                while waiting and waiting[0][0].concluded:
+                    waiting.pop(0)  # cancelled or expired while it waited: it takes no rows
+                if not (waiting and mailbox):
+                    return
+                attempt, located = waiting.pop(0)
+                push = mailbox.pop(0)
+                touched = attempt.touch_locked()
+            if not touched:
+                push.taken({})
+                continue
+            landed = self._land(attempt, located, push)
+            with self._runner.lock:
+                attempt.untouch_locked()
+                delivered = attempt.outcome is None
+                if delivered:
+                    for g, mask in zip(attempt.view.groups, attempt.moved, strict=True):
+                        mask[:] = landed[g.group_id][0]
+                    attempt.conclude_locked(OutcomeStatus.DELIVERED)
+            push.taken({gid: took for gid, (_, took) in landed.items()} if delivered else {})
+
+    def _pairs(self, group: LayerGroupRows, pushed: _Group) -> np.ndarray:
+        """For each row of the fetch's group, the pushed row it takes (-1: none): by position."""
+        count = min(group.rows, pushed.rows.shape[0])
+        return np.where(np.arange(group.rows) < count, np.arange(group.rows), -1)
+
+    def _land(self, attempt: ReferenceAttempt, located: tuple[Any, ...],
+              push: _Push) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """Write the pushed rows into the fetch's rows of the group of the same id and slot size;
+        per group id, which fetch rows landed and which pushed rows were taken."""
+        pushed = {g.group_id: g for g in push.groups}
+        landed: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        for g, at in zip(attempt.view.groups, located, strict=True):
+            hit = np.zeros(g.rows, dtype=bool)
+            source = pushed.get(g.group_id)
+            took = np.zeros(0 if source is None else source.rows.shape[0], dtype=bool)
+            if source is not None and source.slot_bytes == g.region.slot_bytes:
+                pairs = self._pairs(g, source)
+                hit = pairs >= 0
+                write_rows(at, g.region.slot_bytes, np.flatnonzero(hit), source.rows[pairs[hit]])
+                took[pairs[hit]] = True
+            landed[g.group_id] = (hit, took)
+        return landed
+
+    def shutdown(self) -> frozenset[ReferenceAttempt]:
+        runner = self._runner
+        with runner.lock:
+            runner.closed = True
+            self._table.close()
+            for attempt in list(runner.live):
+                attempt.conclude_locked(OutcomeStatus.CANCELLED, Cause.SHUTDOWN, "the peer shut down")
+            self._waiting.clear()
+            self._mailbox.clear()
+            pending = frozenset(a for a in runner.live if not a.quiesced())
+        if not pending:
+            with self._fabric.lock:
+                if self._fabric.peers.get(self._where) is self:  # type: ignore[comparison-overlap]
+                    del self._fabric.peers[self._where]
+            runner.stop()
+        return pending
+
+    def close(self) -> None:
+        if not self.shutdown():
+            self._runner.stop()
+
+
+class _PlainPeerHarness(PeerMutantHarness):
+    """A pair of plain peers (:class:`PlainPeer` or a mutant of it) on one fabric: the source
+    publishes to the sink, the sink fetches from the source."""
+
+    def capabilities(self) -> Capabilities:
+        caps = reference_capabilities(OtherEnd.PEER, self.max_in_flight)
+        return dataclasses.replace(caps, content_addressed=False, protocols=frozenset())
+
+    def open(self, *, timeout_s: float, max_in_flight: int | None = None, faults: FaultPlan | None = None,
+             hold: bool = False) -> Ends:
+        if faults is not None:
+            raise Unavailable("a plain reference peer injects no faults")
+        fabric = Fabric()
+        bound = max_in_flight or self.max_in_flight
+        pair = next(_plain_pairs)
+        source = self.peer(fabric, f"publishing-{pair}", timeout_s=timeout_s, max_in_flight=bound)
+        sink = self.peer(fabric, f"fetching-{pair}", timeout_s=timeout_s, max_in_flight=bound)
+        assert isinstance(source, PlainPeer) and isinstance(sink, PlainPeer)
+        return Ends(source, sink, Hint.of("peer", address=sink.where), Hint.of("peer", address=source.where),
+                    extra={"fabric": fabric})
+
+    def close(self, ends: Ends) -> None:
+        Harness.close(self, ends)
+
+
+_plain_pairs = itertools.count(1)
+
+
+def plain_peer() -> _PlainPeerHarness:
+    """The unbroken plain peer, for ``--kvwire-harness tests/conformance/mutants/pulls.py:plain_peer``
+    (a function, so that the mutant modules' listing does not take it for a mutant). It passes the
+    N1 tests; it is not a full conformance baseline: a fetch here waits for a publish to meet until
+    its deadline, and several suite tests submit a plain peer's fetch (or publish) alone and expect
+    it to conclude within the patience."""
+    return _PlainPeerHarness("reference-plain-peer", PlainPeer)  # type: ignore[arg-type]
+
+
+class PlainPeerMatchesNames(PlainPeer):
+    """N1: a peer without content addressing that pairs rows by name: row ``j`` of a fetch takes
+    the pushed row of the same name (a miss where none has it, and where the fetch or the
+    publish names no rows), not row ``j``."""
+
+    def _pairs(self, group: LayerGroupRows, pushed: _Group) -> np.ndarray:
+        if group.names is None or pushed.names is None:
+            return np.full(group.rows, -1, dtype=np.int64)
+        where = {n.tobytes(): j for j, n in enumerate(pushed.names)}
+        return np.array([where.get(n.tobytes(), -1) for n in group.names], dtype=np.int64)
+
+
+plain_peer_matches_names = _PlainPeerHarness("plain-peer-matches-names", PlainPeerMatchesNames)  # type: ignore[arg-type]
