@@ -324,9 +324,13 @@ class ReadOffer:
         # each run ends below 2**64 - 1: rows * slot <= 2**64 - 1 - start, checked without wrapping
         if np.any(rows > (np.uint64(2**64 - 1) - starts) // np.uint64(slot_bytes)):
             raise WireError(f"ReadOffer runs of group {group} reach past the 64-bit address space")
-        first = np.repeat(np.cumsum(rows) - rows, rows.astype(np.int64))
-        within = np.arange(int(rows.sum()), dtype=np.uint64) - first
-        return np.repeat(starts, rows.astype(np.int64)) + within * np.uint64(slot_bytes)
+        slot = np.uint64(slot_bytes)
+        out = np.arange(int(rows.sum()), dtype=np.uint64) * slot
+        if len(runs) == 1:
+            return out + starts[0]
+        # row j of the run that begins at row f lies at start + (j - f) * slot: j * slot plus
+        # (start - f * slot), computed modulo 2**64 (each result is in range, checked above)
+        return out + np.repeat(starts - (np.cumsum(rows) - rows) * slot, rows.astype(np.int64))
 
     @staticmethod
     def body_bytes(groups: int, runs: int, agent: bytes, metadata: bytes) -> int:
