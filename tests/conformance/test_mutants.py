@@ -13,10 +13,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import json
-import os
 import re
-import subprocess
 import sys
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -25,6 +22,7 @@ from typing import Any
 
 import pytest
 from mutant_table import MUTANTS as REGISTERED
+from suite_runs import run_suite
 
 import kvwire.testing.suite as suite
 from kvwire.testing.harness import Harness
@@ -86,19 +84,6 @@ def is_reference_mutant(name: str) -> bool:
 #: (harness, the clause it breaks, -k selection of the suite's tests) of each mutant this module runs.
 MUTANTS: list[tuple[str, str, str]] = [(name, clause, select) for _, name, clause, select in REGISTERED
                                        if not is_reference_mutant(name)]
-
-
-def run_suite(tmp_path: Path, *args: str) -> tuple[int, list[dict[str, Any]], str]:
-    """Run the suite in a subprocess from an empty directory (so no project configuration
-    applies); return its exit status, its per-test report and its output."""
-    (tmp_path / "pytest.ini").write_text("[pytest]\n")
-    report = tmp_path / "report.json"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KVWIRE_", "PYTEST_"))}
-    cmd = [sys.executable, "-m", "pytest", "--pyargs", "kvwire.testing.suite", "-q", "-p", "no:cacheprovider",
-           "--kvwire-profile=quick", f"--kvwire-report={report}", "--hypothesis-seed=0", *args]
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    tests = json.loads(report.read_text())["tests"] if report.exists() else []
-    return proc.returncode, tests, proc.stdout + proc.stderr
 
 
 def selected_mutants(request: pytest.FixtureRequest) -> set[str]:

@@ -3,17 +3,14 @@
 subclass that changes the backend's own code): each must fail on a test named after the clause it
 breaks; the unbroken reference backends must pass.
 
-Each run is a real ``pytest --pyargs kvwire.testing.suite`` in a subprocess, selected with ``-k``
+Each run is a real ``pytest --pyargs kvwire.testing.suite`` in a process of its own
+(:mod:`suite_runs`), selected with ``-k``
 to the broken clause's tests. A mutant the suite does not catch yet is marked
 ``xfail(strict=True)`` with the scenario that exposes it: once the suite catches it the mark
 fails, and is removed."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -21,6 +18,7 @@ from typing import Any
 
 import pytest
 from mutant_table import MUTANTS as REGISTERED
+from suite_runs import run_suite
 from test_mutants import (
     HARNESSES,
     MUTANT_FILES,
@@ -55,20 +53,6 @@ MUTANTS: list[tuple[str, tuple[str, ...], str, tuple[Any, ...]]] = [
 ]
 
 UNBROKEN = ["reference_store", "reference_peer"]
-
-
-def run_suite(tmp_path: Path, *args: str) -> tuple[int, list[dict[str, Any]], str]:
-    """Run the suite in a subprocess from an empty directory (no project configuration applies);
-    return its exit status, its per-test report and its output."""
-    (tmp_path / "pytest.ini").write_text("[pytest]\n")
-    report = tmp_path / "report.json"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KVWIRE_", "PYTEST_"))}
-    cmd = [sys.executable, "-m", "pytest", "--pyargs", "kvwire.testing.suite", "-q", "-p", "no:cacheprovider",
-           f"--kvwire-profile={os.environ.get('KVWIRE_MUTANT_PROFILE', 'quick')}", f"--kvwire-report={report}",
-           "--hypothesis-seed=0", *args]
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    tests = json.loads(report.read_text())["tests"] if report.exists() else []
-    return proc.returncode, tests, proc.stdout + proc.stderr
 
 
 @pytest.fixture(scope="module")

@@ -42,7 +42,7 @@ def _frozen_on_the_path(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def suite(tmp_path: Path, harness: str, *args: str) -> tuple[int, list[dict[str, Any]], str]:
-    return run_suite(tmp_path, f"--kvwire-harness={harness}", *args)
+    return run_suite(tmp_path, f"--kvwire-harness={harness}", *args, fresh=True)
 
 
 @pytest.mark.parametrize("module", sorted(FROZEN))
