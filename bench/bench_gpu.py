@@ -15,7 +15,9 @@ Sections (each figure a median; ratio = ceiling time / kvwire time, so 1.0 is th
 - ``staged``: the same shape saved (gather into pinned rows, publish them, one object a block)
   and loaded (fetch into pinned rows, scatter) through the ``memory`` and ``files`` backends,
   driven through ``kvwire.holding``; against the pinned-copy ceiling (goal >= 0.8x), with
-  the steps' medians beside it.
+  the steps' medians beside it. ``--copy-threads 1,8`` builds each store once per value of its
+  ``copy_threads`` option (threads that copy one batch of 16 MiB or more) and runs the values side
+  by side, round by round (column ``thr``); the default is the option's default.
 - ``lender``: the lender's staging rows (a read lease's copy, a write lease's marked rows) and a
   device-to-device copy of pool rows by block table, against torch's copies of the same bytes."""
 
@@ -260,68 +262,85 @@ def view_of(region: SlotRegion, n: int, salt: int) -> View:
                                 names),))
 
 
-def staged_section(kv: KV, repeat: int) -> None:
+def staged_section(kv: KV, repeat: int, copy_threads: list[int] | None = None) -> None:
+    if copy_threads is None:
+        copy_threads = [next(o.default for o in load("memory").options if o.name == "copy_threads")]
     say(f"## staged save / load, {LAYERS} layers x K/V, {HEADS} heads x {DIM}, bf16, block {B}: one object a block "
         f"({kv.row >> 20} MiB), vs a pinned copy of the same bytes; goal >= 0.8x")
     shm = "/dev/shm" if os.path.isdir("/dev/shm") and shutil.disk_usage("/dev/shm").free > 10 * GIB else None
-    root = tempfile.mkdtemp(prefix="kvwire-bench-gpu-", dir=shm)
-    say(f"   files root: {root} ({shutil.disk_usage(root).free >> 30} GiB free); memory: kvwire_memory's store")
     region = SlotRegion(0, kv.rows.data_ptr(), kv.row, kv.rows.shape[0], MemoryKind.HOST)
     capacity = 2 * kv.rows.shape[0] * kv.row
-    backends = {
-        "memory": load("memory").build({"store": f"bench-gpu-{uuid.uuid4().hex[:8]}", "capacity_bytes": capacity,
-                                        "eviction": True, "timeout_s": 120.0}),
-        "files": load("files").build({"root": root, "capacity_bytes": capacity, "eviction": True,
-                                      "timeout_s": 120.0}),
-    }
+    say(f"   files root: under {shm or tempfile.gettempdir()} ({shutil.disk_usage(shm or tempfile.gettempdir()).free >> 30}"
+        f" GiB free), one per copy_threads value; memory: kvwire_memory's store, one per value; copy_threads (thr):"
+        f" {', '.join(map(str, copy_threads))}, values run side by side, round by round; {os.cpu_count()} CPUs")
     mover = Mover(timeout_s=120.0)
     hint = Hint.of("store")
-    say(f"   {'store':>6} {'tokens':>6} {'bytes':>6} | {'save':>5} {'gather':>7} {'publish':>8} {'ceil ms':>8} | "
+    say(f"   {'store':>6} {'thr':>3} {'tokens':>6} {'bytes':>6} | {'save':>5} {'gather':>7} {'publish':>8} {'ceil ms':>8} | "
         f"{'load':>5} {'fetch':>7} {'scatter':>8} {'ceil ms':>8}")
-    try:
-        for name, backend in backends.items():
-            backend.register_regions([region])
-            salt = 1
-            for tokens in TOKENS:
-                n = tokens // B
-                ids, back = kv.tables(n)
-                rows, flat = kv.rows[:n], kv.flat[:n]
-                steps: dict[str, list[float]] = {k: [] for k in ("gather", "publish", "fetch", "scatter", "d2h", "h2d")}
-                for rep in range(repeat + 1):
-                    salt += 1
-                    view = view_of(region, n, salt)
-                    t0 = time.perf_counter()
-                    gather(kv.planes, ids, rows).synchronize()
-                    t1 = time.perf_counter()
-                    mover.move(backend, Direction.PUBLISH, view, hint)
-                    t2 = time.perf_counter()
-                    rows.zero_()
-                    t3 = time.perf_counter()
-                    mover.move(backend, Direction.FETCH, view, hint)
-                    t4 = time.perf_counter()
-                    scatter(rows, None, kv.planes, back).synchronize()
-                    t5 = time.perf_counter()
-                    d2h = wall_s(lambda rows=rows, flat=flat: rows.copy_(flat, non_blocking=True))
-                    h2d = wall_s(lambda rows=rows, flat=flat: flat.copy_(rows, non_blocking=True))
-                    if rep == 0:  # the first round warms up, and checks the bytes came back whole
-                        for t in kv.layers[:2]:
-                            idx, bk = torch.as_tensor(ids, device="cuda"), torch.as_tensor(back, device="cuda")
-                            assert torch.equal(t[:, bk].view(torch.int16), t[:, idx].view(torch.int16))
-                        continue
-                    for k, v in zip(steps, (t1 - t0, t2 - t1, t4 - t3, t5 - t4, d2h, h2d), strict=True):
-                        steps[k].append(v)
-                m = {k: statistics.median(v) * 1e3 for k, v in steps.items()}
-                save, load_ms = m["gather"] + m["publish"], m["fetch"] + m["scatter"]
-                say(f"   {name:>6} {tokens:>6} {n * kv.row >> 20:>4}Mi | {m['d2h'] / save:>5.2f} {m['gather']:>7.1f}"
-                    f" {m['publish']:>8.1f} {m['d2h']:>8.1f} | {m['h2d'] / load_ms:>5.2f} {m['fetch']:>7.1f}"
-                    f" {m['scatter']:>8.1f} {m['h2d']:>8.1f}")
-    finally:
-        for backend in backends.values():
-            backend.close()
-        shutil.rmtree(root, ignore_errors=True)
+    for name in ("memory", "files"):
+        roots: list[str] = []
+        backends = {}
+        try:
+            for threads in copy_threads:
+                if name == "memory":
+                    options = {"store": f"bench-gpu-{uuid.uuid4().hex[:8]}"}
+                else:
+                    roots.append(tempfile.mkdtemp(prefix="kvwire-bench-gpu-", dir=shm))
+                    options = {"root": roots[-1]}
+                backends[threads] = load(name).build({**options, "capacity_bytes": capacity, "eviction": True,
+                                                      "timeout_s": 120.0, "copy_threads": threads})
+                backends[threads].register_regions([region])
+            staged_rows(kv, name, backends, region, mover, hint, repeat)
+        finally:
+            for backend in backends.values():
+                backend.close()
+            for root in roots:
+                shutil.rmtree(root, ignore_errors=True)
     say("   (save/load: ratio to the pinned copy; the other columns are milliseconds: gather = blocks into pinned")
     say("    rows, event waited; publish/fetch = the backend's attempt from submission until quiesced)")
     say()
+
+
+def staged_rows(kv: KV, name: str, backends: dict, region: SlotRegion, mover: Mover, hint: Hint, repeat: int) -> None:
+    """The staged rows of one store: per token count, rounds of every copy_threads value in turn."""
+    salt = 1
+    for tokens in TOKENS:
+        n = tokens // B
+        ids, back = kv.tables(n)
+        rows, flat = kv.rows[:n], kv.flat[:n]
+        all_steps: dict[int, dict[str, list[float]]] = {
+            t: {k: [] for k in ("gather", "publish", "fetch", "scatter", "d2h", "h2d")} for t in backends}
+        for rep in range(repeat + 1):
+            for threads, backend in backends.items():
+                steps = all_steps[threads]
+                salt += 1
+                view = view_of(region, n, salt)
+                t0 = time.perf_counter()
+                gather(kv.planes, ids, rows).synchronize()
+                t1 = time.perf_counter()
+                mover.move(backend, Direction.PUBLISH, view, hint)
+                t2 = time.perf_counter()
+                rows.zero_()
+                t3 = time.perf_counter()
+                mover.move(backend, Direction.FETCH, view, hint)
+                t4 = time.perf_counter()
+                scatter(rows, None, kv.planes, back).synchronize()
+                t5 = time.perf_counter()
+                d2h = wall_s(lambda rows=rows, flat=flat: rows.copy_(flat, non_blocking=True))
+                h2d = wall_s(lambda rows=rows, flat=flat: flat.copy_(rows, non_blocking=True))
+                if rep == 0:  # the first round warms up, and checks the bytes came back whole
+                    for t in kv.layers[:2]:
+                        idx, bk = torch.as_tensor(ids, device="cuda"), torch.as_tensor(back, device="cuda")
+                        assert torch.equal(t[:, bk].view(torch.int16), t[:, idx].view(torch.int16))
+                    continue
+                for k, v in zip(steps, (t1 - t0, t2 - t1, t4 - t3, t5 - t4, d2h, h2d), strict=True):
+                    steps[k].append(v)
+        for threads, steps in all_steps.items():
+            m = {k: statistics.median(v) * 1e3 for k, v in steps.items()}
+            save, load_ms = m["gather"] + m["publish"], m["fetch"] + m["scatter"]
+            say(f"   {name:>6} {threads:>3} {tokens:>6} {n * kv.row >> 20:>4}Mi | {m['d2h'] / save:>5.2f}"
+                f" {m['gather']:>7.1f} {m['publish']:>8.1f} {m['d2h']:>8.1f} | {m['h2d'] / load_ms:>5.2f}"
+                f" {m['fetch']:>7.1f} {m['scatter']:>8.1f} {m['h2d']:>8.1f}")
 
 
 # -- the lender's staging ------------------------------------------------------------------------
@@ -402,7 +421,14 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=9)
     parser.add_argument("--sweep", action="store_true", help="also time the kernel's tuning and use the best")
     parser.add_argument("--sections", default="kernel,host,staged,lender,host-direct")
+    parser.add_argument("--copy-threads", metavar="N,N",
+                        help="staged: the stores' copy_threads values, run side by side (default: the option's default)")
+    parser.add_argument("--tokens", metavar="N,N", help="host/staged: token counts (default 1024,4096,16384,32768)")
     args = parser.parse_args()
+    global TOKENS
+    if args.tokens:
+        TOKENS = tuple(int(x) for x in args.tokens.split(","))
+    copy_threads = [int(x) for x in args.copy_threads.split(",")] if args.copy_threads else None
     if not torch.cuda.is_available():
         print("bench_gpu: no CUDA device here; run it on a GPU machine", file=sys.stderr)
         return 2
@@ -442,7 +468,7 @@ def main() -> int:
     kv = KV() if {"host", "staged", "host-direct"} & set(sections) else None
     if kv is not None:
         run("host", lambda: host_section(kv, args.repeat, direct=False))
-        run("staged", lambda: staged_section(kv, max(3, args.repeat // 2)))
+        run("staged", lambda: staged_section(kv, max(3, args.repeat // 2), copy_threads))
     run("lender", lambda: lender_section(args.repeat))
     if kv is not None and blockcopy._choose()[0] is blockcopy._Impl.TRITON:
         run("host-direct", lambda: host_section(kv, args.repeat, direct=True))
