@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import socket
+import struct
 import threading
 import time
 
@@ -166,6 +167,42 @@ def test_rows_in_any_layout_at_either_end_land_byte_for_byte(make_backend, holde
         check_rows(here, slots, names)
     assert b.stats().rows_received == 2 * 8 * len(LAYOUTS) == a.stats().rows_sent
     assert tree.wait_unpinned(5)
+
+
+def test_a_peer_of_an_earlier_wire_version_fails_the_pull_naming_the_versions(make_backend) -> None:
+    """Wire version 3 cut rows into messages the way version 2 cannot: a serving end that greets
+    with a version-2 Hello is refused at that frame, and the fetch fails saying so."""
+    from kvwire_ucx import wire
+    from kvwire_ucx.address import PeerAddress
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    instance = 0x1234
+
+    def old_peer() -> None:
+        conn, _ = listener.accept()
+        body = struct.pack("<QH", instance, 3) + b"old"
+        conn.sendall(struct.pack("<4sBBHI", b"KVWC", wire.WIRE_VERSION - 1, wire.MessageType.HELLO, 0, len(body))
+                     + body)
+        conn.recv(65536)
+        time.sleep(0.5)
+        conn.close()
+
+    thread = threading.Thread(target=old_peer, daemon=True)
+    thread.start()
+    b = make_backend()
+    pool = Pool(GROUPS, 4, SLOT, first_region_id=10)
+    b.register_regions(pool.regions)
+    req = Requester(b, pool)
+    address = PeerAddress("127.0.0.1", listener.getsockname()[1], instance).to_bytes()
+    attempt, slots = req.fetch(address, block_names(2), timeout_s=5)
+    outcome = req.wait(attempt, slots, 10)
+    assert outcome.status.name == "FAILED", outcome
+    assert f"version {wire.WIRE_VERSION - 1} is not supported (this end speaks {wire.WIRE_VERSION})" in outcome.reason
+    assert b.stats().connections_dropped == 1
+    thread.join(5)
+    listener.close()
 
 
 def test_each_ends_timeline_separates_the_round_trip_from_the_rows(pair) -> None:
