@@ -206,6 +206,8 @@ MUTANTS: list[tuple[str, str, str, str]] = [
     ("mutants/attempt.py", "failed_fetch_never_quiesces", "A2.5", "A5 and fault_is_a_failure"),
     ("mutants/attempt.py", "raising_get_marks_its_rows", "A5.5", "S5 and store_call_that_raises and get"),
     ("mutants/attempt.py", "coalesces_slots_in_order", "A9.3", "A9 and misses_keep_their_place"),
+    ("mutants/attempt.py", "one_row_views_kept_apart", "A9.2", "A9 and misses_keep_their_place"),
+    ("mutants/attempt.py", "reads_rows_in_two_halves", "A7.2", "A7 and lost_between_store_calls"),
     # wake
     ("mutants/wake.py", "wakes_early", "W1.6", "W1"),
     ("mutants/wake.py", "silent_cancel", "W1.3", "W1"),

@@ -2216,3 +2216,60 @@ class CoalescesSlotsInOrder(ReferenceStoreBackend):
 failed_fetch_never_quiesces = StoreMutantHarness("failed-fetch-never-quiesces", FailedFetchNeverQuiesces)
 raising_get_marks_its_rows = StoreMutantHarness("raising-get-marks-its-rows", RaisingGetMarksItsRows)
 coalesces_slots_in_order = StoreMutantHarness("coalesces-slots-in-order", CoalescesSlotsInOrder)
+
+
+#: Where :class:`OneRowViewsKeptApart` keeps the objects of one-row views: their group id plus this.
+SMALL_OBJECTS = 1 << 40
+
+
+class OneRowViewsKeptApart(ReferenceStoreBackend):
+    """A9: a view with one row in every group takes a fast path whose objects live in a table of
+    their own (their space is the group id plus 2**40): one-row publishes are found only by
+    one-row fetches, and the rows of larger views only by larger ones, so the same rows give
+    other bits split into one-row views than whole."""
+
+    @staticmethod
+    def _calls(view: View, layout: str | None) -> tuple[Any, ...]:
+        calls = ReferenceStoreBackend._calls(view, layout)
+        if layout is None and view.groups and all(g.rows == 1 for g in view.groups):
+            calls = tuple(dataclasses.replace(call, space=int(call.space) + SMALL_OBJECTS) for call in calls)
+        return calls
+
+
+one_row_views_kept_apart = StoreMutantHarness("one-row-views-kept-apart", OneRowViewsKeptApart)
+
+
+class _ReadsInTwoHalves:
+    """A store end whose get reads each row in two ranged reads (the first half of every row's
+    bytes, then the second half, one call each), and answers the status of the first read: a
+    row the store lost between the reads comes back torn and HELD."""
+
+    def __init__(self, end: Any) -> None:
+        self.end = end
+
+    def put(self, *args: Any) -> StoreReply:
+        return self.end.put(*args)
+
+    def get(self, namespace: str, space: Any, names: np.ndarray, row_bytes: int) -> StoreReply:
+        first = self.end.get(namespace, space, names, row_bytes)
+        if row_bytes < 2:
+            return first
+        second = self.end.get(namespace, space, names, row_bytes)
+        assert first.data is not None and second.data is not None
+        half = row_bytes // 2
+        data = np.concatenate([first.data[:, :half], second.data[:, half:]], axis=1)
+        return StoreReply(first.status, data, first.reason or second.reason)
+
+    def contains(self, *args: Any) -> StoreReply:
+        return self.end.contains(*args)
+
+
+class ReadsRowsInTwoHalves(ReferenceStoreBackend):
+    """A7: a fetch reads each row in two halves, with a store call each, and keeps the bit of
+    the first: a row the store lost between the two reads arrives in part, marked true."""
+
+    def __init__(self, store: Any, **options: Any) -> None:
+        super().__init__(_ReadsInTwoHalves(store), **options)
+
+
+reads_rows_in_two_halves = StoreMutantHarness("reads-rows-in-two-halves", ReadsRowsInTwoHalves)

@@ -717,6 +717,34 @@ def test_A7_a_published_row_marked_held_is_held_with_its_bytes_at_submission(kvw
                 f"({published!r}), yet a fetch of them from the other end did not get them ({fetched!r})")
 
 
+@checks("A7.2", also=("A5.8",))
+def test_A7_an_object_lost_between_store_calls_is_never_a_torn_row_marked_true(kvwire_harness: Harness) -> None:
+    """A7.2: the store loses the first object of a fetch's second and of its third store call
+    behind the backend's back (evicted just before those calls, as another process may), however
+    the backend splits the fetch into calls (one per group, or several reads of each row): the
+    fetch delivers (a lost object is a miss), and every row it marks true holds the published
+    bytes whole; a row that arrived in part is a false bit."""
+    from kvwire.testing.faults import Evict
+
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = pages([(4096, 3), (64, 3)], 2243, False)
+    schedule = (Evict(op="get", call=2, stop=1), Evict(op="get", call=3, stop=1))
+    with needs.open_exchange(kvwire_harness, faults=FaultPlan(schedule=schedule)) as ex, Bench(
+            kvwire_harness, ex.ends.source, ex.ends.sink, plan, kind) as bench:
+        _schedule_or_skip(ex)
+        published = ex.offer(bench)
+        assert published is not None and published.is_delivered and all(m.all() for m in published.masks), (
+            f"S1.2: a publish to a store with room to spare must hold every row: {published!r}")
+        fetched = ex.settle(ex.fetch(bench.sink_view()))
+        assert fetched.is_delivered, f"A5.8: objects the store lost are misses, and a miss no failure: {fetched!r}"
+        try:
+            bench.apply_fetch(fetched)
+        except AssertionError as exc:
+            raise AssertionError(f"A7.2: a fetch while the store lost objects between its calls: {exc}") from None
+
+
 # -- A8 ----------------------------------------------------------------------------------------
 
 @checks("A8.2", "A8.3", "A8.4", "A8.5")
