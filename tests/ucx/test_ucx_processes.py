@@ -137,7 +137,8 @@ def test_a_server_killed_mid_pull_fails_the_fetch_and_the_rows_come_back(childre
     server = children("kill-mid-pull", slot, 64, 64)
     address = bytes.fromhex(server.read()["address"])
     req, _ = requester(slot, 64, window_bytes=4 << 20)
-    attempt, slots = req.fetch(address, block_names(64), timeout_s=8)
+    # rows lent in reverse: one receive per row, so a window of 4 MiB is 4 rows (slow enough to kill)
+    attempt, slots = req.fetch(address, block_names(64), timeout_s=8, slots=list(range(63, -1, -1)))
     outcome = req.wait(attempt, slots, 15)
     assert server.wait_dead() == -signal.SIGKILL
     assert outcome.is_failed, outcome
@@ -163,7 +164,8 @@ def test_a_server_frozen_mid_pull_fails_at_the_deadline_and_quiesces_within_the_
     server = children("serve", slot, 64, 64)
     address = bytes.fromhex(server.read()["address"])
     req, _ = requester(slot, 64, window_bytes=8 << 20, grace_s=0.5)
-    attempt, slots = req.fetch(address, block_names(64), timeout_s=1.0)
+    # rows lent in reverse: one receive per row, so a window of 8 MiB is 8 rows (slow enough to freeze)
+    attempt, slots = req.fetch(address, block_names(64), timeout_s=1.0, slots=list(range(63, -1, -1)))
     deadline = time.monotonic() + 10
     while req.backend.stats().rows_received < 2 and time.monotonic() < deadline:
         time.sleep(0.0005)

@@ -87,11 +87,11 @@ def of(actions: Iterable[ev.Action], kind: type) -> list:
 # ====================================================================== the requesting side
 
 def requester(*, blocks: int = 4, groups: int = 2, window_rows: int | None = None, one_sided: bool = False,
-              slot: int = SLOT, ranges_at_once: int = rq.READ_RANGES_AT_ONCE) -> Driven:
+              slot: int = SLOT, ranges_at_once: int = rq.READ_RANGES_AT_ONCE, breaks: tuple = ()) -> Driven:
     window = (window_rows if window_rows is not None else blocks * groups) * slot
     spec = PullSpec(transfer=7, tag_base=3, group_ids=tuple(range(10, 10 + groups)), slot_bytes=(slot,) * groups,
                     blocks=blocks, width=4, names=bytes(4 * blocks), timeout_s=2.0, window_bytes=window,
-                    one_sided=one_sided, peer="P", ranges_at_once=ranges_at_once)
+                    one_sided=one_sided, peer="P", ranges_at_once=ranges_at_once, breaks=breaks)
     return Driven(PullRequester(spec), "requester")
 
 
@@ -349,6 +349,32 @@ def test_a_message_that_cannot_be_posted_uncounts_exactly_its_unposted_rows() ->
     assert d.m.outstanding == 2 and d.state is R.DRAINING and d.m.inflight_bytes == 2 * SLOT
     d(rows([(0, 2), (0, 3)]))
     assert d.state is R.DONE
+
+
+def test_after_the_offer_a_window_counts_receives_so_adjacent_rows_go_at_once() -> None:
+    """The credit is one receive per row (4 rows: the window); after the Offer, the window is 4
+    receives, and rows adjacent at both ends take one receive per group: the 12 rows left go in
+    one Go window of 2 receives (by bytes it would have been 4 rows)."""
+    d = started(blocks=8, window_rows=4, breaks=((), ()))
+    assert d.sent(wire.Pull)[0].credit == 4 and d.m.receives_out == 4
+    d(ev.Offered((8, 8), ((), ())))
+    actions = d(rows([(0, 0), (1, 0), (0, 1), (1, 1)]))
+    assert of(actions, ev.PostReceives) == [ev.PostReceives(4, 16, (8, 8))] and d.sent(wire.Go)[-1] == wire.Go(7, 4, 16)
+    assert d.m.receives_out == 2 and d.m.outstanding == 12
+    d(ev.RowsCompleted(np.array([0] * 6 + [1] * 6), np.array(list(range(2, 8)) * 2), receives=2))
+    assert d.state is R.DONE and d.sent(wire.Ack)[0].rows == 16
+    # the serving end's breaks cut the window too: group 0's rows break at 5 there, so 3 receives
+    e = started(blocks=8, window_rows=4, breaks=((), ()))
+    e(ev.Offered((8, 8), ((5,), ())))
+    actions = e(rows([(0, 0), (1, 0), (0, 1), (1, 1)]))
+    assert of(actions, ev.PostReceives) == [ev.PostReceives(4, 16, (8, 8))] and e.m.receives_out == 3
+    # and a budget of receives cuts the window before the first message past it
+    f = started(blocks=8, window_rows=2, breaks=((3,), ()))
+    f(ev.Offered((8, 8), ((), ())))
+    actions = f(rows([(0, 0), (1, 0)]))
+    # messages from number 2: group 0 rows 1-2 (numbers 2, 4), group 1 rows 1-7 (3..15), group 0 rows 3-7 (6..14)
+    assert of(actions, ev.PostReceives) == [ev.PostReceives(2, 6, (8, 8))] and f.m.receives_out == 2
+    assert f.m.outstanding == 4  # group 0 rows 1-2, group 1 rows 1-2 (cut at number 6)
 
 
 def test_answers_that_do_not_fit_the_pull_are_violations() -> None:

@@ -291,7 +291,7 @@ class Engine:
             try:
                 job.receives.post(self._worker, action.start, action.end, action.counts)
             except PostError as exc:
-                return ev.PostFailed(str(exc), exc.reached, exc.unposted)
+                return ev.PostFailed(str(exc), exc.reached, exc.unposted, exc.unposted_receives)
         elif isinstance(action, ev.Drain):
             assert isinstance(job, FetchJob) and job.receives is not None
             self._drain.send(job.receives.drain_tags(action.counts))

@@ -117,7 +117,8 @@ class Requesting(EngineContext):
         elif job is not None:
             if isinstance(message, wire.Offer) and job.receives is not None:
                 job.receives.learn(message.breaks)  # later windows go as one message per run
-            answer = ev.Offered(message.counts) if isinstance(message, wire.Offer) else ev.Declined(message.reason)
+            answer = (ev.Offered(message.counts, message.breaks) if isinstance(message, wire.Offer)
+                      else ev.Declined(message.reason))
             self._router.feed(job, answer)
             return
         if not known and not isinstance(message, wire.Decline):

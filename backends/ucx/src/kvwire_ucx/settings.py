@@ -46,7 +46,9 @@ class UcxSettings:
         1.0, "after a deadline, cancel or shutdown: how long rows in flight may take before the connection is "
         "forced closed", minimum=0.001)
     max_in_flight: int = option_field(256, "attempts that may be unfinished at once", minimum=1, maximum=1 << 20)
-    window_bytes: int = option_field(64 << 20, "bytes a pull keeps posted for receiving at once", minimum=1)
+    window_bytes: int = option_field(
+        64 << 20, "bytes a pull keeps posted for receiving at once, counted as the receives rows of the smallest "
+        "size would take (a run of rows adjacent at both ends is one receive)", minimum=1)
     max_pending_pulls: int = option_field(
         1024, "pulls waiting for the serving holder before more are declined as busy", minimum=1)
     max_connections: int = option_field(1024, "control connections accepted at once", minimum=1)

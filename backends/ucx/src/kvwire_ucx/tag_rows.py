@@ -26,7 +26,8 @@ import numpy as np
 from kvwire_ucx import wire
 from kvwire_ucx._ucx import Array, UCXError, ucx_api
 from kvwire_ucx.connection import Endpoints
-from kvwire_ucx.protocol.events import RowsCompleted, SendsCompleted
+from kvwire_ucx.protocol.events import RowsCompleted, SendsCompleted, message_cuts
+from kvwire_ucx.protocol.events import messages as _messages
 from kvwire_ucx.regions import GroupRows
 
 __all__ = ["TagReceives", "TagSends", "SelfDrain", "PostError", "NotAdjacent", "messages", "message_cuts", "own_breaks"]
@@ -39,11 +40,13 @@ class PostError(Exception):
     (``posted`` rows went out before it); ``unposted``: the group index of every row of the
     window that did not (``None``: those from ``reached`` on)."""
 
-    def __init__(self, reason: str, reached: int, posted: int, unposted: np.ndarray | None = None) -> None:
+    def __init__(self, reason: str, reached: int, posted: int, unposted: np.ndarray | None = None,
+                 unposted_receives: int | None = None) -> None:
         super().__init__(reason)
         self.reached = reached
         self.posted = posted
         self.unposted = unposted
+        self.unposted_receives = unposted_receives
 
 
 class NotAdjacent(Exception):
@@ -101,46 +104,10 @@ def own_breaks(groups: tuple[GroupRows, ...], counts: Sequence[int] | None = Non
     return tuple(out)
 
 
-def message_cuts(here: Breaks, there: Breaks) -> tuple[np.ndarray | None, ...]:
-    """Per group, the rows that start a message (beyond row 0): where either end's rows stop
-    being adjacent; ``None`` where either end sends every row on its own."""
-    return tuple(None if a is None or b is None else np.union1d(np.asarray(a, dtype=np.int64),
-                                                                np.asarray(b, dtype=np.int64))
-                 for a, b in zip(here, there, strict=True))
-
-
 def messages(groups: tuple[GroupRows, ...], start: int, end: int, counts: Sequence[int] | None,
-             cuts: tuple[np.ndarray | None, ...] | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The messages that carry the rows among block-major numbers ``[start, end)`` (offered ones
-    only, given ``counts``), in the order of their first rows' numbers: ``(number of the first
-    row, group index, first row, rows)``. A message is a run of one group's rows, adjacent at both
-    ends (never crossing ``cuts``) and within ``[start, end)``; without ``cuts`` every row is one
-    message. Both ends compute the same messages for the same window."""
-    width = len(groups)
-    seqs, gis, firsts, lengths = [], [], [], []
-    for gi, group in enumerate(groups):
-        lo = max(0, -(-(start - gi) // width))
-        hi = -(-(end - gi) // width)
-        hi = min(hi, len(group.offsets) if counts is None else counts[gi])
-        if hi <= lo:
-            continue
-        cut = None if cuts is None else cuts[gi]
-        if cut is None:
-            first = np.arange(lo, hi, dtype=np.int64)
-        else:
-            inner = cut[(cut > lo) & (cut < hi)]
-            first = np.concatenate((np.array([lo], dtype=np.int64), inner.astype(np.int64)))
-        length = np.diff(np.concatenate((first, np.array([hi], dtype=np.int64))))
-        seqs.append(first * width + gi)
-        gis.append(np.full(len(first), gi, dtype=np.int64))
-        firsts.append(first)
-        lengths.append(length)
-    if not seqs:
-        empty = np.zeros(0, dtype=np.int64)
-        return empty, empty, empty, empty
-    seq, gi_all, first_all, length_all = (np.concatenate(x) for x in (seqs, gis, firsts, lengths))
-    order = np.argsort(seq, kind="stable")
-    return seq[order], gi_all[order], first_all[order], length_all[order]
+             cuts: Sequence[np.ndarray | None] | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`kvwire_ucx.protocol.events.messages` of these groups' rows."""
+    return _messages(start, end, tuple(len(g.offsets) for g in groups), counts, cuts)
 
 
 def _buffer(group: GroupRows, row: int, rows: int) -> Any:
@@ -194,7 +161,8 @@ class TagReceives:
                 append((tag_recv(buffer, make_tag(tag_high | int(seqs[index]))), buffer, gi, ri, n))
         except (UCXError, NotAdjacent) as exc:
             unposted = np.repeat(gis[index:], lengths[index:])
-            raise PostError(str(exc), int(seqs[index]), int(lengths[:index].sum()), unposted) from None
+            raise PostError(str(exc), int(seqs[index]), int(lengths[:index].sum()), unposted,
+                            len(seqs) - index) from None
 
     def reap(self) -> RowsCompleted | None:
         """The receives completed since the last call (in order), or ``None``; each row of a
@@ -205,8 +173,10 @@ class TagReceives:
         groups: list[np.ndarray] = []
         rows: list[np.ndarray] = []
         failures: list[tuple[int, int, str, bool]] = []
+        receives = 0
         while posted and posted[0][0].completed:
             request, _buffer, gi, ri, n = posted.popleft()
+            receives += 1
             try:
                 request.check_error()
             except UCXError as exc:
@@ -217,7 +187,7 @@ class TagReceives:
                 rows.append(np.arange(ri, ri + n, dtype=np.int64))
         empty = np.zeros(0, dtype=np.int64)
         return RowsCompleted(np.concatenate(groups) if groups else empty, np.concatenate(rows) if rows else empty,
-                             tuple(failures))
+                             tuple(failures), receives)
 
     def drain_tags(self, counts: tuple[int, ...] | None) -> list[int]:
         """Tags of the posted receives not yet complete that no peer will match: those of rows

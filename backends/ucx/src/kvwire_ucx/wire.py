@@ -26,7 +26,9 @@ group's breaks may be "every row on its own" (``EVERY_ROW``: what an end sends w
 not fit a frame). Both ends cut each window at the breaks of either and at the window's ends, so
 they cut the same messages. The credit's receives are posted before R knows S's breaks, so the
 credit goes one row per message (R keeps it to ``CREDIT_BYTES``, 1 MiB, or the window); each
-``Go``'s window goes in messages. A receive that R completes itself (rows not offered, a stop)
+``Go``'s window goes in messages, and R sizes it in receives, not bytes: as many as
+``window_bytes`` of its smallest rows would take one each, so rows adjacent at both ends are
+named at once (a window of bytes would take a control round trip per 64 MiB). A receive that R completes itself (rows not offered, a stop)
 is drained per posted receive, as before: a zero-byte message of its tag.
 
 One-sided pulls (the opt-in ``mode="one-sided"``, for trusted clusters): R sends the ``Pull`` as

@@ -33,7 +33,7 @@ __all__ = [
     "ReleaseRead", "Conclude", "Quiesce", "Note", "ArmDeadline", "ArmGrace", "Violation", "CloseConnection",
     "Count",
     # helpers
-    "offered_limit", "rows_between",
+    "offered_limit", "rows_between", "message_cuts", "messages",
 ]
 
 
@@ -89,9 +89,11 @@ class Start:
 
 @dataclass(frozen=True, slots=True)
 class Offered:
-    """The serving end's ``Offer``: rows served per group (a two-sided pull's answer)."""
+    """The serving end's ``Offer``: rows served per group (a two-sided pull's answer), and where
+    its rows stop being adjacent (``breaks``, as on the wire; empty: every row on its own)."""
 
     counts: tuple[int, ...]
+    breaks: tuple[tuple[int, ...] | None, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +122,8 @@ class RowsCompleted:
     groups: np.ndarray
     rows: np.ndarray
     failures: tuple[tuple[int, int, str, bool], ...] = ()
+    #: how many receives completed (a message carries a run of rows); ``None``: one per row
+    receives: int | None = None
 
     @classmethod
     def of(cls, ok: Sequence[tuple[int, int]], failures: Sequence[tuple[int, int, str, bool]] = ()) -> RowsCompleted:
@@ -131,6 +135,10 @@ class RowsCompleted:
     def count(self) -> int:
         return len(self.groups) + len(self.failures)
 
+    @property
+    def receive_count(self) -> int:
+        return self.count if self.receives is None else self.receives
+
 
 @dataclass(frozen=True, slots=True)
 class PostFailed:
@@ -141,6 +149,7 @@ class PostFailed:
     reason: str
     reached: int
     unposted: np.ndarray | None = None
+    unposted_receives: int | None = None  #: receives not posted (``None``: one per unposted row)
 
 
 @dataclass(frozen=True, slots=True)
@@ -375,3 +384,45 @@ def rows_between(start: int, end: int, counts: Sequence[int] | None, width: int)
         seqs_rows = seqs // width
         groups = groups[seqs_rows < np.asarray(counts, dtype=np.int64)[groups]]
     return groups
+
+
+def message_cuts(here: Sequence[tuple[int, ...] | None], there: Sequence[tuple[int, ...] | None]
+                 ) -> tuple[np.ndarray | None, ...]:
+    """Per group, the rows that start a message (beyond row 0): where either end's rows stop
+    being adjacent; ``None`` where either end sends every row on its own."""
+    return tuple(None if a is None or b is None else np.union1d(np.asarray(a, dtype=np.int64),
+                                                                np.asarray(b, dtype=np.int64))
+                 for a, b in zip(here, there, strict=True))
+
+
+def messages(start: int, end: int, rows: Sequence[int], counts: Sequence[int] | None,
+             cuts: Sequence[np.ndarray | None] | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The messages that carry the rows among block-major numbers ``[start, end)`` of groups of
+    ``rows`` rows each (offered ones only, given ``counts``), in the order of their first rows'
+    numbers: ``(number of the first row, group index, first row, rows)``. A message is a run of
+    one group's rows, adjacent at both ends (never crossing ``cuts``) and within ``[start,
+    end)``; without ``cuts`` every row is one message. Both ends compute the same messages for the
+    same window."""
+    width = len(rows)
+    seqs, gis, firsts, lengths = [], [], [], []
+    for gi in range(width):
+        lo = max(0, -(-(start - gi) // width))
+        hi = min(-(-(end - gi) // width), rows[gi] if counts is None else counts[gi])
+        if hi <= lo:
+            continue
+        cut = None if cuts is None else cuts[gi]
+        if cut is None:
+            first = np.arange(lo, hi, dtype=np.int64)
+        else:
+            inner = cut[(cut > lo) & (cut < hi)]
+            first = np.concatenate((np.array([lo], dtype=np.int64), inner.astype(np.int64)))
+        seqs.append(first * width + gi)
+        gis.append(np.full(len(first), gi, dtype=np.int64))
+        firsts.append(first)
+        lengths.append(np.diff(np.concatenate((first, np.array([hi], dtype=np.int64)))))
+    if not seqs:
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty, empty, empty
+    seq, gi_all, first_all, length_all = (np.concatenate(x) for x in (seqs, gis, firsts, lengths))
+    order = np.argsort(seq, kind="stable")
+    return seq[order], gi_all[order], first_all[order], length_all[order]

@@ -60,6 +60,8 @@ from kvwire_ucx.protocol.events import (
     Start,
     StartRead,
     Violation,
+    message_cuts,
+    messages,
     offered_limit,
     rows_between,
 )
@@ -129,7 +131,9 @@ class PullRequester:
         self.received = 0       # offered rows arrived (or read) whole
         self.next_seq = 0       # block-major number of the next row to post a receive for
         self.limit = spec.blocks * groups  # receives are posted below it: every row, then the offered ones
-        self.outstanding = 0    # receives posted and not completed
+        self.outstanding = 0    # rows whose receives are posted and not completed
+        self.receives_out = 0   # receives posted and not completed (a message's receive takes a run of rows)
+        self._cuts: tuple[np.ndarray | None, ...] | None = None  # after the Offer: where messages start
         self.inflight_bytes = 0
         self.ranges: tuple[tuple[int, int], ...] = ()  # one-sided: block ranges to read
         self.range_index = 0    # the first range of the batch being read
@@ -196,10 +200,19 @@ class PullRequester:
         self.total = sum(counts)
         return True
 
-    def _window(self, window: int | None = None) -> tuple[int, int, int]:
-        """The next receives to post: ``(end, rows, bytes)`` from :attr:`next_seq` while the
-        window allows (a row is posted while fewer than ``window`` bytes, else
-        ``window_bytes``, are in flight)."""
+    def _budget(self) -> int:
+        """After the Offer, the window counts receives: as many as ``window_bytes`` of the
+        smallest rows, one receive each, would take (a receive takes a whole run of rows
+        adjacent at both ends, so adjacent rows are posted all at once)."""
+        return max(1, self.spec.window_bytes // int(self._sizes.min()))
+
+    def _window(self, window: int | None = None) -> tuple[int, int, int, int]:
+        """The next receives to post: ``(end, rows, bytes, receives)`` from :attr:`next_seq`
+        while the window allows: before the Offer (the credit, one receive per row) a row is
+        posted while fewer than ``window`` bytes, else ``window_bytes``, are in flight; after it,
+        messages while fewer than :meth:`_budget` receives are."""
+        if self.counts is not None:
+            return self._message_window()
         start, limit, width = self.next_seq, self.limit, len(self.spec.group_ids)
         window = self.spec.window_bytes if window is None else window
         inflight = self.inflight_bytes
@@ -222,23 +235,39 @@ class PullRequester:
             seq += len(taken)
             if len(stop):
                 break
-        return seq, rows, nbytes
+        return seq, rows, nbytes, rows
+
+    def _message_window(self) -> tuple[int, int, int, int]:
+        assert self.counts is not None
+        start, width = self.next_seq, len(self.spec.group_ids)
+        budget = self._budget() - self.receives_out
+        if budget <= 0 or start >= self.limit:
+            return start, 0, 0, 0
+        seq, gi, first, length = messages(start, self.limit, (self.spec.blocks,) * width, self.counts, self._cuts)
+        end = self.limit
+        if len(seq) > budget:  # cut before the first message over the budget; the last ones end there
+            end = int(seq[budget])
+            seq, gi, first, length = seq[:budget], gi[:budget], first[:budget], length[:budget]
+            length = np.minimum(length, -(-(end - gi) // width) - first)
+        return end, int(length.sum()), int((length * self._sizes[gi]).sum()), len(seq)
 
     def _post(self, out: list[Action], window: int | None = None) -> tuple[int, int]:
         """Post receives for the next window; the block-major range it covers."""
         start = self.next_seq
-        end, rows, nbytes = self._window(window)
+        end, rows, nbytes, receives = self._window(window)
         if end > start:
             out.append(PostReceives(start, end, self.counts))
             self.next_seq = end
             self.outstanding += rows
             self.inflight_bytes += nbytes
+            self.receives_out += receives
         return start, end
 
     def _mark(self, event: RowsCompleted) -> int:
         """Mark the rows that arrived and count the receives down; how many rows it marked."""
         groups, rows = event.groups, event.rows
         self.outstanding -= event.count
+        self.receives_out -= event.receive_count
         freed = int(self._sizes[groups].sum()) if len(groups) else 0
         freed += sum(int(self._sizes[gi]) for gi, _, _, _ in event.failures)
         self.inflight_bytes -= freed
@@ -325,6 +354,8 @@ class PullRequester:
             return
         counts = event.counts
         self.limit = offered_limit(counts)
+        if len(event.breaks) == len(self.breaks):  # as the receives cut them (TagReceives.learn)
+            self._cuts = message_cuts(self.breaks, event.breaks)
         if self.outstanding:  # receives posted on credit for rows the peer does not hold
             out.append(Drain(counts))
         if self.state is S.STOPPED_UNANSWERED:
@@ -340,7 +371,7 @@ class PullRequester:
             out.append(Conclude(Outcome.delivered(self.masks)))
             self._settle(out)
             return
-        if self.inflight_bytes <= self.spec.window_bytes // 2 or not self.outstanding:
+        if self.receives_out <= self._budget() // 2 or not self.outstanding:
             # refill in batches: fewer Go messages, longer runs of sends
             start, end = self._post(out)
             if end > start:
@@ -438,6 +469,7 @@ class PullRequester:
         unposted = (event.unposted if event.unposted is not None
                     else rows_between(event.reached, self.next_seq, self.counts, width))
         self.outstanding -= len(unposted)
+        self.receives_out -= len(unposted) if event.unposted_receives is None else event.unposted_receives
         self.inflight_bytes -= int(self._sizes[unposted].sum())
         self.next_seq = event.reached
         self._fail(out, f"posting receives failed: {event.reason}", Cause.FAULT)
