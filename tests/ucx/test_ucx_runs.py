@@ -385,6 +385,11 @@ def test_a_message_is_never_received_into_rows_lent_apart() -> None:
     with pytest.raises(PostError, match="not adjacent") as caught:
         lying.post(fabric, 0, 4, (4,))
     assert caught.value.unposted is not None and len(caught.value.unposted) == 4 and not lying.posted
+    swapped = (group_rows(0, 8, [0, 2, 1, 3], 0, here),)  # first and last where a run would put them
+    lying_too = TagReceives(swapped, 1, ((),))
+    lying_too.learn(((),))
+    with pytest.raises(PostError, match="not adjacent"):
+        lying_too.post(fabric, 0, 4, (4,))
     honest = TagReceives(requesting, 1, own_breaks(requesting))
     honest.learn(((),))
     honest.post(fabric, 0, 4, (4,))

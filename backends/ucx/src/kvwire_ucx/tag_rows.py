@@ -115,17 +115,10 @@ def _buffer(group: GroupRows, row: int, rows: int) -> Any:
     saw to it)."""
     assert group.span is not None
     offset = int(group.offsets[row])
-    if rows > 1 and int(group.offsets[row + rows - 1]) != offset + (rows - 1) * group.slot_bytes:
+    if rows > 1 and bool((np.diff(group.offsets[row : row + rows]) != np.uint64(group.slot_bytes)).any()):
         raise NotAdjacent(f"rows {row}..{row + rows - 1} of group {group.group_id} are not adjacent in this end's "
                           "memory, so no one message can carry them")
     return Array(group.span[offset : offset + rows * group.slot_bytes])
-
-
-def _rows_of(posted: Sequence[tuple[Any, Any, int, int, int]]) -> np.ndarray:
-    """The group index of every row of these messages."""
-    if not posted:
-        return np.zeros(0, dtype=np.int64)
-    return np.concatenate([np.full(n, gi, dtype=np.int64) for _r, _b, gi, _ri, n in posted])
 
 
 class TagReceives:
