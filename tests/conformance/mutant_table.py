@@ -257,6 +257,7 @@ MUTANTS: list[tuple[str, str, str, str]] = [
     ("mutants/lifecycle.py", "publish_taken_though_undeclared", "B4.4", "B4 and undeclared_directions"),
     ("mutants/lifecycle.py", "lookup_answered_though_undeclared", "B4.7", "B4 and undeclared_lookup"),
     ("mutants/lifecycle.py", "lookup_on_a_client_object", "B4.6", "L1 and thousands_of_names"),
+    ("mutants/lifecycle.py", "options_kept_on_the_class", "B1.3", "B1 and own_deadline_option"),
     # pulls
     ("mutants/pulls.py", "partial_prefix_fails", "N2.4", "N2"),
     ("mutants/pulls.py", "serves_without_wake", "N2.5", "N2"),

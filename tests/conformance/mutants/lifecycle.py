@@ -654,3 +654,19 @@ class LookupOnAClientObject(Backend):
 
 lookup_on_a_client_object = StoreMutantHarness("lookup-on-a-client-object",
                                                LookupOnAClientObject)  # type: ignore[arg-type]
+
+
+class OptionsKeptOnTheClass(ReferenceStoreBackend):
+    """B1: the deadline option is kept on the class, not the instance: every instance uses the
+    option of the instance built last."""
+
+    def __init__(self, store: Any, **options: Any) -> None:
+        super().__init__(store, **options)
+        type(self).deadline_option = self._timeout_s
+
+    def _submit(self, op: str, view: View, hint: Hint, wake: WakeFn) -> ReferenceAttempt:
+        self._timeout_s = type(self).deadline_option
+        return super()._submit(op, view, hint, wake)
+
+
+options_kept_on_the_class = StoreMutantHarness("options-kept-on-the-class", OptionsKeptOnTheClass)

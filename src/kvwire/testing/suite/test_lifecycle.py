@@ -653,6 +653,35 @@ def test_B4_capabilities_stay_the_same_after_shutdown(kvwire_harness: Harness) -
 
 # -- instances -----------------------------------------------------------------------------------
 
+@checks("B1.3", also=("A8.2",))
+def test_B1_each_instance_keeps_its_own_deadline_option(kvwire_harness: Harness) -> None:
+    """B1.3: options are per instance: a pair built with a deadline option of 0.4 s, then another
+    pair built with a far longer one; a fetch of the first pair that its other end holds still
+    fails by its own 0.4 s deadline (a backend that keeps its options at class or module level
+    gives it the deadline of the instance built last)."""
+    caps = kvwire_harness.capabilities()
+    needs.transfer(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    deadline_s, slack_s = 0.4, 2.0
+    plan = simple_plan(groups=1, rows=2, seed=2261, shared_names=needs.shares_names(caps))
+    with needs.open_exchange(kvwire_harness, hold=True, timeout_s=deadline_s) as first, Bench(
+            kvwire_harness, first.ends.source, first.ends.sink, plan, kind) as bench, \
+            needs.open_exchange(kvwire_harness, timeout_s=needs.LONG_TIMEOUT_S):
+        sub, hold = first.held_fetch(bench)
+        try:
+            out = settle(sub, deadline_s + slack_s + _patience(), quiesce=False,
+                         purpose=f"B1.3: a held fetch of the pair built with a {deadline_s:g} s deadline option, "
+                                 f"after another pair was built with {needs.LONG_TIMEOUT_S:g} s, failing by its own")
+        finally:
+            hold.release()
+        assert out.is_failed, (
+            f"B1.3: the pair built with a deadline option of {deadline_s:g} s concluded {out!r} though its other end "
+            f"held the fetch, once another pair was built with {needs.LONG_TIMEOUT_S:g} s")
+        settle(sub, kvwire_harness.quiesce_grace_s + slack_s + _patience())
+        bench.forget_sink()
+        bench.apply_fetch(out)
+
+
 @checks("B1.3", "B1.5")
 def test_B1_pairs_of_instances_share_no_store_queue_or_shutdown(kvwire_harness: Harness) -> None:
     """B1.3-B1.5: two pairs of instances in one process: what one pair's other end holds the other's
