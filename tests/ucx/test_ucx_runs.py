@@ -260,6 +260,7 @@ class FakeFabric:
         self.receives: dict[int, list[tuple[Any, FakeRequest]]] = {}
         self.sends: dict[int, list[tuple[Any, FakeRequest]]] = {}
         self.messages: list[tuple[int, int]] = []  # (tag, bytes) of every matched message
+        self.control: list[wire.Message] = []  # what the requester said, when a machine drives it
 
     def _match(self, tag: int) -> None:
         while self.receives.get(tag) and self.sends.get(tag):
@@ -426,3 +427,119 @@ def test_breaks_too_many_for_a_frame_fall_back_to_every_row_alone() -> None:
     offer = wire.Offer(1, (wire.MAX_BLOCKS,) * 64, fitted)
     assert len(wire.encode(offer)) - wire.HEADER_BYTES <= wire.MAX_MESSAGE_BYTES
     assert wire.fit_breaks(((), (1,)), room) == ((), (1,))
+
+
+# ---------------------------------------------------------------- both machines over the fake fabric
+
+def pull_through_both_machines(slot: int, blocks: int, there_cells: list[list[int]], here_cells: list[list[int]],
+                               counts: tuple[int, ...], window_rows: int, credit_rows: int
+                               ) -> tuple[np.ndarray, np.ndarray, Any, Any, FakeFabric]:
+    """A pull run by the requesting and serving machines, their control messages through the
+    codec, their actions carried out by the real row movers over :class:`FakeFabric` (a small
+    engine: what the real one does with each action, minus timers and sockets)."""
+    from kvwire_ucx.protocol.requester import PullRequester, PullSpec
+    from kvwire_ucx.protocol.server import PullServer, ReplySpec
+
+    groups = len(counts)
+    cells = 4 * groups * blocks + 2
+    there = np.frombuffer(np.random.default_rng(5).bytes(cells * slot), dtype=np.uint8).copy()
+    here = np.zeros(cells * slot, dtype=np.uint8)
+    serving = tuple(group_rows(g, slot, there_cells[g], 0, there) for g in range(groups))
+    requesting = tuple(group_rows(g, slot, here_cells[g], 0, here) for g in range(groups))
+    fabric = FakeFabric()
+    spec = PullSpec(3, 11, tuple(range(groups)), (slot,) * groups, blocks, 1, bytes(blocks), 5.0, window_rows * slot,
+                    breaks=own_breaks(requesting), credit_bytes=credit_rows * slot)
+    r = PullRequester(spec)
+    receives = TagReceives(requesting, 11, r.breaks)
+    s: PullServer | None = None
+    sends: TagSends | None = None
+    to_server: list[wire.Message] = []
+    to_requester: list[wire.Message] = []
+
+    def wire_copy(message: wire.Message) -> wire.Message:
+        return wire.decode(wire.encode(message))
+
+    def run_r(event: Any) -> None:
+        if r.state.name == "DONE":  # a finished job hears nothing more (the engine forgets it)
+            return
+        for action in r.handle(event):
+            if isinstance(action, ev.Send):
+                to_server.append(wire_copy(action.message))
+                fabric.control.append(to_server[-1])
+            elif isinstance(action, ev.PostReceives):
+                receives.post(fabric, action.start, action.end, action.counts)
+            elif isinstance(action, ev.Drain):
+                fabric.drain(receives.drain_tags(action.counts))
+
+    def run_s(event: Any) -> None:
+        assert s is not None and sends is not None
+        if s.state.name == "DONE":
+            return
+        for action in s.handle(event):
+            if isinstance(action, ev.Send):
+                to_requester.append(wire_copy(action.message))
+            elif isinstance(action, ev.SendRows):
+                sends.post(fabric, action.start, action.end, action.counts, s.limit)
+
+    run_r(ev.Start(5000))
+    for _ in range(10_000):
+        progressed = False
+        while to_server:
+            message = to_server.pop(0)
+            progressed = True
+            if isinstance(message, wire.Pull):
+                s = PullServer(ReplySpec(message.transfer, message.credit, groups, message.count))
+                sends = TagSends(serving, message.tag_base, message.credit, message.breaks)
+                run_s(ev.Answered(counts, (blocks,) * groups, None, sends.offer_breaks(counts)))
+            elif isinstance(message, wire.Go):
+                run_s(ev.GoReceived(message.start, message.end))
+            elif isinstance(message, wire.Ack):
+                run_s(ev.AckReceived(message.rows))
+        while to_requester:
+            message = to_requester.pop(0)
+            progressed = True
+            assert isinstance(message, wire.Offer)
+            receives.learn(message.breaks)
+            run_r(ev.Offered(message.counts, message.breaks))
+        done = receives.reap()
+        if done is not None:
+            progressed = True
+            run_r(done)
+        if sends is not None and (sent := sends.reap()) is not None:
+            progressed = True
+            run_s(sent)
+        if not progressed:
+            break
+    return here, there, r, s, fabric
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(layouts(), st.integers(1, 12), st.integers(1, 12))
+def test_both_machines_finish_any_layout_with_every_receive_accounted(layout, window_rows, credit_rows) -> None:
+    """The requester sizes each window in receives from both ends' breaks, the mover cuts the
+    same messages: the pull ends delivered at both ends with nothing posted, nothing unmatched,
+    no receive counted twice or never, and every offered row in place."""
+    slot, blocks, there_cells, here_cells, counts = layout
+    here, there, r, s, fabric = pull_through_both_machines(slot, blocks, there_cells, here_cells, counts,
+                                                           window_rows, credit_rows)
+    assert r.state.name == "DONE" and r.outstanding == 0 and r.receives_out == 0 and r.received == sum(counts)
+    assert s is not None and s.state.name == "DONE" and s.outstanding == 0
+    assert fabric.unmatched() == ([], [])
+    expected = np.zeros_like(here)
+    for g, count in enumerate(counts):
+        for i in range(count):
+            src, dst = there_cells[g][i] * slot, here_cells[g][i] * slot
+            expected[dst:dst + slot] = there[src:src + slot]
+    assert np.array_equal(here, expected)
+    assert [m[: c].all() and not m[c:].any() for m, c in zip(r.masks, counts, strict=True)] == [True] * len(counts)
+
+
+def test_a_pull_of_adjacent_rows_takes_one_go_after_the_credit() -> None:
+    """256 blocks of 2 groups adjacent at both ends, a window of 64 rows' receives, a credit of 4
+    rows: after the Offer one Go names every row left, and it moves as 2 messages."""
+    cells = [list(range(0, 256)), list(range(300, 556))]
+    here, there, r, s, fabric = pull_through_both_machines(8, 256, cells, cells, (256, 256), 64, 4)
+    gos = [m for m in fabric.control if isinstance(m, wire.Go)]
+    assert r.state.name == "DONE" and gos == [wire.Go(3, 4, 512)]
+    sizes = sorted(n for _, n in fabric.messages)
+    assert len(sizes) == 4 + 2 and sizes[-2:] == [8 * 254, 8 * 254]  # 4 credit rows, then one run per group
