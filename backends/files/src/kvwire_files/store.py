@@ -437,9 +437,11 @@ class FileStore:
 
     def _write_batch(self, keys: Sequence[str], buffers: Sequence[Memory], todo: list[int],
                      status: list[KeyStatus], reasons: dict[int, str], deadline: float) -> None:
-        """Write the objects ``todo`` (indices into the batch) as one pack, filling in their
-        status and reasons. A file system that is full counts as a full store: the put evicts
-        and writes again (when eviction is on), and declines what still finds no space."""
+        """Write the objects ``todo`` (indices into the batch) as one pack (a batch of
+        :attr:`parallel_bytes` or more: up to ``copy_threads`` packs written at once and
+        committed together), filling in their status and reasons. A file system that is full
+        counts as a full store: the put evicts and writes again (when eviction is on), and
+        declines what still finds no space."""
         costs = [_size(buffers[i]) for i in todo]
         # A large batch is several packs of about equal bytes, written at once (one file each:
         # writes into one file take its inode's lock in turn), renamed and committed together.
