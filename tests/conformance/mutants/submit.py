@@ -116,6 +116,30 @@ class ScrubsPublishedRows(Mutant):
     attempt_type = _Scrubs
 
 
+class _TouchesTheNextSlot(Wrapped):
+    touched = False
+
+    def poll(self) -> Outcome | None:
+        out = self.inner.poll()
+        if out is not None and self.op == "fetch" and not self.touched and self.inner.quiesced():
+            self.touched = True
+            lent = {int(a) for group in self.view.groups for a in group.addresses().tolist()}
+            for group in self.view.groups:
+                region = group.region
+                for slot in group.slots.tolist():
+                    after = region.base + (slot + 1) * region.slot_bytes
+                    if slot + 1 < region.slot_count and after not in lent:
+                        ctypes.memset(after, 0, region.slot_bytes)
+        return out
+
+
+class TouchesTheNextSlot(Mutant):
+    """S2.4: a fetch also clears the slot after each of its rows (as if it read ahead into
+    whole pages of the region): bytes of the region the view never lent change."""
+
+    attempt_type = _TouchesTheNextSlot
+
+
 class FaithfulBounded(_Bounded):
     """Control: the wrapper's own bound, kept correctly."""
 
@@ -420,6 +444,7 @@ class RejectionWithoutMessage(ReferenceStoreBackend):
 faithful = _WideInner("faithful-bounded-wrapper", FaithfulBounded)
 publishes_nowhere = MutantHarness("publishes-nowhere", PublishesNowhere)
 scrubs_published_rows = MutantHarness("scrubs-published-rows", ScrubsPublishedRows)
+touches_the_next_slot = MutantHarness("touches-the-next-slot", TouchesTheNextSlot)
 
 
 # the escaped publish must outlive the hold, or it expires unseen in the queue
@@ -532,6 +557,24 @@ class FetchRaisesAQuickFault(ReferenceStoreBackend):
         return attempt
 
 
+class _StoreErrorEscapes(ReferenceAttempt):
+    def poll(self) -> Outcome | None:
+        out = super().poll()
+        if out is not None and out.is_failed and out.reason and "store call for" in out.reason:
+            raise RuntimeError(out.reason)  # the client's error handed to the holder as it came
+        return out
+
+
+class StoreCallErrorsEscape(ReferenceStoreBackend):
+    """S5.3: a store call that raised reaches the holder as an exception out of ``poll()``;
+    every other failure (a store's failed status, the deadline) still arrives in the outcome."""
+
+    def _submit(self, op: str, view: View, hint: Hint, wake: WakeFn) -> ReferenceAttempt:
+        attempt = super()._submit(op, view, hint, wake)
+        attempt.__class__ = _StoreErrorEscapes
+        return attempt
+
+
 class _QuiescedRaises(ReferenceAttempt):
     def quiesced(self) -> bool:
         done = super().quiesced()
@@ -557,3 +600,4 @@ refuses_a_rejected_submission_again = StoreMutantHarness("refuses-a-rejected-sub
                                                          RefusesARejectedSubmissionAgain)
 fetch_raises_a_quick_fault = StoreMutantHarness("fetch-raises-a-quick-fault", FetchRaisesAQuickFault)
 quiesced_raises_the_fault = StoreMutantHarness("quiesced-raises-the-fault", QuiescedRaisesTheFault)
+store_call_errors_escape = StoreMutantHarness("store-call-errors-escape", StoreCallErrorsEscape)
