@@ -325,6 +325,7 @@ MUTANTS: list[tuple[str, str, str, str]] = [
     ("mutants/lookup.py", "treats_zero_as_no_name", "L1.3", "L1"),
     ("mutants/lookup.py", "holds_a_queue_slot", "L1.4", "L1"),
     ("mutants/lookup.py", "lookup_takes_bool_group_ids", "L1.13", "L1 and unusable_hints_and_bad_arguments"),
+    ("mutants/lookup.py", "looked_up_miss_is_a_fault", "L1.6", "L1 and reported_held_then_lost"),
     # offers
     ("mutants/offers.py", "offer_declared_without_serve_pulls", "O1.1", "O1 and also_serves_pulls"),
     ("mutants/offers.py", "offer_declared_without_cancellation", "O1.1", "O1 and also_serves_pulls"),

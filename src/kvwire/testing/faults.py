@@ -227,6 +227,15 @@ class FaultyDriver(StoreDriver):
             answer[idx] = self.inner.exists([keys[i] for i in idx.tolist()])
         return answer
 
+    def contains(self, keys: Sequence[str]) -> BatchResult:
+        """The inner driver's ``contains`` (L1), counted and faulted as an ``"exists"`` call: a
+        failed key answers ``FAILED`` (a lookup fault, never "not held")."""
+        return self._batch("exists", lambda k, _a, _s: self.inner.contains(k), keys, None, None)
+
+    @property
+    def offers_contains(self) -> bool:
+        return self.inner.offers_contains
+
     def close(self) -> None:
         self.release_all()
         if self._owns_inner:

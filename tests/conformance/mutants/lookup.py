@@ -9,8 +9,10 @@ Point the suite at one with ``--kvwire-harness tests/conformance/mutants/lookup.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from kit import (  # beside this file; on sys.path when loaded as a harness
@@ -21,7 +23,7 @@ from kit import (  # beside this file; on sys.path when loaded as a harness
 )
 
 from kvwire.contract import Hint, InvalidSubmission, LookupFailed, SubmissionRejected, View, WakeFn
-from kvwire.testing.reference.store import ReferenceStoreBackend
+from kvwire.testing.reference.store import ReferenceStoreBackend, RowStatus, StoreReply
 
 
 class LookupMutant(Mutant):
@@ -372,6 +374,46 @@ class LookupTakesBoolGroupIds(ReferenceStoreBackend):
         return super().lookup([int(g) if isinstance(g, bool) else g for g in groups], names, hint, timeout_s)
 
 
+class _FailsWhatWasLookedUp:
+    """A store end that remembers each object a lookup found held, and answers a get that then
+    misses one of them ``FAILED`` (the store "lost" an object it vouched for) instead of a miss."""
+
+    def __init__(self, end: Any) -> None:
+        self.end = end
+        self.vouched: set[tuple[str, Any, bytes]] = set()
+        self.lock = threading.Lock()
+
+    def put(self, *args: Any) -> StoreReply:
+        return self.end.put(*args)
+
+    def contains(self, namespace: str, space: Any, names: np.ndarray) -> StoreReply:
+        reply = self.end.contains(namespace, space, names)
+        with self.lock:
+            for name, status in zip(names, reply.status, strict=True):
+                if status == RowStatus.HELD:
+                    self.vouched.add((namespace, space, name.tobytes()))
+        return reply
+
+    def get(self, namespace: str, space: Any, names: np.ndarray, row_bytes: int) -> StoreReply:
+        reply = self.end.get(namespace, space, names, row_bytes)
+        with self.lock:
+            lost = [i for i, (name, status) in enumerate(zip(names, reply.status, strict=True))
+                    if status == RowStatus.MISSING and (namespace, space, name.tobytes()) in self.vouched]
+        if not lost:
+            return reply
+        status = reply.status.copy()
+        status[lost] = RowStatus.FAILED
+        return StoreReply(status, reply.data, reply.reason or "an object a lookup reported held is gone")
+
+
+class LookedUpMissIsAFault(ReferenceStoreBackend):
+    """L1.6: a fetch that misses a name its lookup reported held reports a fault, not a miss:
+    the lookup is taken as a promise."""
+
+    def __init__(self, store: Any, **options: Any) -> None:
+        super().__init__(_FailsWhatWasLookedUp(store), **options)
+
+
 faithful_lookup = MutantHarness("faithful-lookup-wrapper", LookupMutant)
 slow_lookup_failure = MutantHarness("slow-lookup-failure", SlowLookupFailure)
 lookup_refused_when_queue_full = MutantHarness("lookup-refused-when-queue-full", LookupRefusedWhenQueueFull)
@@ -401,3 +443,4 @@ truncates_names = MutantHarness("lookup-truncates-names", TruncatesNames)
 treats_zero_as_no_name = MutantHarness("lookup-treats-zero-as-no-name", TreatsZeroAsNoName)
 holds_a_queue_slot = MutantHarness("lookup-holds-a-queue-slot", HoldsAQueueSlot)
 lookup_takes_bool_group_ids = StoreMutantHarness("lookup-takes-bool-group-ids", LookupTakesBoolGroupIds)
+looked_up_miss_is_a_fault = StoreMutantHarness("looked-up-miss-is-a-fault", LookedUpMissIsAFault)

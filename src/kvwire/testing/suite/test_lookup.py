@@ -414,6 +414,47 @@ def test_L1_a_fault_at_the_other_end_fails_the_lookup_never_answers_not_held(kvw
         _expect(_ask(ex, [gid], np.delete(names, 2, axis=0)), np.ones(3, dtype=bool), "the offered names without the faulty one")
 
 
+@checks("L1.6", also=("A5.7", "A5.8"))
+def test_L1_a_name_reported_held_then_lost_is_a_miss_never_a_fault(kvwire_harness: Harness) -> None:
+    """L1.6: a lookup is advice. Every offered name answers held; then the store loses some of
+    them behind the backend's back (the first two objects of the fetch's first store read and
+    the first of its second are evicted just before those reads, as another process or an
+    eviction may). The fetch of all of them delivers, never fails: each lost name is a miss
+    (a false bit, A5.7), each other row a true bit holding its bytes, so the fetch's bits in
+    every group are what a lookup answers afterwards."""
+    from kvwire.testing.faults import Evict
+
+    caps = kvwire_harness.capabilities()
+    _needs_lookup(caps)
+    needs.fetch(caps)
+    kind = needs.usable_kind(kvwire_harness, caps)
+    plan = _plan(caps, groups=2, rows=4, seed=367)
+    schedule = (Evict(op="get", call=1, stop=2), Evict(op="get", call=2, stop=1))
+    with needs.open_exchange(kvwire_harness, faults=FaultPlan(schedule=schedule)) as ex, Bench(
+            kvwire_harness, ex.ends.source, ex.ends.sink, plan, kind) as bench:
+        published = ex.offer(bench)
+        assert published is not None and published.is_delivered and all(m.all() for m in published.masks), (
+            f"S1.2: a publish to a store with room to spare must hold every row: {published!r}")
+        gids = [g.group_id for g in plan.groups]
+        for gi, gid in enumerate(gids):
+            _expect(_ask(ex, [gid], bench.names[gi]), np.ones(plan.groups[gi].rows, bool),
+                    f"group {gid}'s offered names, before the fetch")
+        fetched = ex.settle(ex.fetch(bench.sink_view()))
+        assert fetched.is_delivered, (
+            f"L1.6: objects a lookup reported held and the store then lost are misses (A5.7), never a fault: the "
+            f"fetch of them gave {fetched!r}")
+        bench.apply_fetch(fetched)
+        after = [_ask(ex, [gid], bench.names[gi]) for gi, gid in enumerate(gids)]
+        if all(a.all() for a in after):
+            pytest.skip("the fetch lost nothing: the backend made no store read the harness's Evict schedule acts on")
+        for gid, mask, held in zip(gids, fetched.masks, after, strict=True):
+            wrong = np.flatnonzero(mask != held)
+            assert wrong.size == 0, (
+                f"L1.6/A5.7: row(s) {wrong.tolist()} of group {gid}: the fetch marked {mask.astype(int).tolist()}, the "
+                f"store holds {held.astype(int).tolist()} now; every name was reported held, a lost one is a false "
+                "bit and a held one a true bit")
+
+
 @checks("L1.7", "L1.8")
 @pytest.mark.parametrize("source", ["argument", "hint", "options", "argument over hint"])
 def test_L1_a_held_other_end_fails_the_lookup_by_its_deadline(kvwire_harness: Harness, source: str) -> None:
