@@ -210,6 +210,7 @@ MUTANTS: list[tuple[str, str, str, str]] = [
     ("mutants/attempt.py", "coalesces_slots_in_order", "A9.3", "A9 and misses_keep_their_place"),
     ("mutants/attempt.py", "one_row_views_kept_apart", "A9.2", "A9 and misses_keep_their_place"),
     ("mutants/attempt.py", "reads_rows_in_two_halves", "A7.2", "A7 and lost_between_store_calls"),
+    ("mutants/attempt.py", "lands_fetched_bytes_when_asked", "A3.3", "A3 and fetch_progresses_without_poll and small"),
     # wake
     ("mutants/wake.py", "wakes_early", "W1.6", "W1"),
     ("mutants/wake.py", "silent_cancel", "W1.3", "W1"),

@@ -2273,3 +2273,76 @@ class ReadsRowsInTwoHalves(ReferenceStoreBackend):
 
 
 reads_rows_in_two_halves = StoreMutantHarness("reads-rows-in-two-halves", ReadsRowsInTwoHalves)
+
+
+class _LandsWhenAsked(ReferenceAttempt):
+    """A fetch whose store reads keep the bytes aside (``pending``) and write them into the lent
+    rows only inside the holder's next call of poll() or quiesced(), before that call answers."""
+
+    pending: list[tuple[Any, int, np.ndarray, np.ndarray]]
+
+    def land(self) -> None:
+        with self.runner.lock:
+            pending, self.pending = self.__dict__.get("pending", []), []
+            for located, size, rows, data in pending:
+                write_rows(located, size, rows, data)
+
+    def poll(self) -> Outcome | None:
+        self.land()
+        return super().poll()
+
+    def quiesced(self) -> bool:
+        self.land()
+        return super().quiesced()
+
+
+class LandsFetchedBytesWhenAsked(_AttemptsOf):
+    """A3.3: a fetch concludes, quiesces and wakes on its own, but the bytes its store reads
+    returned reach the lent rows only inside the holder's next poll() or quiesced(): a holder
+    that only waits for the wake has no bytes in its rows. (To a holder that reads its rows only
+    once quiesced() is true, as S2.3 asks, nothing differs.)"""
+
+    attempt_class = _LandsWhenAsked
+
+    def _move(self, attempt: ReferenceAttempt, work: _Work) -> None:
+        """The reference ``_move``, with a fetch's writes kept aside on the attempt."""
+        if attempt.op != "fetch":
+            super()._move(attempt, work)
+            return
+        fault: str | None = None
+        groups = attempt.view.groups
+        for call in work.calls:
+            with self._runner.lock:
+                if not attempt.touch_locked():
+                    return
+            held: np.ndarray | None = None
+            sizes = [groups[gi].region.slot_bytes for gi in call.groups]
+            try:
+                reply = self._store.get(work.namespace, call.space, call.names, sum(sizes))
+                held = reply.status == RowStatus.HELD
+                assert reply.data is not None
+                found, start = np.flatnonzero(held), 0
+                with self._runner.lock:
+                    pending = attempt.__dict__.setdefault("pending", [])
+                    for gi, size in zip(call.groups, sizes, strict=True):
+                        pending.append((work.located[gi], size, found, reply.data[found, start:start + size].copy()))
+                        start += size
+                failed = reply.status == RowStatus.FAILED
+                if failed.any() and fault is None:
+                    fault = f"the store failed a row of group space {call.space!r}: {reply.reason or 'no reason'}"
+            except Exception as exc:
+                held = None
+                fault = fault or f"a store call raised {type(exc).__name__}: {exc}"
+            with self._runner.lock:
+                if held is not None and attempt.outcome is None:
+                    for gi in call.groups:
+                        attempt.moved[gi][:] = held
+                attempt.untouch_locked()
+        with self._runner.lock:
+            if fault is None:
+                attempt.conclude_locked(OutcomeStatus.DELIVERED)
+            else:
+                attempt.conclude_locked(OutcomeStatus.FAILED, Cause.FAULT, fault)
+
+
+lands_fetched_bytes_when_asked = StoreMutantHarness("lands-fetched-bytes-when-asked", LandsFetchedBytesWhenAsked)
