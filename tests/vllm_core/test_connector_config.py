@@ -27,6 +27,11 @@ def test_a_producers_hold_is_set_in_seconds() -> None:
     ({"hold_s": float("inf")}, "'hold_s'"),
     ({"timeout_s": 0}, "'timeout_s'"),
     ({"hold": 30}, "unknown key(s) 'hold'"),
+    ({"load_sync": True}, "kv_connector_extra_config of KvwireConnector has unknown key(s) 'load_sync'; allowed: backend:"),
+    ({"load_async": "no"}, "kv_connector_extra_config 'load_async' must be true or false, got 'no'"),
+    ({"lookup": 1}, "kv_connector_extra_config 'lookup' must be true or false, got 1"),
+    ({"backend": "no-such-store"}, "unknown backend 'no-such-store'; installed backends:"),
+    ({"backend": "mooncake", "options": {"mastr": "127.0.0.1:1"}}, "backend 'mooncake' has no option 'mastr'"),
 ])
 def test_bad_values_are_refused_naming_the_key(extra: dict, needle: str) -> None:
     with pytest.raises(ConfigError) as info:
