@@ -43,6 +43,7 @@ MUTANTS: list[tuple[str, str, str, str]] = [
     ("mutants/memory.py", "device_zero_is_host_memory", "M1.2", "M1 and another_memory_kind_over_registered"),
     ("mutants/memory.py", "registrations_shared_by_instances", "M4.6", "M4 and only_with_another_instance"),
     ("mutants/memory.py", "skips_groups_in_no_region", "M4.7", "M4 and refuse_the_whole_submission"),
+    ("mutants/memory.py", "device_rows_never_move", "M1.3", "M1"),
     # view
     ("mutants/view.py", "reverses_groups", "V1.7", "V1"),
     ("mutants/view.py", "changes_the_view", "V2.2", "V2"),

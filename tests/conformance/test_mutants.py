@@ -11,6 +11,7 @@ runs it, selected with ``-k`` to the broken rule's tests so the whole module sta
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import re
@@ -26,6 +27,7 @@ from suite_runs import run_suite
 
 import kvwire.testing.suite as suite
 from kvwire.testing.harness import Harness
+from kvwire.testing.regions import cuda_devices
 
 #: Every test of this module on one xdist worker: its module fixture starts every mutant's suite
 #: run at once, and a second worker running any of its tests would start them all again.
@@ -36,7 +38,8 @@ MUTANTS_DIR = Path(__file__).with_name("mutants")
 FAMILIES = {"M": "memory", "V": "view", "H": "hints", "S": "submit", "A": "attempt", "W": "wake", "B": "lifecycle",
             "N": "pulls", "L": "lookup", "O": "offers", "K": "blocks"}
 #: The harnesses of ``mutants/`` that break nothing, which the suite must pass.
-UNBROKEN = ("faithful", "faithful_peer", "faithful_lookup", "reference_store", "reference_peer")
+UNBROKEN = ("faithful", "faithful_peer", "faithful_lookup", "reference_store", "reference_peer",
+            "reference_device_store")
 
 
 def rules_of(clause: str, select: str) -> tuple[str, ...]:
@@ -79,6 +82,23 @@ REFERENCE_KINDS = (KIT.StoreMutantHarness, KIT.PeerMutantHarness)
 
 def is_reference_mutant(name: str) -> bool:
     return isinstance(HARNESSES[MUTANT_FILES[name]][name], REFERENCE_KINDS)
+
+
+@functools.cache
+def _cuda_present() -> bool:
+    return bool(cuda_devices())
+
+
+def cuda_skip(name: str) -> str | None:
+    """Why the harness ``name`` of mutants/ cannot run on this host, or ``None`` where it runs: a
+    harness that shows something only with a CUDA device (``needs_cuda``: the DEVICE-memory
+    reference store and its mutants) on a host without one. Torch is imported only to ask."""
+    harness = next(files[name] for files in HARNESSES.values() if name in files)
+    if not getattr(harness, "needs_cuda", False) or _cuda_present():
+        return None
+    return (f"{name} needs a CUDA device and this host has none: without one its backend declares HOST memory "
+            "only and is the reference store, so the DEVICE rows it is about cannot move here (it runs where "
+            "CUDA exists)")
 
 
 #: (harness, the clause it breaks, -k selection of the suite's tests) of each mutant this module runs.

@@ -7,7 +7,9 @@ Each run is a real ``pytest --pyargs kvwire.testing.suite`` in a process of its 
 (:mod:`suite_runs`), selected with ``-k``
 to the broken clause's tests. A mutant the suite does not catch yet is marked
 ``xfail(strict=True)`` with the scenario that exposes it: once the suite catches it the mark
-fails, and is removed."""
+fails, and is removed. A harness that shows something only with a CUDA device (the DEVICE-memory
+reference store and its mutants, ``needs_cuda``) is skipped, with that reason, on a host without
+one: there it is the reference store, and its mutant would pass."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from test_mutants import (
     MUTANT_FILES,
     MUTANTS_DIR,
     REFERENCE_KINDS,
+    cuda_skip,
     is_reference_mutant,
     rules_of,
     selected_mutants,
@@ -52,7 +55,7 @@ MUTANTS: list[tuple[str, tuple[str, ...], str, tuple[Any, ...]]] = [
     for _, name, clause, select in REGISTERED if is_reference_mutant(name)
 ]
 
-UNBROKEN = ["reference_store", "reference_peer"]
+UNBROKEN = ["reference_store", "reference_peer", "reference_device_store"]
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +69,7 @@ def mutant_runs(request: pytest.FixtureRequest,
         yield {
             mutant: pool.submit(run_suite, tmp_path_factory.mktemp(mutant), f"--kvwire-harness={MUTANT_FILES[mutant]}:{mutant}",
                                 "-k", select, "--kvwire-patience=3", "--kvwire-no-shrink")
-            for mutant, _, select, _ in MUTANTS if mutant in wanted
+            for mutant, _, select, _ in MUTANTS if mutant in wanted and cuda_skip(mutant) is None
         }
 
 
@@ -74,6 +77,8 @@ def mutant_runs(request: pytest.FixtureRequest,
                          [pytest.param(m, r, s, marks=marks, id=m) for m, r, s, marks in MUTANTS])
 def test_suite_catches_the_reference_mutant(mutant_runs: dict[str, Future], mutant: str,  # type: ignore[type-arg]
                                             rules: tuple[str, ...], select: str) -> None:
+    if (why := cuda_skip(mutant)) is not None:
+        pytest.skip(why)
     code, tests, output = mutant_runs[mutant].result()
     failed = [t["test"] for t in tests if t["outcome"] == "failed"]
     assert code == 1, f"the suite did not fail against {mutant} (exit {code}):\n{output[-3000:]}"
@@ -86,6 +91,8 @@ def test_suite_catches_the_reference_mutant(mutant_runs: dict[str, Future], muta
 def test_suite_passes_the_unbroken_reference(tmp_path: Path, harness: str) -> None:
     """The harness plumbing of the mutants breaks nothing by itself: each mutant's failure is its
     one change."""
+    if (why := cuda_skip(harness)) is not None:
+        pytest.skip(why)
     code, tests, output = run_suite(tmp_path, f"--kvwire-harness={KIT_FILE}:{harness}")
     failed = [t["nodeid"] for t in tests if t["outcome"] == "failed"]
     assert code == 0 and not failed, f"the suite failed {harness}: {failed}\n{output[-3000:]}"

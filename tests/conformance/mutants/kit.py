@@ -11,7 +11,11 @@ The mutants live in one file per rule family beside this one (``memory.py``, ``v
 each registered once in ``tests/conformance/mutant_table.py``. They import this module as ``kit``
 (the folder is on ``sys.path`` while a harness file loads). The harnesses here break nothing and the
 suite must pass them: :data:`faithful` and :data:`faithful_peer` (the wrappers),
-:data:`reference_store` and :data:`reference_peer` (the unbroken reference backends)."""
+:data:`reference_store` and :data:`reference_peer` (the unbroken reference backends), and
+:data:`reference_device_store`: :class:`DeviceReferenceStore`, the reference store that also
+declares and moves DEVICE memory where a CUDA device is present (the backend M1.3's mutant breaks;
+without a CUDA device it is the reference store, so the runners skip it and its mutants there:
+:attr:`DeviceStoreHarness.needs_cuda`)."""
 
 from __future__ import annotations
 
@@ -30,8 +34,10 @@ from kvwire.contract import (
     Cause,
     Hint,
     InvalidSubmission,
+    MemoryKind,
     Outcome,
     PullRequest,
+    RegionTable,
     SlotRegion,
     SubmissionRejected,
     View,
@@ -39,12 +45,14 @@ from kvwire.contract import (
 )
 from kvwire.contract.backend import Registration
 from kvwire.contract.lookup import LOOKUP, Lookup
+from kvwire.contract.regions import Located
 from kvwire.contract.serving import OffersPulls, ServesPulls
 from kvwire.testing.harness import Ends, FaultPlan, Harness, close_spawned
 from kvwire.testing.reference.harness import ControlledStore, ReferencePeerHarness, ReferenceStoreHarness
 from kvwire.testing.reference.harness import ReferencePeerHarness as LoopbackHarness
 from kvwire.testing.reference.peer import Fabric, ReferencePeer
 from kvwire.testing.reference.store import ReferenceStoreBackend
+from kvwire.testing.regions import cuda_devices
 
 
 class Wrapped(Attempt):
@@ -380,7 +388,85 @@ class PeerMutantHarness(ReferencePeerHarness):
         return f"tests/conformance/mutants ({self.peer.__name__}, a deliberately broken backend)"
 
 
+# -- M1.3: a reference store of HOST and DEVICE memory ----------------------------------------------
+
+def with_device_memory(caps: Capabilities) -> Capabilities:
+    """``caps`` with DEVICE memory declared too where a CUDA device is present; as they are
+    elsewhere. A backend lists only the kinds it can move (M1.3), and without a CUDA device there
+    is no DEVICE memory to move: declaring it there would be a promise no test could check."""
+    if not cuda_devices():
+        return caps
+    return dataclasses.replace(caps, memory_kinds=caps.memory_kinds | {MemoryKind.DEVICE})
+
+
+class _CudaBytes:
+    """The bytes of a DEVICE region as an object with ``__cuda_array_interface__`` (one dimension
+    of uint8), which ``torch.as_tensor`` takes as a tensor over that memory without copying it."""
+
+    def __init__(self, region: SlotRegion) -> None:
+        self.__cuda_array_interface__ = {"shape": (region.nbytes,), "typestr": "|u1",
+                                         "data": (region.base, False), "strides": None, "version": 2}
+
+
+def _byte_index(offsets: np.ndarray, slot_bytes: int, device: Any) -> Any:
+    """The index, on ``device``, of every byte of rows starting at ``offsets``, shape
+    ``(rows, slot_bytes)``: one gather or scatter moves all the rows."""
+    import torch
+
+    index = np.asarray(offsets, dtype=np.int64)[:, None] + np.arange(slot_bytes, dtype=np.int64)
+    return torch.as_tensor(index, device=device)
+
+
+class DeviceReferenceStore(ReferenceStoreBackend):
+    """The reference store, declaring DEVICE memory as well as HOST where a CUDA device is present
+    (:func:`with_device_memory`), and moving DEVICE rows with torch over the holder's memory itself:
+    a publish gathers the rows on the device and copies them to the host for the store, a fetch
+    copies the found rows to the device and scatters them into place, then waits for the device.
+    HOST rows move as the reference store moves them."""
+
+    def __init__(self, store: Any, **options: Any) -> None:
+        super().__init__(store, **options)
+        self._capabilities = with_device_memory(self._capabilities)
+        self._table = RegionTable(self._capabilities.memory_kinds)
+
+    def _read_rows(self, located: Located, slot_bytes: int) -> np.ndarray:
+        region = located.region
+        if region is None or region.memory_kind is not MemoryKind.DEVICE:
+            return super()._read_rows(located, slot_bytes)
+        import torch
+
+        memory = torch.as_tensor(_CudaBytes(region))
+        rows: np.ndarray = memory[_byte_index(located.offsets, slot_bytes, memory.device)].cpu().numpy()
+        return rows
+
+    def _write_rows(self, located: Located, slot_bytes: int, rows: np.ndarray, data: np.ndarray) -> None:
+        region = located.region
+        if region is None or region.memory_kind is not MemoryKind.DEVICE or rows.size == 0:
+            super()._write_rows(located, slot_bytes, rows, data)
+            return
+        import torch
+
+        memory = torch.as_tensor(_CudaBytes(region))
+        values = torch.from_numpy(np.ascontiguousarray(data, dtype=np.uint8)).to(memory.device)
+        memory[_byte_index(located.offsets[rows], slot_bytes, memory.device)] = values
+        torch.cuda.synchronize(memory.device)  # the bytes are in place before the rows' bits are set
+
+
+class DeviceStoreHarness(StoreMutantHarness):
+    """A harness of :class:`DeviceReferenceStore` or a subclass of it; it declares what the
+    backend declares."""
+
+    #: Without a CUDA device the backend is the reference store (HOST memory only): a run shows
+    #: nothing :data:`reference_store` does not, and a mutant of its DEVICE rows passes. The
+    #: runners skip such a harness there, saying so.
+    needs_cuda = True
+
+    def capabilities(self) -> Capabilities:
+        return with_device_memory(super().capabilities())
+
+
 faithful = MutantHarness("faithful-wrapper", Mutant)
 faithful_peer = MutantHarness("faithful-peer-wrapper", PeerMutant, inner=LoopbackHarness())
 reference_store = StoreMutantHarness("reference-store-unbroken", ReferenceStoreBackend)
 reference_peer = PeerMutantHarness("reference-peer-unbroken", ReferencePeer)
+reference_device_store = DeviceStoreHarness("reference-device-store-unbroken", DeviceReferenceStore)

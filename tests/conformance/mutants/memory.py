@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 from kit import (  # beside this file; on sys.path when loaded as a harness
+    DeviceReferenceStore,
+    DeviceStoreHarness,
     HoleHarness,
     Mutant,
     MutantHarness,
@@ -816,3 +818,19 @@ class SkipsGroupsInNoRegion(ReferenceStoreBackend):
 
 
 skips_groups_in_no_region = StoreMutantHarness("skips-groups-in-no-region", SkipsGroupsInNoRegion)
+
+
+class DeviceRowsNeverMove(DeviceReferenceStore):
+    """M1.3: declares DEVICE memory (where a CUDA device is present), registers it and takes
+    submissions of its rows, but moves none of them: a publish hands the store no DEVICE row (each
+    a false bit, as a full store declines one), a fetch writes none (each a miss). HOST rows move
+    as before, and every outcome says truly what moved."""
+
+    def _check(self, op: str, view: View, hint: Hint, wake: WakeFn) -> Any:
+        work = super()._check(op, view, hint, wake)
+        host = tuple(call for call in work.calls
+                     if all(view.groups[gi].region.memory_kind is not MemoryKind.DEVICE for gi in call.groups))
+        return dataclasses.replace(work, calls=host)
+
+
+device_rows_never_move = DeviceStoreHarness("device-rows-never-move", DeviceRowsNeverMove)

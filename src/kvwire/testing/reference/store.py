@@ -6,6 +6,9 @@ share.
 
 Read it as a worked example of a store written directly on the contract. Where each clause is met:
 
+- M1: it declares HOST memory; every byte of the holder's memory it reads or writes goes through
+  :meth:`ReferenceStoreBackend._read_rows` and :meth:`ReferenceStoreBackend._write_rows`, so a
+  subclass that declares another kind overrides those two.
 - M3/M4: :class:`~kvwire.contract.RegionTable` (``register_regions``, and ``locate_view`` in
   :meth:`ReferenceStoreBackend._check`).
 - H1, V4, S3: :meth:`ReferenceStoreBackend._check` refuses a submission before anything escapes;
@@ -354,7 +357,7 @@ class ReferenceStoreBackend(Backend, Lookup):
                 if attempt.op == "publish":
                     # The store copies the bytes before put() returns: after it, this call's
                     # memory is no longer read.
-                    rows = np.concatenate([read_rows(work.located[gi], size)
+                    rows = np.concatenate([self._read_rows(work.located[gi], size)
                                            for gi, size in zip(call.groups, sizes, strict=True)], axis=1)
                     reply = self._store.put(work.namespace, call.space, call.names, rows)
                     held = reply.status == RowStatus.HELD
@@ -364,7 +367,7 @@ class ReferenceStoreBackend(Backend, Lookup):
                     assert reply.data is not None
                     found, start = np.flatnonzero(held), 0
                     for gi, size in zip(call.groups, sizes, strict=True):
-                        write_rows(work.located[gi], size, found, reply.data[found, start:start + size])
+                        self._write_rows(work.located[gi], size, found, reply.data[found, start:start + size])
                         start += size
                 failed = reply.status == RowStatus.FAILED
                 if failed.any() and fault is None:
@@ -383,6 +386,19 @@ class ReferenceStoreBackend(Backend, Lookup):
                 attempt.conclude_locked(OutcomeStatus.DELIVERED)
             else:
                 attempt.conclude_locked(OutcomeStatus.FAILED, Cause.FAULT, fault)
+
+    # -- row copies: the only code that touches the holder's memory ----------------------------
+
+    def _read_rows(self, located: Located, slot_bytes: int) -> np.ndarray:
+        """A private copy, in host memory, of the rows of one group a publish hands the store,
+        shape ``(rows, slot_bytes)``. This store reaches HOST memory, the one kind it declares; a
+        subclass that declares another kind overrides this and :meth:`_write_rows`."""
+        return read_rows(located, slot_bytes)
+
+    def _write_rows(self, located: Located, slot_bytes: int, rows: np.ndarray, data: np.ndarray) -> None:
+        """Write ``data[k]`` into row ``rows[k]`` of one group (indices into the group), the
+        rows a fetch found; the bytes are in place when it returns."""
+        write_rows(located, slot_bytes, rows, data)
 
     # -- lookup (L1, K1.7) --------------------------------------------------------------------
 
