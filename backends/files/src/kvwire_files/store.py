@@ -56,9 +56,13 @@ every group, K1): they are written back to back as one entry of the pack, and re
 already opened it keeps reading the same whole bytes (POSIX keeps an unlinked file until its last
 reader closes it), and a reader that comes later misses. A pack is removed when its last object
 is removed, or whole when the store evicts: when a put would exceed the capacity, the store
-rescans ``packs/`` (repairing the ledger after a writer was killed) and, with eviction on, unlinks
+rescans ``packs/`` (repairing the ledger after a writer was killed) and, with eviction on, removes
 least-recently-used packs (a get touches the packs it reads) until the store is at most 90 %
-full; with eviction off the put is declined.
+full; with eviction off the put is declined. Packs an eviction removes are chosen, dropped from
+the index and uncounted in the ledger under the lock, and their files unlinked just after it is
+let go (:class:`_Held`), so gets and puts wait for the choice, never for the file system's
+unlinks; a pack dropped and not yet unlinked is no object's, and a rescan removes it if its
+remover died first.
 
 **Faults.** A file system full before the capacity is (``ENOSPC``) counts as a full store: the
 put evicts until the pack fits and writes it again, or declines with a reason; a capacity
@@ -222,7 +226,9 @@ class _Reports:
 
 class _Held:
     """One hold of a store's lock (``with store._locked(deadline):``): the thread holding it is
-    the store's ``_owner`` meanwhile (a damaged ledger is rebuilt only under the lock)."""
+    the store's ``_owner`` meanwhile (a damaged ledger is rebuilt only under the lock). Packs
+    the hold dropped from the committed index (``store._dropped``) are unlinked once the lock is
+    let go: nobody finds them any more, and nobody waits for the unlinks."""
 
     __slots__ = ("_store", "_deadline")
 
@@ -241,8 +247,12 @@ class _Held:
         store._owner = threading.get_ident()
 
     def __exit__(self, *exc: object) -> None:
-        self._store._owner = None
-        self._store._file_lock.release()
+        store = self._store
+        dropped, store._dropped = store._dropped, []
+        store._owner = None
+        store._file_lock.release()
+        for pack in dropped:
+            fs.unlink(store.pack_path(pack))
 
 
 class _LedgerDamaged(OSError):
@@ -330,6 +340,7 @@ class FileStore:
         self._live_record_bytes = 0
         self._closed = False
         self._owner: int | None = None  # the thread that holds the store's lock now
+        self._dropped: list[int] = []  # packs to unlink once the lock is let go (_Held)
         self._declines = _Reports("row(s) declined")
         self._lock_waits = _Reports("wait(s) for the lock given up")
         try:
@@ -947,9 +958,9 @@ class FileStore:
             log.debug("the file store at %s keeps %d bytes counted until its next rescan: %s", self.root, cost, exc)
 
     def _make_room(self, need: int, deadline: float) -> bool:
-        """Under the lock: for a pack of ``need`` bytes the file system had no room for, unlink
-        least-recently-used packs until it has that and a tenth of the capacity more free (so the
-        next puts fit too); whether it has room for ``need`` now."""
+        """For a pack of ``need`` bytes the file system had no room for, remove least-recently-used
+        packs (chosen under the lock, unlinked once it is let go) until it has that and a tenth
+        of the capacity more free (so the next puts fit too); whether it has room for ``need`` now."""
         with self._locked(deadline):
             self._refresh()
             self._touch_deferred()
@@ -958,37 +969,40 @@ class FileStore:
                 return False
             want = need + int(self.capacity_bytes * (1 - _EVICT_TO))
             packs = sorted((mtime, pack, size) for pack, size, mtime in self._pack_files() if pack in self._members)
-            records = []
+            victims = []
             freed = 0
             for _, pack, size in packs:
                 if free + freed >= want:
                     break
-                fs.unlink(self.pack_path(pack))
-                records.append(_record(_DROP_PACK, pack, 0, 0, ""))
+                victims.append(pack)
                 freed += size
-            if records:
-                self._append(b"".join(records))
+            if victims:
+                self._append(b"".join(_record(_DROP_PACK, pack, 0, 0, "") for pack in victims))
+                self._dropped.extend(victims)
                 self._write_ledger(used=max(0, self._read_ledger()[0] - freed))
                 log.info("the file store at %s found its file system full and evicted %d pack(s), %d bytes",
-                         self.root, len(records), freed)
-            # Unlinked packs a reader still has open free their space only when it closes them.
-            return (fs.free_bytes(self.root) or 0) >= need
+                         self.root, len(victims), freed)
+        # Unlinked once the lock was let go; packs a reader still has open free their space only
+        # when it closes them.
+        return (fs.free_bytes(self.root) or 0) >= need
 
     def _rescan(self, need: int) -> int:
         """Under the lock, after :meth:`_refresh`: the bytes the directory really holds (packs and
         live temp files), after evicting least-recently-used packs to make room for ``need`` when
-        allowed. A pack the index has no live object of (its writer died committing) goes, and
-        so do the index's objects whose pack is gone."""
+        allowed. A pack the index has no live object of (its writer died committing, or its
+        remover before unlinking it) goes, and so do the index's objects whose pack is gone. The
+        packs that go are unlinked once the lock is let go (:class:`_Held`), and not counted."""
         self._sweep_temp()
         packs = []
         records: list[bytes] = []
+        victims = []
         used = self._temp_bytes()
         for pack, size, mtime in self._pack_files():
             if pack in self._members:
                 packs.append((mtime, pack, size))
                 used += size
             else:
-                fs.unlink(self.pack_path(pack))
+                victims.append(pack)
         # Objects whose pack file is gone (removed by hand, or a commit whose rename stood and
         # whose records did not) would be held forever: lookups say held, fetches miss, and a
         # put of the key answers ALREADY_THERE.
@@ -999,11 +1013,12 @@ class FileStore:
             for _, pack, size in sorted(packs):
                 if used <= target:
                     break
-                fs.unlink(self.pack_path(pack))
+                victims.append(pack)
                 records.append(_record(_DROP_PACK, pack, 0, 0, ""))
                 used -= size
         if records:
             self._append(b"".join(records))
+        self._dropped.extend(victims)  # only once the index no longer names them
         return used
 
     def _touch_deferred(self) -> None:
