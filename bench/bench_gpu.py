@@ -18,6 +18,14 @@ Sections (each figure a median; ratio = ceiling time / kvwire time, so 1.0 is th
   the steps' medians beside it. ``--copy-threads 1,8`` builds each store once per value of its
   ``copy_threads`` option (threads that copy one batch of 16 MiB or more) and runs the values side
   by side, round by round (column ``thr``); the default is the option's default.
+- ``core``: the same shape saved and loaded as vLLM's worker does it, through the connector's
+  ``WorkerCore`` (``integrations/vllm``) driven step by step with ``tests/vllm_core/core_driver.py``:
+  the CUDA planes registered with a HOST-only store, so staged through the core's pinned pool in
+  chunks of at most ``CHUNK_BYTES`` (``--chunk-mib``; ``--staging-mib`` sizes the pool), one
+  chunk's gather overlapping another's publish; against the pinned copy of the same bytes. Beside
+  it what bounds an overlapped save (load): the DMA alone, the store's copy of pinned rows alone,
+  and both at once on two buffers (``bound`` = the DMA alone / both at once: the best ratio a save
+  that overlaps the two perfectly can reach).
 - ``lender``: the lender's staging rows (a read lease's copy, a write lease's marked rows) and a
   device-to-device copy of pool rows by block table, against torch's copies of the same bytes."""
 
@@ -35,12 +43,13 @@ import time
 import traceback
 import uuid
 from collections.abc import Callable
+from types import ModuleType
 
 import numpy as np
 import torch
 from _waiting import Direction, Mover  # noqa: E402  (bench/ is on sys.path when a bench runs)
 
-from kvwire.contract import CacheKind, Hint, LayerGroupRows, MemoryKind, SlotRegion, TokenRange, View
+from kvwire.contract import Backend, CacheKind, Hint, LayerGroupRows, MemoryKind, SlotRegion, TokenRange, View
 from kvwire.lender import CacheLayout, GroupSpec, Lender, Scope, blockcopy
 from kvwire.lender.blockcopy import PlaneSet, gather, scatter
 from kvwire.registry import load
@@ -343,6 +352,183 @@ def staged_rows(kv: KV, name: str, backends: dict, region: SlotRegion, mover: Mo
                 f" {m['fetch']:>7.1f} {m['scatter']:>8.1f} {m['h2d']:>8.1f}")
 
 
+# -- the connector's worker core: chunked staging ---------------------------------------------
+
+
+def core_section(kv: KV, repeat: int, copy_threads: list[int] | None, staging_mib: float | None,
+                 chunk_mib: float | None) -> None:
+    import importlib.util
+
+    from kvwire_memory import forget_store
+    from kvwire_vllm import holder
+    from kvwire_vllm.core import WorkerCore
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "vllm_core", "core_driver.py")
+    spec = importlib.util.spec_from_file_location("core_driver", path)
+    assert spec is not None and spec.loader is not None
+    driver = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(driver)
+    if chunk_mib is not None:
+        holder.CHUNK_BYTES = int(chunk_mib * MIB)
+    if copy_threads is None:
+        copy_threads = [next(o.default for o in load("memory").options if o.name == "copy_threads")]
+    options = {} if staging_mib is None else {"staging_mib": staging_mib}
+    layers = [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)]
+    say(f"## core: the connector's WorkerCore, staged save / load as vLLM's worker drives it, {LAYERS} layers x K/V, "
+        f"{HEADS} heads x {DIM}, bf16, block {B} ({kv.row >> 20} MiB a block), vs a pinned copy of the same bytes")
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") and shutil.disk_usage("/dev/shm").free > 10 * GIB else None
+    capacity = 2 * kv.rows.shape[0] * kv.row
+    spare = torch.empty(kv.rows.shape, dtype=torch.uint8, pin_memory=True)  # the DMA beside the store's copy
+    for name in ("memory", "files"):
+        roots: list[str] = []
+        stores: list[str] = []
+
+        def build(threads: int, name: str = name, roots: list[str] = roots, stores: list[str] = stores) -> Backend:
+            if name == "memory":
+                stores.append(f"bench-gpu-{uuid.uuid4().hex[:8]}")
+                where = {"store": stores[-1]}
+            else:
+                roots.append(tempfile.mkdtemp(prefix="kvwire-bench-gpu-", dir=shm))
+                where = {"root": roots[-1]}
+            return load(name).build({**where, "capacity_bytes": capacity, "eviction": True, "timeout_s": 120.0,
+                                     "copy_threads": threads})
+
+        cores = {t: WorkerCore(build(t), layers=layers, block_size=B, namespace="bench", timeout_s=120.0,
+                               backend_name=name, **options) for t in copy_threads}
+        bounds = build(copy_threads[-1])
+        try:
+            for core in cores.values():
+                core.register_kv_caches(dict(zip(layers, kv.layers, strict=True)), kv.pool)
+            pool = next(iter(cores.values())).pool
+            assert pool is not None, "the core registered the CUDA planes directly: nothing staged to measure"
+            say(f"   {name}: staged through {pool.slots} pinned slots ({pool.slots * kv.row >> 20} MiB), chunks of at "
+                f"most {holder.CHUNK_BYTES >> 20} MiB; copy_threads (thr) {', '.join(map(str, copy_threads))}")
+            core_rows(kv, name, cores, driver, repeat)
+            core_bounds(kv, name, bounds, spare, repeat)
+        finally:
+            for core in cores.values():
+                assert core.shutdown(timeout_s=60), core.state()
+            bounds.close()
+            for store in stores:
+                forget_store(store)
+            for root in roots:
+                shutil.rmtree(root, ignore_errors=True)
+    say("   (save/load: ratio to the pinned copy, d2h/h2d of the same bytes in the same round; the milliseconds are")
+    say("    wall clock from the step that starts it until the core reports it done and nothing of it is in flight;")
+    say("    bounds: GB/s of the DMA alone, the store's copy of pinned rows alone (publish/fetch through the holder")
+    say("    loop), and both at once on two buffers of the same size; bound = the DMA alone / both at once)")
+    say()
+
+
+def core_rows(kv: KV, name: str, cores: dict, driver: ModuleType, repeat: int) -> None:
+    """Save then load through each core in turn, round by round; the first round warms up and
+    checks the bytes came back whole."""
+    say(f"   {'store':>6} {'thr':>3} {'tokens':>6} {'bytes':>6} | {'save':>5} {'ms':>7} {'ceil ms':>8} | "
+        f"{'load':>5} {'ms':>7} {'ceil ms':>8}")
+    seed = 0
+    for tokens in TOKENS:
+        n = tokens // B
+        ids, back = kv.tables(n)
+        steps: dict[int, dict[str, list[float]]] = {t: {k: [] for k in ("save", "load", "d2h", "h2d")} for t in cores}
+        for rep in range(repeat + 1):
+            for threads, core in cores.items():
+                seed += 1
+                times = core_round(kv, core, driver, ids, back, seed)
+                if rep == 0:
+                    for t in kv.layers[:2]:
+                        idx, bk = torch.as_tensor(ids, device="cuda"), torch.as_tensor(back, device="cuda")
+                        assert torch.equal(t[:, bk].view(torch.int16), t[:, idx].view(torch.int16))
+                    continue
+                for k, v in zip(("save", "load", "d2h", "h2d"), times, strict=True):
+                    steps[threads][k].append(v)
+        for threads, st in steps.items():
+            m = {k: statistics.median(v) * 1e3 for k, v in st.items()}
+            say(f"   {name:>6} {threads:>3} {tokens:>6} {n * kv.row >> 20:>4}Mi | {m['d2h'] / m['save']:>5.2f}"
+                f" {m['save']:>7.1f} {m['d2h']:>8.1f} | {m['h2d'] / m['load']:>5.2f} {m['load']:>7.1f} {m['h2d']:>8.1f}")
+
+
+def core_round(kv: KV, core: object, driver: ModuleType, ids: np.ndarray, back: np.ndarray,
+               seed: int) -> tuple[float, float, float, float]:
+    """Seconds of one save of blocks ``ids`` under fresh names, one load of them into ``back``,
+    and the pinned copies of the same bytes each way."""
+    names = driver.names(ids.size, seed)
+    save = wall_s(lambda: driver.save(core, f"s{seed}", ids.tolist(), names))
+    errors: set[int] = set()
+    load_s = wall_s(lambda: errors.update(driver.load(core, f"l{seed}", back.tolist(), names)))
+    assert not errors, f"{len(errors)} blocks did not load"
+    rows, flat = kv.rows[:ids.size], kv.flat[:ids.size]
+    d2h = wall_s(lambda: rows.copy_(flat, non_blocking=True))
+    h2d = wall_s(lambda: flat.copy_(rows, non_blocking=True))
+    return save, load_s, d2h, h2d
+
+
+def both_s(dma: Callable[[], object], copy: Callable[[], object]) -> tuple[float, float, float]:
+    """Seconds of the DMA (events around it), of the store's copy (wall clock) and of both, the
+    DMA queued first and the copy started at once beside it."""
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t0 = time.perf_counter()
+    start.record()
+    dma()
+    end.record()
+    copy()
+    t1 = time.perf_counter()
+    end.synchronize()
+    t2 = time.perf_counter()
+    return start.elapsed_time(end) / 1e3, t1 - t0, t2 - t0
+
+
+def core_bounds(kv: KV, name: str, backend: Backend, spare: torch.Tensor, repeat: int) -> None:
+    """What bounds an overlapped save (load) of each size through this store: the DMA, the store's
+    copy of pinned rows, each alone and both at once (the DMA on ``spare``, the copy on ``kv.rows``)."""
+    region = SlotRegion(0, kv.rows.data_ptr(), kv.row, kv.rows.shape[0], MemoryKind.HOST)
+    backend.register_regions([region, SlotRegion(1, spare.data_ptr(), kv.row, spare.shape[0], MemoryKind.HOST)])
+    say(f"   bounds, {name} store, GB/s: {'tokens':>6} | {'d2h':>5} {'publish':>7} | both: {'d2h':>5} {'publish':>7}"
+        f" {'bound':>5} | {'h2d':>5} {'fetch':>7} | both: {'h2d':>5} {'fetch':>7} {'bound':>5}")
+    for tokens in TOKENS:
+        m = bound_medians(backend, region, spare[:tokens // B], kv.flat[:tokens // B], repeat)
+        gbs = {k: tokens // B * kv.row / v / 1e9 for k, v in m.items()}
+        say(f"   {'':>29} {tokens:>6} | {gbs['d2h0']:>5.1f} {gbs['publish0']:>7.1f} | {'':>5} {gbs['save0']:>5.1f}"
+            f" {gbs['save1']:>7.1f} {m['d2h0'] / m['save2']:>5.2f} | {gbs['h2d0']:>5.1f} {gbs['fetch0']:>7.1f} |"
+            f" {'':>5} {gbs['load0']:>5.1f} {gbs['load1']:>7.1f} {m['h2d0'] / m['load2']:>5.2f}")
+
+
+def bound_medians(backend: Backend, region: SlotRegion, other: torch.Tensor, flat: torch.Tensor,
+                  repeat: int) -> dict[str, float]:
+    """Median seconds, rounds after a warm-up: ``d2h0``/``h2d0`` the DMA between ``flat`` and
+    ``other``, ``publish0``/``fetch0`` the store's copy of as many rows of ``region``, and
+    ``save0..2``/``load0..2`` (DMA, copy, both) for the two at once."""
+    n = other.shape[0]
+    mover, hint = Mover(timeout_s=120.0), Hint.of("store")
+    view = view_of(region, n, 3)  # what the fetches read
+
+    def publish() -> None:  # fresh names each time (view_of draws some)
+        mover.move(backend, Direction.PUBLISH, view_of(region, n, 2), hint)
+
+    def fetch() -> None:
+        mover.move(backend, Direction.FETCH, view, hint)
+
+    def d2h() -> None:
+        other.copy_(flat, non_blocking=True)
+
+    def h2d() -> None:
+        flat.copy_(other, non_blocking=True)
+
+    saving: dict[str, Callable[[], tuple[float, ...]]] = {
+        "d2h": lambda: (wall_s(d2h),), "publish": lambda: (wall_s(publish),), "save": lambda: both_s(d2h, publish)}
+    loading: dict[str, Callable[[], tuple[float, ...]]] = {
+        "h2d": lambda: (wall_s(h2d),), "fetch": lambda: (wall_s(fetch),), "load": lambda: both_s(h2d, fetch)}
+    got: dict[str, list[float]] = {}
+    for rep in range(repeat + 1):
+        for timed in (saving, loading):
+            mover.move(backend, Direction.PUBLISH, view, hint)  # again where the publishes evicted some of it
+            for key, fn in timed.items():
+                for i, v in enumerate(fn()):
+                    if rep:
+                        got.setdefault(f"{key}{i}", []).append(v)
+    return {k: statistics.median(v) for k, v in got.items()}
+
+
 # -- the lender's staging ------------------------------------------------------------------------
 
 
@@ -420,10 +606,14 @@ def main() -> int:
     parser.add_argument("--out", help="also write the report to this file (appended as it runs)")
     parser.add_argument("--repeat", type=int, default=9)
     parser.add_argument("--sweep", action="store_true", help="also time the kernel's tuning and use the best")
-    parser.add_argument("--sections", default="kernel,host,staged,lender,host-direct")
+    parser.add_argument("--sections", default="kernel,host,staged,core,lender,host-direct")
     parser.add_argument("--copy-threads", metavar="N,N",
                         help="staged: the stores' copy_threads values, run side by side (default: the option's default)")
-    parser.add_argument("--tokens", metavar="N,N", help="host/staged: token counts (default 1024,4096,16384,32768)")
+    parser.add_argument("--tokens", metavar="N,N", help="host/staged/core: token counts (default 1024,4096,16384,32768)")
+    parser.add_argument("--chunk-mib", type=float, help="core: the connector's staging chunk (holder.CHUNK_BYTES; "
+                        "default 256)")
+    parser.add_argument("--staging-mib", type=float, help="core: the core's pinned staging pool (default: the "
+                        "connector's, 1024)")
     args = parser.parse_args()
     global TOKENS
     if args.tokens:
@@ -465,10 +655,12 @@ def main() -> int:
             say()
 
     run("kernel", lambda: kernel_section(args.repeat, args.sweep))
-    kv = KV() if {"host", "staged", "host-direct"} & set(sections) else None
+    kv = KV() if {"host", "staged", "core", "host-direct"} & set(sections) else None
     if kv is not None:
         run("host", lambda: host_section(kv, args.repeat, direct=False))
         run("staged", lambda: staged_section(kv, max(3, args.repeat // 2), copy_threads))
+        run("core", lambda: core_section(kv, max(3, args.repeat // 2), copy_threads, args.staging_mib,
+                                                args.chunk_mib))
     run("lender", lambda: lender_section(args.repeat))
     if kv is not None and blockcopy._choose()[0] is blockcopy._Impl.TRITON:
         run("host-direct", lambda: host_section(kv, args.repeat, direct=True))
