@@ -104,6 +104,8 @@ def stream(url: str, body: dict[str, Any]) -> tuple[float, float, list[int], dic
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             chunk = json.loads(line[6:])
+            if not chunk.get("choices"):
+                raise RuntimeError(f"{url} answered a chunk with no choices (an error mid-stream?): {line[:2000]}")
             got = chunk["choices"][0].get("token_ids") or []
             if got and first is None:
                 first = time.perf_counter() - began

@@ -18,6 +18,10 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 
+# Without UCX's Python binding the peer cannot import: a skip that says so, never a collection error
+# (a GPU host gets ucxx from bench/device_ucx_bundle.sh).
+pytest.importorskip("ucxx", reason="needs ucxx, UCX's Python binding (bench/device_ucx_bundle.sh packs it for a GPU host)")
+
 import ucx_device_peer as peer  # noqa: E402
 
 GROUPS, BLOCKS, SLOT = 2, 48, 64 << 10  # a 64 KiB row: 16 tokens x 8 KV heads x 128 x K,V in bf16
