@@ -271,12 +271,57 @@ def view_of(region: SlotRegion, n: int, salt: int) -> View:
                                 names),))
 
 
+def shm_root() -> str | None:
+    """Where the files stores of a section live: /dev/shm when it has room, else the temp dir."""
+    return "/dev/shm" if os.path.isdir("/dev/shm") and shutil.disk_usage("/dev/shm").free > 10 * GIB else None
+
+
+def default_copy_threads() -> list[int]:
+    return [next(o.default for o in load("memory").options if o.name == "copy_threads")]
+
+
+class HostStores:
+    """The memory and files stores a section builds, one per ``copy_threads`` value, and their
+    clean-up: memory stores forgotten, files roots removed (``with HostStores(...) as stores:``)."""
+
+    def __init__(self, capacity: int, shm: str | None) -> None:
+        self.capacity, self.shm = capacity, shm
+        self.roots: list[str] = []
+        self.stores: list[str] = []
+        self.built: list[Backend] = []
+
+    def build(self, name: str, threads: int) -> Backend:
+        if name == "memory":
+            self.stores.append(f"bench-gpu-{uuid.uuid4().hex[:8]}")
+            where = {"store": self.stores[-1]}
+        else:
+            self.roots.append(tempfile.mkdtemp(prefix="kvwire-bench-gpu-", dir=self.shm))
+            where = {"root": self.roots[-1]}
+        backend = load(name).build({**where, "capacity_bytes": self.capacity, "eviction": True, "timeout_s": 120.0,
+                                    "copy_threads": threads})
+        self.built.append(backend)
+        return backend
+
+    def __enter__(self) -> HostStores:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        from kvwire_memory import forget_store
+
+        for backend in self.built:
+            backend.close()
+        for store in self.stores:
+            forget_store(store)
+        for root in self.roots:
+            shutil.rmtree(root, ignore_errors=True)
+
+
 def staged_section(kv: KV, repeat: int, copy_threads: list[int] | None = None) -> None:
     if copy_threads is None:
-        copy_threads = [next(o.default for o in load("memory").options if o.name == "copy_threads")]
+        copy_threads = default_copy_threads()
     say(f"## staged save / load, {LAYERS} layers x K/V, {HEADS} heads x {DIM}, bf16, block {B}: one object a block "
         f"({kv.row >> 20} MiB), vs a pinned copy of the same bytes; goal >= 0.8x")
-    shm = "/dev/shm" if os.path.isdir("/dev/shm") and shutil.disk_usage("/dev/shm").free > 10 * GIB else None
+    shm = shm_root()
     region = SlotRegion(0, kv.rows.data_ptr(), kv.row, kv.rows.shape[0], MemoryKind.HOST)
     capacity = 2 * kv.rows.shape[0] * kv.row
     say(f"   files root: under {shm or tempfile.gettempdir()} ({shutil.disk_usage(shm or tempfile.gettempdir()).free >> 30}"
@@ -287,24 +332,11 @@ def staged_section(kv: KV, repeat: int, copy_threads: list[int] | None = None) -
     say(f"   {'store':>6} {'thr':>3} {'tokens':>6} {'bytes':>6} | {'save':>5} {'gather':>7} {'publish':>8} {'ceil ms':>8} | "
         f"{'load':>5} {'fetch':>7} {'scatter':>8} {'ceil ms':>8}")
     for name in ("memory", "files"):
-        roots: list[str] = []
-        backends = {}
-        try:
-            for threads in copy_threads:
-                if name == "memory":
-                    options = {"store": f"bench-gpu-{uuid.uuid4().hex[:8]}"}
-                else:
-                    roots.append(tempfile.mkdtemp(prefix="kvwire-bench-gpu-", dir=shm))
-                    options = {"root": roots[-1]}
-                backends[threads] = load(name).build({**options, "capacity_bytes": capacity, "eviction": True,
-                                                      "timeout_s": 120.0, "copy_threads": threads})
-                backends[threads].register_regions([region])
-            staged_rows(kv, name, backends, region, mover, hint, repeat)
-        finally:
+        with HostStores(capacity, shm) as made:
+            backends = {threads: made.build(name, threads) for threads in copy_threads}
             for backend in backends.values():
-                backend.close()
-            for root in roots:
-                shutil.rmtree(root, ignore_errors=True)
+                backend.register_regions([region])
+            staged_rows(kv, name, backends, region, mover, hint, repeat)
     say("   (save/load: ratio to the pinned copy; the other columns are milliseconds: gather = blocks into pinned")
     say("    rows, event waited; publish/fetch = the backend's attempt from submission until quiesced)")
     say()
@@ -359,7 +391,6 @@ def core_section(kv: KV, repeat: int, copy_threads: list[int] | None, staging_mi
                  chunk_mib: float | None) -> None:
     import importlib.util
 
-    from kvwire_memory import forget_store
     from kvwire_vllm import holder
     from kvwire_vllm.core import WorkerCore
 
@@ -371,48 +402,31 @@ def core_section(kv: KV, repeat: int, copy_threads: list[int] | None, staging_mi
     if chunk_mib is not None:
         holder.CHUNK_BYTES = int(chunk_mib * MIB)
     if copy_threads is None:
-        copy_threads = [next(o.default for o in load("memory").options if o.name == "copy_threads")]
+        copy_threads = default_copy_threads()
     options = {} if staging_mib is None else {"staging_mib": staging_mib}
     layers = [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)]
     say(f"## core: the connector's WorkerCore, staged save / load as vLLM's worker drives it, {LAYERS} layers x K/V, "
         f"{HEADS} heads x {DIM}, bf16, block {B} ({kv.row >> 20} MiB a block), vs a pinned copy of the same bytes")
-    shm = "/dev/shm" if os.path.isdir("/dev/shm") and shutil.disk_usage("/dev/shm").free > 10 * GIB else None
+    shm = shm_root()
     capacity = 2 * kv.rows.shape[0] * kv.row
     spare = torch.empty(kv.rows.shape, dtype=torch.uint8, pin_memory=True)  # the DMA beside the store's copy
     for name in ("memory", "files"):
-        roots: list[str] = []
-        stores: list[str] = []
-
-        def build(threads: int, name: str = name, roots: list[str] = roots, stores: list[str] = stores) -> Backend:
-            if name == "memory":
-                stores.append(f"bench-gpu-{uuid.uuid4().hex[:8]}")
-                where = {"store": stores[-1]}
-            else:
-                roots.append(tempfile.mkdtemp(prefix="kvwire-bench-gpu-", dir=shm))
-                where = {"root": roots[-1]}
-            return load(name).build({**where, "capacity_bytes": capacity, "eviction": True, "timeout_s": 120.0,
-                                     "copy_threads": threads})
-
-        cores = {t: WorkerCore(build(t), layers=layers, block_size=B, namespace="bench", timeout_s=120.0,
-                               backend_name=name, **options) for t in copy_threads}
-        bounds = build(copy_threads[-1])
-        try:
-            for core in cores.values():
-                core.register_kv_caches(dict(zip(layers, kv.layers, strict=True)), kv.pool)
-            pool = next(iter(cores.values())).pool
-            assert pool is not None, "the core registered the CUDA planes directly: nothing staged to measure"
-            say(f"   {name}: staged through {pool.slots} pinned slots ({pool.slots * kv.row >> 20} MiB), chunks of at "
-                f"most {holder.CHUNK_BYTES >> 20} MiB; copy_threads (thr) {', '.join(map(str, copy_threads))}")
-            core_rows(kv, name, cores, driver, repeat)
-            core_bounds(kv, name, bounds, spare, repeat)
-        finally:
-            for core in cores.values():
-                assert core.shutdown(timeout_s=60), core.state()
-            bounds.close()
-            for store in stores:
-                forget_store(store)
-            for root in roots:
-                shutil.rmtree(root, ignore_errors=True)
+        with HostStores(capacity, shm) as made:
+            cores = {t: WorkerCore(made.build(name, t), layers=layers, block_size=B, namespace="bench", timeout_s=120.0,
+                                   backend_name=name, **options) for t in copy_threads}
+            bounds = made.build(name, copy_threads[-1])
+            try:
+                for core in cores.values():
+                    core.register_kv_caches(dict(zip(layers, kv.layers, strict=True)), kv.pool)
+                pool = next(iter(cores.values())).pool
+                assert pool is not None, "the core registered the CUDA planes directly: nothing staged to measure"
+                say(f"   {name}: staged through {pool.slots} pinned slots ({pool.slots * kv.row >> 20} MiB), chunks of "
+                    f"at most {holder.CHUNK_BYTES >> 20} MiB; copy_threads (thr) {', '.join(map(str, copy_threads))}")
+                core_rows(kv, name, cores, driver, repeat)
+                core_bounds(kv, name, bounds, spare, repeat)
+            finally:
+                for core in cores.values():
+                    assert core.shutdown(timeout_s=60), core.state()
     say("   (save/load: ratio to the pinned copy, d2h/h2d of the same bytes in the same round; the milliseconds are")
     say("    wall clock from the step that starts it until the core reports it done and nothing of it is in flight;")
     say("    bounds: GB/s of the DMA alone, the store's copy of pinned rows alone (publish/fetch through the holder")
