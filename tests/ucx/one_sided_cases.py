@@ -136,6 +136,73 @@ def test_a_standing_offer_is_read_one_sided_without_the_holder(make_backend, hol
     assert offer.poll().status is OutcomeStatus.CANCELLED
 
 
+def _cancel_and_quiesce(offer, woken: threading.Event) -> None:
+    offer.cancel()
+    for _ in range(100):  # each wake may report a change (W1.8), or none
+        if offer.quiesced() or not woken.wait(10):
+            break
+        woken.clear()
+    assert offer.quiesced(), "the cancelled offer never quiesced"
+
+
+def test_an_offer_in_any_layout_answers_prefixes_and_other_picks_byte_for_byte(make_backend, holders) -> None:
+    """An answer from a standing offer names its rows' runs, taken for a prefix of the offered
+    names from the runs the offer made once (cut at any row, inside a run or at its end), and
+    made afresh for names in another order: every pull lands byte for byte in rows lent in
+    another layout, none reaches the holder, and the cancelled offer quiesces."""
+    backend = make_backend(mode="one-sided")
+    there = Pool(GROUPS, 32, SLOT)
+    tree = ReuseTree()
+    backend.register_regions(there.regions)
+    holders.append(ServingHolder(backend, there, tree))
+    served = [9, 10, 11, 25, 26, 12, 13, 2, 3, 4]  # runs there: 3, 2, 2, 3 rows
+    names = block_names(len(served), prompt="offered in runs")
+    for name, slot in zip(names, served, strict=True):
+        for g, gid in enumerate(there.group_ids):
+            there.arrays[g][slot] = row_pattern(name, gid, SLOT)
+    woken = threading.Event()
+    offer = backend.offer(there.view(served, names), woken.set)
+    req, here = requesting_end(make_backend, "one-sided", window_bytes=2 * 2 * SLOT)
+    lent = [16, 17, 3, 4, 5, 20, 21, 22, 0, 1]  # runs here: 2, 3, 3, 2 rows
+    pulls = (names, names[:1], names[:4], names[:5], names[:8], names[5:], [names[4], names[0], names[9], names[1]])
+    for wanted in pulls:
+        attempt, slots = req.fetch(backend.address(), wanted, slots=lent[:len(wanted)])
+        outcome = req.wait(attempt, slots, 20)
+        assert outcome.is_delivered and all(m.all() for m in outcome.masks), (len(wanted), outcome)
+        check_rows(here, slots, wanted)
+    assert backend.stats().pulls_offered == len(pulls) and holders[0].requests_seen == 0
+    assert req.backend.stats().rows_read == 2 * sum(len(w) for w in pulls)
+    _cancel_and_quiesce(offer, woken)
+
+
+def test_a_pull_of_the_most_blocks_with_the_longest_names_is_read_from_an_offer(make_backend, holders) -> None:
+    """The largest Pull the wire takes (MAX_BLOCKS names of MAX_NAME_BYTES: a 2 MiB frame, more
+    than a socket takes at once) reaches the serving end whole, and its answer, one run per group,
+    is read byte for byte."""
+    from kvwire_ucx import wire
+
+    blocks, slot = wire.MAX_BLOCKS, 64
+    backend = make_backend(mode="one-sided")
+    there = Pool(GROUPS, blocks, slot)
+    backend.register_regions(there.regions)
+    names = block_names(blocks, prompt="long", width=wire.MAX_NAME_BYTES)
+    for g in range(len(GROUPS)):
+        there.arrays[g][:] = np.random.default_rng(g).integers(0, 256, there.arrays[g].shape, dtype=np.uint8)
+    woken = threading.Event()
+    offer = backend.offer(there.view(range(blocks), names), woken.set)
+    backend.serve(lambda: None)  # no holder: a pull the offer did not answer would time out
+    here = Pool(GROUPS, blocks, slot, first_region_id=10)
+    req = Requester(make_backend(mode="one-sided"), here)
+    req.backend.register_regions(here.regions)
+    attempt, slots = req.fetch(backend.address(), names, timeout_s=30, slots=list(range(blocks)))
+    outcome = req.wait(attempt, slots, 40)
+    assert outcome.is_delivered and all(m.all() for m in outcome.masks), outcome
+    for g in range(len(GROUPS)):
+        assert np.array_equal(here.arrays[g], there.arrays[g])
+    assert backend.stats().pulls_offered == 1
+    _cancel_and_quiesce(offer, woken)
+
+
 def test_the_requester_is_woken_before_its_last_word_is_written(make_backend, holders) -> None:
     """The requester's Ack (its last word, after the reads) is written after the holder's wake:
     the holder learns the pull concluded without waiting for a socket write. The serving end

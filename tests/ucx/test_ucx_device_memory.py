@@ -90,7 +90,7 @@ def test_a_range_over_groups_in_different_memories_is_one_read_per_pair_naming_e
     agent = _Agent()
     groups = (_rows(0, 0x1000_0000, HOST, 4), _rows(1, 0x2000_0000, 1, 4), _rows(2, 0x3000_0000, 1, 4))
     reads = RangeReads(agent, groups, "peer")  # type: ignore[arg-type]
-    reads.remote = tuple(np.arange(4, dtype=np.uint64) * np.uint64(256) + np.uint64(b) for b in (0xA000, 0xB000, 0xC000))
+    reads.remote = tuple(np.array([[b, 4]], dtype=np.uint64) for b in (0xA000, 0xB000, 0xC000))  # runs there
     reads.remote_memories = (1, 1, HOST)
     reads.plan((4, 4, 4), ((0, 4),))
     assert reads.start(0, 1) is not None and not reads.running
@@ -105,7 +105,7 @@ def test_a_range_over_groups_in_different_memories_is_one_read_per_pair_naming_e
     # all host both ends (the wire's empty memories): one read, as before device memory
     agent.reads.clear()
     host = RangeReads(agent, (_rows(0, 0x1000, HOST, 2), _rows(1, 0x1200, HOST, 2)), "peer")  # type: ignore[arg-type]
-    host.remote = (np.array([0x5000, 0x5100], np.uint64), np.array([0x6000, 0x6100], np.uint64))
+    host.remote = (np.array([[0x5000, 2]], np.uint64), np.array([[0x6000, 2]], np.uint64))
     host.plan((2, 2), ((0, 2),))
     host.start(0, 1)
     assert [m for m, _, _ in agent.reads] == [(HOST, HOST)]

@@ -23,7 +23,7 @@ backend_module("ucxx._lib.libucxx", "ucx", "ucxx-cu12==0.52.0")  # skips, or fai
 from kvwire_ucx import wire  # noqa: E402
 from kvwire_ucx.nixl_reads import RangeReads  # noqa: E402
 from kvwire_ucx.protocol import events as ev  # noqa: E402
-from kvwire_ucx.regions import GroupRows  # noqa: E402
+from kvwire_ucx.regions import GroupRows, RowRuns  # noqa: E402
 from kvwire_ucx.serving import fit_read_offer, offer_runs  # noqa: E402
 from kvwire_ucx.tag_rows import PostError, TagReceives, TagSends, own_breaks  # noqa: E402
 
@@ -121,7 +121,7 @@ def read_through_the_wire(slot: int, blocks: int, there_cells: list[list[int]], 
     nixl = FakeNixl(here, there, at_once=immediate)
     reads = RangeReads(nixl, requesting, "P")  # type: ignore[arg-type]
     reads.peer_agent = b"agent"
-    reads.remote = tuple(decoded.row_addresses(g, slot) for g in range(groups))
+    reads.remote = tuple(decoded.checked_runs(g, slot) for g in range(groups))
     longest = max(counts)
     ranges = tuple((b, min(b + step, longest)) for b in range(0, longest, step))
     reads.plan(counts, ranges)
@@ -177,6 +177,24 @@ def test_rows_adjacent_at_one_end_only_are_read_row_by_row() -> None:
         assert np.array_equal(here[(5 - i) * 8:(6 - i) * 8], there[i * 8:(i + 1) * 8])
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 40), max_size=30, unique=True), st.sampled_from([1, 8, 64]))
+def test_the_runs_of_any_leading_rows_are_taken_from_runs_made_once(cells: list[int], slot: int) -> None:
+    """What an offer makes once (RowRuns) gives, for every prefix of its rows, the runs a walk
+    over those rows finds: each run's first row's address and how many rows follow it there."""
+    addresses = np.asarray(cells, dtype=np.uint64) * np.uint64(slot) + np.uint64(THERE_BASE)
+    made = RowRuns(addresses, slot)
+    for count in range(len(cells) + 1):
+        walked: list[list[int]] = []
+        for i in range(count):
+            if walked and cells[i] == cells[i - 1] + 1:
+                walked[-1][1] += 1
+            else:
+                walked.append([THERE_BASE + cells[i] * slot, 1])
+        assert made.prefix(count).tolist() == walked
+        assert made.count(count) == len(walked)
+
+
 def test_the_fit_counts_runs_not_rows() -> None:
     """An answer is cut to what one frame holds: by its runs, so a long pull of adjacent rows is
     never cut, and one of scattered rows is cut where its runs stop fitting."""
@@ -225,9 +243,9 @@ def test_run_lists_that_do_not_add_up_are_refused_with_their_bounds() -> None:
 
 def test_runs_past_the_address_space_are_refused_when_read() -> None:
     offer = wire.ReadOffer(5, (3,), b"agent", 1, b"", (np.array([[2**64 - 128, 3]], dtype=np.uint64),))
-    assert offer.row_addresses(0, 32).tolist() == [2**64 - 128, 2**64 - 96, 2**64 - 64]
+    assert offer.checked_runs(0, 32).tolist() == [[2**64 - 128, 3]]  # its last row ends at 2**64 - 32
     with pytest.raises(wire.WireError, match="64-bit address space"):
-        offer.row_addresses(0, 64)
+        offer.checked_runs(0, 64)
 
 
 def test_a_frame_of_an_earlier_wire_version_is_refused_by_name() -> None:

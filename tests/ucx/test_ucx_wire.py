@@ -97,6 +97,23 @@ def test_a_stream_cut_anywhere_yields_the_same_messages(batch: list[wire.Message
     assert reader.buffered == 0
 
 
+@settings(deadline=None)
+@given(st.lists(messages, min_size=1, max_size=6), st.data())
+def test_chunks_fed_apart_or_together_yield_the_same_messages(batch: list[wire.Message], data: st.DataObject) -> None:
+    """The reader takes the chunks of one socket read at once (``feed(*chunks)``): a frame in one
+    chunk, a frame over several, several frames in one, in any grouping of chunks into calls."""
+    stream = b"".join(wire.encode(m) for m in batch)
+    cuts = sorted(set(data.draw(st.lists(st.integers(1, max(1, len(stream) - 1)), max_size=12))))
+    pieces = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True) if a < b]
+    reader, out, i = wire.FrameReader(), [], 0
+    while i < len(pieces):
+        k = data.draw(st.integers(1, len(pieces) - i))
+        out += reader.feed(*pieces[i:i + k])
+        i += k
+    assert out == batch
+    assert reader.buffered == 0
+
+
 @settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
 @given(st.binary(max_size=2048))
 def test_garbage_gives_a_clean_error_or_a_valid_message(data: bytes) -> None:

@@ -150,10 +150,22 @@ class Connections:
         """Queue ``message`` and flush what the socket takes; why the connection failed, if it did."""
         if conn.closed:
             return None
-        conn.out += wire.encode(message)
-        if conn.state is ConnectionState.CONNECTING:
-            return None
-        return self.flush(conn)
+        frame = wire.encode(message)
+        if conn.out or conn.state is ConnectionState.CONNECTING:
+            conn.out += frame
+            return None if conn.state is ConnectionState.CONNECTING else self.flush(conn)
+        # nothing queued: the frame goes to the socket as it is, and only what it does not take is
+        # queued (a pull of 16384 blocks is a 256 KiB frame, copied into the queue for nothing)
+        try:
+            sent = conn.sock.send(frame)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError as exc:
+            return f"peer {conn.label} is gone: control connection {exc.strerror or exc}"
+        if sent < len(frame):
+            conn.out += memoryview(frame)[sent:]
+            return self.flush(conn)
+        return None
 
     def flush(self, conn: Connection) -> str | None:
         while conn.out and not conn.closed:
@@ -197,13 +209,12 @@ class Connections:
         except OSError as exc:
             if not chunks:
                 return None, self._gone(conn, f"{exc.strerror or exc}"), False
-        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        if not data:
+        if not chunks[0]:
             if conn.state is ConnectionState.CONNECTING:
                 return None, f"could not connect to {conn.label}: connection closed", False
             return None, f"peer {conn.label} is gone: it closed the control connection", False
         try:
-            return conn.reader.feed(data), None, False
+            return conn.reader.feed(*chunks), None, False
         except wire.WireError as exc:
             return None, f"peer {conn.label} sent a malformed control message: {exc}", True
 

@@ -11,6 +11,8 @@ import enum
 import threading
 from typing import Any, Protocol
 
+import numpy as np
+
 from kvwire.contract import Cause
 from kvwire.contract.serving import PullRequest
 from kvwire_ucx import wire
@@ -87,7 +89,8 @@ class ReplyJob:
         #: the requester's breaks, from its Pull (two-sided): where its lent rows stop being adjacent
         self.peer_breaks: tuple[tuple[int, ...] | None, ...] = ()
         self.deadline = expires_at
-        self.read_offer: tuple[int, bytes, bytes] | None = None  # generation, metadata, agent
+        #: one-sided: generation, metadata, agent, the rows answered per group and their runs
+        self.read_offer: tuple[int, bytes, bytes, tuple[int, ...], tuple[np.ndarray, ...]] | None = None
         self.cancel_fed = False
         #: the standing offer (O1) this answer reads from (``request`` is then ``None``: the
         #: pull never reached the holder)

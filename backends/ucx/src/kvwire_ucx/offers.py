@@ -17,29 +17,37 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kvwire.contract import InvalidSubmission, View
-from kvwire_ucx.regions import GroupRows
+from kvwire_ucx.regions import GroupRows, RowRuns
 
 if TYPE_CHECKING:
     from kvwire_ucx.attempt import UcxAttempt
 
-__all__ = ["OfferedGroup", "StandingOffer", "OfferIndex", "offered_groups"]
+__all__ = ["Covered", "OfferedGroup", "StandingOffer", "OfferIndex", "offered_groups"]
+
+#: What answers a pull from an offer: each group's rows, and where they lie as runs (per group
+#: an ``(n, 2)`` uint64 array of (address, rows), as a one-sided answer names them).
+Covered = tuple[tuple[GroupRows, ...], tuple[np.ndarray, ...]]
 
 
 @dataclass(frozen=True, slots=True, eq=False)
 class OfferedGroup:
     """One group of an offer: its located rows, the names of all of them (concatenated, for the
-    common pull of a prefix in order) and each name's row."""
+    common pull of a prefix in order), each name's row, and where the rows lie as runs (made
+    once, so that an answer naming a prefix of them takes no step per row)."""
 
     rows: GroupRows
     width: int
     names: bytes
     index: dict[bytes, int]
+    runs: RowRuns
 
-    def pick(self, names: bytes, count: int) -> GroupRows | None:
-        """The rows named by ``names`` (``count`` names of this group's width), in their order;
-        ``None`` unless every one is offered."""
+    def pick(self, names: bytes, count: int) -> tuple[GroupRows, np.ndarray] | None:
+        """The rows named by ``names`` (``count`` names of this group's width), in their order,
+        and their runs (as :class:`~kvwire_ucx.regions.RowRuns` gives them); ``None`` unless
+        every one is offered."""
         if self.names.startswith(names):  # the offered rows' first names, in order
             offsets = self.rows.offsets[:count]
+            runs = self.runs.prefix(count)
         else:
             width, index = self.width, self.index
             if count > len(index):
@@ -52,8 +60,9 @@ class OfferedGroup:
                 found.append(row)
             offsets = self.rows.offsets[np.asarray(found, dtype=np.intp)]
             offsets.flags.writeable = False
+            runs = RowRuns(offsets + np.uint64(self.rows.base), self.rows.slot_bytes).runs
         rows = self.rows
-        return GroupRows(rows.group_id, rows.slot_bytes, rows.span, offsets, rows.base, rows.memory)
+        return GroupRows(rows.group_id, rows.slot_bytes, rows.span, offsets, rows.base, rows.memory), runs
 
 
 def offered_groups(view: View, located: tuple[GroupRows, ...]) -> dict[int, OfferedGroup]:
@@ -70,7 +79,7 @@ def offered_groups(view: View, located: tuple[GroupRows, ...]) -> dict[int, Offe
             raise InvalidSubmission(
                 f"group {position} (id {group.group_id}) names a block on two rows; an offer names each block once "
                 "per group (contract O1.2)")
-        out[group.group_id] = OfferedGroup(rows, width, raw, index)
+        out[group.group_id] = OfferedGroup(rows, width, raw, index, RowRuns.of(rows, group.rows))
     return out
 
 
@@ -89,19 +98,20 @@ class StandingOffer:
         self.standing = True  # until it concludes: it answers pulls only while standing
 
     def cover(self, groups: tuple[tuple[int, int], ...], width: int, names: bytes,
-              count: int) -> tuple[GroupRows, ...] | None:
-        """The rows answering a pull of ``names`` in ``groups`` ((id, slot size) each), or
-        ``None`` unless this offer covers it whole."""
-        out = []
+              count: int) -> Covered | None:
+        """The rows answering a pull of ``names`` in ``groups`` ((id, slot size) each), and
+        their runs, or ``None`` unless this offer covers it whole."""
+        rows, runs = [], []
         for group_id, slot_bytes in groups:
             group = self.groups.get(group_id)
             if group is None or group.rows.slot_bytes != slot_bytes or (count and group.width != width):
                 return None
-            rows = group.pick(names, count)
-            if rows is None:
+            picked = group.pick(names, count)
+            if picked is None:
                 return None
-            out.append(rows)
-        return tuple(out)
+            rows.append(picked[0])
+            runs.append(picked[1])
+        return tuple(rows), tuple(runs)
 
     def __repr__(self) -> str:
         return f"StandingOffer({len(self.groups)} groups, {'standing' if self.standing else 'ended'}, " \
@@ -134,10 +144,10 @@ class OfferIndex:
                 self._offers.remove(offer)
 
     def cover(self, groups: tuple[tuple[int, int], ...], width: int, names: bytes, count: int,
-              stands_until: float) -> tuple[StandingOffer, tuple[GroupRows, ...]] | None:
+              stands_until: float) -> tuple[StandingOffer, Covered] | None:
         """The newest offer that still stands at ``stands_until`` (monotonic), has not concluded
         (a holder's ``cancel()`` concludes it before the progress thread takes it out) and covers
-        the pull whole, with its answering rows."""
+        the pull whole, with its answering rows and their runs."""
         with self._lock:
             offers = list(self._offers)
         for offer in reversed(offers):

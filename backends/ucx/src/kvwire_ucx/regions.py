@@ -17,7 +17,7 @@ import numpy as np
 from kvwire.contract import InvalidSubmission, MemoryKind, RegionTable, SlotRegion, View
 from kvwire.contract.backend import Registration
 
-__all__ = ["RegisteredRegions", "GroupRows", "DeviceBytes", "HOST"]
+__all__ = ["RegisteredRegions", "GroupRows", "DeviceBytes", "HOST", "RowRuns"]
 
 #: ``GroupRows.memory`` of host memory (else the CUDA device index).
 HOST = -1
@@ -59,6 +59,53 @@ class GroupRows:
     offsets: np.ndarray = field(repr=False)
     base: int = 0
     memory: int = HOST
+
+
+class RowRuns:
+    """Where a group's rows lie, as runs of rows adjacent in memory: ``runs`` an ``(n, 2)``
+    uint64 array of (address of the run's first row, rows in it), in row order, and ``ends`` the
+    rows up to each run's end. Made once (one pass over the rows), it gives the runs of any
+    leading part of the rows in a few steps over the runs alone (:meth:`prefix`), as a
+    one-sided answer names them."""
+
+    __slots__ = ("runs", "ends")
+
+    def __init__(self, addresses: np.ndarray, slot_bytes: int) -> None:
+        addresses = np.asarray(addresses, dtype=np.uint64)
+        if not len(addresses):
+            self.runs = np.zeros((0, 2), dtype=np.uint64)
+        else:
+            starts = np.flatnonzero(addresses[1:] != addresses[:-1] + np.uint64(slot_bytes)) + 1
+            self.runs = np.empty((len(starts) + 1, 2), dtype=np.uint64)
+            self.runs[0, 0] = addresses[0]
+            self.runs[1:, 0] = addresses[starts]
+            self.runs[:-1, 1] = starts
+            self.runs[-1, 1] = len(addresses)
+            self.runs[1:, 1] -= self.runs[:-1, 1].copy()
+        self.ends = np.cumsum(self.runs[:, 1])
+
+    @classmethod
+    def of(cls, group: GroupRows, count: int) -> RowRuns:
+        """The runs of ``group``'s first ``count`` rows."""
+        if count == 0 or group.span is None:
+            return cls(np.zeros(0, dtype=np.uint64), group.slot_bytes)
+        return cls(group.offsets[:count] + np.uint64(group.base), group.slot_bytes)
+
+    @property
+    def rows(self) -> int:
+        return int(self.ends[-1]) if len(self.ends) else 0
+
+    def count(self, rows: int) -> int:
+        """How many runs the first ``rows`` rows make."""
+        return 0 if rows <= 0 else int(np.searchsorted(self.ends, rows)) + 1
+
+    def prefix(self, rows: int) -> np.ndarray:
+        """The runs of the first ``rows`` rows (a new array)."""
+        k = self.count(rows)
+        out = self.runs[:k].copy()
+        if k:
+            out[-1, 1] -= self.ends[k - 1] - np.uint64(rows)
+        return out
 
 
 def _views(region: SlotRegion) -> tuple[np.ndarray | DeviceBytes, np.ndarray | DeviceBytes]:

@@ -105,8 +105,8 @@ class Requesting(EngineContext):
             if job is not None:
                 assert job.reads is not None or self._nixl is None
                 if job.reads is not None and problem is None and len(message.counts) == len(job.groups):
-                    try:  # the runs as each offered row's address there (coalesced again when planned)
-                        remote = tuple(message.row_addresses(g, group.slot_bytes) for g, group in enumerate(job.groups))
+                    try:  # the runs there (cut again at this end's breaks when planned)
+                        remote = tuple(message.checked_runs(g, group.slot_bytes) for g, group in enumerate(job.groups))
                     except wire.WireError as exc:
                         problem = f"peer {conn.label} offered rows that cannot lie in its memory: {exc}"
                     else:

@@ -30,7 +30,7 @@ from kvwire_ucx.offers import OfferIndex, StandingOffer
 from kvwire_ucx.protocol import events as ev
 from kvwire_ucx.protocol.server import PullServer, ReplySpec, ServerState
 from kvwire_ucx.reactor import Reactor
-from kvwire_ucx.regions import GroupRows
+from kvwire_ucx.regions import GroupRows, RowRuns
 from kvwire_ucx.settings import UcxSettings
 from kvwire_ucx.tag_rows import TagSends
 
@@ -193,12 +193,12 @@ class Serving(EngineContext):
                                   now + self._settings.grace_s + moved / OFFER_ANSWER_RATE)
         if found is None:
             return False
-        offer, groups = found
+        offer, (groups, runs) = found
         counts = tuple(message.count for _ in groups)
         job = ReplyJob(0, conn, PullServer(ReplySpec(message.transfer, message.credit, len(groups), message.count,
                                                      one_sided=message.one_sided, peer=conn.label, offered=True)),
                        None, min(now + message.timeout_ms / 1000.0, offer.deadline), message.tag_base)
-        if self._nixl is not None and self._prepare_read_offer(job, counts, groups) != counts:
+        if self._nixl is not None and self._prepare_read_offer(job, counts, groups, runs) != counts:
             return False  # its addresses need more than one frame: the holder answers a prefix
         breaks: tuple[tuple[int, ...] | None, ...] = ()
         if self._nixl is None:
@@ -289,22 +289,26 @@ class Serving(EngineContext):
                 breaks = job.sends.offer_breaks(counts)
         self._router.feed(job, ev.Answered(counts, rows, refusal, breaks))
 
-    def _prepare_read_offer(self, job: ReplyJob, counts: tuple[int, ...], groups: tuple[GroupRows, ...]
-                            ) -> tuple[int, ...]:
+    def _prepare_read_offer(self, job: ReplyJob, counts: tuple[int, ...], groups: tuple[GroupRows, ...],
+                            runs: tuple[np.ndarray, ...] | None = None) -> tuple[int, ...]:
         """This end's NIXL metadata (when the connection was not sent this generation) and the
-        longest common block prefix whose ReadOffer fits in one frame (still a valid answer)."""
+        longest common block prefix whose ReadOffer fits in one frame (still a valid answer),
+        with its runs (``runs``: those of ``counts``, known already)."""
         assert self._nixl is not None
         generation, metadata = self._nixl.metadata()
         if job.conn.nixl_sent == generation:
             metadata = b""
         agent = self._nixl.name.encode()
-        job.read_offer = (generation, metadata, agent)
-        return fit_read_offer(counts, groups, agent, metadata)
+        if runs is None or not _fits(runs, agent, metadata):
+            counts, runs = read_offer_runs(counts, groups, agent, metadata)
+        job.read_offer = (generation, metadata, agent, counts, runs)
+        return counts
 
     def send_read_offer(self, job: ReplyJob, counts: tuple[int, ...]) -> None:
         assert job.read_offer is not None
-        generation, metadata, agent = job.read_offer
-        runs = offer_runs(job.groups, counts)
+        generation, metadata, agent, prepared, runs = job.read_offer
+        if prepared != counts:  # the machine answers with the counts prepared; should it not, runs of its own
+            runs = offer_runs(job.groups, counts)
         memories = tuple(group.memory for group in job.groups)
         self._router.send(job.conn, wire.ReadOffer(job.transfer, counts, agent, generation, metadata, runs, memories))
 
@@ -383,37 +387,40 @@ def _no_wake() -> None:
     """An answer from an offer wakes nobody; its offer's attempt wakes the holder (O1.10)."""
 
 
-def _row_addresses(group: GroupRows, count: int) -> np.ndarray:
-    """The addresses of a group's first ``count`` rows in this end's memory."""
-    if count == 0 or group.span is None:
-        return np.zeros(0, dtype=np.uint64)
-    return group.offsets[:count] + np.uint64(group.base)
-
-
 def offer_runs(groups: tuple[GroupRows, ...], counts: tuple[int, ...]) -> tuple[np.ndarray, ...]:
     """Where each group's first ``counts`` rows lie in this end's memory, as a ReadOffer names
     it: runs of rows adjacent there (address, rows)."""
-    return tuple(wire.runs_of(_row_addresses(group, count), group.slot_bytes)
-                 for group, count in zip(groups, counts, strict=True))
+    return tuple(RowRuns.of(group, count).runs for group, count in zip(groups, counts, strict=True))
+
+
+def _fits(runs: tuple[np.ndarray, ...], agent: bytes, metadata: bytes) -> bool:
+    return wire.ReadOffer.body_bytes(len(runs), sum(len(r) for r in runs), agent, metadata) <= wire.MAX_MESSAGE_BYTES
+
+
+def read_offer_runs(counts: tuple[int, ...], groups: tuple[GroupRows, ...], agent: bytes, metadata: bytes
+                    ) -> tuple[tuple[int, ...], tuple[np.ndarray, ...]]:
+    """``counts`` cut to the longest common block prefix whose ReadOffer fits in one frame (its
+    size is that of the runs of adjacent rows the prefix makes in each group), and those runs.
+    One pass over each group's rows; the cut, if any, over its runs."""
+    made = [RowRuns.of(g, c) for g, c in zip(groups, counts, strict=True)]
+
+    def fits(cut: tuple[int, ...]) -> bool:
+        runs = sum(r.count(c) for r, c in zip(made, cut, strict=True))
+        return wire.ReadOffer.body_bytes(len(cut), runs, agent, metadata) <= wire.MAX_MESSAGE_BYTES
+
+    if not fits(counts):
+        lo, hi = 0, max(counts)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if fits(tuple(min(c, mid) for c in counts)):
+                lo = mid
+            else:
+                hi = mid - 1
+        counts = tuple(min(c, lo) for c in counts)
+    return counts, tuple(r.prefix(c) for r, c in zip(made, counts, strict=True))
 
 
 def fit_read_offer(counts: tuple[int, ...], groups: tuple[GroupRows, ...], agent: bytes, metadata: bytes
                    ) -> tuple[int, ...]:
-    """``counts`` cut to the longest common block prefix whose ReadOffer fits in one frame (its
-    size is that of the runs of adjacent rows the prefix makes in each group)."""
-    breaks = [wire.run_breaks(_row_addresses(g, c), g.slot_bytes) for g, c in zip(groups, counts, strict=True)]
-
-    def fits(cut: tuple[int, ...]) -> bool:
-        runs = sum(1 + int(np.searchsorted(b, c)) for b, c in zip(breaks, cut, strict=True) if c)
-        return wire.ReadOffer.body_bytes(len(cut), runs, agent, metadata) <= wire.MAX_MESSAGE_BYTES
-
-    if fits(counts):
-        return counts
-    lo, hi = 0, max(counts)
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if fits(tuple(min(c, mid) for c in counts)):
-            lo = mid
-        else:
-            hi = mid - 1
-    return tuple(min(c, lo) for c in counts)
+    """``counts`` cut to the longest common block prefix whose ReadOffer fits in one frame."""
+    return read_offer_runs(counts, groups, agent, metadata)[0]
