@@ -50,7 +50,13 @@ class Spans:
             self.here = self.there = np.zeros(0, dtype=np.uint64)
             return
         offsets = group.offsets[:count]
-        breaks_here = np.flatnonzero(offsets[1:] != offsets[:-1] + slot) + 1
+        # (a row before its predecessor wraps around in the difference, and is a break as well)
+        breaks_here = np.flatnonzero(np.diff(offsets) != slot) + 1
+        if len(runs) == 1 and not len(breaks_here):  # adjacent at both ends: one span
+            self.first = np.zeros(1, dtype=np.int64)
+            self.here = offsets[:1] + np.uint64(group.base)
+            self.there = runs[:1, 0].copy()
+            return
         lengths = runs[:, 1].astype(np.int64)
         run_first = np.cumsum(lengths) - lengths  # each run's first row (0 first)
         first = np.union1d(breaks_here, run_first) if len(breaks_here) else run_first
@@ -66,6 +72,9 @@ class Spans:
         if hi <= start:
             empty = np.zeros(0, dtype=np.uint64)
             return empty, empty, empty
+        if len(self.first) == 1:
+            skip = np.uint64(start) * self.slot
+            return self.here + skip, self.there + skip, np.full(1, hi - start, dtype=np.uint64) * self.slot
         i0 = int(np.searchsorted(self.first, start, side="right")) - 1
         i1 = int(np.searchsorted(self.first, hi, side="left"))
         first = self.first[i0:i1].copy()
@@ -118,7 +127,12 @@ class RangeReads:
             sizes.append(lengths)
         parts = []
         for (here_memory, there_memory), (ours, theirs, sizes) in by_pair.items():
-            local, remote = coalesce(np.concatenate(ours), np.concatenate(theirs), np.concatenate(sizes))
+            if len(ours) == 1:  # one group's spans: adjacent at both ends already joined
+                local, remote = np.empty((len(ours[0]), 3), np.uint64), np.empty((len(ours[0]), 3), np.uint64)
+                local[:, 0], remote[:, 0] = ours[0], theirs[0]
+                local[:, 1] = remote[:, 1] = sizes[0]
+            else:
+                local, remote = coalesce(np.concatenate(ours), np.concatenate(theirs), np.concatenate(sizes))
             local[:, 2] = max(here_memory, 0)  # NIXL's descriptor names the device (0 for host memory)
             remote[:, 2] = max(there_memory, 0)
             parts.append(((here_memory, there_memory), local, remote))
