@@ -47,7 +47,7 @@ from kvwire.contract import CacheKind, Hint, LayerGroupRows, TokenRange, View
 from kvwire.contract.backend import Backend
 from kvwire.contract.errors import SubmissionError, SubmissionRejected
 from kvwire.contract.outcome import Cause
-from kvwire.holding import QUIESCE_GRACE_S, Direction, Submission, Wakes, submit, wait_any
+from kvwire.holding import QUIESCE_GRACE_S, Direction, Submission, WaitStatus, Wakes, submit, wait_any
 from kvwire.observe import cause_label
 from kvwire_vllm.plan import BlockPlan
 from kvwire_vllm.staging import StagingPool
@@ -501,14 +501,27 @@ class StepLoad:
         self.started = time.perf_counter()
 
 
+#: How often a doze looks at the device copies queued beside attempts in flight: the device sends
+#: no wake when a copy ends, and the next chunk's submission waits for it.
+EVENT_LOOK_S = 0.0005
+
+
 def doze(moves: Sequence[Move], seconds: float) -> None:
-    """Sleep until one of ``moves``' attempts is done (woken by the backend) or ``seconds``
-    pass; with only device copies pending, until the first of them completed (a copy of a few
-    blocks, queued on an idle device: an event wait, never the whole device)."""
+    """Sleep until one of ``moves``' attempts is done (woken by the backend), one of their
+    device copies completed, or ``seconds`` pass; with only device copies pending, until the
+    first of them completed (a copy of a few blocks, queued on an idle device: an event wait,
+    never the whole device)."""
     subs = [s for m in moves for s in m.submissions()]
+    events = [e for m in moves for e in m.events()]
+    if subs and events:
+        deadline = time.monotonic() + seconds
+        while not any(map(_done, events)):
+            left = deadline - time.monotonic()
+            if left <= 0 or any(w.status is not WaitStatus.EXPIRED for w in wait_any(subs, min(EVENT_LOOK_S, left))):
+                return
+        return
     if subs:
         wait_any(subs, seconds)
         return
-    events = [e for m in moves for e in m.events()]
     if events:
         events[0].synchronize()
