@@ -19,6 +19,7 @@
 # imports, nixl_ep). What NIXL's libraries need is kept by their dynamic links.
 set -euo pipefail
 out=$(realpath -m "${1:?usage: $0 OUT.tar.xz}")
+mkdir -p "$(dirname "$out")"
 python=${PYTHON:-.venv/bin/python}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
