@@ -148,6 +148,16 @@ def test_an_oversized_frame_is_refused_from_its_header_alone() -> None:
         wire.FrameReader().feed(header)
 
 
+@pytest.mark.parametrize("kind", list(wire.MessageType))
+def test_a_frame_announcing_an_empty_body_is_refused_cleanly(kind: wire.MessageType) -> None:
+    """No message has an empty body: the reader says so (a WireError, so the connection is dropped
+    and counted), whether the header came alone or with more bytes behind it."""
+    header = struct.pack("<4sBBHI", b"KVWC", wire.WIRE_VERSION, kind, 0, 0)
+    for data in (header, header + wire.encode(wire.Ack(1, 1))):
+        with pytest.raises(wire.WireError, match="ends early"):
+            wire.FrameReader().feed(data)
+
+
 def test_foreign_bytes_and_future_versions_are_named() -> None:
     with pytest.raises(wire.WireError, match="bad magic"):
         wire.FrameReader().feed(b"GET / HTTP/1.1\r\n\r\n")

@@ -610,6 +610,8 @@ class FrameReader:
 
     def _take(self, n: int) -> bytes | memoryview:
         """The next ``n`` held bytes (at most one copy, none for a whole chunk)."""
+        if not n:
+            return b""  # an empty body (no valid message has one: the decoder refuses it)
         self._size -= n
         first, at = self._chunks[0], self._offset
         if len(first) - at >= n:
