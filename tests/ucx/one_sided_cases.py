@@ -127,12 +127,7 @@ def test_a_standing_offer_is_read_one_sided_without_the_holder(make_backend, hol
     assert outcome.is_delivered and [m.tolist() for m in outcome.masks] == [[True] * 4] * 2
     check_rows(pool, slots, names[:4])
     assert req.backend.stats().rows_read == 8 and a.stats().pulls_offered == 1 and holder.requests_seen == 0
-    offer.cancel()
-    for _ in range(100):  # each wake may report a change (W1.8), or none
-        if offer.quiesced() or not woken.wait(10):
-            break
-        woken.clear()
-    assert offer.quiesced(), "the cancelled offer never quiesced"
+    _cancel_and_quiesce(offer, woken)
     assert offer.poll().status is OutcomeStatus.CANCELLED
 
 
