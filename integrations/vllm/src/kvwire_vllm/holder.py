@@ -30,7 +30,11 @@ failed request. Waiting rather than skipping at once keeps a burst of saves (a l
 blocks arrive in one step) from being dropped because the store is a little behind; the deadline
 bounds how long vLLM's blocks stay held for it. A load is *deferred* the same way: it waits for
 slots (the request stays in vLLM's waiting-for-remote-KV state) up to ``timeout_s``, after which
-the blocks it could not fetch are load errors that vLLM recomputes."""
+the blocks it could not fetch are load errors that vLLM recomputes.
+
+Why one file of this size: the three kinds of move share one life cycle (advance, cancel, what
+is whole, what holds vLLM's blocks) and one idle wait (:func:`doze`), which the worker core calls
+without knowing which kind it holds."""
 
 from __future__ import annotations
 
