@@ -26,6 +26,7 @@ import ctypes
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -70,6 +71,38 @@ def memmove_s(dst: np.ndarray, src: np.ndarray, threads: int) -> float:
     return time.perf_counter() - began
 
 
+def memmove_pieces_s(dst: np.ndarray, src: np.ndarray, threads: int, piece: int) -> float:
+    """:func:`memmove_s`, each thread copying its share in memmoves of at most ``piece`` bytes
+    (as the store's copy pool does for a batch cut in pieces)."""
+    step = len(src) // threads
+
+    def part(i: int) -> None:
+        lo, hi = i * step, (len(src) if i == threads - 1 else (i + 1) * step)
+        for at in range(lo, hi, piece):
+            ctypes.memmove(dst.ctypes.data + at, src.ctypes.data + at, min(piece, hi - at))
+
+    workers = [threading.Thread(target=part, args=(i,)) for i in range(threads)]
+    began = time.perf_counter()
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    return time.perf_counter() - began
+
+
+def glibc_tunables() -> str:
+    """The C library's copy thresholds as its loader lists them (memmove switches to stores that
+    bypass the cache above the non-temporal one); empty where it lists none."""
+    for loader in ("/lib64/ld-linux-x86-64.so.2", "/lib/ld-linux-aarch64.so.1"):
+        try:
+            out = subprocess.run([loader, "--list-tunables"], capture_output=True, text=True, timeout=10).stdout
+        except (OSError, subprocess.SubprocessError):
+            continue
+        return ", ".join(line.split(" (")[0].replace("glibc.cpu.x86_", "") for line in out.splitlines()
+                         if "non_temporal_threshold" in line or "rep_movsb_threshold" in line)
+    return ""
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rows", type=int, default=2048, help="rows of 2 MiB a submission (default 2048: 4 GiB)")
@@ -84,6 +117,15 @@ def main() -> int:
     print("memmove by threads (GB/s): " + ", ".join(
         f"{t}: {gb / statistics.median(memmove_s(dst, src, t) for _ in range(args.rounds)):.1f}"
         for t in sorted({1, 2, 4, 8, 16, args.threads}) if t <= 4 * (os.cpu_count() or 1)), flush=True)
+    tunables = os.environ.get("GLIBC_TUNABLES")
+    by_piece = []
+    for mib in (2, 8, 32, 128, 512):
+        if mib << 20 <= total // args.threads:
+            took = statistics.median(memmove_pieces_s(dst, src, args.threads, mib << 20) for _ in range(args.rounds))
+            by_piece.append(f"{mib} MiB: {gb / took:.1f}")
+    print(f"memmove on {args.threads} threads by the size of one memmove (GB/s; the C library's "
+          f"{glibc_tunables() or '?'}{', GLIBC_TUNABLES=' + tunables if tunables else ''}): "
+          + ", ".join(by_piece), flush=True)
     region = SlotRegion(0, src.ctypes.data, ROW, args.rows, MemoryKind.HOST)
     back = SlotRegion(1, dst.ctypes.data, ROW, args.rows, MemoryKind.HOST)
     pool = CopyPool(args.threads)
