@@ -38,7 +38,7 @@ projects=()
 for p in backends/*/ examples/*/ integrations/vllm/; do  # kvwire-vllm: its vLLM-free core is tested here
   if [ -f "$p/pyproject.toml" ]; then projects+=("$p"); fi
 done
-stamp_src="$(cat scripts/bootstrap.sh pyproject.toml "${projects[@]/%//pyproject.toml}" | sha256sum | cut -d' ' -f1)"
+stamp_src="$(cat scripts/bootstrap.sh pyproject.toml setup.py src/kvwire/_copy.c "${projects[@]/%//pyproject.toml}" | sha256sum | cut -d' ' -f1)"
 if [ -x "$venv/bin/python" ] && [ -f "$venv/.kvwire-stamp" ] && [ "$(cat "$venv/.kvwire-stamp")" = "$stamp_src" ]; then
   exit 0
 fi

@@ -21,7 +21,7 @@ for p in backends/*/; do
   [ -f "$p/pyproject.toml" ] && projects+=("$p")
 done
 projects+=(integrations/vllm/)
-stamp_src="$(cat scripts/bootstrap_vllm.sh "${projects[@]/%//pyproject.toml}" | sha256sum | cut -d' ' -f1)"
+stamp_src="$(cat scripts/bootstrap_vllm.sh setup.py src/kvwire/_copy.c "${projects[@]/%//pyproject.toml}" | sha256sum | cut -d' ' -f1)"
 if [ -x "$venv/bin/python" ] && [ -f "$venv/.kvwire-stamp" ] && [ "$(cat "$venv/.kvwire-stamp")" = "$stamp_src" ]; then
   exit 0
 fi

@@ -126,3 +126,16 @@ def test_a_plugin_checks_text_is_printed_literally(text):
     buffer = StringIO()
     render(findings, Console(file=buffer, width=200))
     assert buffer.getvalue().count(text) == 3, buffer.getvalue()
+
+
+def test_the_host_copy_is_named():
+    """The stores' large host copies: the compiled streaming copy where it was built, else memmove
+    with the way to get it; which one this kvwire uses is what the row says."""
+    from kvwire import copying
+
+    line = row(doctor().stdout, "host copy")
+    assert copying.COPY_NAME.split(" (")[0] in line
+    if copying.STREAMING:
+        assert "non-temporal" in line and "ok" in line
+    else:
+        assert "memmove" in line and "C compiler" in line

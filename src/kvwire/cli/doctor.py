@@ -73,6 +73,18 @@ def _block_copy() -> list[Finding]:
     return [Finding("block copy", True, detail, essential=False)]
 
 
+def _host_copy() -> list[Finding]:
+    """Which copy the stores' large host copies use (kvwire.copying): the compiled streaming copy,
+    or memmove where it was not built; not essential (memmove is correct, only slower)."""
+    from kvwire import copying
+
+    if copying.STREAMING:
+        return [Finding("host copy", True, copying.COPY_NAME, essential=False)]
+    return [Finding("host copy", False, copying.COPY_NAME,
+                    "install a C compiler (apt-get install -y gcc) and reinstall kvwire, so large store copies "
+                    "bypass the cache (up to 1.5x faster on the hosts measured)", essential=False)]
+
+
 def _configured() -> tuple[Any, list[Finding]]:
     """The user's backend configuration (file and environment), unvalidated, or a finding
     saying why it cannot be read."""
@@ -129,7 +141,7 @@ def _plugin_checks(label: str, plugin: object, options: Mapping[str, Any] | None
 
 def diagnose() -> list[Finding]:
     found = [Finding("python", sys.version_info >= (3, 11), sys.version.split()[0], "use Python 3.11 or newer")]
-    for part in (_torch, _libraries, _ports, _block_copy, _plugins):
+    for part in (_torch, _libraries, _ports, _block_copy, _host_copy, _plugins):
         found.extend(part())
     return found
 

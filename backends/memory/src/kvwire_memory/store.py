@@ -43,6 +43,7 @@ from typing import Final, cast
 import numpy as np
 
 from kvwire.blob import KeyStatus
+from kvwire.copying import stream_copy as _stream_copy
 
 __all__ = ["MemoryStore", "named_store", "forget_store"]
 
@@ -182,9 +183,12 @@ def split_runs(targets: Sequence[int], sources: Sequence[int], sizes: Sequence[i
 
 
 def _copy_piece(targets: list[int], sources: list[int], sizes: list[int]) -> None:
-    """One piece of a split copy, on a thread of the pool or the caller's (a memmove per run,
-    each without the GIL)."""
-    _run(map(_memmove, targets, sources, sizes))
+    """One piece of a split copy, on a thread of the pool or the caller's: a copy per run, each
+    without the GIL, with stores that bypass the cache (:func:`kvwire.copying.stream_copy`;
+    memmove where kvwire's helper was not built). A piece is 1/threads of a batch of 16 MiB or
+    more, below the size from which glibc's memmove streams by itself (53.5 MiB on an H100
+    host), and neither a stored object nor a fetched row is read again by the CPU soon."""
+    _run(map(_stream_copy, targets, sources, sizes))
 
 
 class CopyPool:
@@ -645,13 +649,16 @@ class MemoryStore:
         there: list[bool] | None = None
         if not objects.keys().isdisjoint(keys):
             there = list(map(objects.__contains__, keys))
-            _run(map(objects.move_to_end, compress(keys, there)))
             fresh = list(map(not_, there))
             new_keys = list(compress(keys, fresh))
             sources, new_sizes = list(compress(addresses, fresh)), list(compress(sizes, fresh))
         else:
             new_keys, sources, new_sizes = list(keys), list(addresses), list(sizes)
         need = sum(new_sizes)
+        if need > self.capacity_bytes or (not self.eviction and self._used + need > self.capacity_bytes):
+            return None  # row by row, with nothing touched yet: each row's answer as if alone
+        if there is not None:  # touched before the eviction, so that none of them is its victim
+            _run(map(objects.move_to_end, compress(keys, there)))
         if not self._room_for(need):
             return None
         targets = self._take_many(new_sizes)
