@@ -60,31 +60,16 @@ def names_of(n: int, salt: int) -> np.ndarray:
     return names
 
 
-def memmove_s(dst: np.ndarray, src: np.ndarray, threads: int) -> float:
-    step = len(src) // threads
-
-    def part(i: int) -> None:
-        size = step if i < threads - 1 else len(src) - i * step
-        ctypes.memmove(dst.ctypes.data + i * step, src.ctypes.data + i * step, size)
-
-    workers = [threading.Thread(target=part, args=(i,)) for i in range(threads)]
-    began = time.perf_counter()
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
-    return time.perf_counter() - began
-
-
-def memmove_pieces_s(dst: np.ndarray, src: np.ndarray, threads: int, piece: int) -> float:
-    """:func:`memmove_s`, each thread copying its share in memmoves of at most ``piece`` bytes
-    (as the store's copy pool does for a batch cut in pieces)."""
+def memmove_s(dst: np.ndarray, src: np.ndarray, threads: int, piece: int | None = None) -> float:
+    """Seconds to memmove ``src`` into ``dst`` cut in equal shares on ``threads`` threads, each
+    thread copying its share in calls of at most ``piece`` bytes (as the store's copy pool does
+    for a batch cut in pieces; ``None``: its whole share in one call)."""
     step = len(src) // threads
 
     def part(i: int) -> None:
         lo, hi = i * step, (len(src) if i == threads - 1 else (i + 1) * step)
-        for at in range(lo, hi, piece):
-            ctypes.memmove(dst.ctypes.data + at, src.ctypes.data + at, min(piece, hi - at))
+        for at in range(lo, hi, piece or hi - lo):
+            ctypes.memmove(dst.ctypes.data + at, src.ctypes.data + at, min(piece or hi - lo, hi - at))
 
     workers = [threading.Thread(target=part, args=(i,)) for i in range(threads)]
     began = time.perf_counter()
@@ -126,7 +111,7 @@ def main() -> int:
     by_piece = []
     for mib in (2, 8, 32, 128, 512):
         if mib << 20 <= total // args.threads:
-            took = statistics.median(memmove_pieces_s(dst, src, args.threads, mib << 20) for _ in range(args.rounds))
+            took = statistics.median(memmove_s(dst, src, args.threads, mib << 20) for _ in range(args.rounds))
             by_piece.append(f"{mib} MiB: {gb / took:.1f}")
     print(f"memmove on {args.threads} threads by the size of one memmove (GB/s; the C library's "
           f"{glibc_tunables() or '?'}{', GLIBC_TUNABLES=' + tunables if tunables else ''}): "
