@@ -42,6 +42,7 @@ class WireStats:
     #: fetches of this end answered from an offer the serving end pushed (no Pull frame went out)
     pulls_pushed: int = 0
     offers_pushed: int = 0  #: standing offers this end pushed, one per connection it pushed to
+    pushes_received: int = 0  #: offers serving ends pushed to this end
 
 
 class UcxAttempt(TableAttempt):

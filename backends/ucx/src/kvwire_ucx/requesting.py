@@ -188,6 +188,7 @@ class Requesting(EngineContext):
             self._router.drop(conn, f"peer {conn.label} pushed an offer that cannot be read: {exc}")
             return
         pushed[message.offer] = offer
+        self._router.count("pushes_received")
 
     def on_withdraw(self, conn: Connection, message: wire.Withdraw) -> None:
         """The serving end withdrew an offer it pushed: no read of it starts any more, those in
