@@ -263,8 +263,9 @@ class Serving(EngineContext):
         run out: its pulls then go the old way."""
         assert self._nixl is not None
         remaining_ms = int((offer.deadline - time.monotonic()) * 1000)
-        if not offer.standing or conn.closed or remaining_ms < 1 or offer.attempt.poll() is not None:
-            return
+        if (not offer.standing or conn.closed or conn in offer.pushed_to or remaining_ms < 1
+                or offer.attempt.poll() is not None):
+            return  # (an offer made as the connection said hello reaches it from both: once)
         groups = push_groups(offer)
         if groups is None:
             return

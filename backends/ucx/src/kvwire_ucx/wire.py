@@ -45,6 +45,22 @@ rows lie in GPU memory the answer is a ``READ_OFFER_DEVICE``: the same body foll
 group's memory (``-1`` host, else the CUDA device index), since a reader must name the memory it
 reads; a ``READ_OFFER`` is all host memory.
 
+Pushed offers (version 4, one-sided only): each end's ``Hello`` carries ``flags``; a requester in
+the one-sided mode sets ``HELLO_TAKES_PUSHES``. To such a connection a serving end that serves
+pushes every standing offer (O1) after its own ``Hello``, and each later one when it is made:
+``PushOffer`` (offer id, the time it has left in ms, NIXL agent name, generation and metadata as a
+``ReadOffer`` carries them, and per group its id, slot size, memory, name width, row count, run
+count, then its names, its runs' addresses and their row counts). R keeps each connection's pushed
+offers; a fetch one of them covers whole (every group, slot size and name, O1.4) is read at once
+with no ``Pull``, and R sends it neither ``Ack`` nor ``Cancel``; any other goes the old way. R
+starts no read from an offer past its local deadline (the push's arrival plus the time left, less
+a margin) nor within the grace of it. When the offer concludes, S sends ``Withdraw`` (offer id);
+R fails the fetches reading it, stops their reads, and answers ``Withdrawn`` (offer id) once
+none is in flight; the offer quiesces once every connection it was pushed to answered or closed
+(S closes one that has not answered within its grace). A ``PushOffer`` is decoded with every
+length checked first: at most ``MAX_GROUPS`` groups, ``MAX_PUSH_ROWS`` rows a group, runs as a
+``ReadOffer``'s; an offer beyond them, or beyond one frame, is not pushed.
+
 The ``ReadOffer`` body: the head (transfer, generation, agent name bytes, metadata bytes, groups),
 the agent name, the metadata, each group's row count (u32), each group's run count (u32), then per
 group its runs' addresses (u64 each) followed by their row counts (u32 each), then (device only)
@@ -55,7 +71,9 @@ answer is cut to the longest common block prefix whose runs fit one frame.
 
 Versions: every frame carries :data:`WIRE_VERSION`; a frame of another version is refused when its
 header arrives (``Hello`` is the first frame each way, so two ends of different versions learn it
-at once: "control frame version 1 is not supported (this end speaks 2)").
+at once: "control frame version 3 is not supported (this end speaks 4)"). Version 4 added the
+pushed offers and ``Hello.flags``: a version-3 end could not parse either, so the version moved
+rather than negotiate them inside version 3.
 
 Why one file of this size: one codec, so every frame's bounds are read and written in one place
 (and fuzzed as a whole)."""
