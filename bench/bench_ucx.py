@@ -317,7 +317,8 @@ def serve(max_bytes: int, busy: bool, mode: str, spin: bool = False) -> None:
                 if not polling.wait(0.05):
                     continue
                 with polled:
-                    agent.get_new_notifs()
+                    if polling.is_set():  # not after "unpoll": the next ask's notification is answer_asks'
+                        agent.get_new_notifs()
 
         polling.set()
         threading.Thread(target=progress, daemon=True).start()
