@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import threading
 from typing import Any
 
 import numpy as np
@@ -345,6 +346,10 @@ class OverlapRefusalKeepsASlot(Mutant):
         return super().submit(op, view, hint, wake)
 
 
+#: How long StoresBeforeValidating waits for its wrongful put before refusing the view.
+STORE_WAIT_S = 2.0
+
+
 class StoresBeforeValidating(ReferenceStoreBackend):
     """S3: a publish checks and stores its groups one by one, so a view refused for its last
     group has already stored the rows of the first ones."""
@@ -356,9 +361,14 @@ class StoresBeforeValidating(ReferenceStoreBackend):
                 located = self._table.locate(group, i)
                 if group.rows and group.names is not None:
                     rows = read_rows(located, group.region.slot_bytes)
-                    # stored here, before the refusal, not queued for a worker: a queued put could
-                    # land after the suite's check and let the mutant pass by timing alone
-                    self._store.put(namespace, group.group_id, group.names, rows)
+                    # stored before the refusal, not queued for a worker: a queued put could land
+                    # after the suite's check and let the mutant pass by timing alone. On a thread
+                    # waited for, and at most STORE_WAIT_S: where the suite holds the store (its
+                    # full-queue tests), a put on this thread would block the submission for good.
+                    put = threading.Thread(target=self._store.put, args=(namespace, group.group_id, group.names, rows),
+                                           daemon=True)
+                    put.start()
+                    put.join(STORE_WAIT_S)
         return super()._check(op, view, hint, wake)
 
 
