@@ -25,7 +25,9 @@ Sections (each figure a median; ratio = ceiling time / kvwire time, so 1.0 is th
   chunk's gather overlapping another's publish; against the pinned copy of the same bytes. Beside
   it what bounds an overlapped save (load): the DMA alone, the store's copy of pinned rows alone,
   and both at once on two buffers (``bound`` = the DMA alone / both at once: the best ratio a save
-  that overlaps the two perfectly can reach).
+  that overlaps the two perfectly can reach). Last, ``memory-device``: the memory store with its
+  option ``device`` on, which takes the CUDA planes directly (no staging: one copy kernel a batch
+  between the planes and the store's pinned objects).
 - ``lender``: the lender's staging rows (a read lease's copy, a write lease's marked rows) and a
   device-to-device copy of pool rows by block table, against torch's copies of the same bytes."""
 
@@ -291,9 +293,10 @@ class HostStores:
         self.built: list[Backend] = []
 
     def build(self, name: str, threads: int) -> Backend:
-        if name == "memory":
+        if name.startswith("memory"):  # "memory-device": the option device on (a pinned store, no staging)
             self.stores.append(f"bench-gpu-{uuid.uuid4().hex[:8]}")
-            where = {"store": self.stores[-1]}
+            where = {"store": self.stores[-1], **({"device": True} if name == "memory-device" else {})}
+            name = "memory"
         else:
             self.roots.append(tempfile.mkdtemp(prefix="kvwire-bench-gpu-", dir=self.shm))
             where = {"root": self.roots[-1]}
@@ -410,20 +413,29 @@ def core_section(kv: KV, repeat: int, copy_threads: list[int] | None, staging_mi
     shm = shm_root()
     capacity = 2 * kv.rows.shape[0] * kv.row
     spare = torch.empty(kv.rows.shape, dtype=torch.uint8, pin_memory=True)  # the DMA beside the store's copy
-    for name in ("memory", "files"):
-        with HostStores(capacity, shm) as made:
+    for name in ("memory", "files", "memory-device"):
+        direct = name == "memory-device"
+        # a pinned store of one save's bytes: each save evicts the last and reuses its memory (a
+        # fresh pinned slab costs seconds), as a full store does in service
+        with HostStores(capacity // 2 if direct else capacity, shm) as made:
             cores = {t: WorkerCore(made.build(name, t), layers=layers, block_size=B, namespace="bench", timeout_s=120.0,
-                                   backend_name=name, **options) for t in copy_threads}
-            bounds = made.build(name, copy_threads[-1])
+                                   backend_name=name, **options) for t in (copy_threads[-1:] if direct else copy_threads)}
+            bounds = None if direct else made.build(name, copy_threads[-1])
             try:
                 for core in cores.values():
                     core.register_kv_caches(dict(zip(layers, kv.layers, strict=True)), kv.pool)
                 pool = next(iter(cores.values())).pool
-                assert pool is not None, "the core registered the CUDA planes directly: nothing staged to measure"
-                say(f"   {name}: staged through {pool.slots} pinned slots ({pool.slots * kv.row >> 20} MiB), chunks of "
-                    f"at most {holder.CHUNK_BYTES >> 20} MiB; copy_threads (thr) {', '.join(map(str, copy_threads))}")
+                if direct:
+                    assert pool is None, "the core staged the planes for a store that takes CUDA memory"
+                    say(f"   {name}: the CUDA planes registered directly with the memory store (option device), "
+                        "one object a block in pinned memory; no staging")
+                else:
+                    assert pool is not None, "the core registered the CUDA planes directly: nothing staged to measure"
+                    say(f"   {name}: staged through {pool.slots} pinned slots ({pool.slots * kv.row >> 20} MiB), chunks"
+                        f" of at most {holder.CHUNK_BYTES >> 20} MiB; copy_threads (thr) {', '.join(map(str, copy_threads))}")
                 core_rows(kv, name, cores, driver, repeat)
-                core_bounds(kv, name, bounds, spare, repeat)
+                if bounds is not None:
+                    core_bounds(kv, name, bounds, spare, repeat)
             finally:
                 for core in cores.values():
                     assert core.shutdown(timeout_s=60), core.state()

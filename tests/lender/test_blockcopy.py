@@ -382,3 +382,57 @@ def test_device_index_tensors_are_refused_on_the_host():
         gather(ps, torch.zeros(1, dtype=torch.int64, device="meta"), torch.zeros((1, 8)))
     out = torch.zeros((2, 8))
     gather(ps, torch.tensor([3, 1]), out)  # a CPU tensor of ids is fine
+
+
+# -- copy_spans: spans by address between a device and pinned host memory -------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("impl", implementations("cuda"))
+@pytest.mark.parametrize("to_device", [False, True])
+def test_copy_spans_moves_each_span_whole_and_no_byte_beside_it(impl, to_device):
+    """Spans of odd sizes at odd offsets (byte words), of 16-byte multiples (wide words) and one
+    longer than the kernel's chunk, between CUDA memory and pinned host memory; the bytes around
+    each target span keep their guard value."""
+    from kvwire.lender.blockcopy import copy_spans
+
+    rng = np.random.default_rng(5)
+    host = torch.empty(1 << 20, dtype=torch.uint8, pin_memory=True)
+    dev = torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
+    src, dst = (host, dev) if to_device else (dev, host)
+    src.copy_(torch.from_numpy(rng.integers(0, 256, 1 << 20, dtype=np.uint8)))
+    dst.fill_(0x5A)
+    torch.cuda.synchronize()
+    spans = [(3, 1001, 1), (2048, 4096, 4096), (9000, 20000, 7), (65536, 200000, 100000 + 16 * 1000),
+             (500000, 700000, 0), (600001, 800001, 333)]
+    with using(impl):
+        event = copy_spans([dst.data_ptr() + d for _, d, _ in spans], [src.data_ptr() + s for s, _, _ in spans],
+                           [n for _, _, n in spans], device=torch.cuda.current_device(), to_device=to_device)
+    event.synchronize()
+    got, want = dst.cpu().numpy(), src.cpu().numpy()
+    expected = np.full_like(got, 0x5A)
+    for s, d, n in spans:
+        expected[d:d + n] = want[s:s + n]
+    np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_copy_spans_refuses_bad_spans_naming_them_and_copies_nothing():
+    from kvwire.lender.blockcopy import copy_spans
+
+    dev = torch.zeros(64, dtype=torch.uint8, device="cuda")
+    host = torch.ones(64, dtype=torch.uint8, pin_memory=True)
+    cases = [
+        (([dev.data_ptr()], [host.data_ptr()], [8, 8]), "1 targets, 1 sources and 2 sizes"),
+        (([dev.data_ptr()], [host.data_ptr()], [-1]), "span 0 has -1 bytes"),
+        (([dev.data_ptr(), 0], [host.data_ptr(), host.data_ptr()], [8, 8]), "span 1 names address 0"),
+    ]
+    for args, words in cases:
+        with pytest.raises(ValueError, match=words):
+            copy_spans(*args, device=0, to_device=True)
+    with pytest.raises(ValueError, match="not a CUDA device index"):
+        copy_spans([dev.data_ptr()], [host.data_ptr()], [8], device=99, to_device=True)
+    torch.cuda.synchronize()
+    assert not bool(dev.any()), "a refused call copied"

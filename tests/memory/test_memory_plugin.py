@@ -39,7 +39,7 @@ def test_the_registry_finds_the_plugin_by_its_entry_point():
     assert isinstance(plugin, Plugin) and plugin is kvwire_memory.plugin
     assert plugin.contract_version[0] == 1
     assert {o.name for o in plugin.options} == {
-        "capacity_bytes", "eviction", "timeout_s", "max_in_flight", "namespace", "store", "copy_threads"}
+        "capacity_bytes", "eviction", "timeout_s", "max_in_flight", "namespace", "store", "copy_threads", "device"}
 
 
 def test_declared_capabilities_equal_what_the_backend_returns(store_name):

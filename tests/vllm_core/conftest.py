@@ -28,7 +28,8 @@ def device(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def store_backend(tmp_path: Path) -> Iterator[Callable[[str], Backend]]:
     """``make(name)``: a new backend instance on this test's store of that backend ("memory":
-    one in-process store; "files": one folder), as separate engines' workers each build their own."""
+    one in-process store; "memory-device": one in pinned memory, the option ``device`` on;
+    "files": one folder), as separate engines' workers each build their own."""
     from kvwire_memory import forget_store
 
     store = f"vllm-core-{uuid.uuid4().hex}"
@@ -36,12 +37,17 @@ def store_backend(tmp_path: Path) -> Iterator[Callable[[str], Backend]]:
     def make(name: str) -> Backend:
         if name == "memory":
             return load("memory").build({"store": store})
+        if name == "memory-device":  # rows of a CUDA cache straight into a pinned store, no staging
+            if not torch.cuda.is_available():
+                pytest.skip(NO_CUDA)
+            return load("memory").build({"store": f"{store}-device", "device": True})
         if name == "files":
             return load("files").build({"root": str(tmp_path / "files-store")})
         raise ValueError(name)
 
     yield make
     forget_store(store)
+    forget_store(f"{store}-device")
 
 
 @pytest.fixture

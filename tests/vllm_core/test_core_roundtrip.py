@@ -1,7 +1,8 @@
 """The worker core's save -> load round trip: one engine saves a request's blocks, another engine of
 the same model loads them into other blocks, and they are vLLM's blocks bit for bit, in every
-layout vLLM hands over, through a host store directly (vLLM's CPU build) and through staging slots
-(a CUDA cache, or one forced through staging on the CPU); the scheduler side's lookup finds them."""
+layout vLLM hands over, through a host store directly (vLLM's CPU build), through staging slots
+(a CUDA cache, or one forced through staging on the CPU), and from a CUDA cache straight into the
+in-memory store in pinned memory (its option ``device``); the scheduler side's lookup finds them."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ def rows_for(layout: str, device: str, backend: Backend) -> object:
                       num_layers=SHAPE.layers, num_kv_heads=SHAPE.heads)
 
 
-@pytest.mark.parametrize("store", ["memory", "files"])
+@pytest.mark.parametrize("store", ["memory", "files", "memory-device"])
 @pytest.mark.parametrize("path", ["auto", "staged"])
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_blocks_saved_by_one_engine_load_bit_for_bit_into_another(
@@ -43,7 +44,10 @@ def test_blocks_saved_by_one_engine_load_bit_for_bit_into_another(
     b = make_core(b_backend, SHAPE.layer_names(), stage=stage, rows=None if stage else rows_for(layout, device, b_backend))
     a.register_kv_caches(a_cache, SHAPE.blocks)
     b.register_kv_caches(b_cache, SHAPE.blocks)
-    direct = device == "cpu" and path == "auto" and layout != "BHLNC"
+    if store == "memory-device" and device == "cpu":
+        pytest.skip("the option 'device' is for a KV cache in CUDA memory")
+    # a store that takes the cache's own memory: host memory on the CPU, CUDA memory with 'device'
+    direct = path == "auto" and layout != "BHLNC" and (device == "cpu" or store == "memory-device")
     assert a.staged is not direct
     before = {blk: block_bytes(b_cache, layout, blk) for blk in range(SHAPE.blocks)}
     block_names = names(len(SAVED), seed=5)

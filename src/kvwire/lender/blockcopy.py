@@ -18,6 +18,12 @@ The API::
     gather(planes, block_ids, out, out_rows=None)     # row out_rows[i] of out  := block block_ids[i]
     scatter(inp, in_rows, planes, block_ids)          # block block_ids[i]      := row in_rows[i] of inp
     implementation()                                  # e.g. "triton 3.6.0", for ``kvwire doctor``
+    copy_spans(targets, sources, sizes, device=0, to_device=True)   # spans by address (a store's)
+
+:func:`copy_spans` is for a store that keeps objects in pinned host memory and takes rows of a
+CUDA device by address (``kvwire-memory`` with ``device`` on): one launch copies every span of a
+batch between device memory and the pinned objects, the kernel reading or writing host memory
+over the bus itself, so there is no staging buffer and no DMA per object.
 
 Rows default to ``0, 1, ...`` when ``None``. Indices are host integers (a sequence, numpy array or
 CPU tensor). A gather may read one block into several rows but must write each row once; a
@@ -58,7 +64,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["PlaneSet", "gather", "scatter", "implementation", "SCRATCH_BYTES"]
+__all__ = ["PlaneSet", "gather", "scatter", "copy_spans", "implementation", "SCRATCH_BYTES"]
 
 log = logging.getLogger(__name__)
 
@@ -549,3 +555,131 @@ class _Scratch:
 
 
 _SCRATCH = _Scratch()
+
+
+# -- spans by address: between a device's memory and pinned host memory ---------------------------
+
+_spans_lock = threading.Lock()
+_spans_kernel: Any = None
+
+
+def _build_spans_kernel() -> Any:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def spans_kernel(table, WORD: tl.constexpr, WTYPE: tl.constexpr, CHUNK: tl.constexpr, ALIGNED: tl.constexpr):
+        # program (span i, lane c): words c*CHUNK, (c + lanes)*CHUNK, ... of span i, where
+        # table[i] = (target address, source address, bytes).
+        i = tl.program_id(0).to(tl.int64)
+        words = tl.load(table + 3 * i + 2) // WORD
+        dst = tl.load(table + 3 * i).to(tl.pointer_type(WTYPE))
+        src = tl.load(table + 3 * i + 1).to(tl.pointer_type(WTYPE))
+        if ALIGNED:  # every address and size is a multiple of 16: 16-byte accesses
+            dst = tl.multiple_of(dst, 16)
+            src = tl.multiple_of(src, 16)
+        step = tl.num_programs(1).to(tl.int64) * CHUNK
+        for start in range(tl.program_id(1).to(tl.int64) * CHUNK, words, step):
+            offs = start + tl.arange(0, CHUNK)
+            if start + CHUNK <= words:  # a whole chunk: no mask, so the accesses stay wide
+                tl.store(dst + offs, tl.load(src + offs))
+            else:
+                mask = offs < words
+                tl.store(dst + offs, tl.load(src + offs, mask=mask), mask=mask)
+
+    global _word_types
+    _word_types = {8: tl.int64, 4: tl.int32, 2: tl.int16, 1: tl.uint8}
+    return spans_kernel
+
+
+def _spans_launcher() -> Any:
+    global _spans_kernel
+    with _spans_lock:
+        if _spans_kernel is None:
+            _spans_kernel = _build_spans_kernel()
+        return _spans_kernel
+
+
+class _CudaBytes:
+    """``bytes`` bytes at a CUDA address, as ``torch.as_tensor`` takes them (the CUDA array
+    interface): for the fallback, which copies span by span."""
+
+    def __init__(self, address: int, nbytes: int) -> None:
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (address, False),
+                                         "version": 3, "strides": None}
+
+
+def _span_table(targets: Any, sources: Any, sizes: Any) -> np.ndarray:
+    table = np.empty((len(sizes), 3), dtype=np.int64)
+    try:
+        table[:, 0], table[:, 1], table[:, 2] = targets, sources, sizes
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise ValueError(f"copy_spans: {len(targets)} targets, {len(sources)} sources and {len(sizes)} sizes: "
+                         f"give one int each per span ({exc})") from None
+    if table.size and (table[:, 2] < 0).any():
+        i = int(np.argmax(table[:, 2] < 0))
+        raise ValueError(f"copy_spans: span {i} has {int(table[i, 2])} bytes; a size is >= 0")
+    table = table[table[:, 2] > 0]
+    if table.size and (table[:, :2] <= 0).any():
+        i = int(np.argmax((table[:, :2] <= 0).any(axis=1)))
+        raise ValueError(f"copy_spans: span {i} names address {int(table[i, :2].min())}; addresses are > 0")
+    return np.ascontiguousarray(table)
+
+
+def copy_spans(targets: Sequence[int] | np.ndarray, sources: Sequence[int] | np.ndarray,
+               sizes: Sequence[int] | np.ndarray, *, device: int, to_device: bool,
+               stream: torch.cuda.Stream | None = None) -> torch.cuda.Event:
+    """Copy ``sizes[i]`` bytes from address ``sources[i]`` to ``targets[i]`` for every span, between
+    memory of CUDA device ``device`` and pinned host memory (``to_device``: the targets are the
+    device's, the sources pinned host memory; else the other way). The spans must not overlap
+    each other's targets. Queued on ``stream`` (default: the device's current stream); the event
+    returned completes with the copy, and the caller keeps both sides' memory until then.
+
+    With Triton, one launch for the whole batch: each program copies a chunk of one span in words
+    as wide as every address and size allows, the kernel reaching host memory through the bus
+    (pinned memory is mapped for the device). Without it, one torch copy per span (correct,
+    slow). Bad arguments raise ``ValueError`` and copy nothing."""
+    if not torch.cuda.is_available():
+        raise ValueError("copy_spans: no CUDA device here; it copies between a device and pinned host memory")
+    if isinstance(device, bool) or not isinstance(device, int) or not 0 <= device < torch.cuda.device_count():
+        raise ValueError(f"copy_spans: device {device!r} is not a CUDA device index here "
+                         f"(0-{torch.cuda.device_count() - 1})")
+    if not len(targets) == len(sources) == len(sizes):
+        raise ValueError(f"copy_spans: {len(targets)} targets, {len(sources)} sources and {len(sizes)} sizes; "
+                         "give one of each per span")
+    table = _span_table(targets, sources, sizes)
+    impl = _choose()[0]
+    with torch.cuda.device(device):
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            if table.shape[0]:
+                if impl is _Impl.TRITON:
+                    _launch_spans(table, torch.device("cuda", device))
+                else:
+                    _torch_spans(table, device, to_device)
+            event = torch.cuda.Event()
+            event.record()
+    return event
+
+
+def _launch_spans(table: np.ndarray, device: torch.device) -> None:
+    kernel = _spans_launcher()
+    bits = int(np.bitwise_or.reduce(table, axis=None))
+    word = _word(bits)
+    longest = int(table[:, 2].max())
+    chunk = max(512, min(_CHUNK_BYTES, 1 << (longest.bit_length() - 1))) // word
+    lanes = min(65535, -(-(longest // word) // chunk))
+    kernel[(table.shape[0], lanes)](_upload(table, device), WORD=word, WTYPE=_word_types[word], CHUNK=chunk,
+                                    ALIGNED=bits % 16 == 0, num_warps=_NUM_WARPS)
+
+
+def _torch_spans(table: np.ndarray, device: int, to_device: bool) -> None:
+    import ctypes
+
+    for target, source, size in table.tolist():
+        dev, host = (target, source) if to_device else (source, target)
+        on_device = torch.as_tensor(_CudaBytes(dev, size), device=f"cuda:{device}")
+        on_host = torch.frombuffer((ctypes.c_char * size).from_address(host), dtype=torch.uint8)
+        if to_device:
+            on_device.copy_(on_host)
+        else:
+            on_host.copy_(on_device)

@@ -44,22 +44,41 @@ OPTIONS: tuple[Option, ...] = (
     Option("copy_threads", int, DEFAULT_COPY_THREADS,
            f"threads that copy one batch of {PARALLEL_COPY_BYTES >> 20} MiB or more at once (default: one per core, "
            "at most 8); 1 copies on the calling thread only", minimum=1, maximum=64),
+    Option("device", bool, False,
+           "also take rows in CUDA device memory (declare DEVICE): the store keeps its objects in pinned host memory "
+           "and one copy kernel a batch moves rows between the GPU and them, with no staging (needs torch with CUDA; "
+           "Triton for speed). The store named by 'store' is then made in pinned memory"),
 )
 
 
 def create(options: Mapping[str, Any]) -> BlobBackend:
     """A backend on the process's store named ``options["store"]``, from validated options."""
     shared = store_options(options, "memory")
+    device = bool(options.get("device", False))
+    if device:
+        _need_cuda()
     try:
-        store = named_store(options["store"], capacity_bytes=options["capacity_bytes"], eviction=options["eviction"])
+        store = named_store(options["store"], capacity_bytes=options["capacity_bytes"], eviction=options["eviction"],
+                            pinned=device)
     except ValueError as exc:
         raise ConfigError(f"option 'store' of backend 'memory': {exc}") from None
     return BlobBackend(
-        MemoryDriver(store, copy_threads=options.get("copy_threads", DEFAULT_COPY_THREADS)),
+        MemoryDriver(store, copy_threads=options.get("copy_threads", DEFAULT_COPY_THREADS), device=device),
         **shared,
         owns_driver=True,
         contract_version=CONTRACT,
     )
+
+
+def _need_cuda() -> None:
+    """Raise ``ConfigError`` saying why, where option ``device`` cannot work here."""
+    try:
+        import torch
+    except ImportError:
+        raise ConfigError("option 'device' of backend 'memory' needs torch with CUDA; torch is not installed") from None
+    if not torch.cuda.is_available():
+        raise ConfigError(f"option 'device' of backend 'memory' needs a CUDA device; torch {torch.__version__} "
+                          "sees none here (leave 'device' off: the store then takes host memory only)")
 
 
 plugin = Plugin(

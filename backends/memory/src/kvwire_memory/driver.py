@@ -9,7 +9,17 @@ lent.
 
 A large batch (:data:`~kvwire_memory.store.PARALLEL_COPY_BYTES` or more) is copied by
 ``copy_threads`` threads at once: the driver's :class:`~kvwire_memory.store.CopyPool`, started
-on the first such batch and joined by :meth:`MemoryDriver.close`."""
+on the first such batch and joined by :meth:`MemoryDriver.close`.
+
+With ``device`` (the plugin's ``device`` option) the driver reaches CUDA device memory too, over
+a store in pinned host memory: a batch's spans in registered DEVICE regions are copied by one
+kernel launch between the device and the objects (:func:`kvwire.lender.blockcopy.copy_spans`,
+the kernel reading or writing the pinned objects over the bus), on the driver's own stream of
+that device, and the call returns once that copy has finished on the device (an event waited
+for on the calling thread, never the whole device). This is how a vLLM worker whose KV cache is
+on the GPU saves to and loads from the in-memory store with one pass over the bus and no
+staging slots: the store's memory is the copy's destination. Spans in HOST regions of the same
+batch are copied as without it."""
 
 from __future__ import annotations
 
@@ -25,10 +35,48 @@ from kvwire.blob import BatchResult, KeyStatus, StoreDriver
 from kvwire.blob.parts import check_parts
 from kvwire.contract import MemoryKind, SlotRegion
 from kvwire_memory.store import DEFAULT_COPY_THREADS, CopyPool, MemoryStore
+from kvwire_memory.store import _copy as store_copy
 
-__all__ = ["MemoryDriver"]
+__all__ = ["MemoryDriver", "DeviceCopier"]
 
 _DECLINED = int(KeyStatus.DECLINED)
+
+
+class DeviceCopier:
+    """The store's copier for a batch that has spans in device memory (duck-typed as a
+    :class:`CopyPool` that takes every batch whole): each span whose device-side address lies in
+    a registered DEVICE region goes to that device's copy kernel, every other span to the host
+    pool. ``to_device``: the targets are the device side (a get), else the sources (a put)."""
+
+    takes_all = True
+
+    def __init__(self, driver: MemoryDriver, to_device: bool) -> None:
+        self.driver, self.to_device = driver, to_device
+
+    def takes(self, total: int) -> bool:
+        return True
+
+    def copy(self, targets: Sequence[int], sources: Sequence[int], sizes: Sequence[int]) -> None:
+        from kvwire.lender.blockcopy import copy_spans
+
+        to = np.asarray(targets, dtype=np.int64)
+        fro = np.asarray(sources, dtype=np.int64)
+        lengths = np.asarray(sizes, dtype=np.int64)
+        devices = self.driver.devices_of(to if self.to_device else fro)
+        events = []
+        for device in np.unique(devices[devices >= 0]).tolist():
+            on = devices == device
+            events.append(copy_spans(to[on], fro[on], lengths[on], device=device, to_device=self.to_device,
+                                     stream=self.driver.stream(device)))
+        host = devices < 0
+        try:
+            if host.any():
+                pool = self.driver.pool
+                total = int(lengths[host].sum())
+                store_copy(to[host].tolist(), fro[host].tolist(), lengths[host].tolist(), total, pool)
+        finally:
+            for event in events:
+                event.synchronize()  # this thread waits for its own copy, never for the device
 
 class MemoryDriver(StoreDriver):
     """Reaches host memory only. Calls may come from several threads at once."""
@@ -38,7 +86,16 @@ class MemoryDriver(StoreDriver):
     #: to this many bytes move inside the holder's call (about 0.1 ms of copying at most).
     inline_bytes = 1 << 20
 
-    def __init__(self, store: MemoryStore, *, copy_threads: int = DEFAULT_COPY_THREADS) -> None:
+    def __init__(self, store: MemoryStore, *, copy_threads: int = DEFAULT_COPY_THREADS, device: bool = False) -> None:
+        if device:
+            if not store.pinned:
+                raise ValueError(f"{store!r} keeps its objects in ordinary memory; a driver with device on needs "
+                                 "a store made with pinned=True")
+            # Instance attributes: the blob backend reads them per driver. A device batch waits
+            # for the GPU, so no submission moves inside the holder's call.
+            self.memory_kinds = frozenset({MemoryKind.HOST, MemoryKind.DEVICE})
+            self.inline_bytes = 0
+        self.device = bool(device)
         self.store = store
         #: Copies large batches on ``copy_threads`` threads (the calling one among them).
         self.pool = CopyPool(copy_threads)
@@ -49,28 +106,36 @@ class MemoryDriver(StoreDriver):
         self._starts = np.zeros(0, dtype=np.uint64)
         self._ends = np.zeros(0, dtype=np.uint64)
         self._bounds: tuple[list[int], list[int]] = ([], [])
+        # The DEVICE spans alone, with their device index, replaced together as above.
+        self._device_spans: tuple[np.ndarray, np.ndarray, np.ndarray] = (
+            np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+        self._device_regions: Counter[tuple[int, int, int]] = Counter()
+        self._streams: dict[int, object] = {}
         self._closed = False
 
     # -- regions -------------------------------------------------------------------------------
 
     def register(self, regions: Sequence[SlotRegion]) -> None:
         for region in regions:
-            if region.memory_kind is not MemoryKind.HOST:
+            if region.memory_kind not in self.memory_kinds:
                 raise RuntimeError(
-                    f"region {region.region_id} lies in {region.memory_kind.value} memory; the "
-                    "in-memory store reaches host memory only")
+                    f"region {region.region_id} lies in {region.memory_kind.value} memory; this "
+                    "in-memory store reaches host memory only (the backend's option 'device' adds CUDA memory)")
         with self._lock:
             self._spans.update((r.base, r.end) for r in regions)
+            self._device_regions.update((r.base, r.end, r.device or 0) for r in regions
+                                        if r.memory_kind is MemoryKind.DEVICE)
             self._rebuild()
 
     def unregister(self, regions: Sequence[SlotRegion]) -> None:
         with self._lock:
             for region in regions:
-                span = (region.base, region.end)
-                if self._spans[span] > 1:
-                    self._spans[span] -= 1
-                else:
-                    self._spans.pop(span, None)
+                for spans, span in ((self._spans, (region.base, region.end)),
+                                    (self._device_regions, (region.base, region.end, region.device or 0))):
+                    if spans[span] > 1:  # type: ignore[index]
+                        spans[span] -= 1  # type: ignore[index]
+                    else:
+                        spans.pop(span, None)  # type: ignore[call-overload]
             self._rebuild()
 
     def _rebuild(self) -> None:
@@ -85,6 +150,42 @@ class MemoryDriver(StoreDriver):
         self._starts = np.array(starts, dtype=np.uint64)
         self._ends = np.array(ends, dtype=np.uint64)
         self._bounds = (starts, ends)  # the same as lists, replaced together
+        device = sorted(self._device_regions)
+        self._device_spans = (np.array([d[0] for d in device], dtype=np.int64),
+                              np.array([d[1] for d in device], dtype=np.int64),
+                              np.array([d[2] for d in device], dtype=np.int64))
+
+    def devices_of(self, addresses: np.ndarray) -> np.ndarray:
+        """For each address, the index of the device whose registered DEVICE region it lies in,
+        or -1 (host memory). Registered regions never overlap (the backend refuses that), and a
+        process's device and host addresses are distinct (CUDA's unified addressing)."""
+        starts, ends, devices = self._device_spans
+        if not starts.size:
+            return np.full(len(addresses), -1, dtype=np.int64)
+        at = np.searchsorted(starts, addresses, side="right") - 1
+        inside = (at >= 0) & (addresses < ends[np.maximum(at, 0)])
+        return np.where(inside, devices[np.maximum(at, 0)], -1)
+
+    def stream(self, device: int) -> object:
+        """The driver's own CUDA stream on ``device``, made on first use: its copies queue
+        behind nothing of the holder's (vLLM's compute)."""
+        stream = self._streams.get(device)
+        if stream is None:
+            import torch
+
+            with self._lock:
+                stream = self._streams.get(device)
+                if stream is None:
+                    stream = self._streams[device] = torch.cuda.Stream(device=device)
+        return stream
+
+    def _pool(self, addresses: np.ndarray | Sequence[int], to_device: bool) -> CopyPool | DeviceCopier:
+        """The host pool, or a device copier for a batch with an address in device memory."""
+        if not self.device or not self._device_regions:
+            return self.pool
+        if self.devices_of(np.asarray(addresses, dtype=np.int64).ravel()).max(initial=-1) < 0:
+            return self.pool
+        return DeviceCopier(self, to_device)
 
     @property
     def registered_bytes(self) -> int:
@@ -134,13 +235,27 @@ class MemoryDriver(StoreDriver):
         where, lengths = self._check("put", keys, addresses, sizes)
         if self._closed:
             return BatchResult.uniform(len(keys), KeyStatus.FAILED, "the in-memory driver is closed")
-        status = self.store.write_batch(keys, where, lengths, pool=self.pool)
+        pool = self._pool(where, False)
+        try:
+            status = self.store.write_batch(keys, where, lengths, pool=pool)
+        except RuntimeError as exc:
+            return self._copy_failed(pool, len(keys), exc)
         if status is None:
             return BatchResult.ok(len(keys))
         reasons: dict[int, str] = {}
         if (status == _DECLINED).any():
             reasons = {i: self._no_space(lengths[i]) for i in np.flatnonzero(status == _DECLINED).tolist()}
         return BatchResult(status, reasons)
+
+    @staticmethod
+    def _copy_failed(pool: CopyPool | DeviceCopier, count: int, exc: RuntimeError) -> BatchResult:
+        """A device copy that raised (a CUDA error): every key of the call fails, naming it (the
+        store kept none of the put's objects; a get's destinations may hold anything). A host
+        copy raises no RuntimeError, so anything else is a bug and propagates."""
+        if not isinstance(pool, DeviceCopier):
+            raise exc
+        return BatchResult.uniform(count, KeyStatus.FAILED, f"the copy between the GPU and the in-memory store "
+                                                            f"failed: {type(exc).__name__}: {exc}")
 
     def _no_space(self, size: int) -> str:
         store = self.store
@@ -153,7 +268,11 @@ class MemoryDriver(StoreDriver):
         where, lengths = self._check("get_into", keys, addresses, sizes)
         if self._closed:
             return BatchResult.uniform(len(keys), KeyStatus.FAILED, "the in-memory driver is closed")
-        status, reasons = self.store.read_batch(keys, where, lengths, pool=self.pool)
+        pool = self._pool(where, True)
+        try:
+            status, reasons = self.store.read_batch(keys, where, lengths, pool=pool)
+        except RuntimeError as exc:
+            return self._copy_failed(pool, len(keys), exc)
         if status is None:
             return BatchResult.ok(len(keys))
         return BatchResult(status, reasons)
@@ -163,7 +282,11 @@ class MemoryDriver(StoreDriver):
         at, lengths, total = self._check_parts("put_parts", keys, addresses, sizes)
         if self._closed:
             return BatchResult.uniform(len(keys), KeyStatus.FAILED, "the in-memory driver is closed")
-        status = self.store.write_parts(keys, at, lengths, pool=self.pool)
+        pool = self._pool(at, False)
+        try:
+            status = self.store.write_parts(keys, at, lengths, pool=pool)
+        except RuntimeError as exc:
+            return self._copy_failed(pool, len(keys), exc)
         if status is None:
             return BatchResult.ok(len(keys))
         reasons: dict[int, str] = {}
@@ -176,7 +299,11 @@ class MemoryDriver(StoreDriver):
         at, lengths, _ = self._check_parts("get_parts_into", keys, addresses, sizes)
         if self._closed:
             return BatchResult.uniform(len(keys), KeyStatus.FAILED, "the in-memory driver is closed")
-        status, reasons = self.store.read_parts(keys, at, lengths, pool=self.pool)
+        pool = self._pool(at, True)
+        try:
+            status, reasons = self.store.read_parts(keys, at, lengths, pool=pool)
+        except RuntimeError as exc:
+            return self._copy_failed(pool, len(keys), exc)
         if status is None:
             return BatchResult.ok(len(keys))
         return BatchResult(status, reasons)

@@ -213,6 +213,10 @@ class CopyPool:
         self._closed = False
         self._lock = threading.Lock()
 
+    #: Whether :meth:`copy` takes every batch whole, whatever its size and shape (a copier of
+    #: device memory: the store's host paths must never touch such addresses). Never for a pool.
+    takes_all = False
+
     def takes(self, total: int) -> bool:
         """Whether a batch of ``total`` bytes is copied on several threads."""
         return total >= self.min_bytes and self.threads > 1
@@ -279,6 +283,9 @@ def _copy(targets: Sequence[int], sources: Sequence[int], sizes: Sequence[int], 
     with numpy), since one long copy runs faster than many short ones (the C library streams a
     long copy past the caches). With ``pool``, a batch of at least its ``min_bytes`` that one
     or more memmoves copy (not the numpy assignment of small rows) is cut across its threads."""
+    if pool is not None and pool.takes_all:  # a device copier: every span its way
+        pool.copy(targets, sources, sizes)
+        return
     n = len(sizes)
     split = pool if pool is not None and pool.takes(total) else None
     if n > 1:
@@ -363,13 +370,21 @@ def _copy_out(targets: Sequence[int], sources: Sequence[int], sizes: Sequence[in
 class MemoryStore:
     """At most ``capacity_bytes`` of object bytes (keys are not counted); with the memory kept
     for reuse, never more than that counted by object. Safe to use from many threads at once;
-    the copies themselves run outside the lock, without the GIL."""
+    the copies themselves run outside the lock, without the GIL.
 
-    def __init__(self, capacity_bytes: int, *, eviction: bool = True) -> None:
+    With ``pinned``, every slab is pinned (page-locked) host memory from torch's pinned
+    allocator, which a CUDA device reaches over the bus: a driver can then copy between the
+    device and the objects directly (``kvwire-memory`` with ``device`` on). torch's allocator
+    rounds each slab up to a power of two and keeps freed slabs for reuse, so a pinned store
+    can hold up to twice its capacity in pinned memory."""
+
+    def __init__(self, capacity_bytes: int, *, eviction: bool = True, pinned: bool = False) -> None:
         if isinstance(capacity_bytes, bool) or not isinstance(capacity_bytes, int) or capacity_bytes < 1:
             raise ValueError(f"capacity_bytes must be an int >= 1, got {capacity_bytes!r}")
         self.capacity_bytes = capacity_bytes
         self.eviction = bool(eviction)
+        self.pinned = bool(pinned)
+        self._slab = _pinned_slab if self.pinned else _slab
         self._objects: OrderedDict[str, _Entry] = OrderedDict()  # least recently used first
         self._used = 0       # bytes of stored objects, plus bytes reserved by puts copying now
         self._evicted = 0
@@ -784,7 +799,7 @@ class MemoryStore:
                 del self._spare[size]
         missing = count - len(taken)
         if missing:
-            slab = np.empty(size * missing, dtype=np.uint8)
+            slab = self._slab(size * missing)
             base = _address(slab)
             taken += zip(repeat(slab, missing), range(base, base + size * missing, size), repeat(size, missing), strict=True)
         return taken
@@ -825,19 +840,35 @@ class MemoryStore:
                 del self._spare[size]
 
 
+def _slab(nbytes: int) -> np.ndarray:
+    return np.empty(nbytes, dtype=np.uint8)
+
+
+def _pinned_slab(nbytes: int) -> np.ndarray:
+    """Pinned host memory as a numpy array (the array keeps the torch tensor that owns it)."""
+    import torch
+
+    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).numpy()
+
+
 _named: dict[str, MemoryStore] = {}
 _named_lock = threading.Lock()
 
 
-def named_store(name: str, *, capacity_bytes: int, eviction: bool) -> MemoryStore:
+def named_store(name: str, *, capacity_bytes: int, eviction: bool, pinned: bool = False) -> MemoryStore:
     """The process's store called ``name``, made on first use. Every backend in this process
     that names the same store shares it; other processes never see it. Raises ``ValueError``
-    if the store exists with another capacity or eviction setting."""
+    if the store exists with another capacity or eviction setting, or without pinned memory
+    where ``pinned`` asks for it (a pinned store serves a caller that does not ask, too)."""
     with _named_lock:
         store = _named.get(name)
         if store is None:
-            store = _named[name] = MemoryStore(capacity_bytes, eviction=eviction)
+            store = _named[name] = MemoryStore(capacity_bytes, eviction=eviction, pinned=pinned)
             return store
+    if pinned and not store.pinned:
+        raise ValueError(
+            f"in-memory store {name!r} already exists in this process in ordinary (not pinned) memory, which "
+            "a CUDA device cannot reach; name another store for a backend with 'device' on")
     if store.capacity_bytes != capacity_bytes:
         raise ValueError(
             f"in-memory store {name!r} already exists in this process with capacity_bytes="
