@@ -52,6 +52,8 @@ def names_of(ids: list[int]) -> np.ndarray:
 
 
 def move(backend, op: str, view: View, regions: list[SlotRegion], hint: Hint = STORE) -> Outcome:  # type: ignore[no-untyped-def]
+    if CUDA:
+        torch.cuda.synchronize()  # the holder's writes have landed before it submits (S2)
     done = threading.Event()
     with backend.register_regions(regions):
         attempt = getattr(backend, op)(view, hint, done.set)
