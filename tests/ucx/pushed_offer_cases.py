@@ -204,9 +204,13 @@ def test_an_offer_made_before_serve_is_pushed_only_once_the_end_serves(make_back
     assert outcome.is_failed and "not serving" in outcome.reason, outcome
     assert server.stats().offers_pushed == 0
     server.serve(lambda: None)
+    # The push reached the requester (not only left the serving end): until the requester's
+    # progress thread has taken it up, a fetch goes the old way (under load that took long
+    # enough for the fetch below to go out first).
     deadline = time.monotonic() + 5
-    while server.stats().offers_pushed == 0 and time.monotonic() < deadline:
+    while backend.stats().pushes_received == 0 and time.monotonic() < deadline:
         time.sleep(0.01)
+    assert server.stats().offers_pushed == 1
     attempt, slots = req.fetch(server.address(), names[:4])
     assert req.wait(attempt, slots, 10).is_delivered
     assert backend.stats().pulls_pushed == 1
