@@ -78,9 +78,19 @@ def main() -> int:
             names = np.frombuffer(b"".join(peer.names(1, blocks)), dtype=np.uint8).reshape(blocks, -1)
             address = bytes.fromhex(first["address"])
             puller.pull(address, names[:16])  # connection and wire-up
+            pushes = getattr(puller.backend.stats(), "pushes_received", None)  # None: a kvwire-ucx without pushes
+            if mode == "one-sided" and pushes is not None:
+                # the serving end's standing offer is pushed after this connection's Hello: from here
+                # on a covered pull reads at once, with no Pull frame (wire version 4)
+                deadline = time.monotonic() + 10
+                while puller.backend.stats().pushes_received == 0:
+                    if time.monotonic() > deadline:
+                        raise SystemExit("one-sided: the serving end's standing offer was never pushed to the puller")
+                    time.sleep(0.001)
             for size in sizes:
                 n = size // slot
                 ours, copies, steps, raws, whole = [], [], [], [], []
+                pushed_before = getattr(puller.backend.stats(), "pulls_pushed", 0)
                 for _ in range(args.runs):
                     puller.tensors[0].zero_()
                     torch.cuda.synchronize()
@@ -99,6 +109,7 @@ def main() -> int:
                         raws.append(raw.time(puller.tensors[0], there, size))
                         if isinstance(raw, RawTags):
                             whole.append(raw.time(puller.tensors[0], there, size, one_message=True))
+                pushed = getattr(puller.backend.stats(), "pulls_pushed", 0) - pushed_before
                 if not torch.equal(puller.tensors[0][:n], there.view(blocks, slot)[:n]):
                     raise SystemExit(f"{mode}: the rows pulled differ from the served ones")
                 a, b = statistics.median(ours), statistics.median(copies)
@@ -112,6 +123,9 @@ def main() -> int:
                     w = statistics.median(whole)
                     print(f"           raw ucxx, the {size >> 20} MiB as one tag message: {w * 1e3:.3f} ms, "
                           f"{size / w / 1e9:.1f} GB/s, {b / w:.3f}x of the IPC copy", flush=True)
+                if pushes is not None and mode == "one-sided":
+                    print(f"           read from the pushed offer, no Pull frame: {pushed} of {args.runs} pulls",
+                          flush=True)
                 print("           steps (ms from the submission, medians): " + ", ".join(
                     f"{step} {statistics.median(s.get(step, float('nan')) for s in steps) * 1e3:.3f}"
                     for step in steps[0]), flush=True)

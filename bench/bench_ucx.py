@@ -166,14 +166,24 @@ OFFER_STEPS = ("fetch() -> Pull sent", "-> ReadOffer arrived", "-> concluded (RE
                "-> the caller sees it")
 
 
-def requester_steps(pulls: list[dict[str, float]]) -> dict[str, list[float]]:
-    """Seconds of each of :data:`OFFER_STEPS` for every pull with all its marks."""
-    steps: dict[str, list[float]] = {name: [] for name in OFFER_STEPS}
+#: The steps of a pull answered from an offer the serving end pushed (wire version 4): no Pull,
+#: no ReadOffer; the offer found among this connection's pushed offers, the read planned from it,
+#: the READs (no Ack), quiescence, the caller seeing it.
+PUSHED_STEPS = ("fetch() -> pushed offer found", "-> reads planned", "-> concluded (READs)", "-> quiesced",
+                "-> the caller sees it")
+
+
+def requester_steps(pulls: list[dict[str, float]], pushed: bool = False) -> dict[str, list[float]]:
+    """Seconds of each of :data:`OFFER_STEPS` (``pushed``: :data:`PUSHED_STEPS`) for every pull
+    with all its marks (a pull that asked, or one read from a pushed offer)."""
+    names = PUSHED_STEPS if pushed else OFFER_STEPS
+    first = "pushed" if pushed else "asked"
+    steps: dict[str, list[float]] = {name: [] for name in names}
     for p in pulls:
-        if not {"asked", "answered", "concluded", "quiesced"} <= p.keys():
+        if not {first, "answered", "concluded", "quiesced"} <= p.keys():
             continue
-        marks = [0.0, p["asked"], p["answered"], p["concluded"], p["quiesced"], p["seen"]]
-        for name, a, b in zip(OFFER_STEPS, marks[:-1], marks[1:], strict=True):
+        marks = [0.0, p[first], p["answered"], p["concluded"], p["quiesced"], p["seen"]]
+        for name, a, b in zip(names, marks[:-1], marks[1:], strict=True):
             steps[name].append(b - a)
     return steps
 
@@ -307,7 +317,8 @@ def serve(max_bytes: int, busy: bool, mode: str, spin: bool = False) -> None:
                 if not polling.wait(0.05):
                     continue
                 with polled:
-                    agent.get_new_notifs()
+                    if polling.is_set():  # not after "unpoll": the next ask's notification is answer_asks'
+                        agent.get_new_notifs()
 
         polling.set()
         threading.Thread(target=progress, daemon=True).start()
@@ -603,6 +614,7 @@ def main_one_sided(args: argparse.Namespace) -> int:
         offer_timelines: list[dict[str, float]] = []
         traces: list[tuple[int, dict[str, list[float]]]] = []
         offer_traces: list[tuple[int, dict[str, list[float]]]] = []
+        pushed_traces: list[tuple[int, dict[str, list[float]]]] = []
 
         def run_kvwire(view: Any) -> float:
             return pull(backend, view, address, woken, timelines, args.spin)
@@ -610,8 +622,14 @@ def main_one_sided(args: argparse.Namespace) -> int:
         def run_offered(view: Any) -> float:
             """The same pull, answered from a standing offer (O1) the serving holder made of
             every held block before the clock started, and withdrew after it stopped."""
+            received = getattr(backend.stats(), "pushes_received", None)  # None: a kvwire-ucx without pushes
             assert server.ask(do="offer", on=True).get("ok")
             try:
+                if received is not None:  # the offer is pushed to this end: wait for it, off the clock
+                    deadline = time.monotonic() + 10
+                    while backend.stats().pushes_received == received:
+                        assert time.monotonic() < deadline, "the standing offer was never pushed to this end"
+                        time.sleep(0.0005)
                 return pull(backend, view, address, woken, offer_timelines, args.spin)
             finally:
                 assert server.ask(do="offer", on=False).get("ok")
@@ -728,6 +746,7 @@ def main_one_sided(args: argparse.Namespace) -> int:
             if args.trace:
                 traces.append((rows * 16, trace_steps(timelines, server.ask(do="served")["served"])))
                 offer_traces.append((rows * 16, requester_steps(offer_timelines)))
+                pushed_traces.append((rows * 16, requester_steps(offer_timelines, pushed=True)))
             kv, raw, raw1, ask, offer = times["kv"], times["raw"], times["raw1"], times["ask"], times["offered"]
             ratios = [r / k for r, k in zip(raw, kv, strict=True)]
             ratios1 = [r / k for r, k in zip(raw1, kv, strict=True)]
@@ -761,7 +780,11 @@ def main_one_sided(args: argparse.Namespace) -> int:
         server.stop()
     if traces:
         print_trace(traces)
-        print_trace(offer_traces, OFFER_STEPS, "a pull answered from a standing offer (the requester's marks only)")
+        if any(s[OFFER_STEPS[0]] for _, s in offer_traces):
+            print_trace(offer_traces, OFFER_STEPS, "a pull answered from a standing offer (the requester's marks only)")
+        if any(s[PUSHED_STEPS[0]] for _, s in pushed_traces):
+            print_trace(pushed_traces, PUSHED_STEPS, "a pull read from a standing offer pushed to the requester "
+                        "(no Pull; the requester's marks only)")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"machine": platform.node(), "cpus": os.cpu_count(), "mode": "one-sided",

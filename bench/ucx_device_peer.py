@@ -120,19 +120,24 @@ def serve(args: argparse.Namespace) -> int:
     tensors = fill(args.seed, args.groups, args.blocks, args.slot_bytes)
     torch.cuda.synchronize()
     ipc = [x.hex() if isinstance(x, bytes) else x for x in tensors[0].untyped_storage()._share_cuda_()]
-    print(json.dumps({"address": backend.address().hex(), "memory_kinds": kinds, "ipc": ipc}), flush=True)
+    first = {"address": backend.address().hex(), "memory_kinds": kinds, "ipc": ipc}
     if "device" not in kinds:
+        print(json.dumps(first), flush=True)
         backend.shutdown()
         return 3
     region_list = regions(tensors)
     registration = backend.register_regions(region_list)
+    # The offer stands before anyone has the address: a puller's first pull finds it, and (one-sided,
+    # wire version 4) the offer is pushed to the puller right after its connection's Hello, so its
+    # later pulls read without asking.
+    backend.serve(lambda: None)
+    offer = backend.offer(view(region_list, range(args.blocks), names(args.seed, args.blocks)), lambda: None,
+                          timeout_s=3600)
+    print(json.dumps(first), flush=True)
     raw = RawNixl(f"raw-server-{os.getpid()}", region_list[:1]) if args.raw_nixl else None
     if raw is not None:  # the bench's raw NIXL row: its agent's metadata, read by the puller
         print(json.dumps({"agent": raw.name, "metadata": raw.metadata().hex(), "base": region_list[0].base}),
               flush=True)
-    backend.serve(lambda: None)
-    offer = backend.offer(view(region_list, range(args.blocks), names(args.seed, args.blocks)), lambda: None,
-                          timeout_s=3600)
     closed = threading.Event()
     threading.Thread(target=lambda: (sys.stdin.read(), closed.set()), daemon=True).start()
     while not closed.wait(0.001 if raw is not None else 0.01):  # until the puller closes standard input

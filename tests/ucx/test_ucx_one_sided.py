@@ -53,6 +53,14 @@ def test_one_sided_mode_cases(tmp_path) -> None:
     assert len(passed) >= 10, passed
 
 
+def test_pushed_offer_cases(tmp_path) -> None:
+    records = run_pytest(tmp_path, str(HERE / "pushed_offer_cases.py"))
+    passed = [r["test"] for r in records if r["outcome"] == "passed"]
+    skipped = [r["test"] for r in records if r["outcome"] == "skipped"]
+    assert not skipped, f"pushed-offer cases skipped although NIXL is installed: {skipped}"
+    assert len(passed) >= 15, passed
+
+
 def test_the_conformance_suite_passes_in_the_one_sided_mode(tmp_path) -> None:
     records = run_pytest(tmp_path, "--pyargs", "kvwire.testing.suite", "--kvwire-harness",
                          "kvwire_ucx.harness:one_sided", "--kvwire-profile", "thorough")

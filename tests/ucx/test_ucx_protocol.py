@@ -409,6 +409,48 @@ def test_a_one_sided_pull_reads_its_ranges_at_once_then_acknowledges() -> None:
     assert [m.tolist() for m in d.outcomes()[0].masks] == [[True] * 5, [True] * 3 + [False] * 2]
 
 
+def test_a_pull_a_pushed_offer_answers_sends_no_pull_ack_or_cancel() -> None:
+    """A fetch answered from an offer the serving end pushed: Start(pushed) asks nothing (no
+    Pull, a "pushed" note, its deadline armed); the answer made at this end is read as a
+    ReadOffer's; its end says nothing to the serving end, which keeps no reply for it."""
+    d = requester(one_sided=True, blocks=5, window_rows=4)
+    actions = d(ev.Start(2000, pushed=True))
+    assert [type(a) for a in actions] == [ev.Note, ev.ArmDeadline] and actions[0].step == "pushed"
+    assert d.state is R.ASKED and not d.sent()
+    assert of(d(ev.ReadOffered((5, 5))), ev.StartRead) == [ev.StartRead(0, 3)] and d.state is R.READING
+    d(ev.ReadCompleted())
+    assert d.state is R.DONE and d.outcomes()[0].is_delivered and not d.sent()
+    two_sided = requester(blocks=2)  # a two-sided fetch is never pushed: it asks whatever the event says
+    assert len(two_sided.sent(wire.Pull)) == 0 and two_sided(ev.Start(2000, pushed=True))
+    assert len(two_sided.sent(wire.Pull)) == 1
+    for stop in (ev.HolderCancelled(), ev.DeadlinePassed(), ev.Shutdown()):
+        before = requester(one_sided=True)
+        before(ev.Start(2000, pushed=True))
+        before(stop)  # stopped before the answer (held): concluded and done, nothing said
+        assert before.state is R.DONE and not before.outcomes()[0].is_delivered and not before.sent()
+        reading = requester(one_sided=True)
+        reading(ev.Start(2000, pushed=True))
+        reading(ev.ReadOffered((4, 4)))
+        reading(stop)
+        assert reading.state is R.DRAINING and not reading.sent()
+        reading(ev.ReadStopped())
+        assert reading.state is R.DONE
+    withdrawn = requester(one_sided=True)
+    withdrawn(ev.Start(2000, pushed=True))
+    withdrawn(ev.ReadOffered((4, 4)))
+    withdrawn(ev.Declined("the serving end withdrew the standing offer"))  # its offer withdrawn mid-read
+    out = withdrawn.outcomes()[0]
+    assert out.is_failed and out.cause is Cause.DECLINED and "withdrew" in out.reason and not withdrawn.sent()
+    assert withdrawn.state is R.DRAINING
+    withdrawn(ev.ReadCompleted())  # the read in flight finished: only now is the fetch quiesced
+    assert withdrawn.state is R.DONE and withdrawn.count(ev.Quiesce) == 1 and not withdrawn.sent()
+    failed = requester(one_sided=True)
+    failed(ev.Start(2000, pushed=True))
+    failed(ev.ReadOffered((4, 4)))
+    failed(ev.ReadFailed("injected", Cause.FAULT, stopped=True))
+    assert failed.state is R.DONE and failed.outcomes()[0].is_failed and not failed.sent()
+
+
 def test_a_one_sided_pull_reads_a_bounded_number_of_ranges_at_once() -> None:
     d = started(one_sided=True, blocks=5, window_rows=4, ranges_at_once=2)
     actions = d(ev.ReadOffered((5, 3)))

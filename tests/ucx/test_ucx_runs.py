@@ -249,11 +249,12 @@ def test_runs_past_the_address_space_are_refused_when_read() -> None:
 
 
 def test_a_frame_of_an_earlier_wire_version_is_refused_by_name() -> None:
-    """Wire version 2 changed the ReadOffer, 3 the Pull and the Offer; an end of an earlier
-    version is told at its first frame."""
+    """Wire version 2 changed the ReadOffer, 3 the Pull and the Offer, 4 the Hello (pushed
+    offers); an end of an earlier version is told at its first frame."""
+    assert wire.WIRE_VERSION == 4
     for version in range(1, wire.WIRE_VERSION):
         old = struct.pack("<4sBBHI", b"KVWC", version, wire.MessageType.HELLO, 0, 0)
-        with pytest.raises(wire.WireError, match=rf"version {version} is not supported \(this end speaks 3\)"):
+        with pytest.raises(wire.WireError, match=rf"version {version} is not supported \(this end speaks 4\)"):
             wire.FrameReader().feed(old)
 
 

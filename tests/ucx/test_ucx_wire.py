@@ -67,8 +67,30 @@ def read_offers(draw: st.DrawFn) -> wire.ReadOffer:
                           draw(u64), draw(st.binary(max_size=600)), addresses, memories)
 
 
+@st.composite
+def pushed_groups(draw: st.DrawFn, group_id: int) -> wire.PushedGroup:
+    width = draw(st.integers(1, wire.MAX_NAME_BYTES))
+    rows = draw(st.integers(0, 12))
+    slot = draw(st.integers(1, 2**20))
+    starts = draw(st.lists(st.integers(0, 2**40), min_size=rows, max_size=rows))
+    cuts = draw(st.lists(st.booleans(), min_size=rows, max_size=rows))
+    return wire.PushedGroup(group_id, slot, draw(st.integers(-1, wire.MAX_DEVICE - 1)), width,
+                            draw(st.binary(min_size=rows * width, max_size=rows * width)), _runs(starts, cuts))
+
+
+@st.composite
+def pushes(draw: st.DrawFn) -> wire.PushOffer:
+    ids = draw(st.lists(st.integers(0, 2**32 - 1), min_size=1, max_size=4, unique=True))
+    return wire.PushOffer(draw(u64), draw(st.integers(1, 2**32 - 1)),
+                          draw(st.binary(min_size=1, max_size=wire.MAX_AGENT_NAME_BYTES)), draw(u64),
+                          draw(st.binary(max_size=300)), tuple(draw(pushed_groups(g)) for g in ids))
+
+
 messages = st.one_of(
-    st.builds(wire.Hello, u64, st.binary(min_size=1, max_size=300)),
+    st.builds(wire.Hello, u64, st.binary(min_size=1, max_size=300), st.sampled_from([0, wire.HELLO_TAKES_PUSHES])),
+    pushes(),
+    st.builds(wire.Withdraw, u64),
+    st.builds(wire.Withdrawn, u64),
     pulls(),
     read_offers(),
     offers(),
@@ -137,7 +159,7 @@ def test_a_corrupted_frame_gives_a_clean_error_or_a_valid_message(message: wire.
     try:
         for decoded in reader.feed(bytes(frame)):
             assert isinstance(decoded, (wire.Hello, wire.Pull, wire.Offer, wire.ReadOffer, wire.Decline, wire.Go, wire.Cancel,
-                                        wire.Ack))
+                                        wire.Ack, wire.PushOffer, wire.Withdraw, wire.Withdrawn))
     except wire.WireError:
         pass
 
@@ -263,3 +285,82 @@ def test_a_read_offer_of_device_rows_names_each_group_memory_and_an_all_host_one
         wire.ReadOffer(7, (2, 1), b"agent", 1, b"", addresses, (0,))
     with pytest.raises(wire.WireError, match="memories must be"):
         wire.ReadOffer(7, (2, 1), b"agent", 1, b"", addresses, (0, wire.MAX_DEVICE))
+
+
+def test_an_end_of_version_3_is_told_the_version_at_its_hello() -> None:
+    """Version 4 (pushed offers) refuses a version-3 frame from its header, naming both."""
+    old = struct.pack("<4sBBHI", b"KVWC", 3, wire.MessageType.HELLO, 0, 10) + struct.pack("<QH", 1, 0)
+    with pytest.raises(wire.WireError, match=r"version 3 is not supported \(this end speaks 4\)"):
+        wire.FrameReader().feed(old)
+
+
+def test_a_hello_says_whether_its_end_takes_pushes_and_unknown_flags_are_refused() -> None:
+    hello = wire.Hello(5, b"worker", wire.HELLO_TAKES_PUSHES)
+    assert wire.decode(wire.encode(hello)).flags == wire.HELLO_TAKES_PUSHES
+    body = bytearray(wire.encode(hello)[wire.HEADER_BYTES:])
+    body[8] = 0x3
+    with pytest.raises(wire.WireError, match="flags"):
+        wire.decode_body(wire.MessageType.HELLO, bytes(body))
+    with pytest.raises(wire.WireError, match="flags"):
+        wire.Hello(5, b"worker", 0x80)
+
+
+def _push(*groups: wire.PushedGroup, metadata: bytes = b"meta") -> wire.PushOffer:
+    return wire.PushOffer(3, 5000, b"agent", 1, metadata, groups)
+
+
+def _group(rows: int = 3, runs_: np.ndarray | None = None, group_id: int = 0, width: int = 4) -> wire.PushedGroup:
+    names = b"".join(i.to_bytes(width, "big") for i in range(rows))
+    return wire.PushedGroup(group_id, 64, -1, width, names, runs((4096, rows)) if runs_ is None else runs_)
+
+
+def _body(push: wire.PushOffer) -> bytes:
+    return wire.encode(push)[wire.HEADER_BYTES:]
+
+
+def test_malformed_pushes_and_withdrawals_are_refused_naming_the_problem() -> None:
+    """A push is decoded with every length checked before it is read: each bound broken alone
+    gives a WireError that says which."""
+    push = _push(_group(3, runs((4096, 2), (8192, 1))), _group(2, group_id=7))
+    assert wire.decode(wire.encode(push)) == push
+    body = _body(push)
+    head = wire._PUSH_HEAD
+    group_at = head.size + len(b"agent") + len(b"meta")
+
+    def patched(offset: int, layout: str, value: int) -> bytes:
+        out = bytearray(body)
+        struct.pack_into(layout, out, offset, value)
+        return bytes(out)
+
+    cases = {
+        "agent name must be": patched(head.size - 7, "<B", 0),                     # no agent name
+        "metadata of": patched(head.size - 6, "<I", wire.MAX_AGENT_METADATA_BYTES + 1),
+        "1..512 groups": patched(head.size - 2, "<H", 0),
+        "name width": patched(group_at + 14, "<B", 0),                               # group 0's width
+        "at most 32768 rows": patched(group_at + 15, "<I", wire.MAX_PUSH_ROWS + 1),  # group 0's rows
+        "runs for 3 rows": patched(group_at + 19, "<I", 4),                          # more runs than rows
+        "must be -1 (host)": patched(group_at + 12, "<h", -2),                       # its memory
+    }
+    for match, bad in cases.items():
+        with pytest.raises(wire.WireError, match=match.replace("(", r"\(").replace(")", r"\)")):
+            wire.decode_body(wire.MessageType.PUSH_OFFER, bad)
+    with pytest.raises(wire.WireError, match="ends early"):
+        wire.decode_body(wire.MessageType.PUSH_OFFER, body[:-4])
+    with pytest.raises(wire.WireError, match="trailing"):
+        wire.decode_body(wire.MessageType.PUSH_OFFER, body + b"x")
+    for bad_runs, match in ((runs((4096, 2), (8192, 2)), "hold 4 rows"), (runs((4096, 0), (8192, 3)), "1..3 rows"),
+                            (runs((2**64 - 64, 3)), "64-bit address space")):
+        with pytest.raises(wire.WireError, match=match):
+            _group(3, bad_runs)
+    with pytest.raises(wire.WireError, match="unique"):
+        _push(_group(), _group())
+    with pytest.raises(wire.WireError, match="remaining_ms"):
+        wire.PushOffer(3, 0, b"agent", 1, b"", (_group(),))
+    with pytest.raises(wire.WireError, match="at most 32768 rows"):
+        _group(wire.MAX_PUSH_ROWS + 1, width=2)
+    for kind in (wire.MessageType.WITHDRAW, wire.MessageType.WITHDRAWN):
+        assert wire.decode_body(kind, struct.pack("<Q", 9)).offer == 9
+        with pytest.raises(wire.WireError, match="ends early"):
+            wire.decode_body(kind, b"\x01\x02")
+        with pytest.raises(wire.WireError, match="trailing"):
+            wire.decode_body(kind, struct.pack("<Q", 9) + b"\x00")

@@ -39,6 +39,10 @@ class WireStats:
     rows_received: int = 0
     rows_read: int = 0  #: of rows_received, those read one-sided (NIXL READ)
     pulls_offered: int = 0  #: of pulls_received, those answered from a standing offer (O1)
+    #: fetches of this end answered from an offer the serving end pushed (no Pull frame went out)
+    pulls_pushed: int = 0
+    offers_pushed: int = 0  #: standing offers this end pushed, one per connection it pushed to
+    pushes_received: int = 0  #: offers serving ends pushed to this end
 
 
 class UcxAttempt(TableAttempt):

@@ -21,6 +21,7 @@ feed the same machines and are read together when following one pull."""
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 import secrets
 import selectors
@@ -48,7 +49,7 @@ from kvwire_ucx.protocol import events as ev
 from kvwire_ucx.protocol.server import ServerState
 from kvwire_ucx.reactor import Reactor
 from kvwire_ucx.regions import GroupRows
-from kvwire_ucx.requesting import Requesting
+from kvwire_ucx.requesting import PushedAnswer, Requesting
 from kvwire_ucx.serving import Serving
 from kvwire_ucx.settings import MEMORY_KINDS, WITH_DEVICE, UcxSettings
 from kvwire_ucx.tag_rows import PostError, SelfDrain
@@ -106,7 +107,11 @@ class Engine:
             raise
         self.port = self.wires.port
         self.address = PeerAddress(settings.advertise_host or settings.listen_host, self.port, self.instance)
-        self._hello = wire.Hello(self.instance, bytes(self._worker.address))
+        # A one-sided end takes pushed offers (wire version 4): its fetches read what they cover
+        # without asking.
+        self._hello = wire.Hello(self.instance, bytes(self._worker.address),
+                                 wire.HELLO_TAKES_PUSHES if self.nixl is not None else 0)
+        self._offer_ids = itertools.count(1)
         self.endpoints = Endpoints(self._worker)
         self._drain = SelfDrain(self._worker, self.endpoints)
         self.requesting = Requesting(self, self._lock, settings, self.nixl, self.reactor, self.wires, self._hello)
@@ -187,7 +192,7 @@ class Engine:
         """Engine side of ``offer()`` (O1): the attempt, standing once the thread takes it up."""
         attempt = UcxAttempt(self.cancel, view, AttemptKind.OFFER, wake, deadline=deadline_after(timeout_s))
         self.attempts.admit(attempt)
-        offer = StandingOffer(attempt, groups, attempt.deadline)
+        offer = StandingOffer(attempt, groups, attempt.deadline, next(self._offer_ids))
         attempt.job = offer
         self.serving.offers.add(offer)  # standing from here (O1.4); its timer is the thread's
         self.submit(self.serving.arm_offer, offer)
@@ -398,6 +403,8 @@ class Engine:
         return bool(self._worker.arm())
 
     def sleep_cap(self) -> float:
+        if self.requesting.reading:  # a read started on a holder's thread (run_here): poll it now
+            return 0.0
         return self.serving.sleep_cap()
 
     def on_ready(self, data: Any, events: int) -> None:
@@ -445,6 +452,13 @@ class Engine:
             else:
                 self.close_connection(conn, problem, lost=True)
 
+    def arrived(self, conn: Connection, message: Any) -> None:
+        """Route ``message`` as a frame that arrived on ``conn`` (a pushed offer's answer, made
+        at this end): a hold of the fault seam may take it."""
+        if self.faults.active and self.faults.held(FrameFlow.INCOMING, conn, message):
+            return
+        self._dispatch(conn, message)
+
     def _on_readable(self, conn: Connection) -> bool:
         """Read and handle what arrived; whether anything did."""
         messages, problem, malformed = self.wires.read(conn)
@@ -480,6 +494,7 @@ class Engine:
             self.count("connections_lost")
         log.debug("kvwire-ucx on port %d closes connection to %s: %s", self.port, conn.label, reason)
         self.requesting.connection_closed(conn)
+        self.serving.connection_closed(conn)
         if lost:
             self.endpoints.lost(conn)
         else:
@@ -500,12 +515,20 @@ class Engine:
         if conn.outbound:
             if isinstance(message, wire.Offer | wire.ReadOffer | wire.Decline):
                 self.requesting.on_answer(conn, message)
+            elif isinstance(message, PushedAnswer):
+                self.requesting.on_pushed_answer(conn, message)
+            elif isinstance(message, wire.PushOffer):
+                self.requesting.on_push(conn, message)
+            elif isinstance(message, wire.Withdraw):
+                self.requesting.on_withdraw(conn, message)
             else:
                 self.drop(conn, f"serving peer {conn.label} sent {type(message).__name__}, which only requesters send")
         elif isinstance(message, wire.Pull):
             self.serving.on_pull(conn, message)
         elif isinstance(message, wire.Go | wire.Cancel | wire.Ack):
             self.serving.on_word(conn, message)
+        elif isinstance(message, wire.Withdrawn):
+            self.serving.on_withdrawn(conn, message)
         else:
             self.drop(conn, f"requesting peer {conn.label} sent {type(message).__name__}, which only servers send")
 
@@ -528,6 +551,8 @@ class Engine:
         conn.state = ConnectionState.OPEN
         if not conn.outbound:
             self.send(conn, self._hello)
+            if not conn.closed:
+                self.serving.on_hello(conn, message)  # the offers standing, pushed after the Hello
 
     # ================================================================ shutdown
 
@@ -548,7 +573,7 @@ class Engine:
 
     def _force_all(self) -> None:
         for conn in list(self.wires.all):
-            if self.requesting.on(conn) or self.serving.on(conn):
+            if self.requesting.on(conn) or self.serving.on(conn) or self.serving.withdrawing(conn):
                 self.close_connection(conn, "the backend shut down and the peer did not finish within the grace")
 
     @classmethod

@@ -47,29 +47,43 @@ def _sync(engine: Any) -> bool:
 class ServingHold(Hold):
     """The serving end's words about its answers (``Offer``, ``ReadOffer``, ``Decline``) held
     on the wire from the moment this returns until :meth:`release`; everything else flows (rows
-    already named on credit included: they land, unconfirmed, as on a slow control channel)."""
+    already named on credit included: they land, unconfirmed, as on a slow control channel).
+    In the one-sided mode a pull that an offer the serving end pushed covers is answered at the
+    requesting end (``sink``), without a word on the wire: that answer is held there, before
+    its read starts."""
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: Any, sink: Any = None) -> None:
         from kvwire_ucx import wire
         from kvwire_ucx.faults import FrameFlow
+        from kvwire_ucx.requesting import PushedAnswer
 
         self._engine = engine
+        self._sink = sink
         answers = (wire.Offer, wire.ReadOffer, wire.Decline)
         self._hold = engine.faults.hold(FrameFlow.OUTGOING, lambda m: isinstance(m, answers))
+        self._pushed = None if sink is None else sink.faults.hold(FrameFlow.INCOMING,
+                                                                  lambda m: isinstance(m, PushedAnswer))
         self._released = False
         _sync(engine)
+        if sink is not None:
+            _sync(sink)
 
     def release(self) -> None:
         if not self._released:
             self._released = True
             self._hold.release()
+            if self._pushed is not None:
+                self._pushed.release()
+                _sync(self._sink)
             _sync(self._engine)
 
     def waiting(self) -> int:
-        return 0 if self._released else len(self._hold.held)
+        if self._released:
+            return 0
+        return len(self._hold.held) + (len(self._pushed.held) if self._pushed is not None else 0)
 
     def wait_idle(self, timeout_s: float) -> bool:
-        return self._released and _sync(self._engine)
+        return self._released and _sync(self._engine) and (self._sink is None or _sync(self._sink))
 
 
 class PlanFaults:
@@ -155,7 +169,7 @@ class UcxHarness(Harness):
         # of the source" where a test publishes without a request (it names no pull).
         publish_hint = Hint.of("ticket", backend=source.engine.instance, pull=0)
         return Ends(source, sink, publish_hint, Hint.of("peer", address=source.address()),
-                    hold=lambda: ServingHold(source.engine),
+                    hold=lambda: ServingHold(source.engine, sink.engine),
                     extra={"pending_pulls": source.engine.settings.max_pending_pulls},
                     another_sink=lambda: UcxBackend(**options))  # type: ignore[arg-type]
 

@@ -21,7 +21,7 @@ from kvwire_ucx.attempt import UcxAttempt
 from kvwire_ucx.connection import Connection
 from kvwire_ucx.nixl import NixlAgent
 from kvwire_ucx.nixl_reads import RangeReads
-from kvwire_ucx.offers import StandingOffer
+from kvwire_ucx.offers import PushedOffer, StandingOffer
 from kvwire_ucx.protocol.requester import PullRequester, RequesterState
 from kvwire_ucx.protocol.server import PullServer, ServerState
 from kvwire_ucx.reactor import Reactor
@@ -35,7 +35,8 @@ __all__ = ["EngineContext", "FetchJob", "Job", "ReplyJob", "Router", "Ticket"]
 class FetchJob:
     """The requesting end of one pull."""
 
-    __slots__ = ("attempt", "machine", "address", "deadline", "groups", "conn", "receives", "reads", "cancel_fed")
+    __slots__ = ("attempt", "machine", "address", "deadline", "groups", "conn", "receives", "reads", "cancel_fed",
+                 "pushed")
 
     def __init__(self, attempt: UcxAttempt, machine: PullRequester, address: PeerAddress, deadline: float,
                  groups: tuple[GroupRows, ...]) -> None:
@@ -48,6 +49,8 @@ class FetchJob:
         self.receives: TagReceives | None = None
         self.reads: RangeReads | None = None
         self.cancel_fed = False
+        #: the offer the serving end pushed that answers this fetch (no Pull went out)
+        self.pushed: PushedOffer | None = None
 
     @property
     def finished(self) -> bool:
@@ -117,6 +120,7 @@ class Router(Protocol):
 
     def feed(self, job: Job, event: Any) -> None: ...
     def send(self, conn: Connection, message: wire.Message) -> None: ...
+    def arrived(self, conn: Connection, message: Any) -> None: ...  # routed as a frame that arrived
     def drop(self, conn: Connection, reason: str) -> None: ...    # the peer broke the protocol
     def close_connection(self, conn: Connection, reason: str, *, lost: bool = False,
                          cause: Cause | None = None) -> None: ...

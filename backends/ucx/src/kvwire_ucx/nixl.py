@@ -150,6 +150,10 @@ class NixlAgent:
     def knows(self, peer: bytes, generation: int) -> bool:
         return self._peers.get(peer) == generation
 
+    def generation_of(self, peer: bytes) -> int | None:
+        """The generation of ``peer``'s metadata loaded here, or ``None``."""
+        return self._peers.get(peer)
+
     def load_peer(self, peer: bytes, generation: int, metadata: bytes) -> None:
         """Load (or refresh) a peer agent's metadata; it must name ``peer``."""
         with self._lock:

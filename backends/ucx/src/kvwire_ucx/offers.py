@@ -17,12 +17,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kvwire.contract import InvalidSubmission, View
+from kvwire_ucx import wire
 from kvwire_ucx.regions import GroupRows, RowRuns
 
 if TYPE_CHECKING:
     from kvwire_ucx.attempt import UcxAttempt
 
-__all__ = ["Covered", "OfferedGroup", "StandingOffer", "OfferIndex", "offered_groups"]
+__all__ = ["Covered", "OfferedGroup", "PushedOffer", "StandingOffer", "OfferIndex", "cover", "offered_groups",
+           "push_groups"]
 
 #: What answers a pull from an offer: each group's rows, and where they lie as runs (per group
 #: an ``(n, 2)`` uint64 array of (address, rows), as a one-sided answer names them).
@@ -83,35 +85,53 @@ def offered_groups(view: View, located: tuple[GroupRows, ...]) -> dict[int, Offe
     return out
 
 
+def cover(offered: dict[int, OfferedGroup], groups: tuple[tuple[int, int], ...], width: int, names: bytes,
+          count: int) -> Covered | None:
+    """The rows of ``offered`` (an offer's groups by id) answering a pull of ``names`` in
+    ``groups`` ((id, slot size) each), and their runs, or ``None`` unless they cover it whole:
+    every group asked for, with the slot size expected, and every name (O1.4, O1.5)."""
+    rows, runs = [], []
+    for group_id, slot_bytes in groups:
+        group = offered.get(group_id)
+        if group is None or group.rows.slot_bytes != slot_bytes or (count and group.width != width):
+            return None
+        picked = group.pick(names, count)
+        if picked is None:
+            return None
+        rows.append(picked[0])
+        runs.append(picked[1])
+    return tuple(rows), tuple(runs)
+
+
 class StandingOffer:
-    """One offer: the holder's attempt, its groups by id, its deadline (monotonic) and the
-    answers given from it that have not finished (each still may read its rows)."""
+    """One offer: the holder's attempt, its groups by id, its deadline (monotonic), the
+    answers given from it that have not finished (each still may read its rows), its id on the
+    wire and the connections it was pushed to that have not answered its withdrawal (each may
+    still read its rows)."""
 
-    __slots__ = ("attempt", "groups", "deadline", "answers", "standing", "__weakref__")
+    __slots__ = ("attempt", "groups", "deadline", "answers", "standing", "offer_id", "pushed_to", "push",
+                 "__weakref__")
 
-    def __init__(self, attempt: UcxAttempt, groups: dict[int, OfferedGroup], deadline: float) -> None:
+    def __init__(self, attempt: UcxAttempt, groups: dict[int, OfferedGroup], deadline: float,
+                 offer_id: int = 0) -> None:
         self.attempt = attempt
         self.groups = groups
         self.deadline = deadline
         # The ReplyJobs (kvwire_ucx.jobs) reading from it: typed loosely, since jobs imports this module.
         self.answers: set[Any] = set()
         self.standing = True  # until it concludes: it answers pulls only while standing
+        self.offer_id = offer_id
+        #: the connections (kvwire_ucx.connection) it was pushed to, until each answered its
+        #: withdrawal or closed: the offer quiesces only once none is left (O1.8)
+        self.pushed_to: set[Any] = set()
+        #: its groups as a push carries them, made once (``()``: not yet; ``None``: beyond the bounds)
+        self.push: tuple[wire.PushedGroup, ...] | None = ()
 
     def cover(self, groups: tuple[tuple[int, int], ...], width: int, names: bytes,
               count: int) -> Covered | None:
         """The rows answering a pull of ``names`` in ``groups`` ((id, slot size) each), and
         their runs, or ``None`` unless this offer covers it whole."""
-        rows, runs = [], []
-        for group_id, slot_bytes in groups:
-            group = self.groups.get(group_id)
-            if group is None or group.rows.slot_bytes != slot_bytes or (count and group.width != width):
-                return None
-            picked = group.pick(names, count)
-            if picked is None:
-                return None
-            rows.append(picked[0])
-            runs.append(picked[1])
-        return tuple(rows), tuple(runs)
+        return cover(self.groups, groups, width, names, count)
 
     def __repr__(self) -> str:
         return f"StandingOffer({len(self.groups)} groups, {'standing' if self.standing else 'ended'}, " \
@@ -162,3 +182,62 @@ class OfferIndex:
         """The answers from offers that have not finished."""
         with self._lock:
             return sum(len(offer.answers) for offer in self._offers)
+
+
+def push_groups(offer: StandingOffer) -> tuple[wire.PushedGroup, ...] | None:
+    """The offer's groups as a ``PushOffer`` carries them (made once), or ``None`` when the offer
+    is beyond a push's bounds (wire.MAX_PUSH_ROWS rows a group, one frame): then it is not pushed
+    and pulls of it go the old way (O1.12)."""
+    if offer.push == ():
+        out: list[wire.PushedGroup] | None = []
+        for group_id, group in offer.groups.items():
+            rows = len(group.index)
+            if rows > wire.MAX_PUSH_ROWS or len(offer.groups) > wire.MAX_GROUPS:
+                out = None
+                break
+            out.append(wire.PushedGroup(group_id, group.rows.slot_bytes, group.rows.memory, group.width, group.names,
+                                        group.runs.runs))
+        offer.push = None if out is None else tuple(out)
+    return offer.push
+
+
+class PushedOffer:
+    """A standing offer a serving end pushed on one connection, as the requester keeps it: its
+    groups (``OfferedGroup`` over the serving end's addresses: ``rows.offsets`` are absolute
+    addresses there, ``base`` 0), its agent and generation, its local deadline (monotonic) and
+    the fetches reading from it. ``withdrawn``: the serving end withdrew it; this end answers
+    once no fetch of it is left."""
+
+    __slots__ = ("offer_id", "groups", "memories", "agent", "generation", "deadline", "fetches", "withdrawn")
+
+    def __init__(self, message: wire.PushOffer, deadline: float) -> None:
+        self.offer_id = message.offer
+        self.agent = message.agent
+        self.generation = message.generation
+        self.deadline = deadline
+        self.groups: dict[int, OfferedGroup] = {}
+        self.memories: dict[int, int] = {}
+        for pushed in message.groups:
+            raw, width, rows = pushed.names, pushed.width, pushed.rows
+            index = {raw[i * width:(i + 1) * width]: i for i in range(rows)}
+            if len(index) != rows:
+                raise wire.WireError(f"PushOffer group {pushed.group_id} names a block on two rows")
+            runs = pushed.runs
+            if len(runs):
+                lengths = runs[:, 1].astype(np.int64)
+                first = np.repeat(np.cumsum(lengths) - lengths, lengths)
+                addresses = np.repeat(runs[:, 0], lengths) + (
+                    (np.arange(rows, dtype=np.int64) - first).astype(np.uint64) * np.uint64(pushed.slot_bytes))
+            else:
+                addresses = np.zeros(0, dtype=np.uint64)
+            addresses.flags.writeable = False
+            there = GroupRows(pushed.group_id, pushed.slot_bytes, None, addresses, 0, pushed.memory)
+            self.groups[pushed.group_id] = OfferedGroup(there, width, raw, index,
+                                                        RowRuns(addresses, pushed.slot_bytes))
+            self.memories[pushed.group_id] = pushed.memory
+        self.fetches: set[Any] = set()  # the FetchJobs (kvwire_ucx.jobs) reading from it
+        self.withdrawn = False
+
+    def cover(self, groups: tuple[tuple[int, int], ...], width: int, names: bytes,
+              count: int) -> Covered | None:
+        return cover(self.groups, groups, width, names, count)

@@ -26,7 +26,7 @@ from kvwire_ucx.attempt import AttemptKind, UcxAttempt
 from kvwire_ucx.connection import Connection
 from kvwire_ucx.jobs import EngineContext, ReplyJob, Router, Ticket
 from kvwire_ucx.nixl import NixlAgent
-from kvwire_ucx.offers import OfferIndex, StandingOffer
+from kvwire_ucx.offers import OfferIndex, StandingOffer, push_groups
 from kvwire_ucx.protocol import events as ev
 from kvwire_ucx.protocol.server import PullServer, ReplySpec, ServerState
 from kvwire_ucx.reactor import Reactor
@@ -68,12 +68,18 @@ class Serving(EngineContext):
         self._read_replies: set[ReplyJob] = set()  # one-sided offers the requester has not finished
         self._wiring_until = 0.0  # until then a peer may be wiring up to this end's NIXL agent
         self.offers = OfferIndex()  # the holder's standing offers (O1)
+        #: one-sided: the requesters' connections that take pushed offers (their Hello said so)
+        self._pushable: set[Connection] = set()
+        #: the offers pushed to a connection that has not answered their withdrawal, by id
+        self._pushed: dict[int, StandingOffer] = {}
 
     # ================================================================ the holder's threads
 
     def start(self, wake: WakeFn) -> None:
         with self._lock:
             self._wake = wake
+        if self._nixl is not None:
+            self._reactor.submit(self._push_all)  # offers made before serve() stand from now on
 
     def take_incoming(self) -> tuple[PullRequest, ...]:
         out: list[PullRequest] = []
@@ -217,7 +223,7 @@ class Serving(EngineContext):
 
     def arm_offer(self, offer: StandingOffer) -> None:
         """A standing offer ``offer()`` put in the index gets its deadline (or, made as the
-        backend shut down, ends at once)."""
+        backend shut down, ends at once), and is pushed to the requesters that take pushes."""
         if self._reactor.stopping:
             self.end_offer(offer, _shut_down(offer))
             return
@@ -226,6 +232,99 @@ class Serving(EngineContext):
         # the index holds it.
         ref = weakref.ref(offer)
         self._reactor.call_later(offer.deadline - time.monotonic(), lambda: self._offer_expired(ref()))
+        if self._pushable and self._serving():
+            for conn in list(self._pushable):
+                self._push(offer, conn)
+
+    # ---------------------------------------------------------------- pushed offers (one-sided)
+
+    def _serving(self) -> bool:
+        with self._lock:
+            return self._wake is not None
+
+    def on_hello(self, conn: Connection, message: wire.Hello) -> None:
+        """A requester said hello: one that runs one-sided and takes pushes is pushed every
+        offer standing now, and every later one."""
+        if self._nixl is None or not message.flags & wire.HELLO_TAKES_PUSHES:
+            return
+        self._pushable.add(conn)
+        if self._serving():
+            for offer in self.offers:
+                self._push(offer, conn)
+
+    def _push_all(self) -> None:
+        for conn in list(self._pushable):
+            for offer in self.offers:
+                if conn not in offer.pushed_to:
+                    self._push(offer, conn)
+
+    def _push(self, offer: StandingOffer, conn: Connection) -> None:
+        """Push ``offer`` on ``conn``, unless it is beyond a push's bounds (O1.12) or about to
+        run out: its pulls then go the old way."""
+        assert self._nixl is not None
+        remaining_ms = int((offer.deadline - time.monotonic()) * 1000)
+        if (not offer.standing or conn.closed or conn in offer.pushed_to or remaining_ms < 1
+                or offer.attempt.poll() is not None):
+            return  # (an offer made as the connection said hello reaches it from both: once)
+        groups = push_groups(offer)
+        if groups is None:
+            return
+        generation, metadata = self._nixl.metadata()
+        if conn.nixl_sent == generation:
+            metadata = b""
+        agent = self._nixl.name.encode()
+        size = wire.PushOffer.body_bytes(tuple((g.rows, g.width, len(g.runs)) for g in groups), agent, metadata)
+        if size > wire.MAX_MESSAGE_BYTES:
+            return
+        self._router.send(conn, wire.PushOffer(offer.offer_id, min(remaining_ms, 2**32 - 1), agent, generation,
+                                               metadata, groups))
+        if conn.closed:
+            return
+        if metadata:
+            self._wiring_until = time.monotonic() + _NIXL_WIREUP_S
+            conn.nixl_sent = generation
+        offer.pushed_to.add(conn)
+        self._pushed[offer.offer_id] = offer
+        self._router.count("offers_pushed")
+
+    def _withdraw(self, offer: StandingOffer) -> None:
+        """The offer concluded: every connection it was pushed to hears so; one that has not
+        answered within the grace is closed (its requester stalled), so the offer quiesces by
+        then at the latest."""
+        if not offer.pushed_to:
+            return
+        for conn in list(offer.pushed_to):
+            self._router.send(conn, wire.Withdraw(offer.offer_id))
+        ref = weakref.ref(offer)
+        self._reactor.call_later(self._settings.grace_s, lambda: self._withdrawal_overdue(ref()))
+
+    def _withdrawal_overdue(self, offer: StandingOffer | None) -> None:
+        if offer is None:
+            return
+        for conn in list(offer.pushed_to):
+            self._router.close_connection(conn, f"requester {conn.label} did not answer the withdrawal of a pushed "
+                                                "offer within the grace")
+
+    def on_withdrawn(self, conn: Connection, message: wire.Withdrawn) -> None:
+        """The requester answered a withdrawal: it reads the offer's rows no more."""
+        offer = self._pushed.get(message.offer)
+        if offer is None or offer.standing or conn not in offer.pushed_to:
+            self._router.drop(conn, f"peer {conn.label} answered the withdrawal of offer {message.offer}, which it "
+                                    "was not sent")
+            return
+        offer.pushed_to.discard(conn)
+        self._settle_offer(offer)
+
+    def connection_closed(self, conn: Connection) -> None:
+        """A connection ended: it reads no pushed offer any more (counted as answered)."""
+        self._pushable.discard(conn)
+        for offer in [o for o in self._pushed.values() if conn in o.pushed_to]:
+            offer.pushed_to.discard(conn)
+            self._settle_offer(offer)
+
+    def withdrawing(self, conn: Connection) -> bool:
+        """Whether an offer pushed on ``conn`` waits for its withdrawal's answer there."""
+        return any(conn in offer.pushed_to and not offer.standing for offer in self._pushed.values())
 
     def _offer_expired(self, offer: StandingOffer | None) -> None:
         if offer is None:
@@ -243,6 +342,7 @@ class Serving(EngineContext):
             self.offers.remove(offer)
             if outcome is not None:
                 self._router.conclude(offer.attempt, outcome)
+            self._withdraw(offer)
         if stop_answers:
             for job in list(offer.answers):
                 self._router.feed(job, ev.HolderCancelled())
@@ -255,7 +355,9 @@ class Serving(EngineContext):
             self.end_offer(offer, _shut_down(offer))
 
     def _settle_offer(self, offer: StandingOffer) -> None:
-        if not offer.standing and not offer.answers:
+        if not offer.standing and not offer.answers and not offer.pushed_to:
+            if self._pushed.get(offer.offer_id) is offer:
+                del self._pushed[offer.offer_id]
             self._router.quiesce(offer.attempt)
 
     def _decline_now(self, conn: Connection, transfer: int, reason: str) -> None:
@@ -318,12 +420,12 @@ class Serving(EngineContext):
         self._read_replies.add(job)
 
     def offering_reads(self) -> bool:
-        """Whether a one-sided offer is out (the NIXL agent then needs progress)."""
-        return bool(self._read_replies)
+        """Whether a one-sided offer is out, or a pushed one (the NIXL agent then needs progress)."""
+        return bool(self._read_replies) or bool(self._pushed)
 
     def sleep_cap(self) -> float:
         """How long the progress thread may sleep, as far as the offers out are concerned."""
-        if self._read_replies:
+        if self._read_replies or self._pushed:
             return _NIXL_WIREUP_POLL_S if time.monotonic() < self._wiring_until else _NIXL_SERVE_POLL_S
         return 1.0
 

@@ -45,6 +45,22 @@ rows lie in GPU memory the answer is a ``READ_OFFER_DEVICE``: the same body foll
 group's memory (``-1`` host, else the CUDA device index), since a reader must name the memory it
 reads; a ``READ_OFFER`` is all host memory.
 
+Pushed offers (version 4, one-sided only): each end's ``Hello`` carries ``flags``; a requester in
+the one-sided mode sets ``HELLO_TAKES_PUSHES``. To such a connection a serving end that serves
+pushes every standing offer (O1) after its own ``Hello``, and each later one when it is made:
+``PushOffer`` (offer id, the time it has left in ms, NIXL agent name, generation and metadata as a
+``ReadOffer`` carries them, and per group its id, slot size, memory, name width, row count, run
+count, then its names, its runs' addresses and their row counts). R keeps each connection's pushed
+offers; a fetch one of them covers whole (every group, slot size and name, O1.4) is read at once
+with no ``Pull``, and R sends it neither ``Ack`` nor ``Cancel``; any other goes the old way. R
+starts no read from an offer past its local deadline (the push's arrival plus the time left, less
+a margin) nor within the grace of it. When the offer concludes, S sends ``Withdraw`` (offer id);
+R fails the fetches reading it, stops their reads, and answers ``Withdrawn`` (offer id) once
+none is in flight; the offer quiesces once every connection it was pushed to answered or closed
+(S closes one that has not answered within its grace). A ``PushOffer`` is decoded with every
+length checked first: at most ``MAX_GROUPS`` groups, ``MAX_PUSH_ROWS`` rows a group, runs as a
+``ReadOffer``'s; an offer beyond them, or beyond one frame, is not pushed.
+
 The ``ReadOffer`` body: the head (transfer, generation, agent name bytes, metadata bytes, groups),
 the agent name, the metadata, each group's row count (u32), each group's run count (u32), then per
 group its runs' addresses (u64 each) followed by their row counts (u32 each), then (device only)
@@ -55,7 +71,9 @@ answer is cut to the longest common block prefix whose runs fit one frame.
 
 Versions: every frame carries :data:`WIRE_VERSION`; a frame of another version is refused when its
 header arrives (``Hello`` is the first frame each way, so two ends of different versions learn it
-at once: "control frame version 1 is not supported (this end speaks 2)").
+at once: "control frame version 3 is not supported (this end speaks 4)"). Version 4 added the
+pushed offers and ``Hello.flags``: a version-3 end could not parse either, so the version moved
+rather than negotiate them inside version 3.
 
 Why one file of this size: one codec, so every frame's bounds are read and written in one place
 (and fuzzed as a whole)."""
@@ -88,9 +106,13 @@ __all__ = [
     "MessageType",
     "Offer",
     "Pull",
+    "PushOffer",
+    "PushedGroup",
     "ReadOffer",
     "WIRE_VERSION",
     "WireError",
+    "Withdraw",
+    "Withdrawn",
     "clip_reason",
     "decode",
     "encode",
@@ -104,9 +126,14 @@ __all__ = [
 MAGIC = b"KVWC"
 #: 2: a ReadOffer names runs of adjacent rows (address, rows) instead of each row's address.
 #: 3: a two-sided Pull and an Offer name where each end's rows stop being adjacent (``breaks``).
+#: 4: pushed offers (``PushOffer``, ``Withdraw``, ``Withdrawn``) and a ``Hello`` that says
+#: whether its end takes them (``flags``).
 #: A frame of another version is refused when its header arrives (``Hello`` is the first frame,
-#: so an end of another version is told at once: "control frame version 2 is not supported").
-WIRE_VERSION = 3
+#: so an end of another version is told at once: "control frame version 3 is not supported").
+WIRE_VERSION = 4
+#: ``Hello.flags``: this end runs one-sided and takes pushed offers on this connection.
+HELLO_TAKES_PUSHES = 0x1
+_HELLO_FLAGS = HELLO_TAKES_PUSHES
 #: A group's ``breaks`` entry meaning "every row on its own" (no run of rows is adjacent).
 EVERY_ROW = 0xFFFFFFFF
 #: Bounds: a frame's body never exceeds MAX_MESSAGE_BYTES; a pull names at most MAX_BLOCKS
@@ -117,6 +144,11 @@ MAX_GROUPS = 1 << 9
 #: Group ids travel in 32 bits; a view with a larger one is refused at submission.
 MAX_GROUP_ID = (1 << 32) - 1
 MAX_ROWS = 1 << 24
+#: A pushed offer's bounds (contract O1.12): at most MAX_PUSH_ROWS rows per group (a pull names
+#: no more blocks), at most MAX_GROUPS groups, and the whole push in one frame
+#: (MAX_MESSAGE_BYTES, the NIXL metadata included); an offer beyond them is not pushed, and pulls
+#: of it go the old way (a Pull, answered by a ReadOffer).
+MAX_PUSH_ROWS = MAX_BLOCKS
 MAX_NAME_BYTES = 64
 MAX_REASON_BYTES = 1024
 MAX_WORKER_ADDRESS_BYTES = 4096
@@ -141,7 +173,10 @@ _OFFER_HEAD = struct.Struct("<QH")
 _GO = struct.Struct("<QII")
 _ACK = struct.Struct("<QI")
 _TEXT_HEAD = struct.Struct("<QH")
-_HELLO_HEAD = struct.Struct("<QH")
+_HELLO_HEAD = struct.Struct("<QBH")  # instance, flags, worker address bytes
+_PUSH_HEAD = struct.Struct("<QQIBIH")  # offer, metadata generation, remaining ms, name bytes, metadata bytes, groups
+_PUSH_GROUP = struct.Struct("<IQhBII")  # group id, slot bytes, memory, name width, rows, runs
+_OFFER_ID = struct.Struct("<Q")
 _READ_OFFER_HEAD = struct.Struct("<QQBIH")  # transfer, metadata generation, name bytes, metadata bytes, groups
 _RUN_BYTES = 12  # a ReadOffer's run: address (u64), rows (u32)
 
@@ -161,6 +196,9 @@ class MessageType(enum.IntEnum):
     PULL_ONE_SIDED = 8
     READ_OFFER = 9
     READ_OFFER_DEVICE = 10
+    PUSH_OFFER = 11
+    WITHDRAW = 12
+    WITHDRAWN = 13
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,9 +207,12 @@ class Hello:
 
     instance: int
     worker_address: bytes
+    flags: int = 0  #: HELLO_TAKES_PUSHES: this end takes pushed offers (version 4)
 
     def __post_init__(self) -> None:
         _check_u64(self.instance, "Hello.instance")
+        if not isinstance(self.flags, int) or self.flags & ~_HELLO_FLAGS or not 0 <= self.flags < 256:
+            raise WireError(f"Hello.flags must be a combination of {_HELLO_FLAGS:#x}, got {self.flags!r}")
         if not 1 <= len(self.worker_address) <= MAX_WORKER_ADDRESS_BYTES:
             raise WireError(
                 f"Hello.worker_address must be 1..{MAX_WORKER_ADDRESS_BYTES} bytes, got {len(self.worker_address)}"
@@ -392,7 +433,124 @@ class Ack:
             raise WireError(f"Ack.rows must be 0..{MAX_ROWS}, got {self.rows}")
 
 
-Message = Hello | Pull | Offer | ReadOffer | Decline | Go | Cancel | Ack
+@dataclass(frozen=True, slots=True, eq=False)
+class PushedGroup:
+    """One group of a pushed offer: its id, slot size, memory (``-1`` host, else the CUDA
+    device index), the names of its rows (``rows * width`` bytes, row order, each once) and
+    where the rows lie as runs (``(n, 2)`` uint64: address of a run's first row, rows), as a
+    ``ReadOffer`` names them."""
+
+    group_id: int
+    slot_bytes: int
+    memory: int
+    width: int
+    names: bytes
+    runs: np.ndarray
+
+    @property
+    def rows(self) -> int:
+        return len(self.names) // self.width
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.group_id <= MAX_GROUP_ID:
+            raise WireError(f"PushOffer group id {self.group_id} does not fit in 32 bits")
+        if not 1 <= self.slot_bytes < 1 << 64:
+            raise WireError(f"PushOffer slot size of group {self.group_id} must be 1..2**64-1 bytes, "
+                            f"got {self.slot_bytes}")
+        if not -1 <= self.memory < MAX_DEVICE:
+            raise WireError(f"PushOffer memory of group {self.group_id} must be -1 (host) or a device index "
+                            f"0..{MAX_DEVICE - 1}, got {self.memory}")
+        if not 1 <= self.width <= MAX_NAME_BYTES:
+            raise WireError(f"PushOffer name width of group {self.group_id} must be 1..{MAX_NAME_BYTES}, "
+                            f"got {self.width}")
+        if len(self.names) % self.width:
+            raise WireError(f"PushOffer names of group {self.group_id} hold {len(self.names)} bytes, not a multiple "
+                            f"of width {self.width}")
+        rows = self.rows
+        if rows > MAX_PUSH_ROWS:
+            raise WireError(f"a PushOffer group holds at most {MAX_PUSH_ROWS} rows, group {self.group_id} has {rows}")
+        if self.runs.ndim != 2 or self.runs.shape[1] != 2 or len(self.runs) > rows or (rows and not len(self.runs)):
+            raise WireError(f"PushOffer group {self.group_id} gives {len(self.runs)} runs for {rows} rows "
+                            f"(1..{rows} when it has rows)")
+        _check_runs(self.runs[:, 1], rows, self.group_id, "PushOffer")
+        starts, counts = self.runs[:, 0], self.runs[:, 1]
+        if len(counts) and np.any(counts > (np.uint64(2**64 - 1) - starts) // np.uint64(self.slot_bytes)):
+            raise WireError(f"PushOffer runs of group {self.group_id} reach past the 64-bit address space")
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class PushOffer:
+    """S pushes a standing offer (O1) to an R that takes pushes (version 4): R may read the
+    rows of any pull that this offer covers whole without asking (no ``Pull``), for
+    ``remaining_ms`` from when the push arrived (less a margin), until S sends ``Withdraw``.
+    ``agent``/``generation``/``metadata`` are as in a ``ReadOffer`` (metadata empty when this
+    connection was sent that generation already); ``groups`` are the offer's groups."""
+
+    offer: int
+    remaining_ms: int
+    agent: bytes
+    generation: int
+    metadata: bytes
+    groups: tuple[PushedGroup, ...]
+
+    def __post_init__(self) -> None:
+        _check_u64(self.offer, "PushOffer.offer")
+        _check_u64(self.generation, "PushOffer.generation")
+        if not 1 <= self.remaining_ms < 1 << 32:
+            raise WireError(f"PushOffer.remaining_ms must be 1..2**32-1, got {self.remaining_ms}")
+        if not 1 <= len(self.agent) <= MAX_AGENT_NAME_BYTES:
+            raise WireError(f"PushOffer.agent must be 1..{MAX_AGENT_NAME_BYTES} bytes, got {len(self.agent)}")
+        if len(self.metadata) > MAX_AGENT_METADATA_BYTES:
+            raise WireError(f"PushOffer.metadata exceeds {MAX_AGENT_METADATA_BYTES} bytes ({len(self.metadata)})")
+        if not 1 <= len(self.groups) <= MAX_GROUPS:
+            raise WireError(f"a PushOffer gives 1..{MAX_GROUPS} groups, got {len(self.groups)}")
+        ids = [g.group_id for g in self.groups]
+        if len(set(ids)) != len(ids):
+            raise WireError(f"PushOffer group ids must be unique, got {ids}")
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, PushOffer):
+            return NotImplemented
+        return (self.offer, self.remaining_ms, self.agent, self.generation, self.metadata, len(self.groups)) == (
+            other.offer, other.remaining_ms, other.agent, other.generation, other.metadata, len(other.groups)
+        ) and all(_same_group(a, b) for a, b in zip(self.groups, other.groups, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    @staticmethod
+    def body_bytes(groups: tuple[tuple[int, int, int], ...], agent: bytes, metadata: bytes) -> int:
+        """How long the body of a push is whose groups have ``(rows, width, runs)`` each."""
+        return (_PUSH_HEAD.size + len(agent) + len(metadata)
+                + sum(_PUSH_GROUP.size + rows * width + _RUN_BYTES * runs for rows, width, runs in groups))
+
+
+def _same_group(a: PushedGroup, b: PushedGroup) -> bool:
+    return (a.group_id, a.slot_bytes, a.memory, a.width, a.names) == (b.group_id, b.slot_bytes, b.memory, b.width,
+                                                                      b.names) and np.array_equal(a.runs, b.runs)
+
+
+@dataclass(frozen=True, slots=True)
+class Withdraw:
+    """S withdraws the offer it pushed: R starts no more reads of it, fails those in flight,
+    and answers ``Withdrawn`` once none is."""
+
+    offer: int
+
+    def __post_init__(self) -> None:
+        _check_u64(self.offer, "Withdraw.offer")
+
+
+@dataclass(frozen=True, slots=True)
+class Withdrawn:
+    """R answers a ``Withdraw``: no read of that offer is in flight at this end, nor will be."""
+
+    offer: int
+
+    def __post_init__(self) -> None:
+        _check_u64(self.offer, "Withdrawn.offer")
+
+
+Message = Hello | Pull | Offer | ReadOffer | Decline | Go | Cancel | Ack | PushOffer | Withdraw | Withdrawn
 
 
 def clip_reason(reason: str) -> str:
@@ -406,7 +564,7 @@ def encode(message: Message) -> bytes:
     kind: MessageType
     if isinstance(message, Hello):
         kind = MessageType.HELLO
-        body = _HELLO_HEAD.pack(message.instance, len(message.worker_address)) + message.worker_address
+        body = _HELLO_HEAD.pack(message.instance, message.flags, len(message.worker_address)) + message.worker_address
     elif isinstance(message, Pull):
         kind = MessageType.PULL_ONE_SIDED if message.one_sided else MessageType.PULL
         head = _PULL_HEAD.pack(
@@ -443,6 +601,19 @@ def encode(message: Message) -> bytes:
     elif isinstance(message, Ack):
         kind = MessageType.ACK
         body = _ACK.pack(message.transfer, message.rows)
+    elif isinstance(message, PushOffer):
+        kind = MessageType.PUSH_OFFER
+        head = _PUSH_HEAD.pack(message.offer, message.generation, message.remaining_ms, len(message.agent),
+                               len(message.metadata), len(message.groups))
+        body = b"".join((head, message.agent, message.metadata,
+                         *(_PUSH_GROUP.pack(g.group_id, g.slot_bytes, g.memory, g.width, g.rows, len(g.runs))
+                           for g in message.groups),
+                         *(part for g in message.groups
+                           for part in (g.names, g.runs[:, 0].astype("<u8").tobytes(),
+                                        g.runs[:, 1].astype("<u4").tobytes()))))
+    elif isinstance(message, (Withdraw, Withdrawn)):
+        kind = MessageType.WITHDRAW if isinstance(message, Withdraw) else MessageType.WITHDRAWN
+        body = _OFFER_ID.pack(message.offer)
     else:
         raise TypeError(f"not a control-channel message: {type(message).__name__}")
     if len(body) > MAX_MESSAGE_BYTES:
@@ -495,10 +666,10 @@ def decode_body(kind: MessageType, body: bytes | memoryview) -> Message:
 
 def _decode(kind: MessageType, reader: _Reader) -> Message:
     if kind is MessageType.HELLO:
-        instance, size = reader.unpack(_HELLO_HEAD)
+        instance, flags, size = reader.unpack(_HELLO_HEAD)
         if size > MAX_WORKER_ADDRESS_BYTES:
             raise WireError(f"Hello worker address of {size} bytes exceeds {MAX_WORKER_ADDRESS_BYTES}")
-        return Hello(instance, reader.take(size))
+        return Hello(instance, reader.take(size), flags)
     if kind in (MessageType.PULL, MessageType.PULL_ONE_SIDED):
         transfer, tag_base, timeout_ms, ngroups, count, width, credential_bytes, credit = reader.unpack(_PULL_HEAD)
         if not 1 <= ngroups <= MAX_GROUPS:
@@ -565,11 +736,44 @@ def _decode(kind: MessageType, reader: _Reader) -> Message:
         except UnicodeDecodeError:
             raise WireError(f"{kind.name} reason is not valid UTF-8") from None
         return Decline(transfer, reason) if kind is MessageType.DECLINE else Cancel(transfer, reason)
+    if kind is MessageType.PUSH_OFFER:
+        return _decode_push(reader)
+    if kind in (MessageType.WITHDRAW, MessageType.WITHDRAWN):
+        (offer,) = reader.unpack(_OFFER_ID)
+        return Withdraw(offer) if kind is MessageType.WITHDRAW else Withdrawn(offer)
     if kind is MessageType.GO:
         return Go(*reader.unpack(_GO))
     if kind is MessageType.ACK:
         return Ack(*reader.unpack(_ACK))
     raise WireError(f"unknown control message type {kind}")  # pragma: no cover - enum is closed
+
+
+def _decode_push(reader: _Reader) -> PushOffer:
+    offer, generation, remaining_ms, name_bytes, metadata_bytes, ngroups = reader.unpack(_PUSH_HEAD)
+    if not 1 <= name_bytes <= MAX_AGENT_NAME_BYTES:
+        raise WireError(f"PushOffer agent name must be 1..{MAX_AGENT_NAME_BYTES} bytes, got {name_bytes}")
+    if metadata_bytes > MAX_AGENT_METADATA_BYTES:
+        raise WireError(f"PushOffer metadata of {metadata_bytes} bytes exceeds {MAX_AGENT_METADATA_BYTES}")
+    if not 1 <= ngroups <= MAX_GROUPS:
+        raise WireError(f"a PushOffer gives 1..{MAX_GROUPS} groups, got {ngroups}")
+    agent = reader.take(name_bytes)
+    metadata = reader.take(metadata_bytes)
+    heads = [reader.unpack(_PUSH_GROUP) for _ in range(ngroups)]
+    for gid, _, _, width, rows, nruns in heads:  # every length checked before any is read
+        if not 1 <= width <= MAX_NAME_BYTES:
+            raise WireError(f"PushOffer name width of group {gid} must be 1..{MAX_NAME_BYTES}, got {width}")
+        if rows > MAX_PUSH_ROWS:
+            raise WireError(f"a PushOffer group holds at most {MAX_PUSH_ROWS} rows, group {gid} has {rows}")
+        if nruns > rows or (rows and not nruns):
+            raise WireError(f"PushOffer group {gid} gives {nruns} runs for {rows} rows (1..{rows} when it has rows)")
+    groups = []
+    for gid, slot, memory, width, rows, nruns in heads:
+        names = reader.take(rows * width)
+        runs = np.empty((nruns, 2), dtype=np.uint64)
+        runs[:, 0] = np.frombuffer(reader.take(8 * nruns), dtype="<u8")
+        runs[:, 1] = np.frombuffer(reader.take(4 * nruns), dtype="<u4")
+        groups.append(PushedGroup(gid, slot, memory, width, names, runs))
+    return PushOffer(offer, remaining_ms, agent, generation, metadata, tuple(groups))
 
 
 class FrameReader:
@@ -743,12 +947,12 @@ def offer_breaks_room(groups: int) -> int:
     return MAX_MESSAGE_BYTES - _OFFER_HEAD.size - 4 * groups
 
 
-def _check_runs(rows: np.ndarray, count: int, group: int) -> None:
+def _check_runs(rows: np.ndarray, count: int, group: int, what: str = "ReadOffer") -> None:
     """A group's run lengths: each at least one row, summing to its ``count`` rows."""
     if len(rows) and (int(rows.min()) < 1 or int(rows.max()) > count):
-        raise WireError(f"ReadOffer runs of group {group} must be 1..{count} rows each")
+        raise WireError(f"{what} runs of group {group} must be 1..{count} rows each")
     if int(rows.sum()) != count:
-        raise WireError(f"ReadOffer runs of group {group} hold {int(rows.sum())} rows, not its {count}")
+        raise WireError(f"{what} runs of group {group} hold {int(rows.sum())} rows, not its {count}")
 
 
 def _check_reason(reason: str, what: str) -> None:

@@ -85,6 +85,9 @@ class Start:
     """The engine took the fetch up: the connection is there (or on its way)."""
 
     remaining_ms: int
+    #: one-sided, answered by an offer the serving end pushed (wire version 4): no ``Pull`` goes
+    #: out, the answer is made at this end, and the serving end hears no ``Ack`` or ``Cancel``
+    pushed: bool = False
 
 
 @dataclass(frozen=True, slots=True)

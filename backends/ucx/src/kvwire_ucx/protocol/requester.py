@@ -145,6 +145,9 @@ class PullRequester:
         self.breaks: tuple[tuple[int, ...] | None, ...] = () if spec.one_sided else wire.fit_breaks(
             spec.breaks or (None,) * groups, wire.pull_breaks_room(groups, len(spec.names), len(spec.credentials)))
         self.history: collections.deque[tuple[str, str, str]] = collections.deque(maxlen=256)
+        #: answered from an offer the serving end pushed: no Pull went out, and no Ack or Cancel
+        #: goes out (the serving end keeps no reply for it)
+        self.pushed = False
 
     # ------------------------------------------------------------------ driving
 
@@ -178,7 +181,12 @@ class PullRequester:
         out.append(Conclude(Outcome.failed(reason, self.masks, cause=cause)))
 
     def _cancel(self, out: list[Action], reason: str) -> None:
-        out.append(Send(wire.Cancel(self.spec.transfer, wire.clip_reason(reason))))
+        if not self.pushed:
+            out.append(Send(wire.Cancel(self.spec.transfer, wire.clip_reason(reason))))
+
+    def _ack(self, out: list[Action]) -> None:
+        if not self.pushed:
+            out.append(Send(wire.Ack(self.spec.transfer, self.received), after_wakes=True))
 
     def _settle(self, out: list[Action]) -> None:
         """From a concluded state: DONE once nothing touches memory, else DRAINING."""
@@ -325,6 +333,12 @@ class PullRequester:
             out.append(Quiesce())
             self.state = S.DONE
             return
+        if event.pushed and spec.one_sided:  # the answer is made here, from the pushed offer
+            self.pushed = True
+            out.append(Note("pushed"))
+            out.append(ArmDeadline())
+            self.state = S.ASKED
+            return
         if not spec.one_sided:
             self._post(out, credit_window)
         out.append(Send(pull))
@@ -367,7 +381,7 @@ class PullRequester:
     def _progress(self, out: list[Action]) -> None:
         """RECEIVING: conclude once every offered row arrived, else refill the window."""
         if self.received == self.total:
-            out.append(Send(wire.Ack(self.spec.transfer, self.received), after_wakes=True))
+            self._ack(out)
             out.append(Conclude(Outcome.delivered(self.masks)))
             self._settle(out)
             return
@@ -387,7 +401,7 @@ class PullRequester:
         if not self._take_counts(out, event.counts):
             return
         if self.total == 0:
-            out.append(Send(wire.Ack(spec.transfer, 0), after_wakes=True))
+            self._ack(out)
             out.append(Conclude(Outcome.delivered(self.masks)))
             self._settle(out)
             return
@@ -497,7 +511,7 @@ class PullRequester:
         if self.range_end < len(self.ranges):
             self._start_batch(out, self.range_end)
             return
-        out.append(Send(wire.Ack(self.spec.transfer, self.received), after_wakes=True))
+        self._ack(out)
         out.append(Conclude(Outcome.delivered(self.masks)))
         self._settle(out)
 
