@@ -391,7 +391,7 @@ def staged_rows(kv: KV, name: str, backends: dict, region: SlotRegion, mover: Mo
 
 
 def core_section(kv: KV, repeat: int, copy_threads: list[int] | None, staging_mib: float | None,
-                 chunk_mib: float | None) -> None:
+                 chunk_mib: float | None, stores: tuple[str, ...] = ("memory", "files", "memory-device")) -> None:
     import importlib.util
 
     from kvwire_vllm import holder
@@ -413,7 +413,7 @@ def core_section(kv: KV, repeat: int, copy_threads: list[int] | None, staging_mi
     shm = shm_root()
     capacity = 2 * kv.rows.shape[0] * kv.row
     spare = torch.empty(kv.rows.shape, dtype=torch.uint8, pin_memory=True)  # the DMA beside the store's copy
-    for name in ("memory", "files", "memory-device"):
+    for name in stores:
         direct = name == "memory-device"
         # a pinned store of one save's bytes: each save evicts the last and reuses its memory (a
         # fresh pinned slab costs seconds), as a full store does in service
@@ -638,6 +638,8 @@ def main() -> int:
     parser.add_argument("--tokens", metavar="N,N", help="host/staged/core: token counts (default 1024,4096,16384,32768)")
     parser.add_argument("--chunk-mib", type=float, help="core: the connector's staging chunk (holder.CHUNK_BYTES; "
                         "default 256)")
+    parser.add_argument("--stores", default="memory,files,memory-device",
+                        help="core: the stores, in order (memory-device: the memory store with its option device on)")
     parser.add_argument("--staging-mib", type=float, help="core: the core's pinned staging pool (default: the "
                         "connector's, 1024)")
     args = parser.parse_args()
@@ -686,7 +688,7 @@ def main() -> int:
         run("host", lambda: host_section(kv, args.repeat, direct=False))
         run("staged", lambda: staged_section(kv, max(3, args.repeat // 2), copy_threads))
         run("core", lambda: core_section(kv, max(3, args.repeat // 2), copy_threads, args.staging_mib,
-                                                args.chunk_mib))
+                                         args.chunk_mib, tuple(args.stores.split(","))))
     run("lender", lambda: lender_section(args.repeat))
     if kv is not None and blockcopy._choose()[0] is blockcopy._Impl.TRITON:
         run("host-direct", lambda: host_section(kv, args.repeat, direct=True))
