@@ -148,6 +148,8 @@ class PullRequester:
         #: answered from an offer the serving end pushed: no Pull went out, and no Ack or Cancel
         #: goes out (the serving end keeps no reply for it)
         self.pushed = False
+        #: one-sided: the reason of a Cancel held back until the read in flight has stopped
+        self.cancel_after_read: str | None = None
 
     # ------------------------------------------------------------------ driving
 
@@ -181,15 +183,28 @@ class PullRequester:
         out.append(Conclude(Outcome.failed(reason, self.masks, cause=cause)))
 
     def _cancel(self, out: list[Action], reason: str) -> None:
-        if not self.pushed:
-            out.append(Send(wire.Cancel(self.spec.transfer, wire.clip_reason(reason))))
+        """Tell the serving end this pull is over. While a one-sided read is still in flight the
+        Cancel waits for it to stop (:meth:`_settle` sends it): the serving end takes a Cancel
+        as "nothing reads your rows any more" and quiesces its answer, unpinning them, so a
+        Cancel ahead of the read would let the requester read rows the serving end has
+        already given back (a block of another request, once it is reused)."""
+        if self.pushed:
+            return
+        if self.reads:
+            self.cancel_after_read = reason
+            return
+        out.append(Send(wire.Cancel(self.spec.transfer, wire.clip_reason(reason))))
 
     def _ack(self, out: list[Action]) -> None:
         if not self.pushed:
             out.append(Send(wire.Ack(self.spec.transfer, self.received), after_wakes=True))
 
     def _settle(self, out: list[Action]) -> None:
-        """From a concluded state: DONE once nothing touches memory, else DRAINING."""
+        """From a concluded state: DONE once nothing touches memory, else DRAINING. A Cancel held
+        back for the read goes out once the read has stopped."""
+        if self.reads == 0 and self.cancel_after_read is not None:
+            reason, self.cancel_after_read = self.cancel_after_read, None
+            out.append(Send(wire.Cancel(self.spec.transfer, wire.clip_reason(reason))))
         if self.outstanding == 0 and self.reads == 0:
             self.state = S.DONE
             out.append(Quiesce())
@@ -527,6 +542,7 @@ class PullRequester:
         self._settle(out)
 
     def _connection_lost(self, event: ConnectionLost, out: list[Action]) -> None:
+        self.cancel_after_read = None  # no one is left to tell
         if self.state in _LIVE:
             if event.untrusted:
                 for mask in self.masks:
