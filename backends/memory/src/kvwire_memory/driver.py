@@ -78,8 +78,10 @@ class DeviceCopier:
             for event in events:
                 event.synchronize()  # this thread waits for its own copy, never for the device
 
+
 class MemoryDriver(StoreDriver):
-    """Reaches host memory only. Calls may come from several threads at once."""
+    """Reaches host memory, and CUDA memory too with ``device`` (over a pinned store). Calls may
+    come from several threads at once."""
 
     memory_kinds = frozenset({MemoryKind.HOST})
     #: A put or get is a memmove per row and never waits on anything else, so submissions of up
