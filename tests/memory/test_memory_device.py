@@ -7,22 +7,21 @@ problem (no CUDA here, a store already made in ordinary memory)."""
 
 from __future__ import annotations
 
-import threading
 import uuid
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
 import torch
+from device_rows import STORE, group, names_of
+from device_rows import move as moving
 from kvwire_memory import MemoryDriver, MemoryStore, forget_store, named_store
 
-from kvwire.contract import CacheKind, Hint, LayerGroupRows, MemoryKind, Outcome, SlotRegion, TokenRange, View
+from kvwire.contract import Hint, MemoryKind, Outcome, SlotRegion, View
 from kvwire.contract.blocks import BLOCKS_FIELD, block_layout
 from kvwire.registry import ConfigError, load
 
 CUDA = torch.cuda.is_available()
-needs_cuda = [pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="needs a CUDA device (torch sees none here)")]
-STORE = Hint.of("store")
 
 
 @pytest.fixture
@@ -41,26 +40,9 @@ def host_region(rows: np.ndarray, region_id: int = 0) -> SlotRegion:
     return SlotRegion(region_id, rows.ctypes.data, rows.shape[1], rows.shape[0], MemoryKind.HOST)
 
 
-def group(gid: int, region: SlotRegion, slots: list[int], names: np.ndarray) -> LayerGroupRows:
-    return LayerGroupRows(gid, CacheKind.PAGED, region, np.asarray(slots), TokenRange(0, 16 * len(slots)), names)
-
-
-def names_of(ids: list[int]) -> np.ndarray:
-    out = np.zeros((len(ids), 8), dtype=np.uint8)
-    out[:, :4] = np.asarray(ids, dtype="<u4").view(np.uint8).reshape(-1, 4)
-    return out
-
-
 def move(backend, op: str, view: View, regions: list[SlotRegion], hint: Hint = STORE) -> Outcome:  # type: ignore[no-untyped-def]
-    if CUDA:
-        torch.cuda.synchronize()  # the holder's writes have landed before it submits (S2)
-    done = threading.Event()
-    with backend.register_regions(regions):
-        attempt = getattr(backend, op)(view, hint, done.set)
-        while not (attempt.poll() is not None and attempt.quiesced()):
-            assert done.wait(10.0), "no wake within 10 s"
-            done.clear()
-        return attempt.poll()
+    # the holder's writes have landed before it submits (S2)
+    return moving(backend, op, view, regions, hint, before=torch.cuda.synchronize if CUDA else None)
 
 
 def random_rows(count: int, size: int, seed: int) -> torch.Tensor:

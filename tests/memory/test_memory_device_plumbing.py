@@ -9,7 +9,6 @@ paths on a real GPU are in ``test_memory_device.py``."""
 from __future__ import annotations
 
 import ctypes
-import threading
 import uuid
 from collections.abc import Iterator
 
@@ -18,14 +17,13 @@ import kvwire_memory.driver as memory_driver
 import kvwire_memory.store as memory_store
 import numpy as np
 import pytest
+from device_rows import group, move, names_of
 from kvwire_memory import forget_store
 
-from kvwire.contract import CacheKind, Hint, LayerGroupRows, MemoryKind, Outcome, SlotRegion, TokenRange, View
+from kvwire.contract import Hint, MemoryKind, SlotRegion, View
 from kvwire.contract.blocks import BLOCKS_FIELD, block_layout
 from kvwire.lender import blockcopy
 from kvwire.registry import load
-
-STORE = Hint.of("store")
 
 
 class Recorder:
@@ -75,26 +73,6 @@ def backend(recorder: Recorder) -> Iterator[object]:
 def region(rows: np.ndarray, region_id: int, kind: MemoryKind, device: int | None = None) -> SlotRegion:
     return SlotRegion(region_id, rows.ctypes.data, rows.shape[1], rows.shape[0], kind,
                       (device or 0) if kind is MemoryKind.DEVICE else None)
-
-
-def group(gid: int, reg: SlotRegion, slots: list[int], names: np.ndarray) -> LayerGroupRows:
-    return LayerGroupRows(gid, CacheKind.PAGED, reg, np.asarray(slots), TokenRange(0, 16 * len(slots)), names)
-
-
-def names_of(ids: list[int]) -> np.ndarray:
-    out = np.zeros((len(ids), 8), dtype=np.uint8)
-    out[:, 0] = ids
-    return out
-
-
-def move(backend, op: str, view: View, regions: list[SlotRegion], hint: Hint = STORE) -> Outcome:  # type: ignore[no-untyped-def]
-    done = threading.Event()
-    with backend.register_regions(regions):
-        attempt = getattr(backend, op)(view, hint, done.set)
-        while not (attempt.poll() is not None and attempt.quiesced()):
-            assert done.wait(10.0), "no wake within 10 s"
-            done.clear()
-        return attempt.poll()
 
 
 def rows(count: int, size: int, seed: int) -> np.ndarray:

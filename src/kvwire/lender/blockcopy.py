@@ -48,7 +48,11 @@ rows, then the scatter). Measured on an H200 (``bench/bench_gpu.py``, results in
 the same bytes, a call costs 0.1-0.3 ms of host time besides, and the scratch path reaches
 0.94-0.95 of the pinned-copy ceiling from 512 MiB a call up, where the kernel on host memory
 reaches 0.89-0.94. The scratch buffer is one per device, :data:`SCRATCH_BYTES` (or one row, if
-larger), reused by every call, and ordered across streams with events."""
+larger), reused by every call, and ordered across streams with events.
+
+Why one file of this size: every device copy of kvwire is here, and the block copies and the span
+copies share the choice of implementation, the kernel's word widths and tuning, and the upload of
+their tables; split, each half would reach into the other's."""
 
 from __future__ import annotations
 
@@ -619,11 +623,12 @@ def _span_table(targets: Any, sources: Any, sizes: Any) -> np.ndarray:
     if table.size and (table[:, 2] < 0).any():
         i = int(np.argmax(table[:, 2] < 0))
         raise ValueError(f"copy_spans: span {i} has {int(table[i, 2])} bytes; a size is >= 0")
-    table = table[table[:, 2] > 0]
-    if table.size and (table[:, :2] <= 0).any():
-        i = int(np.argmax((table[:, :2] <= 0).any(axis=1)))
+    moving = table[:, 2] > 0
+    bad = moving & (table[:, :2] <= 0).any(axis=1)
+    if bad.any():
+        i = int(np.argmax(bad))  # the span's index in the call, empty spans counted
         raise ValueError(f"copy_spans: span {i} names address {int(table[i, :2].min())}; addresses are > 0")
-    return np.ascontiguousarray(table)
+    return np.ascontiguousarray(table[moving])
 
 
 def copy_spans(targets: Sequence[int] | np.ndarray, sources: Sequence[int] | np.ndarray,
