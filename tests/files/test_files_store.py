@@ -5,7 +5,9 @@ refused at creation, naming the path."""
 
 from __future__ import annotations
 
+import ctypes
 import json
+import mmap
 import os
 import signal
 import subprocess
@@ -767,6 +769,30 @@ def test_a_reader_whose_index_is_rewritten_between_its_look_and_its_read_reads_t
     writer.close()
 
 
+def _pages_in_memory(fd: int) -> int:
+    """How many pages of the file ``fd`` are in the page cache now (mincore(2) over a mapping that
+    is never touched, so no page is read to answer)."""
+    size = os.fstat(fd).st_size
+    if size == 0:
+        return 0
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_ubyte)]
+    address = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+    if address in (None, ctypes.c_void_p(-1).value):
+        raise OSError(ctypes.get_errno(), "mmap of the pack failed")
+    try:
+        pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+        vector = (ctypes.c_ubyte * pages)()
+        if libc.mincore(address, size, vector) != 0:
+            raise OSError(ctypes.get_errno(), "mincore of the pack failed")
+        return sum(byte & 1 for byte in vector)
+    finally:
+        libc.munmap(address, size)
+
+
 def _on_a_disk_reading_without_waiting(tmp_path: Path) -> None:
     from kvwire_files import fs
 
@@ -799,15 +825,13 @@ def test_on_a_disk_a_read_of_pages_not_in_memory_is_left_to_a_worker_and_still_l
         fd = os.open(os.path.join(root, "packs", pack), os.O_RDONLY)
         try:
             # Written back, the pages are clean and can be dropped; a page still in another
-            # CPU's batch of new pages is not, so drop until the first page is gone.
+            # CPU's batch of new pages is not, so drop until no page of the pack is left. The
+            # look is mincore(2): a read that does not wait would start the readahead that
+            # brings the pages back before the store reads them.
             def dropped() -> bool:
                 os.fsync(fd)
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-                try:
-                    os.preadv(fd, [bytearray(1)], 0, os.RWF_NOWAIT)
-                except BlockingIOError:
-                    return True
-                return False
+                return _pages_in_memory(fd) == 0
 
             wait_for(dropped, 10.0, "the pack's pages dropped from the page cache")
         finally:
