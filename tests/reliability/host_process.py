@@ -270,6 +270,13 @@ def _store_registrations(backend: Any) -> int | None:
 def main() -> None:
     faulthandler.enable()  # a crash inside a native library leaves its Python stacks in the log
     faulthandler.register(signal.SIGUSR1)  # and SIGUSR1 writes them there on demand (a hang)
+    level = os.environ.get("KVWR_LOG_LEVEL")  # e.g. DEBUG: the backends' logs go to the host's log file
+    if level:
+        import logging
+
+        logging.basicConfig(level=level.upper(), stream=sys.stderr,
+                            format="%(asctime)s.%(msecs)03d %(threadName)s %(name)s %(levelname)s %(message)s",
+                            datefmt="%H:%M:%S")
     Host().serve()
     os._exit(0)  # UCX and Mooncake threads must not delay the exit the test waits for
 

@@ -475,8 +475,9 @@ class HostProcess:
                 self.popen.wait(10)
         self._reader.join(10)
         self._log.close()
-        with contextlib.suppress(OSError):
-            os.unlink(self._log.name)
+        if not os.environ.get("KVWR_KEEP_LOGS"):  # set: the logs stay in the temp dir, for a failure's post-mortem
+            with contextlib.suppress(OSError):
+                os.unlink(self._log.name)
         return self.popen.returncode
 
     def __repr__(self) -> str:

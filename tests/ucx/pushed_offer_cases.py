@@ -404,6 +404,73 @@ def test_a_read_from_a_pushed_offer_that_fails_ends_only_that_fetch(make_backend
     assert wait_quiesced(offer, woken)
 
 
+# ---------------------------------------------------------------- a NIXL path that stalls
+
+def stall_path(nixl: Any) -> list[bytes]:
+    """Make ``nixl``'s path to every peer agent loaded now stall for good, as after a fault:
+    each read from such an agent is reported running until released (release works), until
+    this end forgets that agent; one loaded again afterwards reads as before. Returns the agents
+    forgotten, in order."""
+    stale = set(nixl._peers)
+    assert stale, "no peer agent is loaded yet"
+    stalled: list[Any] = []
+    forgotten: list[bytes] = []
+    read, done, forget = nixl.read, nixl.done, nixl.forget_peer
+
+    def stalling_read(local, remote, peer, memories=(-1, -1)):  # type: ignore[no-untyped-def]
+        handle, finished = read(local, remote, peer, memories)
+        if peer not in stale:
+            return handle, finished
+        stalled.append(handle)
+        return handle, False
+
+    def stalling_done(handle):  # type: ignore[no-untyped-def]
+        return not any(handle is h for h in stalled) and done(handle)
+
+    def forgetting(peer):  # type: ignore[no-untyped-def]
+        stale.discard(peer)
+        forgotten.append(peer)
+        forget(peer)
+
+    nixl.read, nixl.done, nixl.forget_peer = stalling_read, stalling_done, forgetting
+    return forgotten
+
+
+@pytest.mark.parametrize("answered", ["asked", "pushed"])
+def test_a_read_stalled_past_the_grace_drops_the_nixl_path_and_the_next_pull_connects_anew(make_backend, holders,
+                                                                                           answered) -> None:
+    """A fetch whose reads did not finish within its deadline and the grace (a path that
+    stalls after a fault) closes its connection, and with it the offers pushed on it and the
+    peer's agent: the next pull connects anew, gets the agent's metadata again and reads. Kept,
+    the stalled path failed the next pull at its deadline ("the deadline of 5s passed with 0 of
+    6 rows arrived"), as tests/reliability's link pulled mid-pull did once in CI."""
+    ends = Ends(make_backend, holders)
+    offer = None
+    if answered == "pushed":
+        offer, woken = ends.offer()
+    assert ends.pull(ends.names[:1]).is_delivered  # connects, loads the serving end's agent
+    if offer is not None:
+        ends.wait_pushed_here()
+    requester = ends.req.backend
+    forgotten = stall_path(requester.engine.nixl)
+    opened = requester.stats().connections_opened
+    pushed = ends.pushed()
+    pushed_on = set(requester.engine.requesting._pushed)  # the connection the offer was pushed on
+    outcome = ends.pull(ends.names[:3], timeout_s=1.0)
+    assert outcome.is_failed and outcome.cause is Cause.DEADLINE, outcome
+    assert ends.pushed() == pushed + (answered == "pushed")  # the stalled read was the pushed offer's
+    again = ends.pull(ends.names[:3], timeout_s=5.0)
+    assert again.is_delivered, again
+    assert forgotten == [ends.server.engine.nixl.name.encode()]
+    assert requester.stats().connections_opened == opened + 1
+    assert not pushed_on & set(requester.engine.requesting._pushed)  # the closed connection's offers are gone
+    if offer is not None:
+        assert offer.poll() is None  # the offer stands: the closed connection counted as answered
+        offer.cancel()
+        assert wait_quiesced(offer, woken)
+    assert ends.tree.wait_unpinned(5)
+
+
 # ---------------------------------------------------------------- deadlines
 
 def test_no_read_starts_from_a_pushed_offer_about_to_run_out_or_past_its_deadline(make_backend, holders) -> None:

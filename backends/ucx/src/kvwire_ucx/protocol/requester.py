@@ -558,6 +558,16 @@ class PullRequester:
     def _grace(self, event: GraceExpired, out: list[Action]) -> None:
         if self.reads:
             out.append(ReleaseRead())
+            # The path to the peer stalls (a link that came back after a fault, a peer that stopped
+            # answering): this end keeps nothing of it. The connection closes, and with it the
+            # offers pushed on it and this end's load of the peer's agent (forgotten once no read
+            # of it is in flight); the next pull connects anew, and its answer brings the agent's
+            # metadata again. Kept, a control connection the serving end had closed at its own
+            # grace while the link was down failed the next pull, and an agent whose reads
+            # stalled was read from again. (UCX's TCP transport may keep its socket between the
+            # two workers all the same: a stall of that socket's own recovery is not cut short.)
+            out.append(CloseConnection(f"reads of a stopped pull did not finish within the grace; the path to "
+                                       f"{self.spec.peer} stalls"))
         if self.outstanding:
             out.append(CloseConnection(f"rows of a stopped pull did not finish within the grace; the peer "
                                        f"{self.spec.peer} stopped answering"))
