@@ -20,9 +20,10 @@ case "${1:-}" in
     # workers: one process's tests use about one core of this kind of 2-core machine (measured:
     # 1157 s of CPU in a 1164 s run). --dist loadgroup keeps each xdist_group on one worker: the
     # vLLM modules (their engines never start two at once) and the UCX protocol module (its last
-    # test checks what the others drove); the whole run takes ~13-14 min here.
+    # test checks what the others drove). The run ends with its 40 slowest tests (--durations), so a
+    # CI log says where its time goes.
     if [ "$#" -eq 0 ]; then
-      set -- tests --pyargs kvwire.testing.suite --kvwire-profile thorough -n 2 --dist loadgroup
+      set -- tests --pyargs kvwire.testing.suite --kvwire-profile thorough -n 2 --dist loadgroup --durations=40
     fi
     # Every backend this repository ships must load here: a broken import fails the run, it
     # never turns into skips (kvwire.testing.require).
