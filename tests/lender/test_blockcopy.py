@@ -417,6 +417,51 @@ def test_copy_spans_moves_each_span_whole_and_no_byte_beside_it(impl, to_device)
     np.testing.assert_array_equal(got, expected)
 
 
+@pytest.mark.skipif(not (HAS_TRITON and os.environ.get("TRITON_INTERPRET") == "1"),
+                    reason="runs the spans kernel on the CPU: needs Triton and TRITON_INTERPRET=1")
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_the_spans_kernel_copies_each_span_whole_and_no_byte_beside_it_in_the_interpreter(data):
+    """The spans kernel itself (its words, chunks, lanes and masks), run by Triton's interpreter
+    on host memory: spans of sizes and offsets drawn at every alignment from bytes to 64, some
+    longer than a chunk, copied in one launch; every target span holds its source's bytes and
+    every byte beside them keeps its guard value."""
+    align = data.draw(st.sampled_from([1, 2, 4, 8, 16, 64]), label="alignment")
+    sizes = data.draw(st.lists(st.integers(0, 40000).map(lambda n: n // align * align), min_size=1, max_size=8),
+                      label="sizes")
+    src = np.random.default_rng(len(sizes)).integers(0, 256, 1 << 20, dtype=np.uint8)
+    dst = np.full((1 << 20) + 4096, 0x5A, dtype=np.uint8)
+    expected = dst.copy()
+    targets, sources, at = [], [], align
+    for n in sizes:
+        start = data.draw(st.integers(0, (len(src) - n) // align), label="source") * align
+        targets.append(dst.ctypes.data + at)
+        sources.append(src.ctypes.data + start)
+        expected[at:at + n] = src[start:start + n]
+        at += -(-(n + data.draw(st.integers(0, 100), label="gap")) // align) * align
+    table = blockcopy._span_table(targets, sources, sizes)
+    if table.shape[0]:
+        grid, constants = blockcopy._spans_launch(table)
+        blockcopy._spans_launcher()[grid](torch.from_numpy(table.reshape(-1).copy()), **constants)
+    np.testing.assert_array_equal(dst, expected)
+
+
+def test_a_span_table_refuses_bad_spans_naming_them():
+    """The checks copy_spans makes before anything moves, on any host: one size per span, sizes
+    >= 0, an address > 0 for every span that moves bytes (an empty span's address is not used),
+    and the table keeps only the spans that move bytes."""
+    cases = [
+        (([8], [16], [8, 8]), "1 targets, 1 sources and 2 sizes"),
+        (([8], [16], [-1]), "span 0 has -1 bytes"),
+        (([8, 0], [16, 16], [8, 8]), "span 1 names address 0"),
+        (([8, 8, 0], [16, 16, 16], [0, 4, 8]), "span 2 names address 0"),
+    ]
+    for args, words in cases:
+        with pytest.raises(ValueError, match=words):
+            blockcopy._span_table(*args)
+    assert blockcopy._span_table([0, 8], [0, 16], [0, 4]).tolist() == [[8, 16, 4]]
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_copy_spans_refuses_bad_spans_naming_them_and_copies_nothing():

@@ -614,6 +614,10 @@ class _CudaBytes:
 
 
 def _span_table(targets: Any, sources: Any, sizes: Any) -> np.ndarray:
+    """(target, source, bytes) of each span that moves bytes, after the checks of ``copy_spans``."""
+    if not len(targets) == len(sources) == len(sizes):
+        raise ValueError(f"copy_spans: {len(targets)} targets, {len(sources)} sources and {len(sizes)} sizes; "
+                         "give one of each per span")
     table = np.empty((len(sizes), 3), dtype=np.int64)
     try:
         table[:, 0], table[:, 1], table[:, 2] = targets, sources, sizes
@@ -649,9 +653,6 @@ def copy_spans(targets: Sequence[int] | np.ndarray, sources: Sequence[int] | np.
     if isinstance(device, bool) or not isinstance(device, int) or not 0 <= device < torch.cuda.device_count():
         raise ValueError(f"copy_spans: device {device!r} is not a CUDA device index here "
                          f"(0-{torch.cuda.device_count() - 1})")
-    if not len(targets) == len(sources) == len(sizes):
-        raise ValueError(f"copy_spans: {len(targets)} targets, {len(sources)} sources and {len(sizes)} sizes; "
-                         "give one of each per span")
     table = _span_table(targets, sources, sizes)
     impl = _choose()[0]
     with torch.cuda.device(device):
@@ -668,13 +669,22 @@ def copy_spans(targets: Sequence[int] | np.ndarray, sources: Sequence[int] | np.
 
 def _launch_spans(table: np.ndarray, device: torch.device) -> None:
     kernel = _spans_launcher()
+    grid, constants = _spans_launch(table)
+    kernel[grid](_upload(table, device), **constants)
+
+
+def _spans_launch(table: np.ndarray) -> tuple[tuple[int, int], dict[str, Any]]:
+    """The spans kernel's grid and constants for a table of non-empty spans: the widest word
+    every address and size allows, chunks of at most ``_CHUNK_BYTES``, lanes enough for the
+    longest span (the tests launch it with these on the CPU under ``TRITON_INTERPRET=1``)."""
+    _spans_launcher()  # defines the word types
     bits = int(np.bitwise_or.reduce(table, axis=None))
     word = _word(bits)
     longest = int(table[:, 2].max())
     chunk = max(512, min(_CHUNK_BYTES, 1 << (longest.bit_length() - 1))) // word
     lanes = min(65535, -(-(longest // word) // chunk))
-    kernel[(table.shape[0], lanes)](_upload(table, device), WORD=word, WTYPE=_word_types[word], CHUNK=chunk,
-                                    ALIGNED=bits % 16 == 0, num_warps=_NUM_WARPS)
+    return (table.shape[0], lanes), {"WORD": word, "WTYPE": _word_types[word], "CHUNK": chunk,
+                                     "ALIGNED": bits % 16 == 0, "num_warps": _NUM_WARPS}
 
 
 def _torch_spans(table: np.ndarray, device: int, to_device: bool) -> None:
