@@ -39,8 +39,7 @@ BYTES_PER_BLOCK = LAYERS * 2 * BLOCK * TINY_LLAMA["num_key_value_heads"] * (
     TINY_LLAMA["hidden_size"] // TINY_LLAMA["num_attention_heads"]) * 4
 MODES = ("two-sided", "one-sided")
 TIMEOUT_S = 30.0
-ENV = {"UCX_WARN_UNUSED_ENV_VARS": "n", "UCX_MODULES": "^ib", "NIXL_LOG_LEVEL": "WARN",
-       "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
+ENV = {"UCX_WARN_UNUSED_ENV_VARS": "n", "UCX_MODULES": "^ib", "NIXL_LOG_LEVEL": "WARN"}
 
 
 def prompt(seed: int, length: int) -> list[int]:

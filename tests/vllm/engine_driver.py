@@ -10,7 +10,8 @@ time, ``{"op": "add", "id": ..., "prompt": [ids...], "max_tokens": n}`` (returns
 ``{"op": "abort", "ids": [...]}``, ``{"op": "transceiver_state"}`` (each worker's, base64; a
 ``generate`` or ``add`` with ``"source": STATE`` pulls from that engine), ``{"op": "collect", "ids": [...]}`` (steps the engine until
 those requests finished; their outputs) and ``{"op": "state"}`` (each worker's connector state,
-:func:`kvwire_vllm.inspect.worker_state`, through ``collective_rpc``); every answer is one stdout line starting
+:func:`kvwire_vllm.inspect.worker_state`, through ``collective_rpc`` by name: every engine runs
+with kvwire's worker extension, so no function crosses vLLM's RPC); every answer is one stdout line starting
 with ``@@driver `` (vLLM's own logging goes to stderr and other stdout lines). Startup ends with
 ``{"ready": true}``, or ``{"ready": false, "error": ...}`` and exit status 3."""
 
@@ -56,7 +57,7 @@ def main() -> int:
     kwargs = dict(
         model=spec["model"], load_format="dummy", skip_tokenizer_init=True, enforce_eager=True,
         dtype=spec.get("dtype", "float32"), block_size=int(spec.get("block_size", 32)), gpu_memory_utilization=0.3,
-        enable_prefix_caching=True,
+        enable_prefix_caching=True, worker_extension_cls="kvwire_vllm.inspect.WorkerExtension",
         max_model_len=int(spec.get("max_model_len", 4096)), seed=0,
         max_num_batched_tokens=int(spec.get("max_num_batched_tokens", spec.get("max_model_len", 4096))),
     )
@@ -109,14 +110,10 @@ def main() -> int:
             elif op == "transceiver_state":
                 import base64
 
-                from kvwire_vllm.inspect import transceiver_state
-
-                states = llm.collective_rpc(transceiver_state)
+                states = llm.collective_rpc("kvwire_transceiver_state")
                 say({"states": [None if s is None else base64.b64encode(s).decode() for s in states]})
             elif op == "state":
-                from kvwire_vllm.inspect import worker_state
-
-                say({"workers": llm.collective_rpc(worker_state)})
+                say({"workers": llm.collective_rpc("kvwire_worker_state")})
             else:
                 say({"error": f"unknown op {op!r}"})
         except Exception as exc:

@@ -152,7 +152,7 @@ class Engine:
         return self.call({"op": "collect", "ids": list(req_ids)})["outputs"]
 
     def state(self) -> dict[str, Any]:
-        """The connector state of the engine's one worker (needs VLLM_ALLOW_INSECURE_SERIALIZATION=1)."""
+        """The connector state of the engine's one worker (kvwire's worker extension, by name)."""
         (worker,) = self.call({"op": "state"})["workers"]
         for key in ("loads", "saves", "holding_blocks_of"):  # vLLM's internal ids: ours plus a suffix
             worker[key] = sorted(r.rsplit("-", 1)[0] for r in worker[key])

@@ -93,15 +93,13 @@ def engines(model_dir: Path, master: Any, gated: Gated, gated_site: Path,
             tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Engine]]:
     logs = tmp_path_factory.mktemp("engine-logs")
     options = {"master": master.address, "segment_bytes": 64 << 20, "namespace": NAMESPACE}
-    rpc = {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}  # the "state" op sends a function to the worker
     g_options = {"inner": "files", "inner_options": json.dumps({"root": str(gated.root)}), "gate": str(gated.gate)}
     started = {
-        "A": Engine("A", model_dir, kvwire_transfer_config("mooncake", options), log_dir=logs, env=rpc),
-        "B": Engine("B", model_dir, kvwire_transfer_config("mooncake", options, lookup=False), log_dir=logs,
-                    env=rpc),
+        "A": Engine("A", model_dir, kvwire_transfer_config("mooncake", options), log_dir=logs),
+        "B": Engine("B", model_dir, kvwire_transfer_config("mooncake", options, lookup=False), log_dir=logs),
         "P": Engine("P", model_dir, None, log_dir=logs),
         "G": Engine("G", model_dir, kvwire_transfer_config("gated", g_options, timeout_s=60.0), log_dir=logs,
-                    env={**rpc, "PYTHONPATH": str(gated_site)}, shutdown_timeout=int(BACKGROUND_S)),
+                    env={"PYTHONPATH": str(gated_site)}, shutdown_timeout=int(BACKGROUND_S)),
     }
     try:
         start_all(list(started.values()))
@@ -289,7 +287,6 @@ def files_engines(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     top = tmp_path_factory.mktemp("files-engines")
     root = top / "store"
     config = kvwire_transfer_config("files", {"root": str(root)})
-    rpc = {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}  # the "state" op sends a function to the worker
     s_trace = top / "s-trace.jsonl"  # S's connector trace: which layer waits vLLM made
     # A publishes vLLM's KV events to a router's subscriber on a loopback port (the subscriber
     # binds, A's ZMQ publisher connects): test_kv_events_*.
@@ -297,11 +294,11 @@ def files_engines(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     listener = subprocess.Popen([str(VLLM_PYTHON), str(Path(__file__).with_name("kv_events_listener.py")), str(port),
                                  str(events)], stdout=subprocess.DEVNULL, stderr=(top / "listener.log").open("w"))
     kv_events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{port}"}
-    started = {"A": Engine("A-files", model_dir, config, log_dir=top, env=rpc, kv_events_config=kv_events),
-               "B": Engine("B-files", model_dir, config, log_dir=top, env=rpc),
+    started = {"A": Engine("A-files", model_dir, config, log_dir=top, kv_events_config=kv_events),
+               "B": Engine("B-files", model_dir, config, log_dir=top),
                "S": Engine("S-files", model_dir, kvwire_transfer_config("files", {"root": str(root)}, lookup=False,
                                                                         load_async=False), log_dir=top,
-                           env={**rpc, "KVWIRE_VLLM_TRACE": str(s_trace)})}
+                           env={"KVWIRE_VLLM_TRACE": str(s_trace)})}
     try:
         start_all(list(started.values()))
         yield {"root": root, "s_trace": s_trace, "events": events, "listener": listener, **started}

@@ -68,7 +68,7 @@ def deployment(request: pytest.FixtureRequest, model_dir: Path,
     options: dict[str, Any] = {"timeout_s": TIMEOUT_S, "grace_s": 1.0}
     if mode != "two-sided":
         options["mode"] = mode
-    env = {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1", "UCX_WARN_UNUSED_ENV_VARS": "n", "UCX_MODULES": "^ib",
+    env = {"UCX_WARN_UNUSED_ENV_VARS": "n", "UCX_MODULES": "^ib",
            "NIXL_LOG_LEVEL": "WARN"}
     traces = {name: logs / f"{name}.jsonl" for name in ("producer", "consumer")}
 

@@ -76,7 +76,7 @@ def _engines(model_dir: Path, logs: Path, mode: str) -> dict[str, Engine]:
     options: dict[str, Any] = {"timeout_s": TIMEOUT_S, "grace_s": 1.0}
     if mode != "two-sided":
         options["mode"] = mode
-    env = {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1", "UCX_WARN_UNUSED_ENV_VARS": "n", "UCX_MODULES": "^ib",
+    env = {"UCX_WARN_UNUSED_ENV_VARS": "n", "UCX_MODULES": "^ib",
            "NIXL_LOG_LEVEL": "WARN"}
     config = kvwire_transfer_config("ucx", options, timeout_s=TIMEOUT_S)
 

@@ -39,7 +39,6 @@ pytestmark = [pytest.mark.usefixtures("vllm_venv"), pytest.mark.xdist_group("vll
 BLOCKS = 20
 BACKGROUND_S = 120.0
 TIMEOUT_S = 30.0
-RPC = {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}  # the "state" op sends a function to the worker
 
 
 def prompt(seed: int, blocks: int, extra: int = 5) -> list[int]:
@@ -56,7 +55,7 @@ def kv(output: dict[str, Any]) -> dict[str, int]:
 
 
 def engine(name: str, model: Path, config: dict[str, Any] | None, logs: Path, **env: str) -> Engine:
-    return Engine(name, model, config, log_dir=logs, env={**RPC, **env}, dtype="bfloat16", block_size=REAL_BLOCK,
+    return Engine(name, model, config, log_dir=logs, env=env, dtype="bfloat16", block_size=REAL_BLOCK,
                   kv_cache_gib=1, max_model_len=2048, new_session=True)
 
 

@@ -1,12 +1,15 @@
-"""What a worker's connector holds now, for operators and tests: run on every worker with
-``LLM.collective_rpc(worker_state)`` (vLLM needs ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` to send a
-function)."""
+"""What a worker's connector holds now, for operators and tests, run on every worker by name:
+start vLLM with ``worker_extension_cls="kvwire_vllm.inspect.WorkerExtension"`` (``LLM(...)``'s
+argument, ``--worker-extension-cls`` of ``vllm serve``), then ``LLM.collective_rpc("kvwire_worker_state")``
+or ``("kvwire_transceiver_state")``. A name crosses vLLM's RPC as a string: no function is
+serialized, so ``VLLM_ALLOW_INSECURE_SERIALIZATION`` stays off. (The functions themselves can be
+passed to ``collective_rpc`` too, but vLLM sends a function only with that switch on.)"""
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["worker_state", "transceiver_state"]
+__all__ = ["WorkerExtension", "worker_state", "transceiver_state"]
 
 
 def worker_state(worker: object = None) -> dict[str, Any]:
@@ -33,3 +36,17 @@ def transceiver_state(worker: object = None) -> bytes | None:
     if side is None or not side.serving:
         return None
     return side.transceiver_state()
+
+
+class WorkerExtension:
+    """Methods vLLM adds to each of its workers when started with
+    ``worker_extension_cls="kvwire_vllm.inspect.WorkerExtension"``, called through
+    ``collective_rpc`` by name. Each returns plain data (a dict, bytes or None)."""
+
+    def kvwire_worker_state(self) -> dict[str, Any]:
+        """:func:`worker_state` of this worker."""
+        return worker_state(self)
+
+    def kvwire_transceiver_state(self) -> bytes | None:
+        """:func:`transceiver_state` of this worker."""
+        return transceiver_state(self)
