@@ -150,7 +150,8 @@ class RegionTable:
         for token, held in entries:
             if held.base <= base and end <= held.end:
                 offsets = group.slots * region.slot_bytes  # slots are int64 (LayerGroupRows): a new array
-                offsets += base - held.base
+                if base != held.base:
+                    offsets += base - held.base
                 return Located(held, offsets, token)
         addresses = group.addresses().astype(np.int64)
         ends = addresses + region.slot_bytes
