@@ -66,9 +66,9 @@ class RowRuns:
     uint64 array of (address of the run's first row, rows in it), in row order, and ``ends`` the
     rows up to each run's end. Made once (one pass over the rows), it gives the runs of any
     leading part of the rows in a few steps over the runs alone (:meth:`prefix`), as a
-    one-sided answer names them."""
+    one-sided answer names them. Read-only: :meth:`prefix` of every row gives ``runs`` itself."""
 
-    __slots__ = ("runs", "ends")
+    __slots__ = ("runs", "ends", "_rows")
 
     def __init__(self, addresses: np.ndarray, slot_bytes: int) -> None:
         addresses = np.asarray(addresses, dtype=np.uint64)
@@ -82,7 +82,9 @@ class RowRuns:
             self.runs[:-1, 1] = starts
             self.runs[-1, 1] = len(addresses)
             self.runs[1:, 1] -= self.runs[:-1, 1].copy()
+        self.runs.flags.writeable = False
         self.ends = np.cumsum(self.runs[:, 1])
+        self._rows = len(addresses)
 
     @classmethod
     def of(cls, group: GroupRows, count: int) -> RowRuns:
@@ -93,14 +95,17 @@ class RowRuns:
 
     @property
     def rows(self) -> int:
-        return int(self.ends[-1]) if len(self.ends) else 0
+        return self._rows
 
     def count(self, rows: int) -> int:
         """How many runs the first ``rows`` rows make."""
         return 0 if rows <= 0 else int(np.searchsorted(self.ends, rows)) + 1
 
     def prefix(self, rows: int) -> np.ndarray:
-        """The runs of the first ``rows`` rows (a new array)."""
+        """The runs of the first ``rows`` rows: a new array, or :attr:`runs` itself (read-only)
+        when that is every row."""
+        if rows >= self._rows:  # every row (the usual answer): no step at all
+            return self.runs
         k = self.count(rows)
         out = self.runs[:k].copy()
         if k:
