@@ -50,8 +50,9 @@ class DeviceBytes:
 class GroupRows:
     """One group's rows as this backend moves them: a byte view of the registered region that
     holds them (writable for receives, read-only for sends; ``None`` without rows), each row's
-    byte offset in it (read-only uint64), the region's address (``base``, 0 without rows) and
-    where it lies (``memory``: :data:`HOST`, else the CUDA device index)."""
+    byte offset in it (read-only uint64), the region's address (``base``, 0 without rows),
+    where it lies (``memory``: :data:`HOST`, else the CUDA device index) and whether the rows lie
+    one after another in row order (``adjacent``; ``False`` when not known)."""
 
     group_id: int
     slot_bytes: int
@@ -59,6 +60,7 @@ class GroupRows:
     offsets: np.ndarray = field(repr=False)
     base: int = 0
     memory: int = HOST
+    adjacent: bool = False
 
 
 class RowRuns:
@@ -201,6 +203,7 @@ class RegisteredRegions:
             # offsets count from the registered region that holds the rows (the view's may be a part of it)
             base = located.region.base if located.region is not None else 0
             memory = HOST if group.region.device is None else group.region.device
-            out.append(GroupRows(group.group_id, group.region.slot_bytes, span, offsets, base, memory))
+            out.append(GroupRows(group.group_id, group.region.slot_bytes, span, offsets, base, memory,
+                                 located.adjacent))
 
         return tuple(out)
