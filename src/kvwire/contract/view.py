@@ -46,11 +46,11 @@ class TokenRange:
     end: int
 
     def __post_init__(self) -> None:
-        for field in ("start", "end"):
-            value = getattr(self, field)
+        for name in ("start", "end"):
+            value = getattr(self, name)
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
-                raise TypeError(f"TokenRange.{field} must be an int, got {type(value).__name__}")
-            object.__setattr__(self, field, int(value))
+                raise TypeError(f"TokenRange.{name} must be an int, got {type(value).__name__}")
+            object.__setattr__(self, name, int(value))
         if self.start < 0:
             raise ValueError(f"TokenRange.start must be >= 0, got {self.start}")
         if self.end < self.start:
@@ -185,10 +185,13 @@ class View:
         byte) and no two groups' regions share a byte. ``False`` means "look row by row", not
         "overlap". A view's usual shape passes it without a pass over its slots (each group
         knows from its construction whether they strictly increase)."""
-        spans = []
         for g in self.groups:
             if not g._ascending:
                 return False
+        if len(self.groups) == 1:  # one group: no other group's region to share a byte with
+            return True
+        spans = []
+        for g in self.groups:
             if g.slots.size:
                 r = g.region
                 spans.append((r.memory_kind.value, -1 if r.device is None else r.device, r.base, r.end))
