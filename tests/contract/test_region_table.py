@@ -65,6 +65,19 @@ def test_M3_registration_after_close_of_the_table_is_rejected() -> None:
         table.register([SlotRegion(1, 0x1000, 64, 4, MemoryKind.HOST)])
 
 
+@pytest.mark.parametrize(("slots", "adjacent"), [
+    ([3, 4, 5, 6], True), ([7], True), ([0, 1], True),
+    ([3, 5, 6], False), ([6, 5, 4, 3], False), ([4, 3, 5, 6], False), ([2, 2, 3], False),
+])
+def test_M4_located_rows_say_whether_they_are_consecutive_slots_in_order(slots: list[int], adjacent: bool) -> None:
+    table = RegionTable(HOST)
+    table.register([SlotRegion(1, 0x10000, 8, 16, MemoryKind.HOST)])
+    view_region = SlotRegion(2, 0x10000 + 8, 8, 15, MemoryKind.HOST)  # a sub-span: offsets shift by one slot
+    located = table.locate(rows(view_region, slots))
+    assert located.adjacent is adjacent
+    assert located.offsets.tolist() == [8 + s * 8 for s in slots]
+
+
 def test_M4_a_device_region_at_a_host_address_is_not_recognized() -> None:
     table = RegionTable(frozenset(MemoryKind))
     table.register([SlotRegion(1, 0x1000, 64, 4, MemoryKind.HOST)])

@@ -64,10 +64,14 @@ class FakeNixl:
         return True
 
 
-def group_rows(group_id: int, slot: int, cells: list[int], base: int, buffer: np.ndarray) -> GroupRows:
+def group_rows(group_id: int, slot: int, cells: list[int], base: int, buffer: np.ndarray,
+               tell_adjacent: bool = False) -> GroupRows:
+    """``tell_adjacent``: say that the rows lie one after another when they do, as the backend's
+    located rows say for a view of consecutive slots (else it is left unknown)."""
     offsets = np.asarray(cells, dtype=np.uint64) * np.uint64(slot)
     offsets.flags.writeable = False
-    return GroupRows(group_id, slot, buffer, offsets, base)
+    adjacent = tell_adjacent and bool(cells) and cells == list(range(cells[0], cells[0] + len(cells)))
+    return GroupRows(group_id, slot, buffer, offsets, base, adjacent=adjacent)
 
 
 @st.composite
@@ -106,15 +110,15 @@ def layouts(draw: st.DrawFn) -> tuple[int, int, list[list[int]], list[list[int]]
 
 
 def read_through_the_wire(slot: int, blocks: int, there_cells: list[list[int]], here_cells: list[list[int]],
-                          counts: tuple[int, ...], step: int, at_once: int, immediate: bool = True
-                          ) -> tuple[np.ndarray, np.ndarray, FakeNixl, wire.ReadOffer]:
+                          counts: tuple[int, ...], step: int, at_once: int, immediate: bool = True,
+                          tell_adjacent: bool = False) -> tuple[np.ndarray, np.ndarray, FakeNixl, wire.ReadOffer]:
     """The serving end's answer encoded and decoded, then read as the requester reads it."""
     groups = len(counts)
     cells = 4 * groups * blocks + 2
     there = np.frombuffer(np.random.default_rng(7).bytes(cells * slot), dtype=np.uint8).copy()
     here = np.zeros(cells * slot, dtype=np.uint8)
     serving = tuple(group_rows(g, slot, there_cells[g], THERE_BASE, there) for g in range(groups))
-    requesting = tuple(group_rows(g, slot, here_cells[g], HERE_BASE, here) for g in range(groups))
+    requesting = tuple(group_rows(g, slot, here_cells[g], HERE_BASE, here, tell_adjacent) for g in range(groups))
     offer = wire.ReadOffer(5, counts, b"agent", 1, b"", offer_runs(serving, counts))
     decoded = wire.decode(wire.encode(offer))
     assert isinstance(decoded, wire.ReadOffer) and decoded == offer
@@ -135,13 +139,14 @@ def read_through_the_wire(slot: int, blocks: int, there_cells: list[list[int]], 
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(layouts(), st.integers(1, 5), st.integers(1, 4), st.booleans())
-def test_any_layout_at_either_end_lands_every_offered_row_and_nothing_else(layout, step, at_once, immediate) -> None:
+@given(layouts(), st.integers(1, 5), st.integers(1, 4), st.booleans(), st.booleans())
+def test_any_layout_at_either_end_lands_every_offered_row_and_nothing_else(layout, step, at_once, immediate,
+                                                                           tell_adjacent) -> None:
     slot, blocks, there_cells, here_cells, counts = layout
     if not any(counts):
         return
     here, there, nixl, offer = read_through_the_wire(slot, blocks, there_cells, here_cells, counts, step, at_once,
-                                                     immediate)
+                                                     immediate, tell_adjacent)
     expected = np.zeros_like(here)
     for g, count in enumerate(counts):
         for i in range(count):
@@ -156,12 +161,15 @@ def test_any_layout_at_either_end_lands_every_offered_row_and_nothing_else(layou
     assert sum(len(local) for local, _ in nixl.transfers) <= sum(counts)
 
 
-def test_an_answer_of_rows_adjacent_there_is_one_run_and_is_read_as_one_span() -> None:
+@pytest.mark.parametrize("tell_adjacent", [False, True], ids=["found", "told"])
+def test_an_answer_of_rows_adjacent_there_is_one_run_and_is_read_as_one_span(tell_adjacent: bool) -> None:
     """The bench's layout (block i in slot i at both ends): 1000 rows are one run on the wire
-    (12 bytes, not 8000) and one descriptor of one NIXL transfer, though planned as 10 ranges."""
+    (12 bytes, not 8000) and one descriptor of one NIXL transfer, though planned as 10 ranges;
+    the same whether the requester's rows are found adjacent or said to be (located)."""
     blocks = 1000
     cells = [list(range(blocks))]
-    here, there, nixl, offer = read_through_the_wire(16, blocks, cells, cells, (blocks,), step=100, at_once=64)
+    here, there, nixl, offer = read_through_the_wire(16, blocks, cells, cells, (blocks,), step=100, at_once=64,
+                                                     tell_adjacent=tell_adjacent)
     assert offer.runs[0].tolist() == [[THERE_BASE, blocks]]
     frame = wire.encode(offer)
     assert len(frame) - wire.HEADER_BYTES == wire.ReadOffer.body_bytes(1, 1, b"agent", b"") - 2  # host: no memories

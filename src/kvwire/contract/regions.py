@@ -35,11 +35,14 @@ __all__ = ["RegionTable", "TableRegistration", "Located"]
 @dataclass(frozen=True, slots=True)
 class Located:
     """Where one group's rows lie: the registered region holding them all (``None`` for a group
-    without rows), each row's byte offset in it, and the registration it belongs to."""
+    without rows), each row's byte offset in it, the registration it belongs to, and whether the
+    rows are consecutive slots in row order (``adjacent``: one span of memory; ``False`` when not
+    known), which a backend may use to skip a pass over the offsets."""
 
     region: SlotRegion | None
     offsets: np.ndarray
     token: int = 0
+    adjacent: bool = False
 
 
 class TableRegistration(Registration):
@@ -150,8 +153,13 @@ class RegionTable:
         for token, held in entries:
             if held.base <= base and end <= held.end:
                 offsets = group.slots * region.slot_bytes  # slots are int64 (LayerGroupRows): a new array
-                offsets += base - held.base
-                return Located(held, offsets, token)
+                if base != held.base:
+                    offsets += base - held.base
+                # strictly increasing slots (known from the group's construction) that span
+                # exactly as many slots as there are rows are consecutive
+                slots = group.slots
+                adjacent = group._ascending and int(slots[-1]) - int(slots[0]) == len(slots) - 1
+                return Located(held, offsets, token, adjacent)
         addresses = group.addresses().astype(np.int64)
         ends = addresses + region.slot_bytes
         for token, held in entries:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -46,11 +46,11 @@ class TokenRange:
     end: int
 
     def __post_init__(self) -> None:
-        for field in ("start", "end"):
-            value = getattr(self, field)
+        for name in ("start", "end"):
+            value = getattr(self, name)
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
-                raise TypeError(f"TokenRange.{field} must be an int, got {type(value).__name__}")
-            object.__setattr__(self, field, int(value))
+                raise TypeError(f"TokenRange.{name} must be an int, got {type(value).__name__}")
+            object.__setattr__(self, name, int(value))
         if self.start < 0:
             raise ValueError(f"TokenRange.start must be >= 0, got {self.start}")
         if self.end < self.start:
@@ -76,6 +76,8 @@ class LayerGroupRows:
     slots: np.ndarray
     tokens: TokenRange
     names: np.ndarray | None = None
+    #: whether the slot indices strictly increase (set at construction, for V4's quick test)
+    _ascending: bool = field(default=False, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.group_id, (int, np.integer)) or isinstance(self.group_id, bool):
@@ -93,12 +95,18 @@ class LayerGroupRows:
         if isinstance(slots, np.ndarray) and slots.dtype.kind not in "iu":
             raise TypeError(f"group {self.group_id}: slots must be integers, got dtype {slots.dtype}")
         slots = frozen_array(slots, np.int64, f"group {self.group_id} slots", 1)
-        if slots.size and (slots.min() < 0 or slots.max() >= self.region.slot_count):
-            raise ValueError(
-                f"group {self.group_id}: slot indices must lie in [0, {self.region.slot_count}) "
-                f"of region {self.region.region_id}; got [{slots.min()}, {slots.max()}]"
-            )
+        # One pass: strictly increasing slots (the usual view) have their bounds at their ends,
+        # and let View.overlapping_rows skip this group's pass (V4).
+        ascending = slots.size < 2 or bool((slots[1:] > slots[:-1]).all())
+        if slots.size:
+            low, high = (slots[0], slots[-1]) if ascending else (slots.min(), slots.max())
+            if low < 0 or high >= self.region.slot_count:
+                raise ValueError(
+                    f"group {self.group_id}: slot indices must lie in [0, {self.region.slot_count}) "
+                    f"of region {self.region.region_id}; got [{low}, {high}]"
+                )
         object.__setattr__(self, "slots", slots)
+        object.__setattr__(self, "_ascending", ascending)
         if self.kind is CacheKind.STATE and slots.size != 1:
             raise ValueError(
                 f"group {self.group_id}: a STATE group lends exactly one slot, got {slots.size}"
@@ -175,13 +183,16 @@ class View:
         """A sufficient test for V4 that builds no address array: every group's slot indices
         strictly increase (a slot lies inside its region, so two slots of one region share no
         byte) and no two groups' regions share a byte. ``False`` means "look row by row", not
-        "overlap". A view's usual shape passes it in a few microseconds per group."""
+        "overlap". A view's usual shape passes it without a pass over its slots (each group
+        knows from its construction whether they strictly increase)."""
+        for g in self.groups:
+            if not g._ascending:
+                return False
+        if len(self.groups) == 1:  # one group: no other group's region to share a byte with
+            return True
         spans = []
         for g in self.groups:
-            slots = g.slots
-            if slots.size > 1 and not bool((slots[1:] > slots[:-1]).all()):
-                return False
-            if slots.size:
+            if g.slots.size:
                 r = g.region
                 spans.append((r.memory_kind.value, -1 if r.device is None else r.device, r.base, r.end))
         spans.sort()

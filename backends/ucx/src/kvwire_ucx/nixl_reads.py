@@ -34,6 +34,9 @@ def _cause(error: NixlError) -> Cause:
     return Cause.PEER_GONE if "Disconnect" in str(error) else Cause.FAULT
 
 
+_NO_BREAKS = np.zeros(0, dtype=np.intp)
+
+
 class Spans:
     """One group's first ``count`` rows, read from ``runs`` there (``(n, 2)`` uint64: address,
     rows), as spans of rows adjacent at both ends: each span's first row (``first``, ascending
@@ -50,8 +53,9 @@ class Spans:
             self.here = self.there = np.zeros(0, dtype=np.uint64)
             return
         offsets = group.offsets[:count]
-        # (a row before its predecessor wraps around in the difference, and is a break as well)
-        breaks_here = np.flatnonzero(np.diff(offsets) != slot) + 1
+        # (a row before its predecessor wraps around in the difference, and is a break as well;
+        # rows known to lie one after another have none, and need no pass to say so)
+        breaks_here = _NO_BREAKS if group.adjacent else np.flatnonzero(np.diff(offsets) != slot) + 1
         if len(runs) == 1 and not len(breaks_here):  # adjacent at both ends: one span
             self.first = np.zeros(1, dtype=np.int64)
             self.here = offsets[:1] + np.uint64(group.base)

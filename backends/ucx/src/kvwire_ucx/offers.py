@@ -48,6 +48,8 @@ class OfferedGroup:
         and their runs (as :class:`~kvwire_ucx.regions.RowRuns` gives them); ``None`` unless
         every one is offered."""
         if self.names.startswith(names):  # the offered rows' first names, in order
+            if count == len(self.rows.offsets):  # all of them (the usual pull of an offered prompt)
+                return self.rows, self.runs.runs
             offsets = self.rows.offsets[:count]
             runs = self.runs.prefix(count)
         else:

@@ -50,8 +50,9 @@ class DeviceBytes:
 class GroupRows:
     """One group's rows as this backend moves them: a byte view of the registered region that
     holds them (writable for receives, read-only for sends; ``None`` without rows), each row's
-    byte offset in it (read-only uint64), the region's address (``base``, 0 without rows) and
-    where it lies (``memory``: :data:`HOST`, else the CUDA device index)."""
+    byte offset in it (read-only uint64), the region's address (``base``, 0 without rows),
+    where it lies (``memory``: :data:`HOST`, else the CUDA device index) and whether the rows lie
+    one after another in row order (``adjacent``; ``False`` when not known)."""
 
     group_id: int
     slot_bytes: int
@@ -59,6 +60,7 @@ class GroupRows:
     offsets: np.ndarray = field(repr=False)
     base: int = 0
     memory: int = HOST
+    adjacent: bool = False
 
 
 class RowRuns:
@@ -66,9 +68,9 @@ class RowRuns:
     uint64 array of (address of the run's first row, rows in it), in row order, and ``ends`` the
     rows up to each run's end. Made once (one pass over the rows), it gives the runs of any
     leading part of the rows in a few steps over the runs alone (:meth:`prefix`), as a
-    one-sided answer names them."""
+    one-sided answer names them. Read-only: :meth:`prefix` of every row gives ``runs`` itself."""
 
-    __slots__ = ("runs", "ends")
+    __slots__ = ("runs", "ends", "_rows")
 
     def __init__(self, addresses: np.ndarray, slot_bytes: int) -> None:
         addresses = np.asarray(addresses, dtype=np.uint64)
@@ -82,7 +84,9 @@ class RowRuns:
             self.runs[:-1, 1] = starts
             self.runs[-1, 1] = len(addresses)
             self.runs[1:, 1] -= self.runs[:-1, 1].copy()
+        self.runs.flags.writeable = False
         self.ends = np.cumsum(self.runs[:, 1])
+        self._rows = len(addresses)
 
     @classmethod
     def of(cls, group: GroupRows, count: int) -> RowRuns:
@@ -93,14 +97,17 @@ class RowRuns:
 
     @property
     def rows(self) -> int:
-        return int(self.ends[-1]) if len(self.ends) else 0
+        return self._rows
 
     def count(self, rows: int) -> int:
         """How many runs the first ``rows`` rows make."""
         return 0 if rows <= 0 else int(np.searchsorted(self.ends, rows)) + 1
 
     def prefix(self, rows: int) -> np.ndarray:
-        """The runs of the first ``rows`` rows (a new array)."""
+        """The runs of the first ``rows`` rows: a new array, or :attr:`runs` itself (read-only)
+        when that is every row."""
+        if rows >= self._rows:  # every row (the usual answer): no step at all
+            return self.runs
         k = self.count(rows)
         out = self.runs[:k].copy()
         if k:
@@ -196,6 +203,7 @@ class RegisteredRegions:
             # offsets count from the registered region that holds the rows (the view's may be a part of it)
             base = located.region.base if located.region is not None else 0
             memory = HOST if group.region.device is None else group.region.device
-            out.append(GroupRows(group.group_id, group.region.slot_bytes, span, offsets, base, memory))
+            out.append(GroupRows(group.group_id, group.region.slot_bytes, span, offsets, base, memory,
+                                 located.adjacent))
 
         return tuple(out)

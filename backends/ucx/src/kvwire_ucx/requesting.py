@@ -116,7 +116,7 @@ class Requesting(EngineContext):
         job.conn = conn
         self._on.setdefault(conn, {})[job.transfer] = job
         if self._nixl is not None:
-            job.reads = RangeReads(self._nixl, job.groups, str(job.address))
+            job.reads = RangeReads(self._nixl, job.groups, job.machine.spec.peer)
         else:
             job.receives = TagReceives(job.groups, job.machine.spec.tag_base, job.machine.breaks)
         now = time.monotonic()

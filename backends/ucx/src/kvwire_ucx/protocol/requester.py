@@ -334,6 +334,12 @@ class PullRequester:
 
     def _start(self, event: Start, out: list[Action]) -> None:
         spec = self.spec
+        if event.pushed and spec.one_sided:  # the answer is made here, from the pushed offer: no Pull
+            self.pushed = True
+            out.append(Note("pushed"))
+            out.append(ArmDeadline())
+            self.state = S.ASKED
+            return
         credit_window = min(spec.window_bytes, spec.credit_bytes)
         credit = 0 if spec.one_sided else self._window(credit_window)[0]  # the first window, posted below
         groups = tuple(zip(spec.group_ids, spec.slot_bytes, strict=True))
@@ -347,12 +353,6 @@ class PullRequester:
             out.append(Conclude(Outcome.failed(f"the pull cannot be sent: {exc}", self.masks, cause=Cause.FAULT)))
             out.append(Quiesce())
             self.state = S.DONE
-            return
-        if event.pushed and spec.one_sided:  # the answer is made here, from the pushed offer
-            self.pushed = True
-            out.append(Note("pushed"))
-            out.append(ArmDeadline())
-            self.state = S.ASKED
             return
         if not spec.one_sided:
             self._post(out, credit_window)
