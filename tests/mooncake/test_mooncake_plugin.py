@@ -76,6 +76,38 @@ def test_a_master_that_cannot_bind_its_port_says_so_and_leaves_no_process(moonca
     assert not master.running()
 
 
+def test_a_master_whose_rpc_port_is_taken_says_so_and_leaves_no_process(mooncake_ready: None) -> None:
+    # The master answers /health before it binds its RPC port and exits after if that port is
+    # taken: ready must mean the master itself listens there, not that something answers.
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        master = MasterProcess(rpc_port=taken.getsockname()[1])
+        with pytest.raises(MasterError, match="exited"):
+            master.start()
+    assert not master.running()
+
+
+def test_a_master_whose_picked_port_was_taken_before_it_bound_starts_on_fresh_ports(
+        mooncake_ready: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Another process may take a port between the pick and the master's bind (stop 52's CI: the
+    # master exited, its address refused connections).
+    import kvwire_mooncake.master as master_module
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        stolen = taken.getsockname()[1]
+        picks = iter([stolen])
+        real_pick = master_module.free_port
+        monkeypatch.setattr(master_module, "free_port", lambda host="127.0.0.1": next(picks, None) or real_pick(host))
+        with MasterProcess() as master:
+            assert master.rpc_port != stolen
+            with socket.create_connection(("127.0.0.1", master.rpc_port), timeout=2):
+                pass
+            pid = master.pid
+    assert pid is not None and not _alive(pid)
+
+
 def test_local_services_start_one_master_for_every_backend_built_inside(
         mooncake_ready: None, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("MOONCAKE_MASTER", raising=False)

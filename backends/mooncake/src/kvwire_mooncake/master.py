@@ -45,6 +45,10 @@ class MasterError(RuntimeError):
     """The master could not be started; the message says why and carries its log's tail."""
 
 
+class _Exited(MasterError):
+    """The master process exited before it served (a port taken, most often)."""
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port on ``host`` that nothing listens on right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -87,10 +91,12 @@ class MasterProcess:
         ready_timeout_s: float = 10.0,
     ) -> None:
         self.host = host
-        self.rpc_port = rpc_port or free_port(host)
-        self.metrics_port = metrics_port or free_port(host)
-        while self.metrics_port == self.rpc_port:
-            self.metrics_port = free_port(host)
+        # Ports picked here may be taken by another process between the pick and the master's
+        # bind; start() picks those again when the master exits for it.
+        self._picked = (not rpc_port, not metrics_port)
+        self.rpc_port = rpc_port
+        self.metrics_port = metrics_port
+        self._pick_ports()
         self.lease_ttl_ms = int(lease_ttl_ms)
         self.client_ttl_s = int(client_ttl_s)
         self.extra_args = tuple(extra_args)
@@ -99,6 +105,15 @@ class MasterProcess:
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
         self._finalizer: weakref.finalize | None = None
+
+    def _pick_ports(self) -> None:
+        pick_rpc, pick_metrics = self._picked
+        if pick_rpc:
+            self.rpc_port = free_port(self.host)
+        if pick_metrics:
+            self.metrics_port = free_port(self.host)
+            while self.metrics_port == self.rpc_port:
+                self.metrics_port = free_port(self.host)
 
     @property
     def address(self) -> str:
@@ -128,10 +143,25 @@ class MasterProcess:
 
     def start(self) -> MasterProcess:
         """Start the master (again, on the same ports, after ``kill()`` or ``stop()``) and
-        return once ``/health`` says it serves. Raises :class:`MasterError` if it exits or is
-        not ready within ``ready_timeout_s``; nothing is left running then."""
+        return once ``/health`` says it serves and its RPC port takes connections. Raises
+        :class:`MasterError` if it exits or is not ready within ``ready_timeout_s``; nothing is
+        left running then. A master that exits on a port this object picked (taken by another
+        process since) is started again on fresh ports, up to three times."""
         if self.running():
             return self
+        attempts = 3 if any(self._picked) and self._proc is None else 1
+        for attempt in range(attempts):
+            try:
+                self._start_once()
+                return self
+            except _Exited:
+                if attempt + 1 == attempts:
+                    raise
+                log.info("mooncake_master exited before serving on %s; trying fresh ports", self.address)
+                self._pick_ports()
+        raise AssertionError("unreachable")
+
+    def _start_once(self) -> None:
         self._close_log()
         self._log = tempfile.TemporaryFile(prefix="mooncake-master-")
         argv = self.command()
@@ -151,24 +181,29 @@ class MasterProcess:
             self.stop()
             raise
         log.info("mooncake_master %s ready (pid %s, metrics port %d)", self.address, self.pid, self.metrics_port)
-        return self
 
     def _wait_ready(self) -> None:
+        """``/health`` answers ready AND the master itself listens on the RPC port: it serves its
+        health page before it binds the RPC port, and exits after if that port is taken (so a
+        connection that succeeds may reach whoever took the port)."""
         assert self._proc is not None
         url = f"http://{self.host}:{self.metrics_port}/health"
         deadline = time.monotonic() + self.ready_timeout_s
         pause = 0.01
+        healthy = False
         while True:
             code = self._proc.poll()
             if code is not None:
-                raise MasterError(
+                raise _Exited(
                     f"mooncake_master exited with status {code} before serving on {self.address} "
                     f"(a port in use?); its log ends:\n{self.log_tail()}"
                 )
             try:
-                with urllib.request.urlopen(url, timeout=1.0) as reply:
-                    if json.loads(reply.read() or b"{}").get("service_ready") is True:
-                        return
+                if not healthy:
+                    with urllib.request.urlopen(url, timeout=1.0) as reply:
+                        healthy = json.loads(reply.read() or b"{}").get("service_ready") is True
+                if healthy and _listens(self._proc.pid, self.rpc_port):
+                    return
             except (OSError, ValueError, urllib.error.URLError):
                 pass
             if time.monotonic() >= deadline:
@@ -248,6 +283,44 @@ def _terminate(proc: subprocess.Popen[bytes] | None, timeout_s: float = 5.0) -> 
         except ProcessLookupError:
             pass
     return proc.wait()
+
+
+def _listens(pid: int, port: int) -> bool:
+    """Whether process ``pid`` holds a TCP socket listening on ``port`` (Linux ``/proc``: the
+    listening sockets' inodes against the process's descriptors). Elsewhere, whether anything
+    on loopback takes a connection on ``port``."""
+    if not os.path.isdir("/proc/self/fd"):
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1.0):
+                return True
+        except OSError:
+            return False
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as fh:
+                next(fh, None)
+                for line in fh:
+                    fields = line.split()
+                    # local address "HEXADDR:HEXPORT", state 0A is LISTEN, inode is field 9
+                    if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                        inodes.add(fields[9])
+        except FileNotFoundError:
+            continue
+    if not inodes:
+        return False
+    wanted = {f"socket:[{inode}]" for inode in inodes}
+    try:
+        descriptors = os.listdir(f"/proc/{pid}/fd")
+    except (FileNotFoundError, PermissionError):
+        return False
+    for fd in descriptors:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") in wanted:
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def _all_threads_stopped(pid: int) -> bool:
