@@ -25,8 +25,8 @@ Sections (each figure a median; ratio = ceiling time / kvwire time, so 1.0 is th
   chunk's gather overlapping another's publish; against the pinned copy of the same bytes. Beside
   it what bounds an overlapped save (load): the DMA alone, the store's copy of pinned rows alone,
   and both at once on two buffers (``bound`` = the DMA alone / both at once: the best ratio a save
-  that overlaps the two perfectly can reach). Last, ``memory-device``: the memory store with its
-  option ``device`` on, which takes the CUDA planes directly (no staging: one copy kernel a batch
+  that overlaps the two perfectly can reach). Last, the memory store's plugin
+  ``memory-device``, which takes the CUDA planes directly (no staging: one copy kernel a batch
   between the planes and the store's pinned objects).
 - ``lender``: the lender's staging rows (a read lease's copy, a write lease's marked rows) and a
   device-to-device copy of pool rows by block table, against torch's copies of the same bytes."""
@@ -293,10 +293,9 @@ class HostStores:
         self.built: list[Backend] = []
 
     def build(self, name: str, threads: int) -> Backend:
-        if name.startswith("memory"):  # "memory-device": the option device on (a pinned store, no staging)
+        if name.startswith("memory"):  # "memory-device": its own plugin (a pinned store, no staging)
             self.stores.append(f"bench-gpu-{uuid.uuid4().hex[:8]}")
-            where = {"store": self.stores[-1], **({"device": True} if name == "memory-device" else {})}
-            name = "memory"
+            where = {"store": self.stores[-1]}
         else:
             self.roots.append(tempfile.mkdtemp(prefix="kvwire-bench-gpu-", dir=self.shm))
             where = {"root": self.roots[-1]}
@@ -427,13 +426,13 @@ def core_section(kv: KV, repeat: int, copy_threads: list[int] | None, staging_mi
                 pool = next(iter(cores.values())).pool
                 if direct:
                     assert pool is None, "the core staged the planes for a store that takes CUDA memory"
-                    say(f"   {name}: the CUDA planes registered directly with the memory store (option device), "
+                    say(f"   {name}: the CUDA planes registered directly with the memory store's plugin memory-device, "
                         "one object a block in pinned memory; no staging")
                 else:
                     assert pool is not None, "the core registered the CUDA planes directly: nothing staged to measure"
                     say(f"   {name}: staged through {pool.slots} pinned slots ({pool.slots * kv.row >> 20} MiB), chunks"
                         f" of at most {holder.CHUNK_BYTES >> 20} MiB; copy_threads (thr) {', '.join(map(str, copy_threads))}")
-                core_rows(kv, name, cores, driver, repeat)
+                core_rows(kv, name, cores, driver, repeat, capacity // 2 if direct else capacity)
                 if bounds is not None:
                     core_bounds(kv, name, bounds, spare, repeat)
             finally:
@@ -446,9 +445,11 @@ def core_section(kv: KV, repeat: int, copy_threads: list[int] | None, staging_mi
     say()
 
 
-def core_rows(kv: KV, name: str, cores: dict, driver: ModuleType, repeat: int) -> None:
-    """Save then load through each core in turn, round by round; the first round warms up and
-    checks the bytes came back whole."""
+def core_rows(kv: KV, name: str, cores: dict, driver: ModuleType, repeat: int, capacity: int) -> None:
+    """Save then load through each core in turn, round by round. Untimed rounds first, enough to
+    fill the store to ``capacity`` once, so the timed ones meet a store in service (full, each save
+    evicting and reusing memory) rather than first fills of fresh pages (pinned ones cost seconds
+    a GiB); the first round checks the bytes came back whole."""
     say(f"   {'store':>6} {'thr':>3} {'tokens':>6} {'bytes':>6} | {'save':>5} {'ms':>7} {'ceil ms':>8} | "
         f"{'load':>5} {'ms':>7} {'ceil ms':>8}")
     seed = 0
@@ -456,7 +457,8 @@ def core_rows(kv: KV, name: str, cores: dict, driver: ModuleType, repeat: int) -
         n = tokens // B
         ids, back = kv.tables(n)
         steps: dict[int, dict[str, list[float]]] = {t: {k: [] for k in ("save", "load", "d2h", "h2d")} for t in cores}
-        for rep in range(repeat + 1):
+        warm = 1 + -(-capacity // (n * kv.row))
+        for rep in range(repeat + warm):
             for threads, core in cores.items():
                 seed += 1
                 times = core_round(kv, core, driver, ids, back, seed)
@@ -464,6 +466,7 @@ def core_rows(kv: KV, name: str, cores: dict, driver: ModuleType, repeat: int) -
                     for t in kv.layers[:2]:
                         idx, bk = torch.as_tensor(ids, device="cuda"), torch.as_tensor(back, device="cuda")
                         assert torch.equal(t[:, bk].view(torch.int16), t[:, idx].view(torch.int16))
+                if rep < warm:
                     continue
                 for k, v in zip(("save", "load", "d2h", "h2d"), times, strict=True):
                     steps[threads][k].append(v)
@@ -639,7 +642,7 @@ def main() -> int:
     parser.add_argument("--chunk-mib", type=float, help="core: the connector's staging chunk (holder.CHUNK_BYTES; "
                         "default 256)")
     parser.add_argument("--stores", default="memory,files,memory-device",
-                        help="core: the stores, in order (memory-device: the memory store with its option device on)")
+                        help="core: the stores, in order (memory-device: the memory store's plugin for CUDA rows)")
     parser.add_argument("--staging-mib", type=float, help="core: the core's pinned staging pool (default: the "
                         "connector's, 1024)")
     args = parser.parse_args()

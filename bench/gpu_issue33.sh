@@ -8,11 +8,14 @@
 #      core on CUDA tensors, device rows over kvwire-ucx between two processes
 #   3. row 2: the connector's core, staged through memory / files beside memory-device
 #   4. row 3: bench_gpu_ucx, both modes
-#   5. the conformance suite against the memory store with device on (what time is left)
-# Results go to $OUT (the device tool brings them back).
+#   5. the conformance suite against memory-device, required (what time is left)
+# STEPS (default tests,core,ucx,suite) picks among 2-5. Results go to $OUT (the device tool brings
+# them back).
 set -x
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 BUDGET=${BUDGET:-590}
+STEPS=${STEPS:-tests,core,ucx,suite}
+step() { [[ ",$STEPS," == *",$1,"* ]]; }
 left() { echo $(( BUDGET - SECONDS > 5 ? BUDGET - SECONDS : 5 )); }
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/machine.txt"
 nproc >> "$OUT/machine.txt"
@@ -24,18 +27,18 @@ ls src/kvwire/_copy*.so >/dev/null 2>&1 || cp .h200/_copy.cpython-312-x86_64-lin
 export PYTHONPATH=/tmp/b312
 python -c "import kvwire.copying as c; from kvwire.lender import blockcopy as b; print('host copy', c.COPY_NAME); print('device copy', b.implementation())" \
     | tee -a "$OUT/machine.txt"
-echo "== tests" ; date -u
+step tests && { echo "== tests" ; date -u
 timeout 150 python -m pytest -q -p no:cacheprovider -rs tests/gpu tests/memory/test_memory_device.py \
-    tests/lender/test_blockcopy.py tests/vllm_core/test_core_roundtrip.py 2>&1 | tail -40 | tee "$OUT/tests.txt"
-echo "== core (row 2)"; date -u
-timeout 200 python bench/bench_gpu.py --sections core --tokens 8192,32768 --repeat 5 --copy-threads 8 \
+    tests/lender/test_blockcopy.py tests/vllm_core/test_core_roundtrip.py 2>&1 | tail -40 | tee "$OUT/tests.txt"; }
+step core && { echo "== core (row 2)"; date -u
+timeout 240 python bench/bench_gpu.py --sections core --tokens 8192,32768 --repeat 5 --copy-threads 8 \
     --stores memory-device,memory,files --out "$OUT/core.txt" > "$OUT/core.log" 2>&1
-tail -30 "$OUT/core.txt"; tail -5 "$OUT/core.log"
-echo "== ucx (row 3)"; date -u
+tail -30 "$OUT/core.txt"; tail -5 "$OUT/core.log"; }
+step ucx && { echo "== ucx (row 3)"; date -u
 timeout $(( $(left) < 120 ? $(left) : 120 )) python bench/bench_gpu_ucx.py --runs 5 --sizes-mib 16,256,1024 \
     > "$OUT/ucx.txt" 2>&1
-tail -30 "$OUT/ucx.txt"
-echo "== suite, memory store with device on"; date -u
-KVWIRE_MEMORY_DEVICE=1 timeout "$(left)" python -m pytest -q -p no:cacheprovider --pyargs kvwire.testing.suite \
-    --kvwire-backend memory 2>&1 | tail -15 | tee "$OUT/suite_device.txt"
+tail -30 "$OUT/ucx.txt"; }
+step suite && { echo "== suite, memory-device"; date -u
+timeout "$(left)" python -m pytest -q -p no:cacheprovider -rf --pyargs kvwire.testing.suite \
+    --kvwire-backend memory-device --kvwire-require memory-device 2>&1 | tail -25 | tee "$OUT/suite_device.txt"; }
 echo "elapsed $SECONDS s"

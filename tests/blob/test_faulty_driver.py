@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kvwire_memory import MemoryDriver, MemoryStore
 
-from kvwire.blob import BatchResult, KeyStatus
+from kvwire.blob import BatchResult, KeyStatus, StoreDriver
 from kvwire.testing.faults import Block, Decline, Evict, FailCall, FailKeys, FaultyDriver, Slow
 
 
@@ -140,3 +140,76 @@ def test_an_all_ok_batch_result_is_read_only_and_equals_a_uniform_one(n):
     with pytest.raises(ValueError):
         ok.status[:1] = int(KeyStatus.FAILED)
     assert BatchResult.ok(n).where(KeyStatus.OK).sum() == n  # a shared array nobody could change
+
+
+class _DeviceStore(MemoryDriver):
+    """A driver that says it reaches DEVICE memory and gathers block objects itself (as the
+    memory-device plugin's does); every parts call it gets is recorded. Host memory stands in
+    for the device here: only what the wrappers pass on is under test."""
+
+    memory_kinds = MemoryDriver.device_memory_kinds
+
+    def __init__(self, store: MemoryStore) -> None:
+        super().__init__(store)
+        self.parts_calls: list[tuple[str, list[str], tuple[int, ...]]] = []
+
+    def put_parts(self, keys, addresses, sizes):  # type: ignore[no-untyped-def]
+        self.parts_calls.append(("put", list(keys), tuple(int(s) for s in sizes)))
+        return super().put_parts(keys, addresses, sizes)
+
+    def get_parts_into(self, keys, addresses, sizes):  # type: ignore[no-untyped-def]
+        self.parts_calls.append(("get", list(keys), tuple(int(s) for s in sizes)))
+        return super().get_parts_into(keys, addresses, sizes)
+
+
+class _BareDeviceStore(StoreDriver):
+    """Says it reaches DEVICE memory and has only put/get_into: no block objects."""
+
+    memory_kinds = MemoryDriver.device_memory_kinds
+
+    def __init__(self, store: MemoryStore) -> None:
+        self.inner = MemoryDriver(store)
+
+    def put(self, keys, addresses, sizes):  # type: ignore[no-untyped-def]
+        return self.inner.put(keys, addresses, sizes)
+
+    def get_into(self, keys, addresses, sizes):  # type: ignore[no-untyped-def]
+        return self.inner.get_into(keys, addresses, sizes)
+
+    def exists(self, keys):  # type: ignore[no-untyped-def]
+        return self.inner.exists(keys)
+
+    def remove(self, keys):  # type: ignore[no-untyped-def]
+        return self.inner.remove(keys)
+
+
+@pytest.mark.parametrize("wrap", ["faulty", "controlled"])
+def test_wrappers_pass_block_objects_on_to_a_device_driver_that_gathers_them(wrap):
+    # A DEVICE driver's parts cannot go through the host bounce buffer: a wrapper that dropped
+    # them (or offers_parts) would make its backend stop declaring block-objects under the suite.
+    from kvwire.testing.stores import ControlledDriver, StoreControl
+
+    store = MemoryStore(1 << 20)
+    inner = _DeviceStore(store)
+    wrapped = (FaultyDriver(inner, [FailKeys("put", start=1, stop=2, reason="injected")]) if wrap == "faulty"
+               else ControlledDriver(inner, StoreControl(None)))
+    assert wrapped.offers_parts and wrapped.memory_kinds == inner.memory_kinds
+    # and a DEVICE driver without parts calls of its own offers none through the wrapper either
+    bare = _BareDeviceStore(store)
+    assert not bare.offers_parts
+    assert not (FaultyDriver(bare) if wrap == "faulty" else ControlledDriver(bare, StoreControl(None))).offers_parts
+    slab = Slab.make(8, 32, seed=3)
+    original = slab.array.copy()
+    wrapped.register([slab.region])
+    keys = ["b0", "b1", "b2"]
+    addresses = np.stack([slab.region.addresses(np.array([0, 1, 2])), slab.region.addresses(np.array([3, 4, 5]))], axis=1)
+    sizes = np.array([32, 32], dtype=np.uint64)
+    put = wrapped.put_parts(keys, addresses, sizes)
+    want_put = [True, wrap != "faulty", True]
+    assert put.where(KeyStatus.OK).tolist() == want_put, put
+    assert inner.parts_calls[0][0] == "put" and inner.parts_calls[0][2] == (32, 32), inner.parts_calls
+    back = np.stack([slab.region.addresses(np.array([6, 7, 6])), slab.region.addresses(np.array([7, 6, 7]))], axis=1)
+    got = wrapped.get_parts_into(keys[:1], back[:1], sizes)
+    assert got.where(KeyStatus.OK).all() and inner.parts_calls[-1] == ("get", ["b0"], (32, 32))
+    np.testing.assert_array_equal(slab.array[6], original[0])
+    np.testing.assert_array_equal(slab.array[7], original[3])

@@ -19,7 +19,7 @@ from kvwire_memory import MemoryDriver, MemoryStore, forget_store, named_store
 
 from kvwire.contract import Hint, MemoryKind, Outcome, SlotRegion, View
 from kvwire.contract.blocks import BLOCKS_FIELD, block_layout
-from kvwire.registry import ConfigError, load
+from kvwire.registry import ConfigError, load, survey
 
 CUDA = torch.cuda.is_available()
 
@@ -54,9 +54,11 @@ def random_rows(count: int, size: int, seed: int) -> torch.Tensor:
 
 
 @pytest.mark.skipif(CUDA, reason="checks the refusal on a host without CUDA")
-def test_the_option_on_a_host_without_cuda_is_refused_naming_why(store_name):
-    with pytest.raises(ConfigError, match="device.*CUDA"):
-        load("memory").build({"store": store_name, "device": True})
+def test_the_device_plugin_on_a_host_without_cuda_is_refused_naming_why(store_name):
+    with pytest.raises(ConfigError, match="memory-device.*CUDA"):
+        load("memory-device").build({"store": store_name})
+    (row,) = [r for r in survey() if r.entry.name == "memory-device"]
+    assert row.plugin is not None and row.problem is not None and "CUDA" in row.problem
 
 
 def test_a_store_made_in_ordinary_memory_is_not_taken_for_a_device_backend(store_name):
@@ -67,9 +69,9 @@ def test_a_store_made_in_ordinary_memory_is_not_taken_for_a_device_backend(store
         MemoryDriver(MemoryStore(1 << 20), device=True)
 
 
-def test_a_host_only_driver_refuses_device_regions_naming_the_option(store_name):
+def test_a_host_only_driver_refuses_device_regions_naming_the_plugin_that_takes_them(store_name):
     driver = MemoryDriver(named_store(store_name, capacity_bytes=1 << 20, eviction=True))
-    with pytest.raises(RuntimeError, match="option 'device'"):
+    with pytest.raises(RuntimeError, match="'memory-device'"):
         driver.register([SlotRegion(0, 1 << 40, 64, 4, MemoryKind.DEVICE, 0)])
 
 
@@ -81,7 +83,7 @@ def test_a_host_only_driver_refuses_device_regions_naming_the_option(store_name)
 def test_device_rows_come_back_bit_for_bit_and_a_fetch_writes_only_its_rows(store_name, size, block_objects):
     if not CUDA:
         pytest.skip("needs a CUDA device (torch sees none here)")
-    backend = load("memory").build({"store": store_name, "device": True})
+    backend = load("memory-device").build({"store": store_name})
     try:
         assert MemoryKind.DEVICE in backend.capabilities().memory_kinds
         planes = [random_rows(12, size, seed=p) for p in range(3)]  # three "layers"
@@ -110,7 +112,7 @@ def test_device_rows_come_back_bit_for_bit_and_a_fetch_writes_only_its_rows(stor
 def test_a_view_of_host_and_device_groups_moves_both(store_name):
     if not CUDA:
         pytest.skip("needs a CUDA device (torch sees none here)")
-    backend = load("memory").build({"store": store_name, "device": True})
+    backend = load("memory-device").build({"store": store_name})
     try:
         dev = random_rows(8, 2048, seed=7)
         host = np.random.default_rng(8).integers(0, 256, (8, 2048), dtype=np.uint8)
@@ -133,7 +135,7 @@ def test_a_view_of_host_and_device_groups_moves_both(store_name):
 def test_what_a_gpu_worker_saved_a_host_only_backend_of_the_store_reads(store_name):
     if not CUDA:
         pytest.skip("needs a CUDA device (torch sees none here)")
-    gpu = load("memory").build({"store": store_name, "device": True})
+    gpu = load("memory-device").build({"store": store_name})
     cpu = load("memory").build({"store": store_name})  # the same store: pinned, so it serves both
     try:
         assert MemoryKind.DEVICE not in cpu.capabilities().memory_kinds
@@ -154,8 +156,8 @@ def test_what_a_gpu_worker_saved_a_host_only_backend_of_the_store_reads(store_na
 def test_a_full_store_declines_device_rows_and_a_miss_is_a_false_bit(store_name):
     if not CUDA:
         pytest.skip("needs a CUDA device (torch sees none here)")
-    backend = load("memory").build({"store": store_name, "device": True, "capacity_bytes": 2 * 1024,
-                                    "eviction": False})
+    backend = load("memory-device").build({"store": store_name, "capacity_bytes": 2 * 1024,
+                                           "eviction": False})
     try:
         dev = random_rows(3, 1024, seed=3)
         region = device_region(dev)

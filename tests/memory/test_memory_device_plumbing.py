@@ -57,14 +57,14 @@ def recorder(monkeypatch: pytest.MonkeyPatch) -> Recorder:
     monkeypatch.setattr(blockcopy, "copy_spans", rec)
     monkeypatch.setattr(memory_store, "_pinned_slab", memory_store._slab)
     monkeypatch.setattr(memory_driver.MemoryDriver, "stream", lambda self, device: None)
-    monkeypatch.setattr(kvwire_memory, "_need_cuda", lambda: None)
+    monkeypatch.setattr(kvwire_memory, "cuda_problem", lambda: None)
     return rec
 
 
 @pytest.fixture
 def backend(recorder: Recorder) -> Iterator[object]:
     name = f"test-plumbing-{uuid.uuid4().hex[:10]}"
-    made = load("memory").build({"store": name, "device": True})
+    made = load("memory-device").build({"store": name})
     yield made
     made.close()
     forget_store(name)

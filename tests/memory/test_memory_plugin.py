@@ -39,7 +39,22 @@ def test_the_registry_finds_the_plugin_by_its_entry_point():
     assert isinstance(plugin, Plugin) and plugin is kvwire_memory.plugin
     assert plugin.contract_version[0] == 1
     assert {o.name for o in plugin.options} == {
-        "capacity_bytes", "eviction", "timeout_s", "max_in_flight", "namespace", "store", "copy_threads", "device"}
+        "capacity_bytes", "eviction", "timeout_s", "max_in_flight", "namespace", "store", "copy_threads"}
+
+
+def test_the_device_plugin_is_its_own_entry_and_declares_device_memory():
+    # B4.3: what a plugin declares, every backend it builds declares; so CUDA rows get a plugin
+    plugin = load("memory-device")
+    assert plugin is kvwire_memory.device_plugin
+    assert plugin.capabilities.memory_kinds == frozenset({MemoryKind.HOST, MemoryKind.DEVICE})
+    assert {o.name for o in plugin.options} == {o.name for o in load("memory").options}
+    assert plugin.option("store").default != load("memory").option("store").default
+    assert MemoryKind.DEVICE not in load("memory").capabilities.memory_kinds
+
+
+def test_the_memory_plugin_refuses_the_old_device_option_naming_it(store_name):
+    with pytest.raises(ConfigError, match="device"):
+        load("memory").build({"store": store_name, "device": True})
 
 
 def test_declared_capabilities_equal_what_the_backend_returns(store_name):

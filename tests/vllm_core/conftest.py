@@ -28,7 +28,7 @@ def device(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def store_backend(tmp_path: Path) -> Iterator[Callable[[str], Backend]]:
     """``make(name)``: a new backend instance on this test's store of that backend ("memory":
-    one in-process store; "memory-device": one in pinned memory, the option ``device`` on;
+    one in-process store; "memory-device": one in pinned memory, backend ``memory-device``;
     "files": one folder), as separate engines' workers each build their own."""
     from kvwire_memory import forget_store
 
@@ -40,7 +40,7 @@ def store_backend(tmp_path: Path) -> Iterator[Callable[[str], Backend]]:
         if name == "memory-device":  # rows of a CUDA cache straight into a pinned store, no staging
             if not torch.cuda.is_available():
                 pytest.skip(NO_CUDA)
-            return load("memory").build({"store": f"{store}-device", "device": True})
+            return load("memory-device").build({"store": f"{store}-device"})
         if name == "files":
             return load("files").build({"root": str(tmp_path / "files-store")})
         raise ValueError(name)

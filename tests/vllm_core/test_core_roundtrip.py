@@ -45,8 +45,8 @@ def test_blocks_saved_by_one_engine_load_bit_for_bit_into_another(
     a.register_kv_caches(a_cache, SHAPE.blocks)
     b.register_kv_caches(b_cache, SHAPE.blocks)
     if store == "memory-device" and device == "cpu":
-        pytest.skip("the option 'device' is for a KV cache in CUDA memory")
-    # a store that takes the cache's own memory: host memory on the CPU, CUDA memory with 'device'
+        pytest.skip("backend 'memory-device' is for a KV cache in CUDA memory")
+    # a store that takes the cache's own memory: host memory on the CPU, CUDA memory with 'memory-device'
     direct = path == "auto" and layout != "BHLNC" and (device == "cpu" or store == "memory-device")
     assert a.staged is not direct
     before = {blk: block_bytes(b_cache, layout, blk) for blk in range(SHAPE.blocks)}

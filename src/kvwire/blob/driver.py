@@ -18,7 +18,7 @@ from kvwire.blob.parts import get_parts_through, put_parts_through
 from kvwire.blob.results import BatchResult, KeyStatus, all_ok
 from kvwire.contract import MemoryKind, SlotRegion
 
-__all__ = ["KeyStatus", "BatchResult", "StoreDriver", "call_deadline", "all_ok"]
+__all__ = ["KeyStatus", "BatchResult", "StoreDriver", "call_deadline", "all_ok", "overrides_parts"]
 
 #: The deadline of the attempt the current thread's driver call works for (set by the blob backend).
 _call = threading.local()
@@ -132,9 +132,7 @@ class StoreDriver(abc.ABC):
         driver reaches, so that a blob backend on it may declare ``block-objects`` (K1): when the
         driver overrides them, or when it reaches host memory only (the default's bounce buffer
         and its copies are host memory). A wrapping driver answers for the driver it wraps."""
-        overridden = type(self).put_parts is not StoreDriver.put_parts and (
-            type(self).get_parts_into is not StoreDriver.get_parts_into)
-        return overridden or self.memory_kinds <= {MemoryKind.HOST}
+        return overrides_parts(self) or self.memory_kinds <= {MemoryKind.HOST}
 
     def get_into_now(self, keys: Sequence[str], addresses: np.ndarray, sizes: np.ndarray) -> BatchResult | None:
         """:meth:`get_into` if it can be done waiting for nothing but memory copies, else
@@ -176,3 +174,12 @@ class StoreDriver(abc.ABC):
 
     def close(self) -> None:
         """Release the store connection. Idempotent."""
+
+
+def overrides_parts(driver: StoreDriver) -> bool:
+    """Whether ``driver`` gathers and scatters block objects itself (overrides both
+    :meth:`~StoreDriver.put_parts` and :meth:`~StoreDriver.get_parts_into`) rather than through
+    the default's host bounce buffer. A wrapping driver forwards the parts calls when the driver
+    it wraps answers true."""
+    return (type(driver).put_parts is not StoreDriver.put_parts
+            and type(driver).get_parts_into is not StoreDriver.get_parts_into)

@@ -21,7 +21,7 @@ from typing import Literal
 
 import numpy as np
 
-from kvwire.blob.driver import BatchResult, KeyStatus, StoreDriver
+from kvwire.blob.driver import BatchResult, KeyStatus, StoreDriver, overrides_parts
 from kvwire.contract import SlotRegion
 
 __all__ = [
@@ -207,6 +207,23 @@ class FaultyDriver(StoreDriver):
     def get_into(self, keys: Sequence[str], addresses: np.ndarray, sizes: np.ndarray) -> BatchResult:
         return self._batch("get", self.inner.get_into, keys, addresses, sizes)
 
+    def put_parts(self, keys: Sequence[str], addresses: np.ndarray, sizes: np.ndarray) -> BatchResult:
+        """The inner driver's own parts call where it has one, counted and faulted as a
+        ``"put"``; else the bounce through :meth:`put` (which counts and faults each put)."""
+        if not overrides_parts(self.inner):
+            return super().put_parts(keys, addresses, sizes)
+        return self._batch("put", self.inner.put_parts, keys, addresses, sizes, parts=True)
+
+    def get_parts_into(self, keys: Sequence[str], addresses: np.ndarray, sizes: np.ndarray) -> BatchResult:
+        """As :meth:`put_parts`, for reads (a ``"get"``)."""
+        if not overrides_parts(self.inner):
+            return super().get_parts_into(keys, addresses, sizes)
+        return self._batch("get", self.inner.get_parts_into, keys, addresses, sizes, parts=True)
+
+    @property
+    def offers_parts(self) -> bool:
+        return self.inner.offers_parts
+
     def remove(self, keys: Sequence[str]) -> BatchResult:
         return self._batch("remove", lambda k, _a, _s: self.inner.remove(k), keys, None, None)
 
@@ -271,7 +288,7 @@ class FaultyDriver(StoreDriver):
         return faults
 
     def _batch(self, op: str, call, keys: Sequence[str], addresses: np.ndarray | None,  # type: ignore[no-untyped-def]
-               sizes: np.ndarray | None) -> BatchResult:
+               sizes: np.ndarray | None, *, parts: bool = False) -> BatchResult:
         faults = self._arrive(op, keys)
         n = len(keys)
         whole = next((f for f in faults if isinstance(f, FailCall)), None)
@@ -297,7 +314,8 @@ class FaultyDriver(StoreDriver):
             if addresses is None or sizes is None:
                 inner = call(sub_keys, None, None)
             else:
-                inner = call(sub_keys, np.asarray(addresses)[idx], np.asarray(sizes)[idx])
+                # a parts call's sizes are its parts', the same for every key
+                inner = call(sub_keys, np.asarray(addresses)[idx], np.asarray(sizes) if parts else np.asarray(sizes)[idx])
             status[idx] = inner.status
             for j, text in inner.reasons.items():
                 reasons[int(idx[j])] = text

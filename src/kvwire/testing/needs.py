@@ -110,6 +110,16 @@ def usable_kind(harness: Harness, caps: Capabilities) -> MemoryKind:
     return kinds[0]
 
 
+def open_ends(harness: Harness, *, timeout_s: float = LONG_TIMEOUT_S, max_in_flight: int | None = None,
+              faults: FaultPlan | None = None, hold: bool = False) -> Ends:
+    """``harness.open(...)``; what the harness cannot provide here skips the test with the
+    harness's reason (:class:`Unavailable`)."""
+    try:
+        return harness.open(timeout_s=timeout_s, max_in_flight=max_in_flight, faults=faults, hold=hold)
+    except Unavailable as exc:
+        pytest.skip(f"harness cannot provide it: {exc}")
+
+
 @contextlib.contextmanager
 def open_exchange(harness: Harness, *, timeout_s: float = LONG_TIMEOUT_S, max_in_flight: int | None = None,
                   faults: FaultPlan | None = None, hold: bool = False) -> Iterator[Exchange]:
@@ -117,10 +127,7 @@ def open_exchange(harness: Harness, *, timeout_s: float = LONG_TIMEOUT_S, max_in
     the harness cannot provide skips the test with the harness's reason. With ``hold``, the
     other end must be holdable: a store through :attr:`Ends.hold`, a serving peer by the suite
     not answering its pulls."""
-    try:
-        ends: Ends = harness.open(timeout_s=timeout_s, max_in_flight=max_in_flight, faults=faults, hold=hold)
-    except Unavailable as exc:
-        pytest.skip(f"harness cannot provide it: {exc}")
+    ends = open_ends(harness, timeout_s=timeout_s, max_in_flight=max_in_flight, faults=faults, hold=hold)
     exchange = Exchange(ends, profiles.active().patience_s, harness.quiesce_grace_s)
     if hold and ends.hold is None and not exchange.serves_pulls:
         harness.close(ends)

@@ -31,7 +31,7 @@ from kvwire.contract import (
 )
 from kvwire.contract.backend import Registration
 from kvwire.contract.errors import SubmissionError
-from kvwire.testing import profiles
+from kvwire.testing import needs, profiles
 from kvwire.testing.exchange import Exchange
 from kvwire.testing.harness import Ends, Harness
 from kvwire.testing.holder import Submission, call_briefly, refused
@@ -88,7 +88,7 @@ class HolderModel(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.patience = profiles.active().patience_s
-        self.ends: Ends = self.harness.open(timeout_s=120.0, max_in_flight=QUEUE)
+        self.ends: Ends = needs.open_ends(self.harness, timeout_s=120.0, max_in_flight=QUEUE)
         self.ex = Exchange(self.ends, self.patience, self.harness.quiesce_grace_s)
         self.caps = self.ex.caps
         self.bound = self.caps.max_in_flight

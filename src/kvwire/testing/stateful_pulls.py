@@ -23,7 +23,7 @@ from kvwire.contract import CacheKind, Cause, LayerGroupRows, MemoryKind, Outcom
 from kvwire.contract.backend import Registration
 from kvwire.contract.errors import SubmissionError
 from kvwire.contract.serving import PullRequest
-from kvwire.testing import profiles
+from kvwire.testing import needs, profiles
 from kvwire.testing.exchange import Exchange
 from kvwire.testing.harness import Ends, Harness
 from kvwire.testing.holder import Submission, call_briefly, speaks_causes
@@ -63,7 +63,7 @@ class PullModel(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.patience = profiles.active().patience_s
-        self.ends: Ends = self.harness.open(timeout_s=120.0, max_in_flight=QUEUE)
+        self.ends: Ends = needs.open_ends(self.harness, timeout_s=120.0, max_in_flight=QUEUE)
         self.ex = Exchange(self.ends, self.patience, self.harness.quiesce_grace_s)
         self.caps = self.ex.caps
         self.bound = min(self.caps.max_in_flight, QUEUE)

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from kvwire.blob import BatchResult, BlobBackend, KeyStatus, StoreDriver
+from kvwire.blob.driver import overrides_parts
 from kvwire.contract import Backend, Hint, SlotRegion
 from kvwire.testing.faults import FaultyDriver
 from kvwire.testing.gate import Gate
@@ -86,6 +87,24 @@ class ControlledDriver(StoreDriver):
     def get_into(self, keys: Sequence[str], addresses: np.ndarray, sizes: np.ndarray) -> BatchResult:
         return self._call(self.inner.get_into, self.control.fail_get, keys, addresses, sizes)
 
+    def put_parts(self, keys: Sequence[str], addresses: np.ndarray, sizes: np.ndarray) -> BatchResult:
+        """The inner driver's own parts call where it has one (held and failed like a put), so
+        the suite checks the block path the backend really takes; else the bounce through
+        :meth:`put`."""
+        if not overrides_parts(self.inner):
+            return super().put_parts(keys, addresses, sizes)
+        return self._call(self.inner.put_parts, self.control.fail_put, keys, addresses, sizes, parts=True)
+
+    def get_parts_into(self, keys: Sequence[str], addresses: np.ndarray, sizes: np.ndarray) -> BatchResult:
+        """As :meth:`put_parts`, for reads."""
+        if not overrides_parts(self.inner):
+            return super().get_parts_into(keys, addresses, sizes)
+        return self._call(self.inner.get_parts_into, self.control.fail_get, keys, addresses, sizes, parts=True)
+
+    @property
+    def offers_parts(self) -> bool:
+        return self.inner.offers_parts
+
     def exists(self, keys: Sequence[str]) -> np.ndarray:
         return self.inner.exists(keys)
 
@@ -106,7 +125,9 @@ class ControlledDriver(StoreDriver):
         self.inner.close()
 
     def _call(self, call: Any, failing: frozenset[str], keys: Sequence[str], addresses: np.ndarray,
-              sizes: np.ndarray) -> BatchResult:
+              sizes: np.ndarray, *, parts: bool = False) -> BatchResult:
+        """``call`` once the control lets it pass, on the keys the plan does not fail. For a
+        parts call (``parts``) ``sizes`` are the parts' sizes, the same for every key."""
         with self.control.passage():
             if not failing:
                 result: BatchResult = call(keys, addresses, sizes)
@@ -118,7 +139,7 @@ class ControlledDriver(StoreDriver):
             rest = np.flatnonzero(~fail)
             if rest.size:
                 inner: BatchResult = call([keys[i] for i in rest.tolist()], np.asarray(addresses)[rest],
-                                          np.asarray(sizes)[rest])
+                                          np.asarray(sizes) if parts else np.asarray(sizes)[rest])
                 status[rest] = inner.status
                 for j, text in inner.reasons.items():
                     reasons[int(rest[j])] = text

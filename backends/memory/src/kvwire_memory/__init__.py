@@ -7,7 +7,13 @@ It has the shape of the template for plugin authors, ``examples/third_party_plug
 
 The store lives in this process only. Backends created in the same process with the same
 ``store`` name share one store, so two workers in one process can publish and fetch through it;
-a backend in another process never sees it."""
+a backend in another process never sees it.
+
+Two plugins: ``memory`` takes rows in host memory; ``memory-device`` takes rows in CUDA device
+memory as well (it declares DEVICE, so a lease holder registers its GPU rows directly, with no
+staging): its stores keep their objects in pinned host memory and one copy kernel a batch moves
+rows between the GPU and them. Two plugins, not an option, because a plugin's declaration is
+what every backend it builds declares (B4.3)."""
 
 from __future__ import annotations
 
@@ -27,7 +33,7 @@ from kvwire_memory.store import (
     named_store,
 )
 
-__all__ = ["plugin", "OPTIONS", "create", "MemoryDriver", "MemoryStore", "CopyPool", "named_store", "forget_store"]
+__all__ = ["plugin", "device_plugin", "OPTIONS", "DEVICE_OPTIONS", "create", "create_device", "MemoryDriver", "MemoryStore", "CopyPool", "named_store", "forget_store"]
 
 #: The contract version this plugin implements, a literal (docs/contract.md, Versions): the suite
 #: checks the clauses of this version and of no later one. Raise it only after reading a newer
@@ -44,24 +50,38 @@ OPTIONS: tuple[Option, ...] = (
     Option("copy_threads", int, DEFAULT_COPY_THREADS,
            f"threads that copy one batch of {PARALLEL_COPY_BYTES >> 20} MiB or more at once (default: one per core, "
            "at most 8); 1 copies on the calling thread only", minimum=1, maximum=64),
-    Option("device", bool, False,
-           "also take rows in CUDA device memory (declare DEVICE): the store keeps its objects in pinned host memory "
-           "and one copy kernel a batch moves rows between the GPU and them, with no staging (needs torch with CUDA; "
-           "Triton for speed). The store named by 'store' is then made in pinned memory"),
 )
+
+#: ``memory-device``'s options: the same, its stores named apart by default (they are pinned).
+DEVICE_OPTIONS: tuple[Option, ...] = tuple(
+    Option("store", str, "device",
+           "the in-process store to use, made in pinned host memory: backends of this process naming the same "
+           "store share it (a 'memory' backend may name it too)") if o.name == "store" else o
+    for o in OPTIONS)
 
 
 def create(options: Mapping[str, Any]) -> BlobBackend:
-    """A backend on the process's store named ``options["store"]``, from validated options."""
-    shared = store_options(options, "memory")
-    device = bool(options.get("device", False))
-    if device:
-        _need_cuda()
+    """A ``memory`` backend on the process's store named ``options["store"]``, from validated
+    options."""
+    return _create(options, device=False)
+
+
+def create_device(options: Mapping[str, Any]) -> BlobBackend:
+    """A ``memory-device`` backend: as :func:`create`, over a pinned store, reaching CUDA memory
+    too. ``ConfigError`` where there is no CUDA device."""
+    problem = cuda_problem()
+    if problem:
+        raise ConfigError(f"backend 'memory-device': {problem}")
+    return _create(options, device=True)
+
+
+def _create(options: Mapping[str, Any], *, device: bool) -> BlobBackend:
+    shared = store_options(options, "memory-device" if device else "memory")
     try:
         store = named_store(options["store"], capacity_bytes=options["capacity_bytes"], eviction=options["eviction"],
                             pinned=device)
     except ValueError as exc:
-        raise ConfigError(f"option 'store' of backend 'memory': {exc}") from None
+        raise ConfigError(f"option 'store' of backend {'memory-device' if device else 'memory'!r}: {exc}") from None
     return BlobBackend(
         MemoryDriver(store, copy_threads=options.get("copy_threads", DEFAULT_COPY_THREADS), device=device),
         **shared,
@@ -70,15 +90,16 @@ def create(options: Mapping[str, Any]) -> BlobBackend:
     )
 
 
-def _need_cuda() -> None:
-    """Raise ``ConfigError`` saying why, where option ``device`` cannot work here."""
+def cuda_problem() -> str | None:
+    """Why ``memory-device`` cannot work here (no torch, or no CUDA device), else ``None``."""
     try:
         import torch
     except ImportError:
-        raise ConfigError("option 'device' of backend 'memory' needs torch with CUDA; torch is not installed") from None
+        return "needs torch with CUDA; torch is not installed"
     if not torch.cuda.is_available():
-        raise ConfigError(f"option 'device' of backend 'memory' needs a CUDA device; torch {torch.__version__} "
-                          "sees none here (leave 'device' off: the store then takes host memory only)")
+        return (f"needs a CUDA device; torch {torch.__version__} sees none here (backend 'memory' takes host "
+                "memory and needs none)")
+    return None
 
 
 plugin = Plugin(
@@ -89,4 +110,15 @@ plugin = Plugin(
     create=create,
     options=OPTIONS,
     summary="in-process blob store (the embedded default; shared by store name within one process)",
+)
+
+device_plugin = Plugin(
+    name="memory-device",
+    contract_version=CONTRACT,
+    capabilities=blob_capabilities(MemoryDriver.device_memory_kinds, max_in_flight=MAX_IN_FLIGHT.default, lookup=True,
+                                   contract_version=CONTRACT),
+    create=create_device,
+    options=DEVICE_OPTIONS,
+    summary="in-process blob store in pinned memory that takes CUDA rows directly (one copy kernel a batch)",
+    check=cuda_problem,
 )

@@ -11,7 +11,7 @@ A large batch (:data:`~kvwire_memory.store.PARALLEL_COPY_BYTES` or more) is copi
 ``copy_threads`` threads at once: the driver's :class:`~kvwire_memory.store.CopyPool`, started
 on the first such batch and joined by :meth:`MemoryDriver.close`.
 
-With ``device`` (the plugin's ``device`` option) the driver reaches CUDA device memory too, over
+With ``device`` (the ``memory-device`` plugin) the driver reaches CUDA device memory too, over
 a store in pinned host memory: a batch's spans in registered DEVICE regions are copied by one
 kernel launch between the device and the objects (:func:`kvwire.lender.blockcopy.copy_spans`,
 the kernel reading or writing the pinned objects over the bus), on the driver's own stream of
@@ -84,6 +84,8 @@ class MemoryDriver(StoreDriver):
     come from several threads at once."""
 
     memory_kinds = frozenset({MemoryKind.HOST})
+    #: What a driver made with ``device`` reaches (the ``memory-device`` plugin's).
+    device_memory_kinds = frozenset({MemoryKind.HOST, MemoryKind.DEVICE})
     #: A put or get is a memmove per row and never waits on anything else, so submissions of up
     #: to this many bytes move inside the holder's call (about 0.1 ms of copying at most).
     inline_bytes = 1 << 20
@@ -95,7 +97,7 @@ class MemoryDriver(StoreDriver):
                                  "a store made with pinned=True")
             # Instance attributes: the blob backend reads them per driver. A device batch waits
             # for the GPU, so no submission moves inside the holder's call.
-            self.memory_kinds = frozenset({MemoryKind.HOST, MemoryKind.DEVICE})
+            self.memory_kinds = self.device_memory_kinds
             self.inline_bytes = 0
         self.device = bool(device)
         self.store = store
@@ -122,7 +124,7 @@ class MemoryDriver(StoreDriver):
             if region.memory_kind not in self.memory_kinds:
                 raise RuntimeError(
                     f"region {region.region_id} lies in {region.memory_kind.value} memory; this "
-                    "in-memory store reaches host memory only (the backend's option 'device' adds CUDA memory)")
+                    "in-memory store reaches host memory only (backend 'memory-device' takes CUDA memory)")
         with self._lock:
             self._spans.update((r.base, r.end) for r in regions)
             self._device_regions.update((r.base, r.end, r.device or 0) for r in regions

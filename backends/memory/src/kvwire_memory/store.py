@@ -868,7 +868,7 @@ def named_store(name: str, *, capacity_bytes: int, eviction: bool, pinned: bool 
     if pinned and not store.pinned:
         raise ValueError(
             f"in-memory store {name!r} already exists in this process in ordinary (not pinned) memory, which "
-            "a CUDA device cannot reach; name another store for a backend with 'device' on")
+            "a CUDA device cannot reach; name another store for a 'memory-device' backend")
     if store.capacity_bytes != capacity_bytes:
         raise ValueError(
             f"in-memory store {name!r} already exists in this process with capacity_bytes="

@@ -62,6 +62,12 @@ class _PairDriver(MooncakeDriver):
     def get_into(self, keys: Sequence[str], addresses: np.ndarray, sizes: np.ndarray) -> BatchResult:
         return super().get_into(self._scoped(keys), addresses, sizes)
 
+    def put_parts(self, keys: Sequence[str], addresses: np.ndarray, sizes: np.ndarray) -> BatchResult:
+        return super().put_parts(self._scoped(keys), addresses, sizes)
+
+    def get_parts_into(self, keys: Sequence[str], addresses: np.ndarray, sizes: np.ndarray) -> BatchResult:
+        return super().get_parts_into(self._scoped(keys), addresses, sizes)
+
     def exists(self, keys: Sequence[str]) -> np.ndarray:
         return super().exists(self._scoped(keys))
 
