@@ -293,6 +293,10 @@ class HostStores:
         self.built: list[Backend] = []
 
     def build(self, name: str, threads: int) -> Backend:
+        name, _, chunk_mib = name.partition("@")  # "memory-device@64": its chunks of 64 MiB
+        if chunk_mib:
+            import kvwire_memory
+            kvwire_memory.DEVICE_CHUNK_BYTES = int(float(chunk_mib) * MIB)
         if name.startswith("memory"):  # "memory-device": its own plugin (a pinned store, no staging)
             self.stores.append(f"bench-gpu-{uuid.uuid4().hex[:8]}")
             where = {"store": self.stores[-1]}
@@ -413,7 +417,7 @@ def core_section(kv: KV, repeat: int, copy_threads: list[int] | None, staging_mi
     capacity = 2 * kv.rows.shape[0] * kv.row
     spare = torch.empty(kv.rows.shape, dtype=torch.uint8, pin_memory=True)  # the DMA beside the store's copy
     for name in stores:
-        direct = name == "memory-device"
+        direct = name.partition("@")[0] == "memory-device"
         # a pinned store of one save's bytes: each save evicts the last and reuses its memory (a
         # fresh pinned slab costs seconds), as a full store does in service
         with HostStores(capacity // 2 if direct else capacity, shm) as made:
@@ -642,7 +646,8 @@ def main() -> int:
     parser.add_argument("--chunk-mib", type=float, help="core: the connector's staging chunk (holder.CHUNK_BYTES; "
                         "default 256)")
     parser.add_argument("--stores", default="memory,files,memory-device",
-                        help="core: the stores, in order (memory-device: the memory store's plugin for CUDA rows)")
+                        help="core: the stores, in order (memory-device: the memory store's plugin for CUDA rows; "
+                        "memory-device@64: with chunks of 64 MiB)")
     parser.add_argument("--staging-mib", type=float, help="core: the core's pinned staging pool (default: the "
                         "connector's, 1024)")
     args = parser.parse_args()

@@ -32,7 +32,7 @@ timeout 150 python -m pytest -q -p no:cacheprovider -rs tests/gpu tests/memory/t
     tests/lender/test_blockcopy.py tests/vllm_core/test_core_roundtrip.py 2>&1 | tail -40 | tee "$OUT/tests.txt"; }
 step core && { echo "== core (row 2)"; date -u
 timeout 240 python bench/bench_gpu.py --sections core --tokens 8192,32768 --repeat 5 --copy-threads 8 \
-    --stores memory-device,memory,files --out "$OUT/core.txt" > "$OUT/core.log" 2>&1
+    --stores ${CORE_STORES:-memory-device,memory,files} --out "$OUT/core.txt" > "$OUT/core.log" 2>&1
 tail -30 "$OUT/core.txt"; tail -5 "$OUT/core.log"; }
 step ucx && { echo "== ucx (row 3)"; date -u
 timeout $(( $(left) < 120 ? $(left) : 120 )) python bench/bench_gpu_ucx.py --runs 5 --sizes-mib 16,256,1024 \
