@@ -26,15 +26,27 @@ case "${1:-}" in
       set -- tests --pyargs kvwire.testing.suite --kvwire-profile thorough -n 2 --dist loadgroup --durations=40
     fi
     # Every backend this repository ships must load here: a broken import fails the run, it
-    # never turns into skips (kvwire.testing.require).
+    # never turns into skips (kvwire.testing.require). A distribution lists in [tool.kvwire]
+    # cuda-only the backends that work only with a CUDA device (memory-device): those are
+    # required only where torch sees one, and elsewhere their tests skip saying why.
     KVWIRE_REQUIRE="$(python - <<'PY'
 import pathlib, tomllib
-names = []
+names, cuda_only = [], set()
 for pyproject in sorted(pathlib.Path(".").glob("*/*/pyproject.toml")):
     if pyproject.parts[0] not in ("backends", "examples"):
         continue
-    eps = tomllib.loads(pyproject.read_text()).get("project", {}).get("entry-points", {})
+    meta = tomllib.loads(pyproject.read_text())
+    eps = meta.get("project", {}).get("entry-points", {})
     names += list(eps.get("kvwire.backends", {}))
+    cuda_only |= set(meta.get("tool", {}).get("kvwire", {}).get("cuda-only", ()))
+if cuda_only & set(names):
+    try:
+        import torch
+        has_cuda = torch.cuda.is_available()
+    except ImportError:
+        has_cuda = False
+    if not has_cuda:
+        names = [n for n in names if n not in cuda_only]
 print(",".join(names))
 PY
 )"
