@@ -55,8 +55,12 @@ def view(region_list: Sequence[SlotRegion], slots: Sequence[int] | np.ndarray,
     slot_array = slots if isinstance(slots, np.ndarray) else np.asarray(slots, dtype=np.int64)
     name_array = (block_names if isinstance(block_names, np.ndarray) else
                   np.frombuffer(b"".join(block_names), dtype=np.uint8).reshape(len(block_names), -1))
-    return View(tuple(LayerGroupRows(g, CacheKind.PAGED, r, slot_array, TokenRange(0, len(slots) * BLOCK_TOKENS),
-                                     name_array) for g, r in enumerate(region_list)))
+    tokens = TokenRange(0, len(slots) * BLOCK_TOKENS)
+    groups: list[LayerGroupRows] = []
+    for g, r in enumerate(region_list):  # the first group's read-only copies go to the others as they are
+        groups.append(LayerGroupRows(g, CacheKind.PAGED, r, groups[0].slots if groups else slot_array, tokens,
+                                     groups[0].names if groups else name_array))
+    return View(tuple(groups))
 
 
 class Puller:

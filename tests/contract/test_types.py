@@ -139,6 +139,30 @@ def test_V2_view_is_an_immutable_snapshot(slots):
         view.groups = ()  # type: ignore[misc]
 
 
+def test_V2_a_groups_frozen_arrays_go_to_the_next_group_without_a_copy_and_nothing_else_does():
+    src = np.array([3, 1, 2], dtype=np.int64)
+    names = np.arange(3 * 8, dtype=np.uint8).reshape(3, 8)
+    first = group(src, names=names)
+    second = group(first.slots, names=first.names, gid=1)
+    assert second.slots is first.slots and second.names is first.names  # one copy a view, not one a group
+    src[:] = 0
+    names[:] = 0
+    assert list(second.slots) == [3, 1, 2] and second.names.sum() == np.arange(24).sum()
+    # anything else is still copied: a read-only array of the caller's (its base stays writable) ...
+    mine = np.array([0, 1], dtype=np.int64)
+    shown = mine.view()
+    shown.setflags(write=False)
+    third = group(shown, gid=2)
+    assert third.slots is not shown
+    mine[:] = 5
+    assert list(third.slots) == [0, 1]
+    # ... and a frozen array somebody made writable again, or one of another dtype or shape
+    loose = group([0, 1], gid=3).slots
+    loose.setflags(write=True)
+    assert group(loose, gid=4).slots is not loose
+    assert group(first.slots.astype(np.int32), gid=5).slots is not first.slots
+
+
 @given(counts=st.lists(st.integers(0, 8), min_size=1, max_size=4))
 def test_V3_row_masks_new_writable_all_false_every_call(counts):
     view = View(tuple(group(list(range(n)), gid=i) for i, n in enumerate(counts)))

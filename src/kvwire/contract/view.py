@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,10 +17,20 @@ __all__ = ["CacheKind", "TokenRange", "LayerGroupRows", "View", "frozen_array"]
 MAX_NAME_BYTES = 64
 
 
+#: The arrays :func:`frozen_array` made, by id (weakly: an entry goes with its array).
+_FROZEN: weakref.WeakValueDictionary[int, np.ndarray] = weakref.WeakValueDictionary()
+
+
 def frozen_array(value: Any, dtype: Any, what: str, ndim: int) -> np.ndarray:
     """A read-only copy of ``value`` as a plain ndarray of ``dtype`` and ``ndim`` dimensions.
 
-    Always a copy, so no one who held the input can change the snapshot afterwards (V2)."""
+    A copy, so no one who held the input can change the snapshot afterwards (V2), except that an
+    array this function made (a group's ``slots`` or ``names``), still read-only, is taken as it
+    is: nobody holds it writable, so the view it goes into is as safe, and a view of many groups
+    that share their slots and names copies them once (pass the first group's arrays on)."""
+    if type(value) is np.ndarray and _FROZEN.get(id(value)) is value and not value.flags.writeable \
+            and value.dtype == dtype and value.ndim == ndim:
+        return value
     try:
         array = np.array(value, dtype=dtype, copy=True)
     except (TypeError, ValueError, OverflowError) as exc:
@@ -27,6 +38,7 @@ def frozen_array(value: Any, dtype: Any, what: str, ndim: int) -> np.ndarray:
     if array.ndim != ndim:
         raise ValueError(f"{what} must have {ndim} dimension(s), got shape {array.shape}")
     array.setflags(write=False)
+    _FROZEN[id(array)] = array
     return array
 
 

@@ -282,8 +282,7 @@ class WorkerCore:
     def view_of(self, plan: BlockPlan, regions: tuple[SlotRegion, ...] | None = None) -> View:
         names = plan.name_array()
         tokens = TokenRange(plan.first * self.block_size, (plan.first + len(plan.block_ids)) * self.block_size)
-        return View(tuple(LayerGroupRows(region.region_id, CacheKind.PAGED, region, np.asarray(plan.block_ids),
-                                         tokens, names) for region in (regions or self.regions)))
+        return layer_view(regions or self.regions, np.asarray(plan.block_ids), tokens, names)
 
     def _gate(self) -> torch.cuda.Event | None:
         """An event after what vLLM's stream has queued so far (``None`` on the CPU)."""
@@ -506,9 +505,7 @@ class WorkerCore:
                               whole_only=True)
         else:
             tokens = TokenRange(0, count * self.block_size)
-            view = View(tuple(LayerGroupRows(region.region_id, CacheKind.PAGED, region,
-                                             np.asarray(block_ids, dtype=np.int64), tokens, names)
-                              for region in self.regions))
+            view = layer_view(self.regions, np.asarray(block_ids, dtype=np.int64), tokens, names)
             move = Direct(self.backend, Direction.PUBLISH, f"pull-{serve.pull_id}", view, block_ids, request.ticket,
                           self.wakes, self.timeout_s + QUIESCE_GRACE_S, self._gate() if count else None)
         if isinstance(move, Direct) and move.refused is not None:  # nothing escaped (S3): decline, pins go
@@ -722,3 +719,14 @@ class WorkerCore:
         log.info("kvwire: connector shut down: %d transfer(s) in flight cancelled, every attempt quiesced, "
                  "registration and backend closed", len(in_flight))
         return True
+
+
+def layer_view(regions: tuple[SlotRegion, ...], block_ids: np.ndarray, tokens: TokenRange,
+               names: np.ndarray | None) -> View:
+    """One PAGED group per region, every group the same blocks: the first group's read-only copies
+    of the block ids and names go to the others as they are (one copy a view, not one a layer)."""
+    if not regions:
+        return View(())
+    first = LayerGroupRows(regions[0].region_id, CacheKind.PAGED, regions[0], block_ids, tokens, names)
+    return View((first, *(LayerGroupRows(region.region_id, CacheKind.PAGED, region, first.slots, tokens, first.names)
+                          for region in regions[1:])))
