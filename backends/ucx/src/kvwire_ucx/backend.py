@@ -304,7 +304,8 @@ def _pull_names(view: View) -> tuple[int, bytes]:
             )
         if first is None:
             first = group.names
-        elif group.names.shape != first.shape or not np.array_equal(group.names, first):
+        elif group.names is not first and (group.names.shape != first.shape  # the same array: one view's groups
+                                           or not np.array_equal(group.names, first)):
             raise InvalidSubmission(
                 f"group {index} (id {group.group_id}) names other blocks than group 0; every group of a pull "
                 "carries the same names in prefix order"
