@@ -128,6 +128,7 @@ device_plugin = Plugin(
     options=DEVICE_OPTIONS,
     summary="in-process blob store in pinned memory that takes CUDA rows directly (one copy kernel a batch)",
     check=cuda_problem,
+    install_hint="run it where torch sees a CUDA device; on a host without one, use backend 'memory'",
     # kvwire bench moves host rows, where this is 'memory' over pinned pages: measured when named
     extra={"bench": False},
 )
