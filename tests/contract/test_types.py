@@ -163,6 +163,25 @@ def test_V2_a_groups_frozen_arrays_go_to_the_next_group_without_a_copy_and_nothi
     assert group(first.slots.astype(np.int32), gid=5).slots is not first.slots
 
 
+def test_V2_names_read_only_over_bytes_are_taken_without_a_copy_and_over_a_bytearray_are_copied():
+    raw = bytes(range(4 * 8))
+    over_bytes = np.frombuffer(raw, dtype=np.uint8).reshape(4, 8)
+    taken = group([0, 1, 2], names=over_bytes[:3])
+    assert np.shares_memory(taken.names, over_bytes)  # nobody can write a bytes object's memory
+    assert taken.names.tobytes() == raw[:24]
+    # the same over a bytearray: numpy makes it read-only on request, but the bytearray stays writable
+    buffer = bytearray(raw)
+    shown = np.frombuffer(buffer, dtype=np.uint8).reshape(4, 8)
+    shown.setflags(write=False)
+    copied = group([0, 1, 2], names=shown[:3], gid=1)
+    assert not np.shares_memory(copied.names, shown)
+    buffer[:] = bytes(len(buffer))
+    assert copied.names.tobytes() == raw[:24]
+    # bytes viewed with steps (not contiguous) are copied into a contiguous snapshot
+    stepped = group([0, 1], names=over_bytes[::2], gid=2)
+    assert stepped.names.flags.c_contiguous and stepped.names.tobytes() == raw[:8] + raw[16:24]
+
+
 @given(counts=st.lists(st.integers(0, 8), min_size=1, max_size=4))
 def test_V3_row_masks_new_writable_all_false_every_call(counts):
     view = View(tuple(group(list(range(n)), gid=i) for i, n in enumerate(counts)))

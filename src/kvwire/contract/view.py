@@ -24,12 +24,14 @@ _FROZEN: weakref.WeakValueDictionary[int, np.ndarray] = weakref.WeakValueDiction
 def frozen_array(value: Any, dtype: Any, what: str, ndim: int) -> np.ndarray:
     """A read-only copy of ``value`` as a plain ndarray of ``dtype`` and ``ndim`` dimensions.
 
-    A copy, so no one who held the input can change the snapshot afterwards (V2), except that an
-    array this function made (a group's ``slots`` or ``names``), still read-only, is taken as it
-    is: nobody holds it writable, so the view it goes into is as safe, and a view of many groups
-    that share their slots and names copies them once (pass the first group's arrays on)."""
-    if type(value) is np.ndarray and _FROZEN.get(id(value)) is value and not value.flags.writeable \
-            and value.dtype == dtype and value.ndim == ndim:
+    A copy, so no one who held the input can change the snapshot afterwards (V2), except where no
+    one can write the input's bytes, which is then taken as it is (read-only, contiguous, of the
+    dtype and dimensions asked): an array this function made (a group's ``slots`` or ``names``),
+    so a view of many groups that share their slots and names copies them once (pass the first
+    group's arrays on); and a read-only array over a ``bytes`` object (``np.frombuffer(b"...")``
+    and read-only views of it), whose bytes Python never changes."""
+    if type(value) is np.ndarray and not value.flags.writeable and value.dtype == dtype and value.ndim == ndim \
+            and value.flags.c_contiguous and (_FROZEN.get(id(value)) is value or _over_bytes(value)):
         return value
     try:
         array = np.array(value, dtype=dtype, copy=True)
@@ -40,6 +42,17 @@ def frozen_array(value: Any, dtype: Any, what: str, ndim: int) -> np.ndarray:
     array.setflags(write=False)
     _FROZEN[id(array)] = array
     return array
+
+
+def _over_bytes(array: np.ndarray) -> bool:
+    """Whether ``array`` and every array it views are read-only and the memory is a ``bytes``
+    object's (immutable: numpy refuses to make such an array writable again)."""
+    base: Any = array
+    while isinstance(base, np.ndarray):
+        if base.flags.writeable:
+            return False
+        base = base.base
+    return type(base) is bytes
 
 
 class CacheKind(enum.Enum):
