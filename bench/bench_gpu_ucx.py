@@ -42,6 +42,9 @@ def main() -> int:
     parser.add_argument("--window-mib", type=int, default=0, help="the puller's window_bytes (0: its default)")
     parser.add_argument("--no-raw", action="store_true", help="skip the raw transport rows")
     parser.add_argument("--spin-us", type=int, default=0, help="kvwire-ucx's spin_us option, at both ends")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="after the timed runs, N more pulls of the largest size under cProfile: the puller's "
+                             "functions by own time and by cumulative time (where the caller's time goes)")
     args = parser.parse_args()
     slot = args.slot_kib << 10
     sizes = [int(s) << 20 for s in args.sizes_mib.split(",")]
@@ -129,6 +132,8 @@ def main() -> int:
                 print("           steps (ms from the submission, medians): " + ", ".join(
                     f"{step} {statistics.median(s.get(step, float('nan')) for s in steps) * 1e3:.3f}"
                     for step in steps[0]), flush=True)
+            if args.profile:
+                profile(puller, address, names[:max(sizes) // slot], args.profile)
             if raw is not None:
                 raw.close()
             left = puller.close()
@@ -140,6 +145,26 @@ def main() -> int:
             print(f"{mode}: serving end: {proc.stdout.read().strip()}")
             proc.wait(timeout=60)
     return 0
+
+
+def profile(puller: peer.Puller, address: bytes, block_names: np.ndarray, pulls: int) -> None:
+    """``pulls`` pulls of ``block_names`` under cProfile (each followed by a synchronize, as the
+    timed ones): the 20 functions of most own time, then of most cumulative time."""
+    import cProfile
+    import io
+    import pstats
+
+    profiler = cProfile.Profile()
+    for _ in range(pulls):
+        profiler.enable()
+        puller.pull(address, block_names)
+        torch.cuda.synchronize()
+        profiler.disable()
+    for key in ("tottime", "cumulative"):
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats(key).print_stats(20)
+        print(f"           profile of {pulls} pulls of {len(block_names)} rows, by {key}:")
+        print("\n".join("             " + line for line in text.getvalue().splitlines() if line.strip()), flush=True)
 
 
 class RawNixlRead:

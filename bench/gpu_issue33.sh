@@ -9,7 +9,8 @@
 #   3. row 2: the connector's core, staged through memory / files beside memory-device
 #   4. row 3: bench_gpu_ucx, both modes
 #   5. the conformance suite against memory-device, required (what time is left)
-# STEPS (default tests,core,ucx,suite; also ucx-spin: row 3 one-sided with spin_us 500) picks among 2-5. Results go to $OUT (the device tool brings
+# STEPS (default tests,core,ucx,suite; also ucx-spin: row 3 one-sided with spin_us 500; ucx-profile:
+# row 3 one-sided with the puller's calls under cProfile) picks among 2-5. Results go to $OUT (the device tool brings
 # them back).
 set -x
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -42,6 +43,10 @@ step ucx-spin && { echo "== ucx (row 3), progress threads spinning 500 us"; date
 timeout $(( $(left) < 90 ? $(left) : 90 )) python bench/bench_gpu_ucx.py --runs 5 --sizes-mib 16,256,1024 \
     --modes one-sided --spin-us 500 > "$OUT/ucx_spin.txt" 2>&1
 tail -20 "$OUT/ucx_spin.txt"; }
+step ucx-profile && { echo "== ucx (row 3), one-sided, the puller profiled"; date -u
+timeout $(( $(left) < 90 ? $(left) : 90 )) python bench/bench_gpu_ucx.py --runs 5 --sizes-mib 16,1024 \
+    --modes one-sided --profile 5 > "$OUT/ucx_profile.txt" 2>&1
+tail -80 "$OUT/ucx_profile.txt"; }
 step suite && { echo "== suite, memory-device"; date -u
 timeout "$(left)" python -m pytest -q -p no:cacheprovider -rf --pyargs kvwire.testing.suite \
     --kvwire-backend memory-device --kvwire-require memory-device 2>&1 | tail -25 | tee "$OUT/suite_device.txt"; }

@@ -75,14 +75,19 @@ class Puller:
         self.registration = self.backend.register_regions(self.regions)
 
     def pull(self, address: bytes, block_names: Sequence[bytes] | np.ndarray, timeout_s: float = 60.0) -> Outcome:
+        began = time.perf_counter()
         slots = np.arange(len(block_names), dtype=np.int64)
-        submission = submit(self.backend, Direction.FETCH, view(self.regions, slots, block_names),
-                            Hint.of("peer", address=address, timeout_s=timeout_s))
+        rows = view(self.regions, slots, block_names)
+        built = time.perf_counter()
+        submission = submit(self.backend, Direction.FETCH, rows, Hint.of("peer", address=address, timeout_s=timeout_s))
         waited = wait(submission, timeout_s + 10, quiesce=True, at_deadline=AtDeadline.RETURN)
         if waited.status is not WaitStatus.DONE or waited.outcome is None:
             raise RuntimeError(f"the pull did not end: {waited.describe()}")
-        self.timeline = dict(getattr(submission.attempt, "timeline", dict)())  # where the pull's time went
-        self.timeline["returned"] = time.perf_counter() - getattr(submission.attempt, "submitted_at", 0.0)
+        submitted = getattr(submission.attempt, "submitted_at", 0.0)
+        # where the pull's time went, from the submission (negative: before it)
+        self.timeline = {"began": began - submitted, "view built": built - submitted}
+        self.timeline.update(getattr(submission.attempt, "timeline", dict)())
+        self.timeline["returned"] = time.perf_counter() - submitted
         return waited.outcome
 
     def close(self) -> frozenset[Any]:
