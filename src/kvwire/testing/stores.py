@@ -34,20 +34,40 @@ _fills = itertools.count(1)
 
 def fill_until_full(put: Callable[[int], bool], row_bytes: int, limit_bytes: int) -> int:
     """Store objects through ``put(size) -> stored``, :data:`FILL_CHUNK` bytes each and then
-    halving, until the store takes no object of ``row_bytes`` more; the bytes stored. A store
-    that took ``limit_bytes`` without refusing one has no bound the suite can reach:
-    :class:`~kvwire.testing.harness.Unavailable`."""
+    halving at each refusal, until the store takes no object of ``row_bytes`` more; the bytes
+    stored. :class:`~kvwire.testing.harness.Unavailable` for a store the suite cannot hold full:
+
+    - one that took ``limit_bytes`` without refusing an object (no bound the suite can reach);
+    - one that makes room as it fills (evicts, or its objects expire): after refusing an object of
+      a size it took earlier in the fill (so not too big for it), it took more bytes of smaller
+      objects than that size. A store that makes no room had less free than the object it
+      refused, so it cannot. (A refused size it never took may be over its largest object; the
+      fill then just goes on.) Without this, a fill of small rows into a store that evicts as
+      it fills would go on for hours."""
     size = max(FILL_CHUNK, row_bytes)
-    stored = 0
+    stored = largest = 0
+    refused = 0  # the size refused last, while the bytes taken since are a bound on its room
+    after = 0  # the bytes taken since that refusal
     while True:
         if put(size):
             stored += size
+            largest = max(largest, size)
             if stored > limit_bytes:
                 raise Unavailable(f"the store took {stored >> 20} MiB of objects without refusing one; it has no "
                                   "bound the suite can reach (Ends.fill)")
+            if refused:
+                after += size
+                if after > refused:
+                    if refused <= largest:
+                        raise Unavailable(
+                            f"the store refused an object of {refused} bytes (a size it took before), then took "
+                            f"{after} bytes of smaller ones: it makes room as it fills (evicts, or its objects "
+                            "expire), so the suite cannot hold it full (Ends.fill)")
+                    refused = 0  # too big for it, not a sign of a full store
         elif size == row_bytes:
             return stored  # it takes no object of a row's size more: full
         else:
+            refused, after = size, 0
             size = max(size // 2, row_bytes)
 
 
