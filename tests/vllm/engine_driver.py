@@ -2,8 +2,10 @@
 
 Run with ``.venv-vllm/bin/python engine_driver.py SPEC_JSON``. SPEC: ``model`` (a folder with a
 config.json: dummy weights), ``kv_transfer_config`` (or null for no connector), ``max_model_len``,
-and optionally ``dtype`` (default float32), ``block_size`` (default 32), ``kv_cache_gib`` and
-``kv_events_config`` (vLLM's KV events publisher).
+and optionally ``dtype`` (default float32), ``block_size`` (default 32), ``kv_cache_gib``,
+``kv_events_config`` (vLLM's KV events publisher) and ``worker_process`` (default false: the
+worker runs inside the engine core process, as vLLM runs a model on one GPU; true: in a process of
+its own, as vLLM's CPU build runs by default).
 Requests are lines ``{"op": "generate", "prompts": [[ids...]], "max_tokens": n}``,
 ``{"op": "reset_prefix_cache"}`` or ``{"op": "quit"}``; and, for requests the test steers one at a
 time, ``{"op": "add", "id": ..., "prompt": [ids...], "max_tokens": n}`` (returns at once),
@@ -61,6 +63,13 @@ def main() -> int:
         max_model_len=int(spec.get("max_model_len", 4096)), seed=0,
         max_num_batched_tokens=int(spec.get("max_num_batched_tokens", spec.get("max_model_len", 4096))),
     )
+    if not spec.get("worker_process"):
+        # vLLM's CPU platform turns the name "uni" into its multiprocess executor (for its OpenMP
+        # thread binding); the class itself is taken as given: one process fewer to start, and the
+        # connector's two halves share the engine core's process as on a GPU with one rank
+        from vllm.v1.executor.uniproc_executor import UniProcExecutor
+
+        kwargs["distributed_executor_backend"] = UniProcExecutor
     if spec.get("shutdown_timeout"):  # vLLM drains in-flight requests this long at shutdown (0: aborts them)
         kwargs["shutdown_timeout"] = int(spec["shutdown_timeout"])
     if spec.get("kv_transfer_config") is not None:

@@ -67,16 +67,22 @@ class EngineError(RuntimeError):
 
 class Engine:
     """One vLLM engine process. ``start()`` returns once it is ready (or raises
-    :class:`EngineError`); ``call()`` sends one request and waits for its answer."""
+    :class:`EngineError`); ``call()`` sends one request and waits for its answer.
+
+    The engine core runs in its own process (vLLM's default) and the worker inside it, as vLLM
+    runs a model on one GPU; ``worker_process`` gives the worker a process of its own, as vLLM's
+    CPU build does by default (an engine then starts in about three times the CPU time here:
+    each process imports vLLM)."""
 
     def __init__(self, name: str, model: Path, kv_transfer_config: dict[str, Any] | None,
                  env: dict[str, str] | None = None, max_model_len: int = 4096, log_dir: Path | None = None,
                  shutdown_timeout: int = 0, new_session: bool = False, dtype: str = "float32", block_size: int = 32,
-                 kv_cache_gib: int = 1, kv_events_config: dict[str, Any] | None = None) -> None:
+                 kv_cache_gib: int = 1, kv_events_config: dict[str, Any] | None = None,
+                 worker_process: bool = False) -> None:
         self.name = name
         spec = {"model": str(model), "kv_transfer_config": kv_transfer_config, "max_model_len": max_model_len,
                 "shutdown_timeout": shutdown_timeout, "dtype": dtype, "block_size": block_size,
-                "kv_events_config": kv_events_config}
+                "kv_events_config": kv_events_config, "worker_process": worker_process}
         self.log_path = (log_dir or model.parent) / f"engine-{name}.log"
         self._log = self.log_path.open("w")
         environ = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib), "PYTHONUNBUFFERED": "1",

@@ -94,12 +94,15 @@ def engines(model_dir: Path, master: Any, gated: Gated, gated_site: Path,
     logs = tmp_path_factory.mktemp("engine-logs")
     options = {"master": master.address, "segment_bytes": 64 << 20, "namespace": NAMESPACE}
     g_options = {"inner": "files", "inner_options": json.dumps({"root": str(gated.root)}), "gate": str(gated.gate)}
+    # These four run their workers in processes of their own, as vLLM's CPU build does by default
+    # (every other engine of these tests runs its worker inside the engine core, as on one GPU).
     started = {
-        "A": Engine("A", model_dir, kvwire_transfer_config("mooncake", options), log_dir=logs),
-        "B": Engine("B", model_dir, kvwire_transfer_config("mooncake", options, lookup=False), log_dir=logs),
-        "P": Engine("P", model_dir, None, log_dir=logs),
+        "A": Engine("A", model_dir, kvwire_transfer_config("mooncake", options), log_dir=logs, worker_process=True),
+        "B": Engine("B", model_dir, kvwire_transfer_config("mooncake", options, lookup=False), log_dir=logs,
+                    worker_process=True),
+        "P": Engine("P", model_dir, None, log_dir=logs, worker_process=True),
         "G": Engine("G", model_dir, kvwire_transfer_config("gated", g_options, timeout_s=60.0), log_dir=logs,
-                    env={"PYTHONPATH": str(gated_site)}, shutdown_timeout=int(BACKGROUND_S)),
+                    env={"PYTHONPATH": str(gated_site)}, shutdown_timeout=int(BACKGROUND_S), worker_process=True),
     }
     try:
         start_all(list(started.values()))

@@ -2,8 +2,10 @@
 prefix cache through kvwire-ucx (``serve-pulls``), engine 1's requests carry engine 0's
 transceiver state and load the prompt's blocks from it (engine 2 too, for concurrent pulls from two
 engines). Each engine runs in its own process
-(:mod:`engine_driver`); the engines of one UCX mode start once per module. Nothing waits by
-sleeping: every wait is for a condition, with a deadline."""
+(:mod:`engine_driver`); the engines of one UCX mode start once per module. Engine 2's core runs
+inside its driver's process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, as an offline ``LLM`` may be
+built): it pulls as the others do, and says at start that it cannot serve pulls while idle.
+Nothing waits by sleeping: every wait is for a condition, with a deadline."""
 
 from __future__ import annotations
 
@@ -88,10 +90,12 @@ def _engines(model_dir: Path, logs: Path, mode: str) -> dict[str, Engine]:
                           kv_events_config=events("serving")),
         "pulling": Engine(f"{mode}-1", model_dir, config, env=env, log_dir=logs, new_session=True,
                           kv_events_config=events("pulling")),
-        # The other pulling engine loads inside the step (load_async false).
+        # The other pulling engine loads inside the step (load_async false), its engine core
+        # inside its driver's process (nothing steps it between the driver's calls).
         "other": Engine(f"{mode}-2", model_dir, kvwire_transfer_config("ucx", options, timeout_s=TIMEOUT_S,
                                                                        load_async=False),
-                        env=env, log_dir=logs, new_session=True, kv_events_config=events("other")),
+                        env={**env, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}, log_dir=logs, new_session=True,
+                        kv_events_config=events("other")),
     }
     return engines
 
@@ -255,6 +259,18 @@ def test_a_pull_inside_the_step(pair: Pair) -> None:
     pulls_a_partial_prefix(pair, pair.other, 1711)
     state = pair.other.state()
     assert state == {**state, "loads": [], "step_loads": [], "kept": 0, "load_errors_pending": 0}
+
+
+#: What the connector says at start in an engine whose core runs inside its caller's process.
+IN_CALLER = "this engine's core runs inside its caller's process (VLLM_ENABLE_V1_MULTIPROCESSING=0)"
+
+
+def test_an_engine_core_inside_its_callers_process_says_it_serves_no_pull_while_idle(pair: Pair) -> None:
+    """Engine 2 (its core in the driver's process; it pulled in the tests above) warns that a pull
+    reaching it while idle waits for its caller; engines 0 and 1 (cores of their own) do not."""
+    assert IN_CALLER in pair.other.log_tail(400_000)
+    assert IN_CALLER not in pair.serving.log_tail(400_000)
+    assert IN_CALLER not in pair.pulling.log_tail(400_000)
 
 
 def test_local_blocks_are_skipped_and_a_second_pull_moves_nothing(pair: Pair) -> None:

@@ -212,6 +212,15 @@ class SchedulerSide:
         if self.serving:
             engine_id = str(vllm_config.kv_transfer_config.engine_id)
             self._bell = peer.Doorbell(engine_id, self._on_ring)
+            core = self._core() if self._core is not None else None
+            if core is not None and getattr(core, "input_queue", None) is None:
+                # vLLM's in-process engine core (VLLM_ENABLE_V1_MULTIPROCESSING=0): it steps only
+                # inside its caller's calls, so the bell has no loop to wake
+                log.warning("kvwire: this engine's core runs inside its caller's process "
+                            "(VLLM_ENABLE_V1_MULTIPROCESSING=0), so it steps only while the caller drives it: "
+                            "a pull or a disaggregated-prefill consumer reaching it while it is idle waits until "
+                            "the caller's next generate or step, and fails at the puller's deadline if none comes. "
+                            "Leave the engine core its own process (vLLM's default) for an engine that serves pulls")
         if self.peer:
             pass  # a peer answers how much it holds within the pull itself (a partial prefix is delivered)
         elif config.lookup and LOOKUP is not None and LOOKUP in plugin.capabilities.protocols:
