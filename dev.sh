@@ -16,14 +16,15 @@ case "${1:-}" in
     "$top/scripts/bootstrap_vllm.sh"
     # Everything: our tests, and the conformance suite against every installed backend that
     # registers a harness (thorough profile). pytest exits 5 when it collected nothing: that
-    # is a broken run, never a pass. Arguments replace the default selection. Two pytest-xdist
-    # workers: one process's tests use about one core of this kind of 2-core machine (measured:
-    # 1157 s of CPU in a 1164 s run). --dist loadgroup keeps each xdist_group on one worker: the
+    # is a broken run, never a pass. Arguments replace the default selection. Three pytest-xdist
+    # workers on this kind of 2-core machine: with two, a whole run used 44 of its 75 core-minutes
+    # (user+sys of a 37.5-minute run; the rest waited on deadlines, servers and engine starts), and
+    # the vLLM group alone keeps one worker for most of the run. --dist loadgroup keeps each xdist_group on one worker: the
     # vLLM modules (their engines never start two at once) and the UCX protocol module (its last
     # test checks what the others drove). The run ends with its 40 slowest tests (--durations), so a
     # CI log says where its time goes.
     if [ "$#" -eq 0 ]; then
-      set -- tests --pyargs kvwire.testing.suite --kvwire-profile thorough -n 2 --dist loadgroup --durations=40
+      set -- tests --pyargs kvwire.testing.suite --kvwire-profile thorough -n 3 --dist loadgroup --durations=40
     fi
     # Every backend this repository ships must load here: a broken import fails the run, it
     # never turns into skips (kvwire.testing.require). A distribution lists in [tool.kvwire]

@@ -71,8 +71,8 @@ class Engine:
 
     The engine core runs in its own process (vLLM's default) and the worker inside it, as vLLM
     runs a model on one GPU; ``worker_process`` gives the worker a process of its own, as vLLM's
-    CPU build does by default (an engine then starts in about three times the CPU time here:
-    each process imports vLLM)."""
+    CPU build does by default (one more process to start, each importing vLLM: here an engine
+    without connector was ready in 29.7 s so, 10.0 s with its core in the driver's process)."""
 
     def __init__(self, name: str, model: Path, kv_transfer_config: dict[str, Any] | None,
                  env: dict[str, str] | None = None, max_model_len: int = 4096, log_dir: Path | None = None,
