@@ -33,7 +33,7 @@ def page_bytes(shape: Shape = SHAPE) -> int:
 
 
 def config_rows(layout: str, backend: Backend, *, with_sizes: bool = True) -> StoreRows:
-    """What vLLM's config makes both sides expect (``kvwire_vllm.scheduler.rows_of`` without vLLM)."""
+    """What vLLM's config makes both sides expect (``kvwire_vllm.layout.rows_of`` without vLLM)."""
     caps = backend.capabilities()
     rows = store_rows(layout, cuda=False, memory_kinds=caps.memory_kinds, num_layers=SHAPE.layers,
                       num_kv_heads=SHAPE.heads, page_bytes=page_bytes() if with_sizes else 0)

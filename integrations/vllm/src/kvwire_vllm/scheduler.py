@@ -3,7 +3,8 @@ blocks, which blocks to save, and when a finished request's blocks may be freed.
 
 It runs in vLLM's engine-core process and moves no bytes; it asks the backend the optional
 ``lookup`` question (contract L1) when the backend declares it. A producer's holds for
-disaggregated prefill are :mod:`kvwire_vllm.handoff`'s.
+disaggregated prefill are :mod:`kvwire_vllm.handoff`'s; what it derives from vLLM's config alike
+with the worker side (layout, rows per block, scope) is :mod:`kvwire_vllm.layout`'s.
 
 Why one file of this size: vLLM drives this side hook by hook, and lookups, loads, saves, served
 pulls and holds all read the same per-request tracking and the same step's plan; split further,
@@ -22,14 +23,14 @@ import numpy as np
 
 from kvwire.contract import Backend, Hint
 from kvwire.contract.blocks import BLOCKS_FIELD
-from kvwire.contract.capabilities import SERVE_PULLS, Capabilities, OtherEnd
+from kvwire.contract.capabilities import SERVE_PULLS, OtherEnd
 from kvwire.contract.errors import SubmissionError
 from kvwire.holding import StateError
 from kvwire_vllm import peer, trace
 from kvwire_vllm.config import ConnectorConfig
 from kvwire_vllm.events import StoreEvents, block_infos, medium_of, to_vllm
 from kvwire_vllm.handoff import Holds, hold_seconds, wants_hold
-from kvwire_vllm.kvcache import StoreRows, store_rows
+from kvwire_vllm.layout import facts_of, layout_of, resolved_layout, rows_of, scope_of, store_namespace
 from kvwire_vllm.metadata import (
     BlockPlan,
     KvwireMetadata,
@@ -38,7 +39,7 @@ from kvwire_vllm.metadata import (
     StepPlan,
     WorkerReport,
 )
-from kvwire_vllm.names import NAME_BYTES, block_names, scope_digest
+from kvwire_vllm.names import NAME_BYTES, block_names
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -57,98 +58,9 @@ except ImportError:  # pragma: no cover - kvwire before L1
     class LookupFailed(Exception):  # type: ignore[no-redef]
         """Stands in for kvwire's own before L1."""
 
-__all__ = ["SchedulerSide", "layout_of", "store_namespace", "resolved_layout", "rows_of", "facts_of"]
+__all__ = ["SchedulerSide"]
 
 log = logging.getLogger(f"vllm.{__name__}")  # under vLLM's logger: its handler, format and level
-
-
-def layout_of(kv_cache_config: KVCacheConfig) -> tuple[int, list[str], dict[str, Any]]:
-    """Block size, attention layer names (their index is the kvwire group id) and the layout
-    facts that go into the scope. Refuses layouts a one-group connector cannot serve."""
-    groups = kv_cache_config.kv_cache_groups
-    if len(groups) != 1:
-        raise ValueError(f"KvwireConnector serves models with one KV cache group (attention only); this one has "
-                         f"{len(groups)} (hybrid or sliding-window models are not supported yet)")
-    spec = groups[0].kv_cache_spec
-    layout = {
-        "spec": type(spec).__name__,
-        "block_size": int(spec.block_size),
-        "num_kv_heads": int(getattr(spec, "num_kv_heads", 0)),
-        "head_size": int(getattr(spec, "head_size", 0)),
-        "dtype": str(getattr(spec, "dtype", "")),
-        "layers": list(groups[0].layer_names),
-    }
-    return int(spec.block_size), list(groups[0].layer_names), layout
-
-
-def resolved_layout(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> str | None:
-    """The KV cache layout the engine core resolved (a ``KVCacheLayout`` name), or None."""
-    name = getattr(vllm_config.cache_config, "kv_cache_layout", None) or getattr(kv_cache_config, "kv_cache_layout",
-                                                                                None)
-    return str(name) if name else None
-
-
-def rows_of(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, capabilities: Capabilities) -> StoreRows:
-    """What the store holds per block for this engine and a backend of ``capabilities``
-    (:func:`kvwire_vllm.kvcache.store_rows`, one object per block where the store names
-    ``block-objects``): both sides derive it from the config alike."""
-    spec = kv_cache_config.kv_cache_groups[0].kv_cache_spec
-    cuda = str(getattr(vllm_config.device_config, "device_type", "cpu")) == "cuda"
-    heads = int(getattr(spec, "num_heads", getattr(spec, "num_kv_heads", 1)))
-    try:
-        page_bytes = int(spec.page_size_bytes)
-    except (AttributeError, NotImplementedError, TypeError, ValueError):
-        page_bytes = 0
-    rows = store_rows(resolved_layout(vllm_config, kv_cache_config), cuda=cuda,
-                      memory_kinds=capabilities.memory_kinds,
-                      num_layers=len(kv_cache_config.kv_cache_groups[0].layer_names), num_kv_heads=heads,
-                      page_bytes=page_bytes)
-    if not rows.row_bytes:  # the row sizes are part of a block object's layout: unknown, keep per-group objects
-        return rows
-    return rows.with_block_objects(capabilities.protocols, capabilities.other_end is OtherEnd.STORE)
-
-
-def store_namespace(namespace: str, tp_rank: int, tp_size: int) -> str:
-    """The namespace one tensor-parallel shard stores under: each shard holds other heads."""
-    return namespace if tp_size == 1 else f"{namespace}/tp{tp_rank}of{tp_size}"
-
-
-def facts_of(vllm_config: VllmConfig, layout: dict[str, Any]) -> tuple[tuple[str, str], ...]:
-    """The plain facts an engine's blocks depend on, for a transceiver state: a pulling engine
-    whose facts differ names the one that does (the scope digest only says that one does)."""
-    model = vllm_config.model_config
-    parallel = vllm_config.parallel_config
-    facts = {
-        "model": str(model.model)[-256:],
-        "model_dtype": str(model.dtype),
-        "kv_cache_dtype": str(vllm_config.cache_config.cache_dtype),
-        "tensor_parallel_size": str(int(parallel.tensor_parallel_size)),
-        "pipeline_parallel_size": str(int(parallel.pipeline_parallel_size)),
-        "block_size": str(layout.get("block_size", "")),
-        "num_layers": str(len(layout.get("layers", ()))),
-        "num_kv_heads": str(layout.get("num_kv_heads", "")),
-        "head_size": str(layout.get("head_size", "")),
-        "kv_cache_layout": str(layout.get("kv_cache_layout", "")),
-    }
-    return tuple(sorted(facts.items()))
-
-
-def scope_of(vllm_config: VllmConfig, layout: dict[str, Any]) -> bytes:
-    model = vllm_config.model_config
-    parallel = vllm_config.parallel_config
-    scope: dict[str, Any] = {
-        "model": str(model.model),
-        "revision": str(model.revision),
-        "model_dtype": str(model.dtype),
-        "kv_cache_dtype": str(vllm_config.cache_config.cache_dtype),
-        "tp": int(parallel.tensor_parallel_size),
-        "pp": int(parallel.pipeline_parallel_size),
-        "layout": layout,
-    }
-    load_format = str(vllm_config.load_config.load_format)
-    if load_format == "dummy":  # random weights: only the same seed computes the same KV
-        scope["dummy_seed"] = int(model.seed if model.seed is not None else 0)
-    return scope_digest(scope)
 
 
 @dataclass

@@ -15,8 +15,8 @@ from kvwire_vllm import cores, peer, trace
 from kvwire_vllm.config import ConnectorConfig
 from kvwire_vllm.core import WorkerCore
 from kvwire_vllm.kvcache import StoreRows
+from kvwire_vllm.layout import facts_of, layout_of, resolved_layout, rows_of, scope_of, store_namespace
 from kvwire_vllm.metadata import KvwireWorkerMeta, StepPlan
-from kvwire_vllm.scheduler import facts_of, layout_of, resolved_layout, rows_of, scope_of, store_namespace
 from kvwire_vllm.stats import KvwireStats
 
 if TYPE_CHECKING:
