@@ -301,7 +301,7 @@ def run_shape(name: str, lengths: list[int], args: argparse.Namespace, work: Pat
         def engine(ename: str, cfg: dict | None, env: dict | None = None) -> Engine:
             env = {**(env or {}), "PYTHONPATH": path_env, "KVWIRE_BENCH_HOOKS": str(hooks / ename)}
             return Engine(ename, model, cfg, env=env, max_model_len=max_len, log_dir=work, dtype=dtype,
-                          block_size=BLOCK, kv_cache_gib=kv_gib, worker_process=True)  # vLLM CPU's own arrangement
+                          block_size=BLOCK, kv_cache_gib=kv_gib, processes=3)  # vLLM CPU's own arrangement
 
         def traced(ename: str) -> dict[str, str] | None:
             if trace_dir is None:

@@ -60,7 +60,7 @@ def main() -> int:
 
     def engine(name: str, config: dict | None) -> Engine:
         return Engine(name, model, config, env=ENV, max_model_len=max_len, log_dir=work,
-                      worker_process=True)  # vLLM CPU's own arrangement, as the recorded runs had
+                      processes=3)  # vLLM CPU's own arrangement, as the recorded runs had
 
     pairs: dict[str, tuple[Engine, Engine]] = {}
     for mode in MODES:

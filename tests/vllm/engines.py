@@ -69,20 +69,26 @@ class Engine:
     """One vLLM engine process. ``start()`` returns once it is ready (or raises
     :class:`EngineError`); ``call()`` sends one request and waits for its answer.
 
-    The engine core runs in its own process (vLLM's default) and the worker inside it, as vLLM
-    runs a model on one GPU; ``worker_process`` gives the worker a process of its own, as vLLM's
-    CPU build does by default (one more process to start, each importing vLLM: here an engine
-    without connector was ready in 29.7 s so, 10.0 s with its core in the driver's process)."""
+    ``processes`` says how vLLM's parts are laid out: 2 (default) the engine core in a process of
+    its own and the worker inside it, as vLLM runs a model on one GPU; 3 the worker in a process of
+    its own too, as vLLM's CPU build does by default; 1 the engine core inside the driver's process
+    (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): nothing steps it between the driver's calls, so it cannot
+    serve pulls while idle. Each process imports vLLM: here an engine without connector was ready in
+    29.7 s with 3, 10.0 s with 1."""
 
     def __init__(self, name: str, model: Path, kv_transfer_config: dict[str, Any] | None,
                  env: dict[str, str] | None = None, max_model_len: int = 4096, log_dir: Path | None = None,
                  shutdown_timeout: int = 0, new_session: bool = False, dtype: str = "float32", block_size: int = 32,
                  kv_cache_gib: int = 1, kv_events_config: dict[str, Any] | None = None,
-                 worker_process: bool = False) -> None:
+                 processes: int = 2) -> None:
+        if processes not in (1, 2, 3):
+            raise ValueError(f"processes must be 1, 2 or 3, got {processes!r}")
         self.name = name
         spec = {"model": str(model), "kv_transfer_config": kv_transfer_config, "max_model_len": max_model_len,
                 "shutdown_timeout": shutdown_timeout, "dtype": dtype, "block_size": block_size,
-                "kv_events_config": kv_events_config, "worker_process": worker_process}
+                "kv_events_config": kv_events_config, "worker_process": processes == 3}
+        if processes == 1:
+            env = {**(env or {}), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
         self.log_path = (log_dir or model.parent) / f"engine-{name}.log"
         self._log = self.log_path.open("w")
         environ = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib), "PYTHONUNBUFFERED": "1",

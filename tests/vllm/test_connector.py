@@ -97,12 +97,12 @@ def engines(model_dir: Path, master: Any, gated: Gated, gated_site: Path,
     # These four run their workers in processes of their own, as vLLM's CPU build does by default
     # (every other engine of these tests runs its worker inside the engine core, as on one GPU).
     started = {
-        "A": Engine("A", model_dir, kvwire_transfer_config("mooncake", options), log_dir=logs, worker_process=True),
+        "A": Engine("A", model_dir, kvwire_transfer_config("mooncake", options), log_dir=logs, processes=3),
         "B": Engine("B", model_dir, kvwire_transfer_config("mooncake", options, lookup=False), log_dir=logs,
-                    worker_process=True),
-        "P": Engine("P", model_dir, None, log_dir=logs, worker_process=True),
+                    processes=3),
+        "P": Engine("P", model_dir, None, log_dir=logs, processes=3),
         "G": Engine("G", model_dir, kvwire_transfer_config("gated", g_options, timeout_s=60.0), log_dir=logs,
-                    env={"PYTHONPATH": str(gated_site)}, shutdown_timeout=int(BACKGROUND_S), worker_process=True),
+                    env={"PYTHONPATH": str(gated_site)}, shutdown_timeout=int(BACKGROUND_S), processes=3),
     }
     try:
         start_all(list(started.values()))

@@ -82,7 +82,7 @@ def deployment(request: pytest.FixtureRequest, model_dir: Path,
         "consumer": Engine(f"{mode}-consumer", model_dir, config("kv_consumer"), log_dir=logs, new_session=True,
                            env={**env, "KVWIRE_VLLM_TRACE": str(traces["consumer"])}),
         # the reference (no connector): its engine core runs in the driver's process, one process to start
-        "single": Engine(f"{mode}-single", model_dir, None, log_dir=logs, env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}),
+        "single": Engine(f"{mode}-single", model_dir, None, log_dir=logs, processes=1),
     }
     try:
         start_all(list(engines.values()))

@@ -94,8 +94,7 @@ def _engines(model_dir: Path, logs: Path, mode: str) -> dict[str, Engine]:
         # inside its driver's process (nothing steps it between the driver's calls).
         "other": Engine(f"{mode}-2", model_dir, kvwire_transfer_config("ucx", options, timeout_s=TIMEOUT_S,
                                                                        load_async=False),
-                        env={**env, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}, log_dir=logs, new_session=True,
-                        kv_events_config=events("other")),
+                        env=env, log_dir=logs, new_session=True, kv_events_config=events("other"), processes=1),
     }
     return engines
 
