@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -17,7 +18,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from engines import VLLM_PYTHON, EngineError
+from engines import VLLM_PYTHON, EngineError, rpc_dir
 
 from kvwire.testing.holder import wait_for
 
@@ -50,6 +51,7 @@ class Process:
         self._log = self.log_path.open("w")
         environ = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         environ.pop("VIRTUAL_ENV", None)
+        self._rpc_dir = rpc_dir(environ)
         self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, env=environ, cwd=str(log_dir),
                                      start_new_session=True)
 
@@ -79,6 +81,7 @@ class Process:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
+        shutil.rmtree(self._rpc_dir, ignore_errors=True)
 
     def close(self, timeout_s: float = 60.0) -> None:
         if self.proc.poll() is None:
@@ -91,6 +94,7 @@ class Process:
             except ProcessLookupError:
                 pass
         self._log.close()
+        shutil.rmtree(self._rpc_dir, ignore_errors=True)
 
 
 def vllm_server(name: str, model: Path, log_dir: Path, kv_transfer_config: dict[str, Any] | None,
