@@ -632,7 +632,7 @@ def _span_table(targets: Any, sources: Any, sizes: Any) -> np.ndarray:
     if bad.any():
         i = int(np.argmax(bad))  # the span's index in the call, empty spans counted
         raise ValueError(f"copy_spans: span {i} names address {int(table[i, :2].min())}; addresses are > 0")
-    return np.ascontiguousarray(table[moving])
+    return table if moving.all() else np.ascontiguousarray(table[moving])
 
 
 def copy_spans(targets: Sequence[int] | np.ndarray, sources: Sequence[int] | np.ndarray,

@@ -56,14 +56,20 @@ class DeviceCopier:
     def takes(self, total: int) -> bool:
         return True
 
-    def copy(self, targets: Sequence[int], sources: Sequence[int], sizes: Sequence[int]) -> None:
+    def copy(self, targets: Sequence[int] | np.ndarray, sources: Sequence[int] | np.ndarray,
+             sizes: Sequence[int] | np.ndarray) -> None:
         from kvwire.lender.blockcopy import copy_spans
 
-        to = np.asarray(targets, dtype=np.int64)
-        fro = np.asarray(sources, dtype=np.int64)
-        lengths = np.asarray(sizes, dtype=np.int64)
+        to = np.asarray(targets).astype(np.int64, copy=False)
+        fro = np.asarray(sources).astype(np.int64, copy=False)
+        lengths = np.asarray(sizes).astype(np.int64, copy=False)
         devices = self.driver.devices_of(to if self.to_device else fro)
         events = []
+        first = int(devices[0]) if devices.size else -1
+        if first >= 0 and (devices == first).all():  # the usual batch: every span on one device
+            events.append(copy_spans(to, fro, lengths, device=first, to_device=self.to_device,
+                                     stream=self.driver.stream(first)))
+            devices = devices[:0]
         for device in np.unique(devices[devices >= 0]).tolist():
             on = devices == device
             events.append(copy_spans(to[on], fro[on], lengths[on], device=device, to_device=self.to_device,

@@ -340,9 +340,15 @@ class _Parts:
     def spans(self, objects: Sequence[int], rows: Sequence[int]) -> tuple[list[int], list[int], list[int]]:
         """For objects stored at ``objects`` whose parts are those of ``rows``: each part's
         address in the object, its address in memory, and its size, part after part."""
-        inside = (np.array(objects, dtype=np.uint64)[:, None] + self.offsets[None, :]).ravel().tolist()
-        outside = self.addresses[np.array(rows, dtype=np.int64)].ravel().tolist()
-        return inside, outside, np.tile(self.sizes, len(rows)).tolist()
+        inside, outside, sizes = self.span_arrays(objects, rows)
+        return inside.tolist(), outside.tolist(), sizes.tolist()
+
+    def span_arrays(self, objects: Sequence[int], rows: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`spans` as three uint64 arrays, for a copier that takes arrays (a device copier:
+        a block object of many layers is thousands of spans a batch)."""
+        inside = (np.array(objects, dtype=np.uint64)[:, None] + self.offsets[None, :]).ravel()
+        outside = self.addresses[np.array(rows, dtype=np.int64)].ravel()
+        return inside, outside, np.tile(self.sizes, len(rows))
 
 
 def _copy_in(targets: Sequence[int], sources: Sequence[int], sizes: Sequence[int], total: int,
@@ -351,6 +357,8 @@ def _copy_in(targets: Sequence[int], sources: Sequence[int], sizes: Sequence[int
     ``parts`` from the parts of the rows ``sources``."""
     if parts is None:
         _copy(targets, sources, sizes, total, pool)
+    elif pool is not None and pool.takes_all:
+        pool.copy(*parts.span_arrays(targets, sources))
     else:
         inside, outside, lengths = parts.spans(targets, sources)
         _copy(inside, outside, lengths, total, pool)
@@ -362,6 +370,9 @@ def _copy_out(targets: Sequence[int], sources: Sequence[int], sizes: Sequence[in
     parts of the rows ``targets``."""
     if parts is None:
         _copy(targets, sources, sizes, total, pool)
+    elif pool is not None and pool.takes_all:
+        inside, outside, lengths = parts.span_arrays(sources, targets)
+        pool.copy(outside, inside, lengths)
     else:
         inside, outside, lengths = parts.spans(sources, targets)
         _copy(outside, inside, lengths, total, pool)
