@@ -21,9 +21,7 @@ case "${1:-}" in
     # (user+sys of a 37.5-minute run; the rest waited on deadlines, servers and engine starts), and
     # the vLLM group alone keeps one worker for most of the run. --dist loadgroup keeps each xdist_group on one worker: the
     # vLLM modules (their engines never start two at once) and the UCX protocol module (its last
-    # test checks what the others drove); it hands out the groups first, largest first, then single
-    # tests in collection order, and tests/conftest.py puts the longest of those (LONG_FIRST) at the
-    # front so that none starts near the end. --max-worker-restart=0: pytest-xdist 3.8 under
+    # test checks what the others drove). --max-worker-restart=0: pytest-xdist 3.8 under
     # loadgroup hangs for good once it replaces a crashed worker (it hands the replacement the dead
     # worker's finished tests as empty units and waits on them: pytest-xdist issues 1323, 1378);
     # seen here after a UCX segfault, with every test done but 24 and nothing left running. Without
