@@ -65,7 +65,9 @@ def store(network: Network) -> Iterator[Store]:
     made: Store | None = None
     try:
         # a put left unfinished by a writer that died is discarded after 8 s, not 30 (the default)
-        address = master.call("master", action="start", client_ttl_s=2,
+        # a client silent for 5 s is dropped with its segment: the pulled cable (1 s) stays well
+        # inside that on a loaded machine (with 2 s a saturated CI run lost A's objects once)
+        address = master.call("master", action="start", client_ttl_s=5,
                               extra_args=["-put_start_discard_timeout_sec=8"])["address"]
         proxy = ProxyProcess(h0, f"{h0.add_address(100)}:0", address)
         a = start_worker(h1, "mooncake", mooncake_options(address, 64 << 20, timeout_s=DEADLINE_S), name="A",
