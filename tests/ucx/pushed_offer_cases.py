@@ -457,7 +457,10 @@ def test_a_read_stalled_past_the_grace_drops_the_nixl_path_and_the_next_pull_con
     pushed = ends.pushed()
     pushed_on = set(requester.engine.requesting._pushed)  # the connection the offer was pushed on
     outcome = ends.pull(ends.names[:3], timeout_s=1.0)
-    assert outcome.is_failed and outcome.cause is Cause.DEADLINE, outcome
+    # the deadline ends it: the requester's own, or (on a loaded machine, asked) the serving end's,
+    # whose word can arrive first
+    by_server = outcome.cause is Cause.DECLINED and "serving end's deadline passed" in (outcome.reason or "")
+    assert outcome.is_failed and (outcome.cause is Cause.DEADLINE or by_server), outcome
     assert ends.pushed() == pushed + (answered == "pushed")  # the stalled read was the pushed offer's
     again = ends.pull(ends.names[:3], timeout_s=5.0)
     assert again.is_delivered, again
