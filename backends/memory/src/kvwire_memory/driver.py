@@ -65,11 +65,6 @@ class DeviceCopier:
         lengths = np.asarray(sizes).astype(np.int64, copy=False)
         devices = self.driver.devices_of(to if self.to_device else fro)
         events = []
-        first = int(devices[0]) if devices.size else -1
-        if first >= 0 and (devices == first).all():  # the usual batch: every span on one device
-            events.append(copy_spans(to, fro, lengths, device=first, to_device=self.to_device,
-                                     stream=self.driver.stream(first)))
-            devices = devices[:0]
         for device in np.unique(devices[devices >= 0]).tolist():
             on = devices == device
             events.append(copy_spans(to[on], fro[on], lengths[on], device=device, to_device=self.to_device,
