@@ -46,8 +46,10 @@ def build(master: str, **options: Any) -> BlobBackend:
 
 @pytest.fixture(scope="module")
 def holder(master: MasterProcess) -> Iterator[BlobBackend]:
-    """A client whose segment holds the objects."""
-    backend = build(master.address)
+    """A client whose segment holds the objects, contributed at once: the plugin's default waits for
+    the first registration, and a test that registers rows only with ``client`` (run alone, or
+    first on its pytest-xdist worker) would find no segment anywhere and every put declined."""
+    backend = build(master.address, segment_when="setup")
     yield backend
     backend.close()
 
@@ -135,8 +137,8 @@ def test_a_block_of_every_group_is_one_mooncake_object_read_back_by_another_clie
 
 @pytest.fixture(scope="module")
 def second_holder(master: MasterProcess) -> Iterator[BlobBackend]:
-    """Another client with a segment: the master places objects in either."""
-    backend = build(master.address)
+    """Another client with a segment (contributed at once): the master places objects in either."""
+    backend = build(master.address, segment_when="setup")
     yield backend
     backend.close()
 
