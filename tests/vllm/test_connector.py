@@ -23,6 +23,7 @@ from engines import (
     VLLM_PYTHON,
     Engine,
     EngineError,
+    close_all,
     files_object_count,
     kvwire_transfer_config,
     start_all,
@@ -108,8 +109,7 @@ def engines(model_dir: Path, master: Any, gated: Gated, gated_site: Path,
         start_all(list(started.values()))
         yield started
     finally:
-        for engine in started.values():
-            engine.close()
+        close_all(started.values())
 
 
 def test_a_then_b_over_mooncake(engines: dict[str, Engine], master: Any) -> None:
@@ -306,8 +306,7 @@ def files_engines(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
         start_all(list(started.values()))
         yield {"root": root, "s_trace": s_trace, "events": events, "listener": listener, **started}
     finally:
-        for engine in started.values():
-            engine.close()
+        close_all(started.values())
         listener.terminate()
         try:
             listener.wait(timeout=30)

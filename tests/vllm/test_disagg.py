@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from engines import Engine, kvwire_transfer_config, start_all
+from engines import Engine, close_all, kvwire_transfer_config, start_all
 
 from kvwire.testing.holder import wait_for
 
@@ -88,8 +88,7 @@ def deployment(request: pytest.FixtureRequest, model_dir: Path,
         start_all(list(engines.values()))
         yield Deployment(engines, traces)
     finally:
-        for engine in engines.values():
-            engine.close()
+        close_all(engines.values())
 
 
 def prefill(d: Deployment, p: list[int]) -> dict[str, Any]:

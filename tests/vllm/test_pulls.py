@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from engines import VLLM_PYTHON, Engine, kvwire_transfer_config, start_all
+from engines import VLLM_PYTHON, Engine, close_all, kvwire_transfer_config, start_all
 
 from kvwire.testing.holder import wait_for
 
@@ -108,11 +108,7 @@ def pair(request: pytest.FixtureRequest, model_dir: Path, tmp_path_factory: pyte
         start_all(list(engines.values()))
         yield Pair(engines["serving"], engines["pulling"], engines["other"], mode, logs)
     finally:
-        for engine in engines.values():
-            if engine.proc.poll() is None:
-                engine.close()
-            else:
-                engine.close(timeout_s=1)
+        close_all(engines.values())  # a killed one's close returns at once
 
 
 def holds_no_pin_and_serves_on(pair: Pair, seed: int) -> None:

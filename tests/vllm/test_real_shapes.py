@@ -24,6 +24,7 @@ from engines import (
     REAL_BLOCK,
     REAL_SHAPES,
     Engine,
+    close_all,
     files_object_count,
     kv_bytes_per_block,
     kvwire_transfer_config,
@@ -97,8 +98,7 @@ def store_engines(shape: tuple[str, Path], tmp_path_factory: pytest.TempPathFact
         start_all(list(started.values()))
         yield {"root": root, "name": name, **started}
     finally:
-        for e in started.values():
-            e.close()
+        close_all(started.values())
 
 
 def test_a_prompt_saved_at_a_real_shape_is_one_object_per_block_and_loads_whole(
@@ -132,8 +132,7 @@ def pull_engines(shape: tuple[str, Path], tmp_path_factory: pytest.TempPathFacto
         start_all(list(started.values()))
         yield started
     finally:
-        for e in started.values():
-            e.close()
+        close_all(started.values())
 
 
 def test_a_request_free_pull_at_a_real_shape(pull_engines: dict[str, Engine]) -> None:
