@@ -15,6 +15,7 @@ import socket
 import subprocess
 import urllib.error
 import urllib.request
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -83,10 +84,19 @@ class Process:
             self.proc.wait()
         shutil.rmtree(self._rpc_dir, ignore_errors=True)
 
-    def close(self, timeout_s: float = 60.0) -> None:
+    def terminate(self) -> None:
+        """SIGTERM the whole process group and return at once."""
         if self.proc.poll() is None:
             try:
                 os.killpg(self.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+    def close(self, timeout_s: float = 60.0) -> None:
+        """:meth:`terminate`, then wait; SIGKILL the group after ``timeout_s``."""
+        if self.proc.poll() is None:
+            try:
+                self.terminate()
                 self.proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
@@ -95,6 +105,15 @@ class Process:
                 pass
         self._log.close()
         shutil.rmtree(self._rpc_dir, ignore_errors=True)
+
+
+def close_all(processes: Iterable[Process], timeout_s: float = 60.0) -> None:
+    """Stop servers that run together: each is sent SIGTERM first, so their shutdowns overlap."""
+    processes = list(processes)
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        process.close(timeout_s)
 
 
 def vllm_server(name: str, model: Path, log_dir: Path, kv_transfer_config: dict[str, Any] | None,

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 from engines import kvwire_transfer_config
-from servers import Process, get, kvwire_proxy, post, vllm_server
+from servers import Process, close_all, get, kvwire_proxy, post, vllm_server
 
 from kvwire.holding import TransceiverState
 from kvwire.testing.holder import wait_for
@@ -97,8 +97,7 @@ def deployment(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
         servers["proxy"].wait_ready(60)
         yield Deployment(servers, str(model_dir), traces)
     finally:
-        for server in servers.values():
-            server.close()
+        close_all(servers.values())
 
 
 def test_servers_on_shared_cores_are_told_so(deployment: Deployment) -> None:
