@@ -43,3 +43,11 @@ def test_bad_values_are_refused_naming_the_key(extra: dict, needle: str) -> None
     with pytest.raises(ConfigError) as info:
         ConnectorConfig.parse({"backend": "memory", **extra})
     assert needle in str(info.value)
+
+
+def test_only_loads_inside_the_step_wait_inside_the_forward() -> None:
+    """A full CUDA graph replays a forward pass without kvwire's layer waits: only ``load_async``
+    false puts a wait there (the connector then asks vLLM for piecewise graphs)."""
+    assert not ConnectorConfig.parse({"backend": "memory"}).waits_inside_the_forward
+    assert not ConnectorConfig.parse({"backend": "memory", "load_async": True}).waits_inside_the_forward
+    assert ConnectorConfig.parse({"backend": "memory", "load_async": False}).waits_inside_the_forward

@@ -91,6 +91,17 @@ class ConnectorConfig:
         config.plugin().resolve(config.options)  # unknown backend or option: kvwire's ConfigError
         return config
 
+    @property
+    def waits_inside_the_forward(self) -> bool:
+        """Whether a step's forward pass waits on kvwire: with ``load_async`` false each layer's
+        load is waited for just before its attention (``wait_for_layer_load``). That wait is Python
+        between the layers; a CUDA graph captured over a whole forward pass replays without it, and
+        attention would read blocks still loading. So such an engine must run piecewise graphs
+        (``KvwireConnector.requires_piecewise_for_cudagraph``). With ``load_async`` true nothing of
+        kvwire runs inside the forward: loads end before the request is scheduled, and saves are
+        submitted after the forward (``wait_for_save``)."""
+        return not self.load_async
+
     def plugin(self) -> Plugin:
         return load(self.backend)
 

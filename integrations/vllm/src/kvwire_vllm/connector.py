@@ -146,6 +146,18 @@ class KvwireConnector(KVConnectorBase_V1):
         return KvwireStats({PINS: pins}) if pins is not None else None
 
     @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
+        """True when a step's forward waits on kvwire (``load_async`` false): vLLM then runs
+        piecewise CUDA graphs, so ``wait_for_layer_load`` runs between the pieces instead of being
+        skipped by a full graph's replay (:attr:`ConnectorConfig.waits_inside_the_forward`).
+
+        vLLM asks this while it builds its configuration, where CUDA graphs capture whole forward
+        passes (a GPU engine's default), before any model loads; the configuration is validated
+        here too, so a bad backend name or option stops ``vllm serve`` in its first seconds rather
+        than after the model loaded (kvwire's ``ConfigError``, the same message as at start)."""
+        return ConnectorConfig.parse(extra_config).waits_inside_the_forward
+
+    @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats | None:
         return KvwireStats(data)
 
