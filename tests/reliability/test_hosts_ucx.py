@@ -108,6 +108,13 @@ def test_a_link_pulled_mid_pull_and_plugged_back(pair):
     check_nothing_held(pair.server)
 
 
+def restart_server(pair) -> None:
+    """A new serving process on the same host (a new state), in place of one killed or crashed."""
+    host = pair.server.host
+    pair.server.proc.stop()
+    pair.server = start_worker(host, "ucx", ucx_options(host, pair.mode), name="A", blocks=1024, timeout_s=5)
+
+
 def test_the_serving_host_killed_mid_pull(pair):
     seed = fresh(pair)
     net, server = pair.network, pair.server.host
@@ -115,20 +122,25 @@ def test_the_serving_host_killed_mid_pull(pair):
     net.shape(server, SLOW_BITS)
     pending = pair.client.proc.begin("pull", seed=seed, tokens=TOKENS, source=pair.server.state, timeout_s=6)
     assert pair.server.proc.wait_event("pull_served", served + 1), "the serving host never answered the pull"
-    killed = server.kill_all()
-    assert pair.server.proc.pid in killed, killed
+    # checked before the kill: once it is killed the pull may end at once (a one-sided read fails
+    # with the peer's disconnect within milliseconds), which is the fault hitting it
     assert not pending.done(), f"the pull ended before the kill: the fault missed it: {pending.result(0)}"
-    net.unshape(server)
-    result = pending.result(30)
-    # the kernel of the surviving namespace answers for the dead process: the peer is gone
-    check_result(result, pair.client, seed, TOKENS, deadline_s=6, causes={"peer-gone"})
-    assert result["status"] == "failed", result
-    check_nothing_held(pair.client)
-    later = pair.client.call("pull", seed=seed + 500, tokens=TOKENS, source=pair.server.state, timeout_s=3)
-    assert later["status"] == "failed" and later["attempts"][0]["cause"] == "peer-gone", later
-    # the host comes back (a new process, a new state); the client, never restarted, pulls from it
-    pair.server.proc.stop()
-    pair.server = start_worker(server, "ucx", ucx_options(server, pair.mode), name="A", blocks=1024, timeout_s=5)
+    killed = server.kill_all()
+    try:
+        assert pair.server.proc.pid in killed, killed
+        net.unshape(server)
+        result = pending.result(30)
+        # the kernel of the surviving namespace answers for the dead process: the peer is gone
+        check_result(result, pair.client, seed, TOKENS, deadline_s=6, causes={"peer-gone"})
+        assert result["status"] == "failed", result
+        check_nothing_held(pair.client)
+        later = pair.client.call("pull", seed=seed + 500, tokens=TOKENS, source=pair.server.state, timeout_s=3)
+        assert later["status"] == "failed" and later["attempts"][0]["cause"] == "peer-gone", later
+    finally:
+        # the host comes back (a new process, a new state), whatever happened above: the module's
+        # later tests need it; the client, never restarted, pulls from it
+        net.unshape(server)
+        restart_server(pair)
     pair.server.call("fill", seed=seed, tokens=TOKENS)
     result = pair.client.call("pull", seed=seed, tokens=TOKENS, source=pair.server.state)
     assert result["status"] == "delivered" and result["cached_tokens"] == TOKENS, result
@@ -150,13 +162,20 @@ def test_a_requester_that_stops_reading_does_not_hold_the_serving_host(pair):
         assert acc["counters"]["pulls_served"] >= 1
     finally:
         pair.client.proc.thaw()
-    result = pending.result(30)
-    assert result["status"] in ("failed", "delivered"), result
-    check_bytes(pair.client, seed, tokens)  # the stopped end is no survivor: only its bytes are checked
-    check_nothing_held(pair.client)
-    again = pair.client.call("pull", seed=seed, tokens=tokens, source=pair.server.state, timeout_s=10)
-    assert again["status"] in ("delivered", "skipped") and again["cached_tokens"] == tokens, again
-    assert check_bytes(pair.client, seed, tokens) == tokens // 16
+    try:
+        result = pending.result(30)
+        assert result["status"] in ("failed", "delivered"), result
+        check_bytes(pair.client, seed, tokens)  # the stopped end is no survivor: only its bytes are checked
+        check_nothing_held(pair.client)
+        again = pair.client.call("pull", seed=seed, tokens=tokens, source=pair.server.state, timeout_s=10)
+        assert again["status"] in ("delivered", "skipped") and again["cached_tokens"] == tokens, again
+        assert check_bytes(pair.client, seed, tokens) == tokens // 16
+    finally:
+        # UCX's TCP transport can crash the serving process once it closed this stalled peer's
+        # endpoint and the peer reads again (backends/ucx/README.md, "Not worked around"): this
+        # test then fails above, and the module's later tests get a serving host again
+        if not pair.server.proc.alive():
+            restart_server(pair)
 
 
 def test_a_slow_lossy_or_silent_control_path(pair):
